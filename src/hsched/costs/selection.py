@@ -1,0 +1,141 @@
+"""Stage 1 (paper 003 §1.1.3): rank the data centers for a task by cost.
+
+Methods:
+- "min-cost" (eq.3): total = resource cost (eq.1) + network cost (eq.2) along the path finder's path
+  (Dijkstra by default, the PER-DQN agent when given); ascending total.
+- "crf" (cheapest compute first): ascending resource cost; network cost along a random path.
+- "spf" (shortest path first): ascending path latency; costs along that path.
+
+Every method filters DCs by the task's network requirements (paper 002: filter clusters first, then
+schedule) using the metrics of the path it actually uses. Capacity is not checked here: the selector
+service does it from the placers' summaries.
+
+A request does no graph search when the caches are warm: shortest paths are cached per entry vertex
+(`WanGraph.dijkstra`), path metrics per path, so ranking ~50 DCs is lookups and arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from hsched.costs.graph import WanGraph
+from hsched.costs.network import PathMetrics, network_cost
+from hsched.costs.paths import DijkstraPathFinder, PathFinder, RandomPathFinder, VertexPath
+from hsched.costs.resource import ResourceCost, resource_cost
+from hsched.domain.errors import ValidationError
+from hsched.domain.fleet import DataCenter
+from hsched.domain.task import NetworkRequirements, TaskSpec
+
+METHODS = ("min-cost", "crf", "spf")
+_REL_TOL = 1e-9  # an agent path is "worse" only beyond float noise
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    datacenter: str
+    vertex: str
+    resource: ResourceCost  # eq.1
+    network_cost: float  # eq.2
+    total: float  # eq.3: resource.total + network_cost
+    path: PathMetrics
+    path_source: str = "dijkstra"  # name of the path finder whose path was used
+    note: str = ""  # why another finder's path was replaced by Dijkstra's, if it was
+
+
+_SORT_KEYS: dict[str, Callable[[Candidate], tuple]] = {
+    "min-cost": lambda c: (c.total, c.datacenter),
+    "crf": lambda c: (c.resource.total, c.total, c.datacenter),
+    "spf": lambda c: (c.path.latency_ms, c.total, c.datacenter),
+}
+
+
+def rank_datacenters(
+    task: TaskSpec,
+    datacenters: Sequence[DataCenter],
+    graph: WanGraph,
+    network_price_per_gb_ms: float,
+    entry_vertex: str,
+    method: str = "min-cost",
+    path_finder: PathFinder | None = None,
+    random_path_finder: PathFinder | None = None,
+) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """Feasible DCs in rank order, and the excluded ones as (name, reason).
+
+    entry_vertex: where the task's data enters the WAN (task.entry_vertex, or the WAN's scheduler vertex
+    when the task names none; the caller resolves it). path_finder: routes for "min-cost" and "spf"
+    (default: Dijkstra). A non-Dijkstra path that is missing, invalid or longer than Dijkstra's is
+    replaced by Dijkstra's and the reason put in `Candidate.note`, never silently used.
+    random_path_finder: routes for "crf" (default: a RandomPathFinder seeded 0, created per call, so
+    the ranking is a pure function of its inputs; pass a long-lived one to draw fresh paths per request).
+    """
+    if method not in _SORT_KEYS:
+        raise ValidationError("method", f"must be one of {', '.join(METHODS)}", method)
+    if entry_vertex not in graph:
+        raise ValidationError("entry_vertex", "must name a vertex of the WAN", entry_vertex)
+    exact = graph.dijkstra
+    if method == "crf":
+        finder: PathFinder = random_path_finder or RandomPathFinder(graph, seed=0)
+    else:
+        finder = path_finder or exact
+    requested = task.total
+    candidates: list[Candidate] = []
+    excluded: list[tuple[str, str]] = []
+    shortest = exact.paths_from(entry_vertex)  # cached per entry vertex: no graph search on a warm request
+    for dc in datacenters:
+        best = shortest.get(dc.vertex)
+        if best is None:
+            known = dc.vertex in graph
+            excluded.append((dc.name, f"unreachable from {entry_vertex}" if known
+                             else f"vertex {dc.vertex!r} is not in the WAN"))
+            continue
+        if finder is exact or (isinstance(finder, DijkstraPathFinder) and finder.graph is graph):
+            path, source, note = best, exact.name, ""
+        else:
+            path, source, note = _route(graph, finder, best, entry_vertex, dc.vertex,
+                                        must_be_shortest=method != "crf")
+        metrics = graph.path_metrics(path)
+        reasons = _violations(metrics, task.network, requested.bandwidth_mbps)
+        if reasons:
+            excluded.append((dc.name, "; ".join(reasons)))
+            continue
+        resource = resource_cost(dc.prices, requested, task.runtime_s)
+        network = network_cost(network_price_per_gb_ms, task.data_size_mb, metrics.latency_ms)
+        candidates.append(Candidate(dc.name, dc.vertex, resource, network, resource.total + network, metrics,
+                                    source, note))
+    candidates.sort(key=_SORT_KEYS[method])
+    return candidates, excluded
+
+
+def _route(graph: WanGraph, finder: PathFinder, best: VertexPath, src: str, dst: str, *,
+           must_be_shortest: bool) -> tuple[VertexPath, str, str]:
+    """The path to use, the name of the finder it came from, and a note if Dijkstra's `best` stepped in."""
+    path = finder.path(src, dst)
+    if path is None or not graph.is_valid_path(path, src, dst):
+        problem = "found no path" if path is None else f"gave an invalid path {'→'.join(path)}"
+        return best, DijkstraPathFinder.name, f"{finder.name} {problem}; used dijkstra"
+    if must_be_shortest:
+        got, opt = graph.path_metrics(path).latency_ms, graph.path_metrics(best).latency_ms
+        if got > opt * (1 + _REL_TOL) + _REL_TOL:
+            note = f"{finder.name} path {_num(got)} ms > dijkstra {_num(opt)} ms; used dijkstra"
+            return best, DijkstraPathFinder.name, note
+    return path, finder.name, ""
+
+
+def _violations(path: PathMetrics, need: NetworkRequirements, bandwidth_mbps: float) -> list[str]:
+    """Human reasons the path breaks the task's network requirements (0 = no bound, 0 bandwidth = unknown)."""
+    reasons = [f"path {what} {_num(got)} {unit} > {bound} {_num(limit)}"
+               for what, got, unit, bound, limit in (
+                   ("latency", path.latency_ms, "ms", "max_latency_ms", need.max_latency_ms),
+                   ("jitter", path.jitter_ms, "ms", "max_jitter_ms", need.max_jitter_ms),
+                   ("loss", path.loss_percent, "%", "max_loss_percent", need.max_loss_percent))
+               if limit and got > limit]
+    if bandwidth_mbps and path.bottleneck_bandwidth_mbps and bandwidth_mbps > path.bottleneck_bandwidth_mbps:
+        reasons.append(f"bottleneck bandwidth {_num(path.bottleneck_bandwidth_mbps)} Mbit/s "
+                       f"< requested {_num(bandwidth_mbps)}")
+    return reasons
+
+
+def _num(x: float) -> str:
+    """41.2 → '41.2', 30.0 → '30', 1.99 → '1.99': short but never rounding a violation into equality."""
+    return f"{x:.3f}".rstrip("0").rstrip(".")

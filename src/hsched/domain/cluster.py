@@ -1,0 +1,167 @@
+"""The allocation state of one data center: free resources per node and per GPU card, as NumPy arrays.
+
+This is the fold target of a DC's ledger (hsched.state.ledger), the state the placer's policies read,
+and the state the simulators step. `apply` and `release` keep the invariant that no free amount ever
+goes below zero or above capacity: an allocation that would break it raises and changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hsched.domain.fleet import DataCenter, NodeTable
+from hsched.domain.resources import Resources
+
+
+@dataclass(frozen=True, slots=True)
+class GpuShare:
+    card: int
+    core_percent: int
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One replica (or one subtask of a split replica) on one node."""
+
+    replica: int
+    part: int
+    node: int
+    cpu_milli: int
+    memory_mib: int
+    disk_mib: int
+    bandwidth_mbps: int
+    gpus: tuple[GpuShare, ...] = ()
+
+    def to_json(self) -> list:
+        return [self.replica, self.part, self.node, self.cpu_milli, self.memory_mib, self.disk_mib,
+                self.bandwidth_mbps, [[g.card, g.core_percent, g.memory_mib] for g in self.gpus]]
+
+    @staticmethod
+    def from_json(v: list) -> Part:
+        return Part(int(v[0]), int(v[1]), int(v[2]), int(v[3]), int(v[4]), int(v[5]), int(v[6]),
+                    tuple(GpuShare(int(c), int(p), int(m)) for c, p, m in v[7]))
+
+
+class OverAllocation(RuntimeError):
+    """An allocation that does not fit (a bug upstream, or a ledger from another fleet description)."""
+
+
+class ClusterState:
+    def __init__(self, dc: DataCenter, table: NodeTable | None = None) -> None:
+        self.dc = dc
+        self.table = table if table is not None else dc.node_table()
+        t = self.table
+        self.free_cpu = t.cpu_milli.copy()
+        self.free_memory = t.memory_mib.copy()
+        self.free_disk = t.disk_mib.copy()
+        self.free_bandwidth = t.bandwidth_mbps.copy()
+        self.gpu_free_core = t.gpu_core_percent.copy()  # [n, max_gpus]
+        self.gpu_free_memory = t.gpu_memory_mib.copy()
+        self.allocations: dict[str, tuple[Part, ...]] = {}
+        self._models = np.array(t.gpu_model)
+
+    # -- queries ---------------------------------------------------------------------------------------------
+
+    @property
+    def n(self) -> int:
+        return len(self.table)
+
+    def _model_mask(self, gpu_models: tuple[str, ...]) -> np.ndarray | bool:
+        return np.isin(self._models, list(gpu_models)) if gpu_models else True
+
+    def feasible(self, demand: Resources, gpu_models: tuple[str, ...] = ()) -> np.ndarray:
+        """Nodes where `demand` (one part) fits right now; a GPU slice must fit on one card."""
+        ok = ((self.free_cpu >= demand.cpu_milli) & (self.free_memory >= demand.memory_mib)
+              & (self.free_disk >= demand.disk_mib) & (self.free_bandwidth >= demand.bandwidth_mbps))
+        if demand.gpu_count:
+            cards = (self.gpu_free_core >= demand.gpu_core_percent) & (self.gpu_free_memory >= demand.gpu_memory_mib)
+            ok &= (cards.sum(axis=1) >= demand.gpu_count) & self._model_mask(gpu_models)
+        return ok
+
+    def could_ever_fit(self, demand: Resources, gpu_models: tuple[str, ...] = ()) -> np.ndarray:
+        """Nodes where `demand` fits on an empty node (a structural check: deferring can help)."""
+        t = self.table
+        ok = ((t.cpu_milli >= demand.cpu_milli) & (t.memory_mib >= demand.memory_mib)
+              & (t.disk_mib >= demand.disk_mib) & (t.bandwidth_mbps >= demand.bandwidth_mbps))
+        if demand.gpu_count:
+            cards = (t.gpu_core_percent >= demand.gpu_core_percent) & (t.gpu_memory_mib >= demand.gpu_memory_mib)
+            ok &= (cards.sum(axis=1) >= demand.gpu_count) & self._model_mask(gpu_models)
+        return ok
+
+    def choose_cards(self, node: int, demand: Resources) -> tuple[GpuShare, ...]:
+        """Pick the cards for a GPU demand on `node`: the fullest cards that still fit (binpack), which
+        keeps whole cards free for whole-card tasks (less GPU fragmentation)."""
+        if not demand.gpu_count:
+            return ()
+        core, mem = self.gpu_free_core[node], self.gpu_free_memory[node]
+        fits = np.flatnonzero((core >= demand.gpu_core_percent) & (mem >= demand.gpu_memory_mib))
+        if len(fits) < demand.gpu_count:
+            raise OverAllocation(f"node {node} has {len(fits)} cards that fit, {demand.gpu_count} needed")
+        order = fits[np.lexsort((fits, mem[fits], core[fits]))][: demand.gpu_count]
+        return tuple(GpuShare(int(c), demand.gpu_core_percent, demand.gpu_memory_mib) for c in sorted(order))
+
+    def utilisation(self) -> dict[str, float]:
+        t = self.table
+
+        def used(free: np.ndarray, cap: np.ndarray) -> float:
+            total = int(cap.sum())
+            return float(1 - free.sum() / total) if total else 0.0
+
+        return {"cpu": used(self.free_cpu, t.cpu_milli), "memory": used(self.free_memory, t.memory_mib),
+                "gpu_core": used(self.gpu_free_core, t.gpu_core_percent),
+                "gpu_memory": used(self.gpu_free_memory, t.gpu_memory_mib)}
+
+    def busy_cpu(self) -> np.ndarray:
+        return self.table.cpu_milli - self.free_cpu
+
+    def busy_gpu_cards(self) -> np.ndarray:
+        """Busy GPU per node in whole-card equivalents (sum of allocated core percent / 100)."""
+        return (self.table.gpu_core_percent - self.gpu_free_core).sum(axis=1) / 100.0
+
+    # -- mutations -------------------------------------------------------------------------------------------
+
+    def _delta(self, parts: tuple[Part, ...], sign: int) -> None:
+        for p in parts:
+            self.free_cpu[p.node] += sign * p.cpu_milli
+            self.free_memory[p.node] += sign * p.memory_mib
+            self.free_disk[p.node] += sign * p.disk_mib
+            self.free_bandwidth[p.node] += sign * p.bandwidth_mbps
+            for g in p.gpus:
+                self.gpu_free_core[p.node, g.card] += sign * g.core_percent
+                self.gpu_free_memory[p.node, g.card] += sign * g.memory_mib
+
+    def _within_bounds(self, nodes: list[int]) -> bool:
+        t = self.table
+        idx = np.array(sorted(set(nodes)), dtype=np.int64)
+        pairs = ((self.free_cpu, t.cpu_milli), (self.free_memory, t.memory_mib), (self.free_disk, t.disk_mib),
+                 (self.free_bandwidth, t.bandwidth_mbps), (self.gpu_free_core, t.gpu_core_percent),
+                 (self.gpu_free_memory, t.gpu_memory_mib))
+        return all(bool(((free[idx] >= 0) & (free[idx] <= cap[idx])).all()) for free, cap in pairs)
+
+    def apply(self, task_id: str, parts: tuple[Part, ...]) -> None:
+        if task_id in self.allocations:
+            raise OverAllocation(f"task {task_id} already holds an allocation here")
+        nodes = [p.node for p in parts]
+        if any(not 0 <= node < self.n for node in nodes):
+            raise OverAllocation(f"task {task_id}: node index out of range")
+        if any(g.card >= self.gpu_free_core.shape[1] or g.card < 0 for p in parts for g in p.gpus):
+            raise OverAllocation(f"task {task_id}: GPU card index out of range")
+        self._delta(parts, -1)
+        if not self._within_bounds(nodes):
+            self._delta(parts, +1)
+            raise OverAllocation(f"task {task_id} does not fit: it would over-allocate a node or a card")
+        self.allocations[task_id] = parts
+
+    def release(self, task_id: str) -> tuple[Part, ...] | None:
+        parts = self.allocations.pop(task_id, None)
+        if parts is not None:
+            self._delta(parts, +1)
+        return parts
+
+    def snapshot(self) -> tuple[np.ndarray, ...]:
+        """The free arrays, for comparing two states (e.g. a rebuilt placer against the original)."""
+        return (self.free_cpu.copy(), self.free_memory.copy(), self.free_disk.copy(), self.free_bandwidth.copy(),
+                self.gpu_free_core.copy(), self.gpu_free_memory.copy())

@@ -1,0 +1,94 @@
+"""What a job submitter asks for: a task spec (per-replica resources, runtime, data, network needs)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from hsched.domain.errors import ValidationError
+from hsched.domain.resources import Resources
+
+MAX_REPLICAS = 256
+MAX_RUNTIME_S = 366 * 24 * 3600
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkRequirements:
+    """Upper bounds on the path from the entry vertex to the DC (paper 002 eq.1-3); 0 = no bound."""
+
+    max_latency_ms: float = 0.0
+    max_jitter_ms: float = 0.0
+    max_loss_percent: float = 0.0
+
+    def validate(self, prefix: str = "network") -> None:
+        for name in ("max_latency_ms", "max_jitter_ms", "max_loss_percent"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValidationError(f"{prefix}.{name}", "must be a finite number >= 0 (0 = no bound)", value)
+        if self.max_loss_percent > 100:
+            raise ValidationError(f"{prefix}.max_loss_percent", "must be <= 100", self.max_loss_percent)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    resources: Resources  # per replica
+    runtime_s: float
+    tenant: str = "default"
+    name: str = ""
+    request_id: str = ""  # client-chosen idempotency key; a retry with the same id gets the first answer
+    priority: int = 0
+    replicas: int = 1
+    data_size_mb: float = 0.0
+    entry_vertex: str = ""  # "" = the fleet's scheduler vertex
+    network: NetworkRequirements = field(default_factory=NetworkRequirements)
+    gpu_models: tuple[str, ...] = ()  # allowed GPU models (openb gpu_spec); empty = any
+
+    @property
+    def total(self) -> Resources:
+        return self.resources.scaled(self.replicas)
+
+    def validate(self) -> None:
+        """Raise ValidationError naming the first field that breaks a rule (checked in wire order)."""
+        if self.request_id and not _REQUEST_ID_RE.match(self.request_id):
+            raise ValidationError("request_id", "must be 1-128 characters of [A-Za-z0-9._:-]", self.request_id)
+        if not _NAME_RE.match(self.tenant):
+            raise ValidationError("tenant", "must be a DNS-1123 label: lowercase alphanumerics, '-', '.', '_', "
+                                  "1-63 characters, starting and ending alphanumeric", self.tenant)
+        if self.name and len(self.name) > 253:
+            raise ValidationError("name", "must be at most 253 characters", len(self.name))
+        if not -1000 <= self.priority <= 1000:
+            raise ValidationError("priority", "must be in -1000..1000", self.priority)
+        self.resources.validate("resources")
+        if not 1 <= self.replicas <= MAX_REPLICAS:
+            raise ValidationError("replicas", f"must be in 1..{MAX_REPLICAS}", self.replicas)
+        if not math.isfinite(self.runtime_s) or not 0 < self.runtime_s <= MAX_RUNTIME_S:
+            raise ValidationError("runtime_s", f"must be > 0 and <= {MAX_RUNTIME_S} (one year)", self.runtime_s)
+        if not math.isfinite(self.data_size_mb) or self.data_size_mb < 0:
+            raise ValidationError("data_size_mb", "must be a finite number >= 0", self.data_size_mb)
+        self.network.validate("network")
+        for i, model in enumerate(self.gpu_models):
+            if not model or len(model) > 64:
+                raise ValidationError(f"gpu_models[{i}]", "must be a non-empty model name of <= 64 characters", model)
+        if self.gpu_models and self.resources.gpu_count == 0:
+            raise ValidationError("gpu_models", "only allowed when resources.gpu_count > 0", list(self.gpu_models))
+
+
+def task_to_dict(task: TaskSpec) -> dict:
+    """A JSON-ready dict (the ledger stores deferred tasks this way)."""
+    r, n = task.resources, task.network
+    return {"resources": [r.cpu_milli, r.memory_mib, r.disk_mib, r.bandwidth_mbps, r.gpu_count, r.gpu_core_percent,
+                          r.gpu_memory_mib],
+            "runtime_s": task.runtime_s, "tenant": task.tenant, "name": task.name, "request_id": task.request_id,
+            "priority": task.priority, "replicas": task.replicas, "data_size_mb": task.data_size_mb,
+            "entry_vertex": task.entry_vertex,
+            "network": [n.max_latency_ms, n.max_jitter_ms, n.max_loss_percent], "gpu_models": list(task.gpu_models)}
+
+
+def task_from_dict(d: dict) -> TaskSpec:
+    return TaskSpec(resources=Resources(*d["resources"]), runtime_s=d["runtime_s"], tenant=d["tenant"],
+                    name=d["name"], request_id=d["request_id"], priority=d["priority"], replicas=d["replicas"],
+                    data_size_mb=d["data_size_mb"], entry_vertex=d["entry_vertex"],
+                    network=NetworkRequirements(*d["network"]), gpu_models=tuple(d["gpu_models"]))

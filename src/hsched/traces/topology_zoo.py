@@ -1,0 +1,68 @@
+"""Internet Topology Zoo WAN graphs (GraphML, data/topology_zoo/graphml/) → hsched vertices and links.
+
+Node coordinates are decimal degrees (WGS84). The Zoo gives no latency, so each link's latency is fibre
+propagation over the great-circle distance (`FIBRE_MS_PER_KM`, 5 µs/km), floored at `MIN_LATENCY_MS` because
+some links join co-located nodes (0 km). Link speed, when the file has it, is `LinkSpeedRaw` in bit/s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from hsched.domain.fleet import FIBRE_MS_PER_KM, Link
+
+EARTH_RADIUS_KM = 6371.0088  # IUGG mean Earth radius
+MIN_LATENCY_MS = 0.05  # floor for co-located PoPs (0 km links)
+BITS_PER_MBIT = 1_000_000
+
+
+def haversine_km(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """Great-circle distance in km between two (lat, lon) points given in decimal degrees."""
+    lat1, lon1, lat2, lon2 = map(math.radians, (a[0], a[1], b[0], b[1]))
+    h = math.sin((lat2 - lat1) / 2) ** 2 + math.cos(lat1) * math.cos(lat2) * math.sin((lon2 - lon1) / 2) ** 2
+    return 2 * EARTH_RADIUS_KM * math.asin(min(1.0, math.sqrt(h)))
+
+
+def _provenance(graph: dict[str, Any], path: Path) -> str:
+    network = str(graph.get("Network") or graph.get("label") or path.stem).strip()
+    details = [str(graph[k]).strip() for k in ("GeoLocation", "Type") if graph.get(k)]
+    if graph.get("NetworkDate"):
+        details.append(str(graph["NetworkDate"]).strip().replace("_", "-"))
+    return f"Topology Zoo: {network}" + (f" ({', '.join(details)})" if details else "")
+
+
+def load_graphml(path: str | Path) -> tuple[dict[str, tuple[float, float]], list[Link], str]:
+    """Read a Topology Zoo GraphML file.
+
+    Returns `(vertices, links, provenance)`:
+    - vertices: name → (lat, lon) in degrees. The name is the node's `label` (the node id when it has none);
+      nodes sharing a label are all renamed `"<label> #<node id>"`. Nodes without `Latitude`/`Longitude`
+      (placeholders such as "Europe" or "International Link 1") are dropped together with their links.
+    - links: one `Link` per GraphML edge, parallel edges of multigraphs kept, self-loops dropped;
+      `distance_km` is the haversine distance, `latency_ms = max(distance_km × FIBRE_MS_PER_KM, MIN_LATENCY_MS)`,
+      `bandwidth_mbps = LinkSpeedRaw / 1e6` when present, else 0 (unknown).
+    - provenance: e.g. "Topology Zoo: Abilene (US, REN, 2005-02)".
+    """
+    path = Path(path)
+    g = nx.read_graphml(path)
+    located = {n: d for n, d in g.nodes(data=True) if "Latitude" in d and "Longitude" in d}
+    labels = {n: str(d.get("label") or n) for n, d in located.items()}
+    shared = {label for label, k in Counter(labels.values()).items() if k > 1}
+    names = {n: f"{label} #{n}" if label in shared else label for n, label in labels.items()}
+
+    vertices = {names[n]: (float(d["Latitude"]), float(d["Longitude"])) for n, d in located.items()}
+    links: list[Link] = []
+    for u, v, d in g.edges(data=True):
+        if u == v or u not in names or v not in names:
+            continue
+        a, b = names[u], names[v]
+        dist = haversine_km(vertices[a], vertices[b])
+        speed = d.get("LinkSpeedRaw")
+        links.append(Link(a, b, distance_km=dist, latency_ms=max(dist * FIBRE_MS_PER_KM, MIN_LATENCY_MS),
+                          bandwidth_mbps=float(speed) / BITS_PER_MBIT if speed else 0.0))
+    return vertices, links, _provenance(g.graph, path)

@@ -1,0 +1,124 @@
+from hsched.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PlaceOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PLACE_OUTCOME_UNSPECIFIED: _ClassVar[PlaceOutcome]
+    PLACE_OUTCOME_PLACED: _ClassVar[PlaceOutcome]
+    PLACE_OUTCOME_DEFERRED: _ClassVar[PlaceOutcome]
+    PLACE_OUTCOME_NO_ROOM: _ClassVar[PlaceOutcome]
+    PLACE_OUTCOME_UNSCHEDULABLE: _ClassVar[PlaceOutcome]
+PLACE_OUTCOME_UNSPECIFIED: PlaceOutcome
+PLACE_OUTCOME_PLACED: PlaceOutcome
+PLACE_OUTCOME_DEFERRED: PlaceOutcome
+PLACE_OUTCOME_NO_ROOM: PlaceOutcome
+PLACE_OUTCOME_UNSCHEDULABLE: PlaceOutcome
+
+class PlaceRequest(_message.Message):
+    __slots__ = ("task_id", "task", "allow_defer")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_DEFER_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    task: _common_pb2.TaskSpec
+    allow_defer: bool
+    def __init__(self, task_id: _Optional[str] = ..., task: _Optional[_Union[_common_pb2.TaskSpec, _Mapping]] = ..., allow_defer: _Optional[bool] = ...) -> None: ...
+
+class PlaceResponse(_message.Message):
+    __slots__ = ("outcome", "assignments", "policy", "alternatives", "thermal", "reason", "ledger_id", "notes")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    THERMAL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    outcome: PlaceOutcome
+    assignments: _containers.RepeatedCompositeFieldContainer[_common_pb2.Assignment]
+    policy: str
+    alternatives: _containers.RepeatedCompositeFieldContainer[_common_pb2.Alternative]
+    thermal: _common_pb2.ThermalEffect
+    reason: str
+    ledger_id: str
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, outcome: _Optional[_Union[PlaceOutcome, str]] = ..., assignments: _Optional[_Iterable[_Union[_common_pb2.Assignment, _Mapping]]] = ..., policy: _Optional[str] = ..., alternatives: _Optional[_Iterable[_Union[_common_pb2.Alternative, _Mapping]]] = ..., thermal: _Optional[_Union[_common_pb2.ThermalEffect, _Mapping]] = ..., reason: _Optional[str] = ..., ledger_id: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PlacerReleaseRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class QueuedPlacement(_message.Message):
+    __slots__ = ("task_id", "assignments")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    assignments: _containers.RepeatedCompositeFieldContainer[_common_pb2.Assignment]
+    def __init__(self, task_id: _Optional[str] = ..., assignments: _Optional[_Iterable[_Union[_common_pb2.Assignment, _Mapping]]] = ...) -> None: ...
+
+class PlacerReleaseResponse(_message.Message):
+    __slots__ = ("released", "freed", "placed_from_queue")
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    FREED_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FROM_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    freed: _common_pb2.Resources
+    placed_from_queue: _containers.RepeatedCompositeFieldContainer[QueuedPlacement]
+    def __init__(self, released: _Optional[bool] = ..., freed: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., placed_from_queue: _Optional[_Iterable[_Union[QueuedPlacement, _Mapping]]] = ...) -> None: ...
+
+class PlacerStateRequest(_message.Message):
+    __slots__ = ("include_nodes",)
+    INCLUDE_NODES_FIELD_NUMBER: _ClassVar[int]
+    include_nodes: bool
+    def __init__(self, include_nodes: _Optional[bool] = ...) -> None: ...
+
+class GpuCardState(_message.Message):
+    __slots__ = ("card", "model", "core_percent_free", "memory_mib_free", "memory_mib_capacity")
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CORE_PERCENT_FREE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FREE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    card: int
+    model: str
+    core_percent_free: int
+    memory_mib_free: int
+    memory_mib_capacity: int
+    def __init__(self, card: _Optional[int] = ..., model: _Optional[str] = ..., core_percent_free: _Optional[int] = ..., memory_mib_free: _Optional[int] = ..., memory_mib_capacity: _Optional[int] = ...) -> None: ...
+
+class NodeState(_message.Message):
+    __slots__ = ("name", "index", "rack", "capacity", "free", "gpus")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    FREE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    index: int
+    rack: int
+    capacity: _common_pb2.Resources
+    free: _common_pb2.Resources
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuCardState]
+    def __init__(self, name: _Optional[str] = ..., index: _Optional[int] = ..., rack: _Optional[int] = ..., capacity: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., free: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuCardState, _Mapping]]] = ...) -> None: ...
+
+class PlacerState(_message.Message):
+    __slots__ = ("summary", "nodes", "deferred_task_ids", "policy")
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    DEFERRED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    summary: _common_pb2.DcSummary
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeState]
+    deferred_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    policy: str
+    def __init__(self, summary: _Optional[_Union[_common_pb2.DcSummary, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., deferred_task_ids: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ...) -> None: ...
