@@ -1,0 +1,304 @@
+"""Gateway service: the public endpoint. Validates, selects a DC, places with fallback, records the lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+
+import grpc
+
+from hsched import rpc
+from hsched.convert import task_from_pb, task_to_pb
+from hsched.costs.selection import METHODS
+from hsched.domain.errors import ValidationError
+from hsched.domain.fleet import Fleet, load_fleet
+from hsched.runtime import common_args, run, write_port_file
+from hsched.state.keys import Keys
+from hsched.state.redis import connect
+from hsched.state.tasks import TaskStore, now_ms
+from hsched.telemetry import MetricsServer
+from hsched.v1 import common_pb2 as pb
+from hsched.v1 import (
+    gateway_pb2,
+    gateway_pb2_grpc,
+    placer_pb2,
+    placer_pb2_grpc,
+    selector_pb2,
+    selector_pb2_grpc,
+)
+
+log = logging.getLogger("hsched.gateway")
+LIST_DEFAULT, LIST_MAX = 100, 1000
+
+
+def new_task_id() -> str:
+    """Time-ordered (ms, hex) then random: ids sort by submission time, which List pages rely on."""
+    return f"t{now_ms():012x}{secrets.token_hex(4)}"
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, fleet: Fleet, store: TaskStore, selector: selector_pb2_grpc.SelectorStub,
+                 placers: dict[str, placer_pb2_grpc.PlacerStub], select_timeout_s: float = 2.0,
+                 place_timeout_s: float = 5.0) -> None:
+        self.fleet = fleet
+        self.store = store
+        self.selector = selector
+        self.placers = placers
+        self.select_timeout_s = select_timeout_s
+        self.place_timeout_s = place_timeout_s
+        self._inflight: dict[tuple[str, str], asyncio.Future] = {}
+
+    # -- Submit ------------------------------------------------------------------------------------------------
+
+    @rpc.grpc_errors
+    async def Submit(self, request: gateway_pb2.SubmitRequest, context) -> gateway_pb2.SubmitResponse:
+        if not request.HasField("task"):
+            raise ValidationError("task", "is required")
+        spec = task_from_pb(request.task)
+        spec.validate()
+        if spec.entry_vertex and spec.entry_vertex not in self.fleet.wan.entry_vertices:
+            raise ValidationError("task.entry_vertex", "must be one of the fleet's entry vertices "
+                                  f"({', '.join(self.fleet.wan.entry_vertices[:6])}, ...)", spec.entry_vertex)
+        if request.selector_method and request.selector_method not in METHODS:
+            raise ValidationError("selector_method", f"must be one of {', '.join(METHODS)} or empty",
+                                  request.selector_method)
+        if not spec.request_id:
+            return gateway_pb2.SubmitResponse(task=await self._submit(spec, request.selector_method))
+        key = (spec.tenant, spec.request_id)
+        known = self.store.by_request.get(key)
+        if known is not None:  # a retry: the first answer, as it stands now
+            return gateway_pb2.SubmitResponse(task=self.store.tasks[known], duplicate=True)
+        if key in self._inflight:  # a retry racing the first call: wait for it
+            return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._inflight[key]), duplicate=True)
+        future = self._inflight[key] = asyncio.get_running_loop().create_future()
+        try:
+            task = await self._submit(spec, request.selector_method)
+            future.set_result(task)
+            return gateway_pb2.SubmitResponse(task=task)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: a failed first call must not log "never retrieved"
+            raise
+        finally:
+            del self._inflight[key]
+
+    async def _submit(self, spec, method: str) -> pb.Task:
+        task = pb.Task(task_id=new_task_id(), spec=task_to_pb(spec), created_unix_ms=now_ms())
+        writes = [self.store.record("submitted", task)]  # durable intent; awaited before we answer
+        selection = await self.selector.SelectDataCenter(
+            selector_pb2.SelectRequest(task=task.spec, method=method), timeout=self.select_timeout_s)
+        ex = task.explanation
+        ex.selector_method = selection.method
+        ex.ranking.extend(selection.candidates)
+        ex.excluded.extend(selection.excluded)
+        if not selection.candidates:
+            task.reason = "no data center can hold this task: " + "; ".join(
+                f"{e.datacenter}: {e.reason}" for e in selection.excluded)
+            writes.append(self.store.record("rejected", task, task.reason))
+            await asyncio.gather(*writes)
+            return task
+        best = selection.candidates[0]
+        task.datacenter = best.datacenter
+        writes.append(self.store.record("dc_selected", task, f"{best.datacenter} at total cost {best.total_cost:.4f}"))
+        await self._place(task, selection.candidates, writes)
+        await asyncio.gather(*writes)
+        return task
+
+    async def _place(self, task: pb.Task, candidates, writes: list) -> None:
+        """Try the DCs in rank order; if all are full now, queue at the best one that could hold it."""
+        notes = task.explanation.notes
+        full: list[str] = []
+        for candidate in candidates:
+            dc = candidate.datacenter
+            reply = await self._call_place(task, dc, allow_defer=False, notes=notes)
+            if reply is None:
+                continue
+            if reply.outcome == placer_pb2.PLACE_OUTCOME_PLACED:
+                self._placed(task, dc, reply, writes)
+                return
+            if reply.outcome == placer_pb2.PLACE_OUTCOME_NO_ROOM:
+                full.append(dc)
+                notes.append(f"{dc}: no room now ({reply.reason}); trying the next data center")
+            else:
+                notes.append(f"{dc}: cannot ever hold it ({reply.reason})")
+        if full:
+            dc = full[0]
+            reply = await self._call_place(task, dc, allow_defer=True, notes=notes)
+            if reply is not None and reply.outcome == placer_pb2.PLACE_OUTCOME_PLACED:
+                self._placed(task, dc, reply, writes)
+                return
+            if reply is not None and reply.outcome == placer_pb2.PLACE_OUTCOME_DEFERRED:
+                task.datacenter, task.reason = dc, reply.reason
+                self._explain(task, reply)
+                writes.append(self.store.record("deferred", task, f"queued at {dc}: {reply.reason}"))
+                return
+        task.datacenter = ""
+        task.reason = "no data center could place it: " + "; ".join(notes)
+        writes.append(self.store.record("rejected", task, task.reason))
+
+    async def _call_place(self, task: pb.Task, dc: str, allow_defer: bool, notes) -> placer_pb2.PlaceResponse | None:
+        stub = self.placers.get(dc)
+        if stub is None:
+            notes.append(f"{dc}: no placer address configured")
+            return None
+        try:
+            return await stub.Place(placer_pb2.PlaceRequest(task_id=task.task_id, task=task.spec,
+                                                            allow_defer=allow_defer), timeout=self.place_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            notes.append(f"{dc}: placer unavailable ({exc.code().name}: {exc.details()})")
+            return None
+
+    def _explain(self, task: pb.Task, reply: placer_pb2.PlaceResponse) -> None:
+        ex = task.explanation
+        ex.placer_policy = reply.policy
+        del ex.alternatives[:]
+        ex.alternatives.extend(reply.alternatives)
+        if reply.HasField("thermal"):
+            ex.thermal.CopyFrom(reply.thermal)
+        ex.notes.extend(reply.notes)
+
+    def _placed(self, task: pb.Task, dc: str, reply: placer_pb2.PlaceResponse, writes: list) -> None:
+        task.datacenter, task.reason = dc, ""
+        del task.assignments[:]
+        task.assignments.extend(reply.assignments)
+        self._explain(task, reply)
+        nodes = sorted({a.node for a in reply.assignments})
+        writes.append(self.store.record("placed", task, f"{dc}: {', '.join(nodes[:4])}"
+                                        + (f" (+{len(nodes) - 4} more)" if len(nodes) > 4 else "")))
+
+    # -- Release -----------------------------------------------------------------------------------------------
+
+    @rpc.grpc_errors
+    async def Release(self, request: gateway_pb2.ReleaseRequest, context) -> gateway_pb2.ReleaseResponse:
+        task = self._task(request.task_id)
+        if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED):
+            return gateway_pb2.ReleaseResponse(task=task)  # nothing held: releasing again is a no-op
+        if task.state == pb.TASK_STATE_SUBMITTED:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"task {task.task_id} is still being scheduled; release it once Submit returned")
+        stub = self.placers[task.datacenter]
+        reply = await stub.Release(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
+                                   timeout=self.place_timeout_s)
+        writes = [self.store.record("released", task, f"freed {reply.freed.cpu_milli / 1000:g} cores, "
+                                    f"{reply.freed.gpu_count} GPU slices at {task.datacenter}")]
+        for queued in reply.placed_from_queue:
+            waiting = self.store.tasks.get(queued.task_id)
+            if waiting is None:  # queued by a gateway whose history this one lacks; the ledger still holds it
+                log.warning("placer %s placed unknown queued task %s", task.datacenter, queued.task_id)
+                continue
+            del waiting.assignments[:]
+            waiting.assignments.extend(queued.assignments)
+            waiting.reason = ""
+            waiting.explanation.notes.append(f"placed from the deferred queue when {task.task_id} was released")
+            writes.append(self.store.record("placed", waiting, f"{task.datacenter}: from the deferred queue"))
+        await asyncio.gather(*writes)
+        return gateway_pb2.ReleaseResponse(task=task)
+
+    # -- reads -------------------------------------------------------------------------------------------------
+
+    def _task(self, task_id: str) -> pb.Task:
+        if not task_id:
+            raise ValidationError("task_id", "is required")
+        task = self.store.tasks.get(task_id)
+        if task is None:
+            raise LookupError(f"task {task_id} not found")
+        return task
+
+    @rpc.grpc_errors
+    async def Get(self, request: gateway_pb2.GetRequest, context) -> pb.Task:
+        return self._task(request.task_id)
+
+    @rpc.grpc_errors
+    async def List(self, request: gateway_pb2.ListRequest, context) -> gateway_pb2.ListResponse:
+        if request.limit > LIST_MAX:
+            raise ValidationError("limit", f"must be <= {LIST_MAX}", request.limit)
+        limit = request.limit or LIST_DEFAULT
+        out: list[pb.Task] = []
+        for task_id in sorted(self.store.tasks):
+            if request.page_token and task_id <= request.page_token:
+                continue
+            t = self.store.tasks[task_id]
+            if ((request.tenant and t.spec.tenant != request.tenant) or (request.state and t.state != request.state)
+                    or (request.datacenter and t.datacenter != request.datacenter)):
+                continue
+            out.append(t)
+            if len(out) == limit:
+                break
+        next_token = out[-1].task_id if len(out) == limit else ""
+        return gateway_pb2.ListResponse(tasks=out, next_page_token=next_token)
+
+    async def Watch(self, request: gateway_pb2.WatchRequest, context):
+        if request.task_id and request.task_id not in self.store.tasks:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
+        async for event in self.store.events(request.after_event_id):
+            if request.task_id and event.task_id != request.task_id:
+                continue
+            if request.tenant and event.tenant != request.tenant:
+                continue
+            yield event
+
+
+def parse_placers(spec: str) -> dict[str, str]:
+    """"dc=host:port,dc2=host:port" → {dc: target}."""
+    out = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, sep, target = item.partition("=")
+        if not sep or not name or not target:
+            raise SystemExit(f"--placers: expected dc=host:port, got {item!r}")
+        out[name] = target
+    return out
+
+
+def register_metrics(metrics: MetricsServer, store: TaskStore) -> None:
+    def by_state():
+        counts: dict[tuple[str, str], int] = {}
+        for t in store.tasks.values():
+            key = (pb.TaskState.Name(t.state).removeprefix("TASK_STATE_").lower(), t.datacenter)
+            counts[key] = counts.get(key, 0) + 1
+        return [(k, float(v)) for k, v in counts.items()]
+
+    metrics.register_gauge_family("hsched_tasks", "Tasks by state and data center", ["state", "datacenter"], by_state)
+
+
+async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
+    fleet = fleet or load_fleet(args.fleet)
+    targets = parse_placers(args.placers)
+    unknown = set(targets) - {dc.name for dc in fleet.datacenters}
+    if unknown:
+        raise SystemExit(f"--placers names data centers not in the fleet: {sorted(unknown)}")
+    redis = connect(args.redis_url)
+    store = TaskStore(redis, Keys(args.prefix).tasks)
+    loaded = await store.load()
+    channels = [rpc.channel(args.selector), *(rpc.channel(t) for t in targets.values())]
+    servicer = GatewayServicer(fleet, store, selector_pb2_grpc.SelectorStub(channels[0]),
+                               {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
+                               args.select_timeout_s, args.place_timeout_s)
+    server, port, _ = await rpc.start_server(
+        lambda s: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, s),
+        [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen)
+    metrics = None
+    if args.metrics_port >= 0:
+        metrics = MetricsServer(args.metrics_port)
+        register_metrics(metrics, store)
+    write_port_file(args.port_file, port)
+    log.info("gateway serving on port %d (%d task events replayed, %d tasks)", port, loaded, len(store.tasks))
+    await stop.wait()
+    await server.stop(grace=2)
+    for ch in channels:
+        await ch.close()
+    if metrics:
+        metrics.close()
+    await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = common_args("hsched gateway: the public task endpoint")
+    p.add_argument("--selector", default=os.environ.get("HSCHED_SELECTOR", "127.0.0.1:50052"))
+    p.add_argument("--placers", default=os.environ.get("HSCHED_PLACERS", ""),
+                   help="dc=host:port,... for every data center's placer")
+    p.add_argument("--select-timeout-s", type=float, default=2.0)
+    p.add_argument("--place-timeout-s", type=float, default=5.0)
+    args = p.parse_args(argv)
+    run("gateway", args, lambda stop: serve(args, stop))

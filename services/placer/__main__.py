@@ -1,0 +1,3 @@
+from services.placer.server import main
+
+main()

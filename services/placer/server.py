@@ -1,0 +1,216 @@
+"""Placer service for one data center: gRPC over hsched.engine.placer.PlacerEngine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+import numpy as np
+
+from hsched import rpc
+from hsched.convert import parts_to_pb, resources_to_pb, task_from_pb
+from hsched.domain.fleet import load_fleet
+from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
+from hsched.policies.heuristics import HEURISTICS, make_policy
+from hsched.runtime import common_args, run, write_port_file
+from hsched.state.keys import Keys
+from hsched.state.redis import connect
+from hsched.telemetry import MetricsServer
+from hsched.v1 import common_pb2, placer_pb2, placer_pb2_grpc, thermal_pb2, thermal_pb2_grpc
+
+log = logging.getLogger("hsched.placer")
+
+OUTCOMES = {"placed": placer_pb2.PLACE_OUTCOME_PLACED, "deferred": placer_pb2.PLACE_OUTCOME_DEFERRED,
+            "no_room": placer_pb2.PLACE_OUTCOME_NO_ROOM, "unschedulable": placer_pb2.PLACE_OUTCOME_UNSCHEDULABLE}
+
+
+class ThermalClient:
+    """The engine's ThermalGuard, answered by the thermal service."""
+
+    def __init__(self, target: str, datacenter: str, timeout_s: float = 2.0) -> None:
+        self.channel = rpc.channel(target)
+        self.stub = thermal_pb2_grpc.ThermalStub(self.channel)
+        self.dc = datacenter
+        self.timeout_s = timeout_s
+
+    async def headroom(self, min_ledger_id: str) -> np.ndarray:
+        reply = await self.stub.Predict(thermal_pb2.PredictRequest(
+            datacenter=self.dc, min_ledger_id=min_ledger_id, want_headroom=True), timeout=self.timeout_s)
+        return np.array(reply.headroom_w, dtype=np.float64)
+
+    async def check(self, deltas: list[LoadDelta], min_ledger_id: str) -> ThermalCheck:
+        reply = await self.stub.Predict(thermal_pb2.PredictRequest(
+            datacenter=self.dc, min_ledger_id=min_ledger_id, want_headroom=True,
+            deltas=[thermal_pb2.LoadDelta(node_index=d.node, cpu_milli=d.cpu_milli, gpu_busy=d.gpu_busy)
+                    for d in deltas]), timeout=self.timeout_s)
+        return ThermalCheck(not reply.nodes_over_redline, reply.max_inlet_before_c, reply.max_inlet_after_c,
+                            reply.pue_before, reply.pue_after, reply.t_supply_c, reply.redline_c,
+                            tuple(reply.nodes_over_redline), np.array(reply.headroom_w, dtype=np.float64))
+
+
+def thermal_to_pb(c: ThermalCheck | None) -> common_pb2.ThermalEffect | None:
+    if c is None:
+        return None
+    return common_pb2.ThermalEffect(max_inlet_before_c=c.max_inlet_before_c, max_inlet_after_c=c.max_inlet_after_c,
+                                    pue_before=c.pue_before, pue_after=c.pue_after, t_supply_c=c.t_supply_c,
+                                    redline_c=c.redline_c)
+
+
+def summary_to_pb(s: dict) -> common_pb2.DcSummary:
+    fields = {k: v for k, v in s.items() if k not in ("capacity", "free", "largest_node", "largest_node_index")}
+    return common_pb2.DcSummary(capacity=resources_to_pb(s["capacity"]), free=resources_to_pb(s["free"]),
+                                largest_node=resources_to_pb(s["largest_node"]), **fields)
+
+
+class PlacerServicer(placer_pb2_grpc.PlacerServicer):
+    def __init__(self, engine: PlacerEngine) -> None:
+        self.engine = engine
+        self.table = engine.state.table
+
+    def _place_reply(self, r: PlaceResult) -> placer_pb2.PlaceResponse:
+        return placer_pb2.PlaceResponse(
+            outcome=OUTCOMES[r.outcome], assignments=parts_to_pb(r.parts, self.table), policy=self.engine.policy.name,
+            alternatives=[common_pb2.Alternative(node=self.table.names[n], node_index=n, score=s)
+                          for n, s in r.alternatives],
+            thermal=thermal_to_pb(r.thermal), reason=r.reason, ledger_id=r.ledger_id, notes=r.notes)
+
+    @rpc.grpc_errors
+    async def Place(self, request: placer_pb2.PlaceRequest, context) -> placer_pb2.PlaceResponse:
+        if not request.task_id:
+            raise rpc.ValidationError("task_id", "is required")
+        spec = task_from_pb(request.task)
+        spec.validate()
+        result = await self._engine_call(self.engine.place(request.task_id, spec, request.allow_defer))
+        return self._place_reply(result)
+
+    @rpc.grpc_errors
+    async def Release(self, request: placer_pb2.PlacerReleaseRequest, context) -> placer_pb2.PlacerReleaseResponse:
+        if not request.task_id:
+            raise rpc.ValidationError("task_id", "is required")
+        r = await self._engine_call(self.engine.release(request.task_id))
+        return placer_pb2.PlacerReleaseResponse(
+            released=r.released, freed=resources_to_pb(r.freed),
+            placed_from_queue=[placer_pb2.QueuedPlacement(task_id=t, assignments=parts_to_pb(p, self.table))
+                               for t, p in r.placed_from_queue])
+
+    async def _engine_call(self, call):
+        from hsched.state.ledger import Fenced
+
+        try:
+            return await call
+        except Fenced as exc:
+            raise rpc.Unavailable(str(exc)) from None
+
+    @rpc.grpc_errors
+    async def GetState(self, request: placer_pb2.PlacerStateRequest, context) -> placer_pb2.PlacerState:
+        e, t = self.engine, self.table
+        out = placer_pb2.PlacerState(summary=summary_to_pb(e.summary()), deferred_task_ids=list(e.queue),
+                                     policy=e.policy.name)
+        if request.include_nodes:
+            s = e.state
+            for i in range(s.n):
+                out.nodes.append(placer_pb2.NodeState(
+                    name=t.names[i], index=i, rack=int(t.rack[i]),
+                    capacity=common_pb2.Resources(cpu_milli=int(t.cpu_milli[i]), memory_mib=int(t.memory_mib[i]),
+                                                  disk_mib=int(t.disk_mib[i]), bandwidth_mbps=int(t.bandwidth_mbps[i]),
+                                                  gpu_count=int(t.gpu_count[i])),
+                    free=common_pb2.Resources(cpu_milli=int(s.free_cpu[i]), memory_mib=int(s.free_memory[i]),
+                                              disk_mib=int(s.free_disk[i]), bandwidth_mbps=int(s.free_bandwidth[i])),
+                    gpus=[placer_pb2.GpuCardState(card=c, model=t.gpu_model[i],
+                                                  core_percent_free=int(s.gpu_free_core[i, c]),
+                                                  memory_mib_free=int(s.gpu_free_memory[i, c]),
+                                                  memory_mib_capacity=int(t.gpu_memory_mib[i, c]))
+                          for c in range(int(t.gpu_count[i]))]))
+        return out
+
+
+def register_metrics(metrics: MetricsServer, engine: PlacerEngine) -> None:
+    """Paper 002 table 1 metrics at scrape time (no per-operation gauge updates on the hot path)."""
+    dc, t = engine.dc.name, engine.state.table
+    cards = [(i, c) for i in range(len(t)) for c in range(int(t.gpu_count[i]))]
+
+    def util(key: str):
+        return lambda: [((dc,), 100.0 * engine.state.utilisation()[key])]
+
+    def per_card(values):
+        def collect():
+            v = values()
+            return [((dc, t.names[i], str(c), t.gpu_model[i]), float(v[i, c])) for i, c in cards]
+        return collect
+
+    s = engine.state
+    metrics.register_gauge_family("ClusterGPUMemoryPercentage", "GPU memory allocated in the DC (%)",
+                                  ["datacenter"], util("gpu_memory"))
+    metrics.register_gauge_family("ClusterGPUCorePercentage", "GPU cores allocated in the DC (%)",
+                                  ["datacenter"], util("gpu_core"))
+    metrics.register_gauge_family("hsched_cluster_cpu_percentage", "CPU allocated in the DC (%)", ["datacenter"],
+                                  util("cpu"))
+    labels = ["datacenter", "node", "deviceidx", "model"]
+    metrics.register_gauge_family("GPUDeviceCoreAllocated", "GPU core percent allocated on the card", labels,
+                                  per_card(lambda: t.gpu_core_percent - s.gpu_free_core))
+    metrics.register_gauge_family("GPUDeviceCoreLimit", "GPU core percent of the card", labels,
+                                  per_card(lambda: t.gpu_core_percent))
+    metrics.register_gauge_family("GPUDeviceMemoryAllocated", "GPU memory allocated on the card (MiB)", labels,
+                                  per_card(lambda: t.gpu_memory_mib - s.gpu_free_memory))
+    metrics.register_gauge_family("GPUDeviceMemoryLimit", "GPU memory of the card (MiB)", labels,
+                                  per_card(lambda: t.gpu_memory_mib))
+
+    def shared():
+        counts = np.zeros_like(t.gpu_core_percent)
+        for parts in s.allocations.values():
+            for p in parts:
+                for g in p.gpus:
+                    counts[p.node, g.card] += 1
+        return counts
+
+    metrics.register_gauge_family("GPUDeviceSharedNum", "vGPU slices allocated on the card", labels, per_card(shared))
+    metrics.register_gauge_family("hsched_deferred_tasks", "Tasks waiting in the deferred queue", ["datacenter"],
+                                  lambda: [((dc,), float(len(engine.queue)))])
+    metrics.register_gauge_family("hsched_running_tasks", "Tasks holding resources", ["datacenter"],
+                                  lambda: [((dc,), float(len(s.allocations)))])
+
+
+async def serve(args, stop: asyncio.Event) -> None:
+    fleet = load_fleet(args.fleet)
+    try:
+        dc = fleet.datacenter(args.datacenter)
+    except KeyError:
+        raise SystemExit(f"--datacenter {args.datacenter!r} is not in the fleet "
+                         f"({', '.join(d.name for d in fleet.datacenters)})") from None
+    redis = connect(args.redis_url)
+    thermal = ThermalClient(args.thermal, dc.name) if args.thermal else None
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed), owner, thermal,
+                          lease_ms=args.lease_ms)
+    await engine.start(wait_for_lease_s=args.lease_wait_s)
+    server, port, _ = await rpc.start_server(
+        lambda s: placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(engine), s),
+        [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name], args.listen)
+    metrics = None
+    if args.metrics_port >= 0:
+        metrics = MetricsServer(args.metrics_port)
+        register_metrics(metrics, engine)
+    write_port_file(args.port_file, port)
+    log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
+    await stop.wait()
+    await server.stop(grace=2)
+    await engine.stop()
+    if metrics:
+        metrics.close()
+    await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = common_args("hsched placer: node and GPU-slice placement for one data center")
+    p.add_argument("--datacenter", required=True)
+    p.add_argument("--policy", default="bestfit", choices=sorted(HEURISTICS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--thermal", default=os.environ.get("HSCHED_THERMAL", ""),
+                   help="thermal service address (empty = no thermal guard)")
+    p.add_argument("--lease-ms", type=int, default=3000)
+    p.add_argument("--lease-wait-s", type=float, default=15.0,
+                   help="how long to wait for a previous placer's lease to lapse")
+    args = p.parse_args(argv)
+    run(f"placer-{args.datacenter}", args, lambda stop: serve(args, stop))

@@ -1,0 +1,3 @@
+from services.selector.server import main
+
+main()

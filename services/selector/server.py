@@ -1,0 +1,147 @@
+"""Selector service (stage 1): rank data centers by eq.1 resource cost + eq.2 network path cost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from hsched import rpc
+from hsched.convert import task_from_pb
+from hsched.costs.selection import Candidate
+from hsched.domain.fleet import Fleet, load_fleet
+from hsched.engine.selector import DcSelector
+from hsched.runtime import common_args, run, write_port_file
+from hsched.state.keys import Keys
+from hsched.state.redis import connect
+from hsched.telemetry import MetricsServer
+from hsched.v1 import common_pb2, selector_pb2, selector_pb2_grpc
+
+log = logging.getLogger("hsched.selector")
+
+
+def candidate_to_pb(c: Candidate) -> common_pb2.DcCandidate:
+    r, p = c.resource, c.path
+    return common_pb2.DcCandidate(
+        datacenter=c.datacenter, vertex=c.vertex,
+        resource_cost=common_pb2.ResourceCost(cpu=r.cpu, memory=r.memory, disk=r.disk, bandwidth=r.bandwidth,
+                                              gpu=r.gpu, total=r.total),
+        network_cost=c.network_cost, total_cost=c.total,
+        path=common_pb2.PathInfo(vertices=list(p.vertices), latency_ms=p.latency_ms, jitter_ms=p.jitter_ms,
+                                 loss_percent=p.loss_percent, bottleneck_bandwidth_mbps=p.bottleneck_bandwidth_mbps,
+                                 finder=c.path_source))
+
+
+class SelectorServicer(selector_pb2_grpc.SelectorServicer):
+    def __init__(self, selector: DcSelector) -> None:
+        self.selector = selector
+
+    @rpc.grpc_errors
+    async def SelectDataCenter(self, request: selector_pb2.SelectRequest, context) -> selector_pb2.SelectResponse:
+        task = task_from_pb(request.task)
+        task.validate()
+        ranked, excluded = self.selector.select(task, request.method)
+        return selector_pb2.SelectResponse(
+            method=request.method or "min-cost", candidates=[candidate_to_pb(c) for c in ranked],
+            excluded=[common_pb2.Exclusion(datacenter=d, reason=r) for d, r in excluded])
+
+
+async def follow_summaries(redis, keys: Keys, selector: DcSelector) -> None:
+    """Keep the latest capacity summary of every DC (written by its placer)."""
+    streams = {keys.summary(dc.name): "0-0" for dc in selector.fleet.datacenters}
+    for stream in streams:  # start from each DC's latest summary
+        latest = await redis.xrevrange(stream, count=1)
+        if latest:
+            selector.update_summary(json.loads(latest[0][1][b"s"]))
+            streams[stream] = latest[0][0].decode()
+    while True:
+        try:
+            reply = await redis.xread(streams, count=100, block=1000)
+        except Exception:
+            log.exception("reading DC summaries failed; retrying")
+            await asyncio.sleep(1)
+            continue
+        for stream, entries in reply or []:
+            for entry_id, fields in entries:
+                selector.update_summary(json.loads(fields[b"s"]))
+                streams[stream.decode()] = entry_id.decode()
+
+
+async def follow_links(redis, keys: Keys, selector: DcSelector) -> None:
+    """Apply WAN link metric updates (latency/jitter/loss/bandwidth, paper 002) from the links stream.
+
+    Entries: {"a": vertex, "b": vertex, "latency_ms": .., "jitter_ms": .., "loss_percent": .., "bandwidth_mbps": ..}
+    (any subset of the metrics). The whole history is replayed at start, so every selector agrees.
+    """
+    cursor = "0-0"
+    while True:
+        try:
+            reply = await redis.xread({keys.links: cursor}, count=500, block=1000)
+        except Exception:
+            log.exception("reading link metrics failed; retrying")
+            await asyncio.sleep(1)
+            continue
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                cursor = entry_id.decode()
+                try:
+                    update = json.loads(fields[b"m"])
+                    selector.graph.update_link(update.pop("a"), update.pop("b"), **update)
+                except Exception as exc:
+                    log.warning("ignoring link update %s: %s", cursor, exc)
+
+
+def register_metrics(metrics: MetricsServer, selector: DcSelector) -> None:
+    """Paper 002 user-to-cluster network metrics along the current shortest paths."""
+    fleet, graph = selector.fleet, selector.graph
+
+    def per_pair(attr: str):
+        def collect():
+            out = []
+            for entry in fleet.wan.entry_vertices:
+                paths = graph.dijkstra.paths_from(entry)
+                for dc in fleet.datacenters:
+                    if dc.vertex in paths:
+                        out.append(((entry, dc.name), float(getattr(graph.path_metrics(paths[dc.vertex]), attr))))
+            return out
+        return collect
+
+    labels = ["entry_vertex", "datacenter"]
+    metrics.register_gauge_family("UserToClusterLatency", "Path latency entry vertex -> DC (ms)", labels,
+                                  per_pair("latency_ms"))
+    metrics.register_gauge_family("UserToClusterJitter", "Path jitter entry vertex -> DC (ms)", labels,
+                                  per_pair("jitter_ms"))
+    metrics.register_gauge_family("UserToClusterPacketLoss", "Path loss entry vertex -> DC (%)", labels,
+                                  per_pair("loss_percent"))
+    metrics.register_gauge_family("UserToClusterBandwidth", "Path bottleneck bandwidth (Mbit/s, 0 = unknown)",
+                                  labels, per_pair("bottleneck_bandwidth_mbps"))
+
+
+async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
+    fleet = fleet or load_fleet(args.fleet)
+    keys = Keys(args.prefix)
+    redis = connect(args.redis_url)
+    selector = DcSelector(fleet)
+    tasks = [asyncio.create_task(follow_summaries(redis, keys, selector)),
+             asyncio.create_task(follow_links(redis, keys, selector))]
+    server, port, _ = await rpc.start_server(
+        lambda s: selector_pb2_grpc.add_SelectorServicer_to_server(SelectorServicer(selector), s),
+        [selector_pb2.DESCRIPTOR.services_by_name["Selector"].full_name], args.listen)
+    metrics = None
+    if args.metrics_port >= 0:
+        metrics = MetricsServer(args.metrics_port)
+        register_metrics(metrics, selector)
+    write_port_file(args.port_file, port)
+    log.info("selector serving %d DCs on port %d", len(fleet.datacenters), port)
+    await stop.wait()
+    await server.stop(grace=2)
+    for t in tasks:
+        t.cancel()
+    if metrics:
+        metrics.close()
+    await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = common_args("hsched selector: data-center choice by resource + network cost").parse_args(argv)
+    run("selector", args, lambda stop: serve(args, stop))

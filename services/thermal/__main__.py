@@ -1,0 +1,3 @@
+from services.thermal.server import main
+
+main()

@@ -1,0 +1,189 @@
+"""Thermal service: the CFD-surrogate room model of every data center, driven by the placers' ledgers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import numpy as np
+
+from hsched import rpc
+from hsched.domain.errors import ValidationError
+from hsched.domain.fleet import Fleet, load_fleet
+from hsched.domain.resources import MILLI
+from hsched.runtime import common_args, run, write_port_file
+from hsched.state.follow import LedgerFollower
+from hsched.state.keys import Keys
+from hsched.state.redis import connect
+from hsched.telemetry import MetricsServer
+from hsched.thermal import RoomModel, ThermalState, rack_outlet_mean
+from hsched.thermal.datacenter import load_arrays, room_for
+from hsched.v1 import thermal_pb2 as pb
+from hsched.v1 import thermal_pb2_grpc
+
+log = logging.getLogger("hsched.thermal")
+RISE_EPS_K = 1e-9
+
+
+class Room:
+    """One DC's room model over the fold of its ledger, with the derived values cached per ledger version."""
+
+    def __init__(self, model: RoomModel, follower: LedgerFollower, servers_per_rack: int) -> None:
+        self.model = model
+        self.follower = follower
+        self.servers_per_rack = servers_per_rack
+        self._cache: dict[str, tuple[int, object]] = {}
+
+    def _cached(self, key: str, compute):
+        version = self.follower.version
+        hit = self._cache.get(key)
+        if hit is None or hit[0] != version:
+            hit = (version, compute())
+            self._cache[key] = hit
+        return hit[1]
+
+    def state(self) -> ThermalState:
+        return self._cached("state", lambda: self.model.evaluate(*load_arrays(self.follower.state)))
+
+    def headroom(self) -> np.ndarray:
+        return self._cached("headroom", lambda: self.model.headroom_w(*load_arrays(self.follower.state)))
+
+
+class ThermalServicer(thermal_pb2_grpc.ThermalServicer):
+    def __init__(self, rooms: dict[str, Room]) -> None:
+        self.rooms = rooms
+
+    def _room(self, name: str) -> Room:
+        try:
+            return self.rooms[name]
+        except KeyError:
+            raise LookupError(f"datacenter {name!r} is not in this fleet (known: {', '.join(self.rooms)})") from None
+
+    @rpc.grpc_errors
+    async def Predict(self, request: pb.PredictRequest, context) -> pb.PredictResponse:
+        room = self._room(request.datacenter)
+        try:
+            await room.follower.wait_for(request.min_ledger_id)
+        except TimeoutError:
+            raise rpc.Unavailable(f"thermal model of {request.datacenter} has not caught up with ledger entry "
+                                  f"{request.min_ledger_id} yet") from None
+        before = room.state()
+        n = room.model.n
+        d_cores, d_gpu = np.zeros(n), np.zeros(n)
+        for delta in request.deltas:
+            if delta.node_index >= n:
+                raise ValidationError("deltas.node_index", f"must be < {n} for {request.datacenter}",
+                                          delta.node_index)
+            d_cores[delta.node_index] += delta.cpu_milli / MILLI
+            d_gpu[delta.node_index] += delta.gpu_busy
+        busy, gpu = load_arrays(room.follower.state)
+        try:
+            after = room.model.predict(busy, d_cores, gpu, d_gpu) if request.deltas else before
+        except ValueError as exc:  # a change that over- or under-runs a server's capacity
+            raise ValidationError("deltas", str(exc)) from None
+        rise_before = np.asarray(before.inlet_c) - before.t_supply_c
+        rise_after = np.asarray(after.inlet_c) - after.t_supply_c
+        worse = [int(i) for i in after.hot_servers if rise_after[i] > rise_before[i] + RISE_EPS_K]
+        return pb.PredictResponse(
+            max_inlet_before_c=before.max_inlet_c, max_inlet_after_c=after.max_inlet_c, pue_before=before.pue,
+            pue_after=after.pue, t_supply_c=after.t_supply_c, redline_c=room.model.params.redline_c,
+            nodes_over_redline=worse, headroom_w=self._headroom(room, request, busy + d_cores, gpu + d_gpu),
+            ledger_id=room.follower.last_id)
+
+    @staticmethod
+    def _headroom(room: Room, request: pb.PredictRequest, busy: np.ndarray, gpu: np.ndarray) -> list[float]:
+        if not request.want_headroom:
+            return []
+        return (room.model.headroom_w(busy, gpu) if request.deltas else room.headroom()).tolist()
+
+    @rpc.grpc_errors
+    async def GetState(self, request: pb.ThermalStateRequest, context) -> pb.RoomState:
+        room = self._room(request.datacenter)
+        s = room.state()
+        out = pb.RoomState(
+            datacenter=request.datacenter, it_power_w=s.it_power_w, cooling_power_w=s.cooling_power_w,
+            other_power_w=s.other_power_w, pue=s.pue, t_supply_c=s.t_supply_c, max_inlet_c=s.max_inlet_c,
+            mean_outlet_c=float(np.mean(s.outlet_c)), ledger_id=room.follower.last_id,
+            redline_c=room.model.params.redline_c,
+            rack_outlet_mean_c=_rack_means(s, room).tolist())
+        if request.include_nodes:
+            out.inlet_c.extend(s.inlet_c.tolist())
+            out.outlet_c.extend(s.outlet_c.tolist())
+            out.power_w.extend(s.power_w.tolist())
+        return out
+
+
+def _rack_means(state: ThermalState, room: Room) -> np.ndarray:
+    n, per = len(state.outlet_c), room.servers_per_rack
+    if n % per == 0:
+        return rack_outlet_mean(state, per)
+    rack = np.arange(n) // per  # a partly filled last rack
+    return np.bincount(rack, weights=state.outlet_c) / np.bincount(rack)
+
+
+async def publish_telemetry(redis, keys: Keys, rooms: dict[str, Room], period_s: float = 1.0) -> None:
+    """Thermal telemetry per DC on its stream (one writer: this service), when the load changed."""
+    seen: dict[str, int] = {}
+    while True:
+        for name, room in rooms.items():
+            if seen.get(name) == room.follower.version:
+                continue
+            seen[name] = room.follower.version
+            s = room.state()
+            await redis.xadd(keys.thermal(name), {"s": json.dumps({
+                "pue": s.pue, "it_power_w": s.it_power_w, "cooling_power_w": s.cooling_power_w,
+                "t_supply_c": s.t_supply_c, "max_inlet_c": s.max_inlet_c, "mean_outlet_c": float(np.mean(s.outlet_c)),
+                "ledger_id": room.follower.last_id})}, maxlen=1000, approximate=True)
+        await asyncio.sleep(period_s)
+
+
+def register_metrics(metrics: MetricsServer, rooms: dict[str, Room]) -> None:
+    def per_dc(fn):
+        return lambda: [((name,), float(fn(room.state()))) for name, room in rooms.items()]
+
+    metrics.register_gauge_family("hsched_dc_pue", "Power usage effectiveness of the room", ["datacenter"],
+                                  per_dc(lambda s: s.pue))
+    metrics.register_gauge_family("hsched_dc_max_inlet_celsius", "Hottest server inlet", ["datacenter"],
+                                  per_dc(lambda s: s.max_inlet_c))
+    metrics.register_gauge_family("hsched_dc_it_power_watts", "IT power", ["datacenter"],
+                                  per_dc(lambda s: s.it_power_w))
+    metrics.register_gauge_family("hsched_dc_cooling_power_watts", "CRAC power", ["datacenter"],
+                                  per_dc(lambda s: s.cooling_power_w))
+    metrics.register_gauge_family("hsched_dc_supply_celsius", "CRAC supply air temperature", ["datacenter"],
+                                  per_dc(lambda s: s.t_supply_c))
+
+
+async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
+    fleet = fleet or load_fleet(args.fleet)
+    keys = Keys(args.prefix)
+    redis = connect(args.redis_url)
+    rooms: dict[str, Room] = {}
+    tasks = []
+    for dc in fleet.datacenters:
+        follower = LedgerFollower(redis, keys.ledger(dc.name), dc)
+        tasks.append(await follower.start())
+        rooms[dc.name] = Room(room_for(dc), follower, dc.layout.servers_per_rack)
+    tasks.append(asyncio.create_task(publish_telemetry(redis, keys, rooms)))
+    server, port, _ = await rpc.start_server(
+        lambda s: thermal_pb2_grpc.add_ThermalServicer_to_server(ThermalServicer(rooms), s),
+        [pb.DESCRIPTOR.services_by_name["Thermal"].full_name], args.listen)
+    metrics = None
+    if args.metrics_port >= 0:
+        metrics = MetricsServer(args.metrics_port)
+        register_metrics(metrics, rooms)
+    write_port_file(args.port_file, port)
+    log.info("thermal serving %d rooms on port %d", len(rooms), port)
+    await stop.wait()
+    await server.stop(grace=2)
+    for t in tasks:
+        t.cancel()
+    if metrics:
+        metrics.close()
+    await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = common_args("hsched thermal service: room models per data center").parse_args(argv)
+    run("thermal", args, lambda stop: serve(args, stop))
+

@@ -1,0 +1,304 @@
+"""`hsched`: run the local stack, submit and follow tasks, replay real traces."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from hsched.v1 import common_pb2 as pb
+from hsched.v1 import gateway_pb2, gateway_pb2_grpc
+
+DEFAULT_GATEWAY = os.environ.get("HSCHED_GATEWAY", "127.0.0.1:50051")
+
+
+def _stub(args) -> gateway_pb2_grpc.GatewayStub:
+    return gateway_pb2_grpc.GatewayStub(grpc.insecure_channel(args.gateway))
+
+
+def _print(message, as_json: bool = True) -> None:
+    print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
+
+
+def _task_line(t: pb.Task) -> str:
+    state = pb.TaskState.Name(t.state).removeprefix("TASK_STATE_")
+    nodes = sorted({a.node for a in t.assignments})
+    where = f"{t.datacenter} {','.join(nodes[:3])}{'…' if len(nodes) > 3 else ''}".strip()
+    return f"{t.task_id}  {state:<9} {where}  {t.reason}".rstrip()
+
+
+# -- up ---------------------------------------------------------------------------------------------------------
+
+
+def cmd_up(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from hsched.stack import Stack, StackConfig
+
+    console = Console()
+    config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
+                         policy=args.policy, thermal=not args.no_thermal, traces=args.traces,
+                         gateway_port=args.port, log_dir=args.log_dir, log_level=args.log_level)
+    stack = Stack(config)
+    with console.status(f"starting Redis, thermal, selector, {len(stack.fleet.datacenters)} placers and the gateway"):
+        stack.start()
+    table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
+    for col in ("service", "gRPC", "metrics", "RSS MiB"):
+        table.add_column(col)
+    rss = stack.rss_mib()
+    for name, svc in stack.services.items():
+        table.add_row(name, svc.target, f"http://127.0.0.1:{svc.metrics_port}/metrics" if svc.metrics_port else "-",
+                      f"{rss.get(name, 0):.0f}")
+    table.add_row("redis", stack.redis_url, "-", f"{rss.get('redis', 0):.0f}")
+    console.print(table)
+    console.print(f"logs: {stack.log_dir}")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        if args.replay:
+            run_replay(console, stack.gateway, stack.fleet, args, stack.redis_url, args.prefix)
+            if not args.keep_running:
+                return 0
+        console.print(f"[bold]gateway on {stack.gateway}[/] — try: hsched submit --cpu 4 --memory-gib 8; "
+                      "Ctrl-C stops everything")
+        while not stop.wait(1):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        with console.status("stopping"):
+            stack.stop()
+    return 0
+
+
+# -- replay -----------------------------------------------------------------------------------------------------
+
+
+def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix: str) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from hsched.replay import dc_summaries, load_trace, replay, summary_rows, with_locations
+
+    tasks = with_locations(load_trace(args.replay, args.limit, args.skip), fleet, args.seed)
+    console.print(f"replaying {len(tasks)} tasks of trace [bold]{args.replay}[/] over ~{args.duration:g} s "
+                  f"(time-compressed), {args.concurrency} in flight")
+    with Progress(TextColumn("submit"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        job = bar.add_task("submit", total=len(tasks))
+        stats = asyncio.run(replay(gateway, tasks, args.duration, args.concurrency,
+                                   progress=lambda done, total: bar.update(job, completed=done)))
+    lat = sorted(stats.latencies_s)
+    p = (lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000) if lat else (lambda q: 0.0)
+    console.print(f"{stats.submitted} submitted in {stats.elapsed_s:.1f} s: "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items()))
+                  + f"; {stats.released} released; Submit latency p50 {p(0.5):.1f} ms, p99 {p(0.99):.1f} ms"
+                  + (f"; errors {dict(stats.errors)}" if stats.errors else ""))
+    summaries = asyncio.run(dc_summaries(redis_url, prefix, fleet)) if redis_url else {}
+    table = Table(title=f"replay summary — {args.replay}, final task states")
+    for col in ("datacenter", "placed", "deferred", "released", "rejected", "mean total cost", "CPU util",
+                "GPU util", "PUE", "max inlet °C"):
+        table.add_column(col, justify="right" if col != "datacenter" else "left")
+
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    for r in summary_rows(stats, summaries):
+        table.add_row(r["datacenter"], str(r["placed"]), str(r["deferred"]), str(r["released"]), str(r["rejected"]),
+                      fmt(r["mean_total_cost"], ".3f"), fmt(r["cpu_util"], ".1%"), fmt(r["gpu_util"], ".1%"),
+                      fmt(r["pue"], ".3f"), fmt(r["max_inlet_c"], ".1f"))
+    console.print(table)
+
+
+def cmd_replay(args) -> int:
+    from rich.console import Console
+
+    from hsched.domain.fleet import load_fleet
+
+    run_replay(Console(), args.gateway, load_fleet(args.fleet), args, os.environ.get("REDIS_URL"), args.prefix)
+    return 0
+
+
+# -- task commands ----------------------------------------------------------------------------------------------
+
+
+def cmd_submit(args) -> int:
+    spec = pb.TaskSpec(
+        request_id=args.request_id, tenant=args.tenant, name=args.name, priority=args.priority,
+        resources=pb.Resources(cpu_milli=round(args.cpu * 1000), memory_mib=round(args.memory_gib * 1024),
+                               disk_mib=round(args.disk_gib * 1024), bandwidth_mbps=args.bandwidth_mbps,
+                               gpu_count=args.gpus, gpu_core_percent=args.gpu_core_percent if args.gpus else 0,
+                               gpu_memory_mib=round(args.gpu_memory_gib * 1024) if args.gpus else 0),
+        replicas=args.replicas, runtime_s=args.runtime_s, data_size_mb=args.data_mb, entry_vertex=args.entry,
+        network=pb.NetworkRequirements(max_latency_ms=args.max_latency_ms, max_jitter_ms=args.max_jitter_ms,
+                                       max_loss_percent=args.max_loss_percent),
+        gpu_models=args.gpu_model or [])
+    reply = _stub(args).Submit(gateway_pb2.SubmitRequest(task=spec, selector_method=args.method), timeout=30)
+    _print(reply) if args.json else print(_task_line(reply.task) + ("  (duplicate)" if reply.duplicate else ""))
+    return 0
+
+
+def cmd_get(args) -> int:
+    _print(_stub(args).Get(gateway_pb2.GetRequest(task_id=args.task_id), timeout=10))
+    return 0
+
+
+def cmd_list(args) -> int:
+    state = pb.TaskState.Value(f"TASK_STATE_{args.state.upper()}") if args.state else 0
+    reply = _stub(args).List(gateway_pb2.ListRequest(tenant=args.tenant, state=state, datacenter=args.datacenter,
+                                                     limit=args.limit, page_token=args.page_token), timeout=10)
+    if args.json:
+        _print(reply)
+    else:
+        for t in reply.tasks:
+            print(_task_line(t))
+        if reply.next_page_token:
+            print(f"(more: --page-token {reply.next_page_token})")
+    return 0
+
+
+def cmd_watch(args) -> int:
+    try:
+        for ev in _stub(args).Watch(gateway_pb2.WatchRequest(task_id=args.task_id, tenant=args.tenant,
+                                                             after_event_id=args.after)):
+            print(f"{ev.event_id}  {ev.task_id}  {ev.kind:<11} {ev.datacenter}  {ev.detail}", flush=True)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_release(args) -> int:
+    reply = _stub(args).Release(gateway_pb2.ReleaseRequest(task_id=args.task_id), timeout=30)
+    _print(reply) if args.json else print(_task_line(reply.task))
+    return 0
+
+
+def cmd_link(args) -> int:
+    """Publish a WAN link metric update (what a network probe does) on the links stream."""
+    from hsched.state.keys import Keys
+    from hsched.state.redis import connect_sync
+
+    update = {"a": args.a, "b": args.b}
+    for name in ("latency_ms", "jitter_ms", "loss_percent", "bandwidth_mbps"):
+        if getattr(args, name) is not None:
+            update[name] = getattr(args, name)
+    redis = connect_sync(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    print(redis.xadd(Keys(args.prefix).links, {"m": json.dumps(update)}).decode())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hsched", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def replay_flags(sp):
+        sp.add_argument("--limit", type=int, default=1000, help="trace rows to replay")
+        sp.add_argument("--skip", type=int, default=0, help="trace rows to skip first")
+        sp.add_argument("--duration", type=float, default=30.0, help="wall-clock seconds the slice is compressed to")
+        sp.add_argument("--concurrency", type=int, default=64, help="gRPC calls in flight at most")
+        sp.add_argument("--seed", type=int, default=0, help="seed for the entry vertices drawn per task")
+
+    up = sub.add_parser("up", help="run Redis (embedded unless REDIS_URL is set), thermal, selector, one placer "
+                                   "per DC and the gateway as local processes")
+    up.add_argument("--fleet", default=None, help="fleet YAML (default: embedded Abilene 11-DC fleet)")
+    up.add_argument("--policy", default="bestfit", help="placer policy: rr greedy bestfit firstfit random utilization")
+    up.add_argument("--no-thermal", action="store_true", help="run without the thermal service and guard")
+    up.add_argument("--port", type=int, default=50051, help="gateway port")
+    up.add_argument("--prefix", default="hsched", help="Redis key prefix")
+    up.add_argument("--traces", default="none", choices=["none", "console", "otlp"])
+    up.add_argument("--log-dir", default=None)
+    up.add_argument("--log-level", default="INFO")
+    up.add_argument("--replay", default="", help="replay a trace once the stack is up: openb, thunder, kth, ...")
+    up.add_argument("--keep-running", action="store_true", help="keep the stack up after the replay")
+    replay_flags(up)
+    up.set_defaults(fn=cmd_up)
+
+    rp = sub.add_parser("replay", help="replay a real trace through a running gateway")
+    rp.add_argument("replay", help="trace: openb, openb-gpuspec33, thunder, kth")
+    rp.add_argument("--gateway", default=DEFAULT_GATEWAY)
+    rp.add_argument("--fleet", default=None)
+    rp.add_argument("--prefix", default="hsched")
+    replay_flags(rp)
+    rp.set_defaults(fn=cmd_replay)
+
+    def gw(sp):
+        sp.add_argument("--gateway", default=DEFAULT_GATEWAY)
+        sp.add_argument("--json", action="store_true")
+        return sp
+
+    s = gw(sub.add_parser("submit", help="submit one task"))
+    s.add_argument("--cpu", type=float, default=1.0, help="cores per replica")
+    s.add_argument("--memory-gib", type=float, default=1.0)
+    s.add_argument("--disk-gib", type=float, default=0.0)
+    s.add_argument("--bandwidth-mbps", type=int, default=0)
+    s.add_argument("--gpus", type=int, default=0, help="GPU slices per replica")
+    s.add_argument("--gpu-core-percent", type=int, default=100)
+    s.add_argument("--gpu-memory-gib", type=float, default=0.0)
+    s.add_argument("--gpu-model", action="append", help="allowed GPU model (repeatable)")
+    s.add_argument("--replicas", type=int, default=1)
+    s.add_argument("--runtime-s", type=float, default=3600.0)
+    s.add_argument("--data-mb", type=float, default=0.0)
+    s.add_argument("--entry", default="", help="entry vertex (default: the fleet's scheduler vertex)")
+    s.add_argument("--max-latency-ms", type=float, default=0.0)
+    s.add_argument("--max-jitter-ms", type=float, default=0.0)
+    s.add_argument("--max-loss-percent", type=float, default=0.0)
+    s.add_argument("--tenant", default="default")
+    s.add_argument("--name", default="")
+    s.add_argument("--priority", type=int, default=0)
+    s.add_argument("--request-id", default="", help="idempotency key")
+    s.add_argument("--method", default="", help="selector method: min-cost (default), crf, spf")
+    s.set_defaults(fn=cmd_submit)
+
+    g = gw(sub.add_parser("get", help="show one task"))
+    g.add_argument("task_id")
+    g.set_defaults(fn=cmd_get)
+
+    ls = gw(sub.add_parser("list", help="list tasks"))
+    ls.add_argument("--tenant", default="")
+    ls.add_argument("--state", default="", help="submitted placed deferred rejected released")
+    ls.add_argument("--datacenter", default="")
+    ls.add_argument("--limit", type=int, default=100)
+    ls.add_argument("--page-token", default="")
+    ls.set_defaults(fn=cmd_list)
+
+    w = gw(sub.add_parser("watch", help="stream task events"))
+    w.add_argument("task_id", nargs="?", default="")
+    w.add_argument("--tenant", default="")
+    w.add_argument("--after", default="", help="event id to resume after; 0 = from the start")
+    w.set_defaults(fn=cmd_watch)
+
+    r = gw(sub.add_parser("release", help="release a task's resources"))
+    r.add_argument("task_id")
+    r.set_defaults(fn=cmd_release)
+
+    lk = sub.add_parser("link", help="publish a WAN link metric update (as a network probe would)")
+    lk.add_argument("a")
+    lk.add_argument("b")
+    lk.add_argument("--latency-ms", type=float)
+    lk.add_argument("--jitter-ms", type=float)
+    lk.add_argument("--loss-percent", type=float)
+    lk.add_argument("--bandwidth-mbps", type=float)
+    lk.add_argument("--prefix", default="hsched")
+    lk.set_defaults(fn=cmd_link)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except grpc.RpcError as exc:
+        print(f"hsched: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

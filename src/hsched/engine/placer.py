@@ -1,0 +1,435 @@
+"""The placer's engine for one data center: decisions, deferred queue, ledger, thermal guard.
+
+Place and Release calls are queued and handled in batches by one task (group commit): the batch is
+decided in memory in arrival order — each decision sees the ones before it — then checked once with
+the thermal model and written to the ledger in one fenced append, and only then answered. Under load
+this amortises the thermal round trip and the Redis write over many tasks; at low load a batch is a
+single call. If the batch as a whole would push an inlet past the redline, it is undone and replayed
+one call at a time, each checked on its own.
+
+The gRPC service (services/placer) only translates protobuf to these calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import redis.asyncio as aioredis
+from opentelemetry import context as otel_context
+
+from hsched.domain.cluster import ClusterState, Part
+from hsched.domain.fleet import DataCenter
+from hsched.domain.resources import Resources
+from hsched.domain.task import TaskSpec, task_to_dict
+from hsched.policies.base import NodePolicy
+from hsched.policies.placement import Outcome, Plan, part_power_w, plan
+from hsched.state.keys import Keys
+from hsched.state.ledger import Fenced, Ledger, fold_event, replay
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 256
+MAX_QUEUE_TRIES_PER_RELEASE = 64
+
+
+@dataclass(frozen=True, slots=True)
+class LoadDelta:
+    node: int
+    cpu_milli: int
+    gpu_busy: float  # whole-card equivalents
+
+
+@dataclass(frozen=True, slots=True)
+class ThermalCheck:
+    ok: bool
+    max_inlet_before_c: float
+    max_inlet_after_c: float
+    pue_before: float
+    pue_after: float
+    t_supply_c: float
+    redline_c: float
+    nodes_over_redline: tuple[int, ...] = ()
+    headroom_w: np.ndarray | None = None  # per node, after the change (see ThermalGuard.headroom)
+
+
+class ThermalGuard(Protocol):
+    """What the placer asks the thermal model (the thermal service over gRPC, or the library in-process)."""
+
+    async def headroom(self, min_ledger_id: str) -> np.ndarray:
+        """Per node, the extra IT power (W) it can take alone before any inlet passes the redline."""
+        ...
+
+    async def check(self, deltas: list[LoadDelta], min_ledger_id: str) -> ThermalCheck:
+        """The effect of a load change; ok is False if it would push an inlet past the redline. Also
+        returns the headroom after the change, which the next batch starts from (no extra call)."""
+        ...
+
+
+@dataclass
+class PlaceResult:
+    outcome: str  # placed | deferred | no_room | unschedulable
+    parts: tuple[Part, ...] = ()
+    alternatives: tuple[tuple[int, float], ...] = ()
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+    ledger_id: str = ""
+    thermal: ThermalCheck | None = None
+    thermal_limited: bool = False
+
+
+@dataclass
+class ReleaseResult:
+    released: bool
+    freed: Resources = field(default_factory=Resources)
+    placed_from_queue: list[tuple[str, tuple[Part, ...]]] = field(default_factory=list)
+
+
+@dataclass
+class _Op:
+    kind: str  # place | release
+    task_id: str
+    spec: TaskSpec | None = None
+    allow_defer: bool = False
+    future: asyncio.Future = None  # type: ignore[assignment]
+    result: PlaceResult | ReleaseResult | None = None
+    events: list[dict] = field(default_factory=list)
+    trace_context: otel_context.Context | None = None
+
+
+def deltas_of(parts: tuple[Part, ...], sign: int = 1) -> list[LoadDelta]:
+    return [LoadDelta(p.node, sign * p.cpu_milli, sign * sum(g.core_percent for g in p.gpus) / 100.0) for p in parts]
+
+
+def freed_total(parts: tuple[Part, ...]) -> Resources:
+    return Resources(sum(p.cpu_milli for p in parts), sum(p.memory_mib for p in parts), sum(p.disk_mib for p in parts),
+                     sum(p.bandwidth_mbps for p in parts), sum(len(p.gpus) for p in parts))
+
+
+class PlacerEngine:
+    def __init__(self, dc: DataCenter, redis: aioredis.Redis, keys: Keys, policy: NodePolicy, owner: str,
+                 thermal: ThermalGuard | None = None, lease_ms: int = 3000) -> None:
+        self.dc = dc
+        self.redis = redis
+        self.keys = keys
+        self.policy = policy
+        self.thermal = thermal
+        self.state = ClusterState(dc)
+        self.queue: OrderedDict[str, TaskSpec] = OrderedDict()
+        self.ledger = Ledger(redis, keys, dc.name, owner, lease_ms=lease_ms)
+        self.last_id = "0-0"
+        self.last_thermal: ThermalCheck | None = None
+        # Headroom for the state at self.last_id. Exact right after a checked batch; after frees only it
+        # is conservative (frees only add headroom), so it stays usable and is refreshed on a thermal refusal.
+        self._headroom: np.ndarray | None = None
+        self._headroom_exact = False
+        self.fenced = False
+        self._ops: asyncio.Queue[_Op] = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+        self._dirty = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    async def start(self, wait_for_lease_s: float = 10.0) -> None:
+        await self.ledger.acquire(wait_for_lease_s)
+        self.last_id = await replay(self.redis, self.ledger.stream, self.state, self.queue)
+        log.info("placer %s: token %s, rebuilt %d allocations and %d deferred tasks from the ledger up to %s",
+                 self.dc.name, self.ledger.token, len(self.state.allocations), len(self.queue), self.last_id)
+        self._tasks = [asyncio.create_task(self._run(), name=f"placer-{self.dc.name}"),
+                       asyncio.create_task(self._keep_lease(), name=f"lease-{self.dc.name}"),
+                       asyncio.create_task(self._publish_summaries(), name=f"summary-{self.dc.name}")]
+        self._dirty.set()
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if not self.fenced:
+            await self.ledger.release_lease()
+
+    # -- API -------------------------------------------------------------------------------------------------
+
+    async def place(self, task_id: str, spec: TaskSpec, allow_defer: bool = True) -> PlaceResult:
+        return await self._submit(_Op("place", task_id, spec, allow_defer))  # type: ignore[return-value]
+
+    async def release(self, task_id: str) -> ReleaseResult:
+        return await self._submit(_Op("release", task_id))  # type: ignore[return-value]
+
+    async def _submit(self, op: _Op) -> PlaceResult | ReleaseResult:
+        if self.fenced:
+            raise Fenced(f"placer for {self.dc.name} lost its lease")
+        op.future = asyncio.get_running_loop().create_future()
+        op.trace_context = otel_context.get_current()
+        self._ops.put_nowait(op)
+        return await op.future
+
+    # -- the batch loop --------------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._ops.get()]
+            while not self._ops.empty() and len(batch) < MAX_BATCH:
+                batch.append(self._ops.get_nowait())
+            # The batch's thermal calls join the trace of its first call (one Submit, one trace).
+            token = otel_context.attach(batch[0].trace_context) if batch[0].trace_context else None
+            try:
+                await self._process(batch)
+            except Exception as exc:
+                if isinstance(exc, Fenced):
+                    self.fenced = True
+                    log.error("%s", exc)
+                else:
+                    log.exception("placer %s: batch failed", self.dc.name)
+                for op in batch:
+                    if not op.future.done():
+                        op.future.set_exception(exc)
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
+
+    async def _process(self, batch: list[_Op]) -> None:
+        queue_before = list(self.queue.items())
+        try:
+            await self._decide_batch(batch)
+            # keys starting with "_" are in-memory bookkeeping for _undo, not ledger content
+            events = [{k: v for k, v in e.items() if not k.startswith("_")} for op in batch for e in op.events]
+            if events:
+                self.last_id = await self.ledger.append(events)
+        except BaseException:
+            self._undo(batch, queue_before)  # memory must stay the fold of the ledger
+            raise
+        if events:
+            self._dirty.set()
+        for op in batch:
+            if isinstance(op.result, PlaceResult) and op.events:
+                op.result.ledger_id = self.last_id
+            op.future.set_result(op.result)
+
+    async def _fresh_headroom(self) -> np.ndarray | None:
+        if not self.thermal:
+            return None
+        self._headroom, self._headroom_exact = await self.thermal.headroom(self.last_id), True
+        return self._headroom.copy()
+
+    async def _decide_batch(self, batch: list[_Op]) -> None:
+        queue_before = list(self.queue.items())
+        if not self.thermal:
+            for op in batch:
+                self._decide(op, None)
+            return
+        headroom = self._headroom.copy() if self._headroom is not None else await self._fresh_headroom()
+        for op in batch:
+            self._decide(op, headroom)
+        if not self._headroom_exact and any(isinstance(op.result, PlaceResult) and op.result.thermal_limited
+                                            for op in batch):
+            # refused on a conservative headroom: decide again on exact numbers before saying no
+            self._undo(batch, queue_before)
+            for op in batch:
+                op.result, op.events = None, []
+            headroom = await self._fresh_headroom()
+            for op in batch:
+                self._decide(op, headroom)
+        check = await self._check(batch)
+        if check is None:  # frees, drops and deferrals only: the decremented copy is still conservative
+            self._headroom, self._headroom_exact = headroom, False
+            return
+        if check.ok:
+            self._headroom, self._headroom_exact = check.headroom_w, check.headroom_w is not None
+            self._attach_thermal(batch, check)
+            return
+        # The batch together is too hot: undo it and decide each call alone against fresh numbers.
+        self._headroom = None
+        self._undo(batch, queue_before)
+        for op in batch:
+            op.result, op.events = None, []
+        if len(batch) == 1:
+            await self._decide_alone(batch[0], [], thermal_veto=check)
+        else:
+            for i, op in enumerate(batch):
+                await self._decide_alone(op, batch[:i])
+
+    async def _decide_alone(self, op: _Op, prior: list[_Op], thermal_veto: ThermalCheck | None = None) -> None:
+        """Decide `op` on its own, after the already decided (not yet written) `prior` calls of its batch."""
+        queue_before = list(self.queue.items())
+        if thermal_veto is None:
+            self._decide(op, await self._fresh_headroom())
+            check = await self._check([*prior, op])
+            self._headroom = None  # fetched for the state before `prior`: not reusable
+            if check is None or check.ok:
+                self._attach_thermal([op], check)
+                return
+            thermal_veto = check
+            self._undo([op], queue_before)
+            op.events = []
+        # Too hot even alone: a place waits in the queue (or is refused); a release still frees.
+        if op.kind == "place":
+            over = ", ".join(map(str, thermal_veto.nodes_over_redline[:5]))
+            reason = (f"placing it would raise the inlet to {thermal_veto.max_inlet_after_c:.1f} °C, past the "
+                      f"{thermal_veto.redline_c:.1f} °C redline (nodes {over})")
+            op.result = self._refuse(op, Outcome.NO_ROOM, reason, [])
+            if isinstance(op.result, PlaceResult):
+                op.result.thermal = thermal_veto
+        else:
+            self._decide(op, None, try_queue=False)
+
+    async def _check(self, batch: list[_Op]) -> ThermalCheck | None:
+        # The room model is at the ledger before this batch: send every change of the batch, frees
+        # included (a release followed by a queued task taking the same cores is a net zero).
+        deltas: list[LoadDelta] = []
+        placing = False
+        for op in batch:
+            for e in op.events:
+                if e["t"] == "alloc":
+                    placing = True
+                    deltas += deltas_of(tuple(Part.from_json(p) for p in e["parts"]))
+                elif e["t"] == "free":
+                    deltas += deltas_of(e["_parts"], sign=-1)
+        if not self.thermal or not placing:
+            return None
+        check = await self.thermal.check(deltas, self.last_id)
+        self.last_thermal = check
+        return check
+
+    def _attach_thermal(self, batch: list[_Op], check: ThermalCheck | None) -> None:
+        for op in batch:
+            if isinstance(op.result, PlaceResult) and op.result.outcome == "placed":
+                op.result.thermal = check
+
+    def _undo(self, batch: list[_Op], queue_before: list[tuple[str, TaskSpec]]) -> None:
+        for op in reversed(batch):
+            for e in reversed(op.events):
+                if e["t"] == "alloc":
+                    self.state.release(e["task"])
+                elif e["t"] == "free":
+                    self.state.apply(e["task"], e["_parts"])
+        self.queue = OrderedDict(queue_before)
+
+    # -- decisions (pure in-memory; each appends its ledger events to op.events and folds them) --------------
+
+    def _emit(self, op: _Op, event: dict) -> None:
+        fold_event(event, self.state, self.queue)
+        op.events.append(event)
+
+    def _decide(self, op: _Op, headroom: np.ndarray | None, try_queue: bool = True) -> None:
+        if op.kind == "place":
+            op.result = self._decide_place(op, headroom)
+        else:
+            op.result = self._decide_release(op, headroom, try_queue)
+
+    def _decide_place(self, op: _Op, headroom: np.ndarray | None) -> PlaceResult:
+        assert op.spec is not None
+        held = self.state.allocations.get(op.task_id)
+        if held is not None:  # a retried Place: answer what the ledger already says
+            return PlaceResult("placed", held, notes=["already placed (retried call): same answer as before"],
+                               ledger_id=self.last_id)
+        if op.task_id in self.queue:
+            return PlaceResult("deferred", reason="already waiting in the deferred queue", ledger_id=self.last_id)
+        decision = plan(self.state, op.spec, self.policy, headroom)
+        if decision.outcome is Outcome.PLACED:
+            self._alloc(op, decision.parts, headroom)
+            return PlaceResult("placed", decision.parts, decision.alternatives, notes=decision.notes)
+        refusal = self._refuse(op, decision.outcome, decision.reason, decision.notes)
+        refusal.thermal_limited = decision.thermal_limited
+        return refusal
+
+    def _refuse(self, op: _Op, outcome: Outcome, reason: str, notes: list[str]) -> PlaceResult:
+        if outcome is Outcome.NO_ROOM and op.allow_defer:
+            assert op.spec is not None
+            self._emit(op, {"t": "defer", "task": op.task_id, "spec": task_to_dict(op.spec)})
+            return PlaceResult("deferred", reason=reason, notes=[*notes, f"queued at position {len(self.queue)}"])
+        return PlaceResult(outcome.value, reason=reason, notes=notes)
+
+    def _alloc(self, op: _Op, parts: tuple[Part, ...], headroom: np.ndarray | None) -> None:
+        self._emit(op, {"t": "alloc", "task": op.task_id, "parts": [p.to_json() for p in parts]})
+        if headroom is not None:  # later decisions in this batch see the heat this one adds
+            for p in parts:
+                headroom[p.node] -= part_power_w(self.state, _demand_of(p))[p.node]
+
+    def _decide_release(self, op: _Op, headroom: np.ndarray | None, try_queue: bool) -> ReleaseResult:
+        parts = self.state.allocations.get(op.task_id)
+        if parts is None:
+            if op.task_id in self.queue:
+                self._emit(op, {"t": "drop", "task": op.task_id})
+                return ReleaseResult(True)
+            return ReleaseResult(False)
+        event = {"t": "free", "task": op.task_id}
+        self._emit(op, event)
+        event["_parts"] = parts  # for _undo only; stripped before the ledger write
+        result = ReleaseResult(True, freed_total(parts))
+        if headroom is not None:
+            for p in parts:
+                headroom[p.node] += part_power_w(self.state, _demand_of(p))[p.node]
+        if try_queue:
+            self._drain_queue(op, headroom, result)
+        return result
+
+    def _drain_queue(self, op: _Op, headroom: np.ndarray | None, result: ReleaseResult) -> None:
+        """Freed resources go to waiting tasks in arrival order; those that still do not fit keep waiting."""
+        for task_id, spec in list(self.queue.items())[:MAX_QUEUE_TRIES_PER_RELEASE]:
+            decision: Plan = plan(self.state, spec, self.policy, headroom)
+            if decision.outcome is Outcome.PLACED:
+                self._alloc(op, decision.parts, headroom)
+                result.placed_from_queue.append((task_id, decision.parts))
+
+    # -- background ------------------------------------------------------------------------------------------
+
+    async def _keep_lease(self) -> None:
+        while True:
+            await asyncio.sleep(self.ledger.lease_ms / 3000)
+            if not await self.ledger.renew():
+                self.fenced = True
+                log.error("placer %s lost its lease; refusing further writes", self.dc.name)
+                return
+
+    def summary(self) -> dict:
+        t, s = self.state.table, self.state
+        util = s.utilisation()
+        largest = int(np.argmax(t.cpu_milli))
+        th = self.last_thermal
+        return {
+            "datacenter": self.dc.name, "nodes": s.n,
+            "capacity": [int(t.cpu_milli.sum()), int(t.memory_mib.sum()), int(t.disk_mib.sum()),
+                         int(t.bandwidth_mbps.sum()), int(t.gpu_count.sum()), 0, 0],
+            "free": [int(s.free_cpu.sum()), int(s.free_memory.sum()), int(s.free_disk.sum()),
+                     int(s.free_bandwidth.sum()), int((s.gpu_free_core == t.gpu_core_percent).sum()
+                                                       - (t.gpu_core_percent == 0).sum()), 0, 0],
+            "largest_node": [int(t.cpu_milli.max()), int(t.memory_mib.max()), int(t.disk_mib.max()),
+                             int(t.bandwidth_mbps.max()), int(t.gpu_count.max()), 100 if t.gpu_count.max() else 0,
+                             int(t.gpu_memory_mib.max())],
+            "largest_node_index": largest,
+            "running_tasks": len(s.allocations), "deferred_tasks": len(self.queue),
+            "cpu_utilisation": util["cpu"], "memory_utilisation": util["memory"],
+            "gpu_core_utilisation": util["gpu_core"], "gpu_memory_utilisation": util["gpu_memory"],
+            "pue": th.pue_after if th else 0.0, "max_inlet_c": th.max_inlet_after_c if th else 0.0,
+            "ledger_id": self.last_id, "fencing_token": self.ledger.token or 0, "unix_ms": int(time.time() * 1000),
+            "gpu_models": sorted({m for m in t.gpu_model if m}),
+        }
+
+    async def _publish_summaries(self, period_s: float = 0.1, heartbeat_s: float = 5.0) -> None:
+        """Capacity summaries for the selector: at most every `period_s` when something changed, and a
+        heartbeat every `heartbeat_s` so the selector can tell a quiet placer from a dead one."""
+        while True:
+            try:
+                await asyncio.wait_for(self._dirty.wait(), heartbeat_s)
+            except TimeoutError:
+                pass
+            self._dirty.clear()
+            try:
+                await self.redis.xadd(self.keys.summary(self.dc.name), {"s": json.dumps(self.summary())},
+                                      maxlen=100, approximate=True)
+            except Exception:
+                log.exception("placer %s: publishing the summary failed", self.dc.name)
+                self._dirty.set()
+            await asyncio.sleep(period_s)
+
+
+def _demand_of(p: Part) -> Resources:
+    gpus = len(p.gpus)
+    return Resources(p.cpu_milli, p.memory_mib, p.disk_mib, p.bandwidth_mbps, gpus,
+                     p.gpus[0].core_percent if gpus else 0, p.gpus[0].memory_mib if gpus else 0)

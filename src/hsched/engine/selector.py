@@ -1,0 +1,83 @@
+"""Stage 1 for the selector service: capacity filter from the placers' summaries, then cost ranking."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from hsched.costs import WanGraph
+from hsched.costs.paths import RandomPathFinder
+from hsched.costs.selection import METHODS, Candidate, rank_datacenters
+from hsched.domain.cluster import ClusterState
+from hsched.domain.errors import ValidationError
+from hsched.domain.fleet import DataCenter, Fleet
+from hsched.domain.task import TaskSpec
+from hsched.policies.placement import never_fits_reason, split_task
+
+SUMMARY_STALE_S = 30.0  # placers heartbeat every few seconds even when idle
+
+
+@dataclass
+class DcSelector:
+    fleet: Fleet
+    graph: WanGraph = None  # type: ignore[assignment]
+    summaries: dict[str, dict] = field(default_factory=dict)  # latest summary per DC (from its placer)
+    summary_seen: dict[str, float] = field(default_factory=dict)  # monotonic time it arrived
+    _empty: dict[str, ClusterState] = field(default_factory=dict)
+    _fit_cache: dict[tuple, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.graph = self.graph or WanGraph(self.fleet.wan)
+        self.graph.dijkstra.warm(self.fleet.wan.entry_vertices)
+        self._empty = {dc.name: ClusterState(dc) for dc in self.fleet.datacenters}
+        self.random_paths = RandomPathFinder(self.graph, seed=0)
+
+    def update_summary(self, summary: dict) -> None:
+        self.summaries[summary["datacenter"]] = summary
+        self.summary_seen[summary["datacenter"]] = time.monotonic()
+
+    def structural_misfit(self, task: TaskSpec, dc: DataCenter) -> str:
+        """"" if every part of the task fits some node of an empty `dc`, else why not (cached per shape)."""
+        key = (dc.name, task.resources, task.replicas, task.gpu_models)
+        hit = self._fit_cache.get(key)
+        if hit is not None:
+            return hit
+        empty = self._empty[dc.name]
+        reason = ""
+        total = task.total
+        cap = dc.capacity_total()
+        if total.cpu_milli > cap.cpu_milli or total.gpu_count > cap.gpu_count or total.memory_mib > cap.memory_mib:
+            reason = (f"the task needs {total.cpu_cores:g} cores / {total.memory_mib} MiB / {total.gpu_count} GPUs in "
+                      f"all, the DC has {cap.cpu_cores:g} / {cap.memory_mib} / {cap.gpu_count}")
+        else:
+            for part in {p.demand for p in split_task(task, dc)}:
+                if not empty.could_ever_fit(part, task.gpu_models).any():
+                    reason = never_fits_reason(empty, part, task)
+                    break
+        if len(self._fit_cache) > 50_000:
+            self._fit_cache.clear()
+        self._fit_cache[key] = reason
+        return reason
+
+    def select(self, task: TaskSpec, method: str = "") -> tuple[list[Candidate], list[tuple[str, str]]]:
+        method = method or "min-cost"
+        if method not in METHODS:
+            raise ValidationError("method", f"must be one of {', '.join(METHODS)}", method)
+        entry = task.entry_vertex or self.fleet.wan.scheduler_vertex
+        if entry not in self.graph:
+            raise ValidationError("task.entry_vertex", "must name a vertex of the fleet's WAN", entry)
+        excluded: list[tuple[str, str]] = []
+        eligible: list[DataCenter] = []
+        now = time.monotonic()
+        for dc in self.fleet.datacenters:
+            if dc.name not in self.summaries:
+                excluded.append((dc.name, "no capacity summary from its placer yet (placer not running?)"))
+            elif now - self.summary_seen[dc.name] > SUMMARY_STALE_S:
+                excluded.append((dc.name, f"its placer's last summary is over {SUMMARY_STALE_S:.0f} s old"))
+            elif reason := self.structural_misfit(task, dc):
+                excluded.append((dc.name, reason))
+            else:
+                eligible.append(dc)
+        ranked, far = rank_datacenters(task, eligible, self.graph, self.fleet.network_price_per_gb_ms, entry, method,
+                                       random_path_finder=self.random_paths)
+        return ranked, excluded + far

@@ -1,0 +1,116 @@
+"""Heuristic node policies: RR and Greedy as in paper 003, BestFit/FirstFit/Random/Utilization as in
+paper 000 §4 (there defined over clusters; here over the nodes of one DC). FirstFit is paper 000's
+"Greedy" (stop at the first node that fits); Greedy is paper 003's (the most-utilised eligible node)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hsched.domain.cluster import ClusterState
+from hsched.domain.resources import Resources
+
+
+def _fractions(state: ClusterState, demand: Resources) -> tuple[np.ndarray, np.ndarray]:
+    """Free and demanded fractions of capacity per node over the dimensions the demand uses: [n, d]."""
+    t = state.table
+    free = [state.free_cpu / np.maximum(t.cpu_milli, 1)]
+    want = [demand.cpu_milli / np.maximum(t.cpu_milli, 1)]
+    if demand.memory_mib:
+        free.append(state.free_memory / np.maximum(t.memory_mib, 1))
+        want.append(demand.memory_mib / np.maximum(t.memory_mib, 1))
+    if demand.gpu_count:
+        core_cap = np.maximum(t.gpu_core_percent.sum(axis=1), 1)
+        mem_cap = np.maximum(t.gpu_memory_mib.sum(axis=1), 1)
+        free += [state.gpu_free_core.sum(axis=1) / core_cap, state.gpu_free_memory.sum(axis=1) / mem_cap]
+        want += [demand.gpu_count * demand.gpu_core_percent / core_cap, demand.gpu_count * demand.gpu_memory_mib / mem_cap]
+    return np.stack(free, axis=1), np.stack(want, axis=1)
+
+
+class FirstFit:
+    name = "firstfit"
+
+    def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
+        return -np.arange(state.n, dtype=np.float64)
+
+    def placed(self, node: int) -> None:
+        pass
+
+
+class RoundRobin:
+    """Cycle through the nodes, skipping those without room (paper 003 RR)."""
+
+    name = "rr"
+
+    def __init__(self) -> None:
+        self.cursor = 0
+
+    def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
+        return -((np.arange(state.n) - self.cursor) % state.n).astype(np.float64)
+
+    def placed(self, node: int) -> None:
+        self.cursor = node + 1
+
+
+class Greedy:
+    """The most-utilised eligible node, to keep the number of busy servers low (paper 003 Greedy)."""
+
+    name = "greedy"
+
+    def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
+        free, _ = _fractions(state, demand)
+        return 1.0 - free.mean(axis=1)
+
+    def placed(self, node: int) -> None:
+        pass
+
+
+class BestFit:
+    """The node left with the least free capacity after placing (paper 000 BestFit)."""
+
+    name = "bestfit"
+
+    def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
+        free, want = _fractions(state, demand)
+        return -(free - want).mean(axis=1)
+
+    def placed(self, node: int) -> None:
+        pass
+
+
+class RandomPolicy:
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
+        return self.rng.random(state.n)
+
+    def placed(self, node: int) -> None:
+        pass
+
+
+class Utilization:
+    """The node whose free-capacity proportions best match the demand's (cosine similarity; paper 000)."""
+
+    name = "utilization"
+
+    def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
+        free, want = _fractions(state, demand)
+        norm = np.linalg.norm(free, axis=1) * np.linalg.norm(want, axis=1)
+        return np.where(norm > 0, (free * want).sum(axis=1) / np.maximum(norm, 1e-12), 0.0)
+
+    def placed(self, node: int) -> None:
+        pass
+
+
+HEURISTICS = {cls.name: cls for cls in (RoundRobin, Greedy, BestFit, FirstFit, RandomPolicy, Utilization)}
+
+
+def make_policy(name: str, seed: int = 0):
+    """A fresh policy instance by name (rr, greedy, bestfit, firstfit, random, utilization)."""
+    try:
+        cls = HEURISTICS[name]
+    except KeyError:
+        raise ValueError(f"policy: unknown policy {name!r}; choose one of {sorted(HEURISTICS)}") from None
+    return cls(seed) if cls is RandomPolicy else cls()

@@ -1,0 +1,135 @@
+"""Turn a task into parts and parts into node choices — the same code for the placer, simulators, trainers.
+
+Splitting (paper 003 §1.2.1): a CPU-only replica larger than the DC's split threshold (by default
+the largest node) becomes subtasks of at most `split_chunk` cores, each on a single server.
+Replicas are placed one by one with the state updated in between (paper 002), so two replicas
+never count the same free core twice. GPU replicas are never split: a slice cannot span nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from hsched.domain.cluster import ClusterState, Part
+from hsched.domain.fleet import DataCenter
+from hsched.domain.resources import Resources
+from hsched.domain.task import TaskSpec
+from hsched.policies.base import NodePolicy, select
+from hsched.thermal import server_power
+
+
+class Outcome(Enum):
+    PLACED = "placed"
+    NO_ROOM = "no_room"  # fits this DC's nodes, not now
+    UNSCHEDULABLE = "unschedulable"  # no node of this DC could ever hold a part
+
+
+@dataclass(frozen=True, slots=True)
+class PartDemand:
+    replica: int
+    part: int
+    demand: Resources
+
+
+@dataclass
+class Plan:
+    outcome: Outcome
+    parts: tuple[Part, ...] = ()
+    alternatives: tuple[tuple[int, float], ...] = ()  # for the first part
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+    thermal_limited: bool = False  # refused because of the redline, not for lack of resources
+
+
+def split_task(task: TaskSpec, dc: DataCenter) -> list[PartDemand]:
+    r = task.resources
+    threshold, chunk = dc.effective_split_threshold_milli, dc.split_chunk_milli
+    out: list[PartDemand] = []
+    for replica in range(task.replicas):
+        if r.gpu_count or r.cpu_milli <= threshold:
+            out.append(PartDemand(replica, 0, r))
+            continue
+        n = -(-r.cpu_milli // chunk)  # ceil
+        for i in range(n):
+            out.append(PartDemand(replica, i, Resources(
+                _share(r.cpu_milli, chunk, r.cpu_milli, i, n), _share(r.memory_mib, chunk, r.cpu_milli, i, n),
+                _share(r.disk_mib, chunk, r.cpu_milli, i, n), _share(r.bandwidth_mbps, chunk, r.cpu_milli, i, n))))
+    return out
+
+
+def _share(total: int, chunk: int, cpu: int, i: int, n: int) -> int:
+    """Part i's share of `total` when `cpu` is cut into chunks: proportional, the remainder on the last part,
+    so the parts sum to `total` exactly."""
+    base = total * chunk // cpu
+    return base if i < n - 1 else total - base * (n - 1)
+
+
+def part_power_w(state: ClusterState, demand: Resources) -> np.ndarray:
+    """Extra IT power per node if `demand` ran there (eq.5's busy-core term plus the GPU term)."""
+    t = state.table
+    watts = server_power(np.full(state.n, demand.cpu_milli), np.maximum(t.cpu_milli, 1), 0.0,
+                         t.p_full_w - t.p_idle_w)
+    if demand.gpu_count:
+        watts = watts + demand.gpu_units * (t.gpu_full_w - t.gpu_idle_w)
+    return watts
+
+
+def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np.ndarray | None = None) -> Plan:
+    """Choose nodes (and GPU cards) for every part of `task`, or say why not. Leaves `state` unchanged.
+
+    `headroom_w[k]` is the extra IT power node k may take before some inlet passes the redline (from
+    the thermal model); nodes whose part power exceeds it are masked out, as are nodes without room.
+    """
+    parts: list[Part] = []
+    first_alternatives: tuple[tuple[int, float], ...] = ()
+    headroom = None if headroom_w is None else np.array(headroom_w, dtype=np.float64)
+    demands = split_task(task, state.dc)
+    notes = [f"split into {len(demands)} parts of <= {state.dc.split_chunk_milli // 1000} cores (paper 003)"] \
+        if len(demands) > task.replicas else []
+    try:
+        for d in demands:
+            mask = state.feasible(d.demand, task.gpu_models)
+            power = None
+            if headroom is not None:
+                power = part_power_w(state, d.demand)
+                room = mask.copy()
+                mask &= power <= headroom
+                if room.any() and not mask.any():
+                    return Plan(Outcome.NO_ROOM, reason="every node with room would push an inlet past the "
+                                "thermal redline", notes=notes, thermal_limited=True)
+            choice = select(policy, state, d.demand, mask)
+            if choice is None:
+                if not state.could_ever_fit(d.demand, task.gpu_models).any():
+                    return Plan(Outcome.UNSCHEDULABLE, reason=never_fits_reason(state, d.demand, task), notes=notes)
+                return Plan(Outcome.NO_ROOM, reason=f"no node has room for replica {d.replica} part {d.part} now",
+                            notes=notes)
+            if not parts:
+                first_alternatives = choice.alternatives
+            node = choice.node
+            part = Part(d.replica, d.part, node, d.demand.cpu_milli, d.demand.memory_mib, d.demand.disk_mib,
+                        d.demand.bandwidth_mbps, state.choose_cards(node, d.demand))
+            state._delta((part,), -1)  # tentative: later parts see this one (paper 002)
+            parts.append(part)
+            if headroom is not None and power is not None:
+                headroom[node] -= power[node]
+    finally:
+        state._delta(tuple(parts), +1)
+    return Plan(Outcome.PLACED, tuple(parts), first_alternatives, notes=notes)
+
+
+def never_fits_reason(state: ClusterState, demand: Resources, task: TaskSpec) -> str:
+    t = state.table
+    if demand.gpu_count:
+        if task.gpu_models and not np.isin(np.array(t.gpu_model), list(task.gpu_models)).any():
+            return f"no node of {state.dc.name} has GPU model {'/'.join(task.gpu_models)}"
+        if int(t.gpu_count.max(initial=0)) < demand.gpu_count:
+            return f"no node of {state.dc.name} has {demand.gpu_count} GPUs (max {int(t.gpu_count.max(initial=0))})"
+    for name, need, cap in (("cpu_milli", demand.cpu_milli, t.cpu_milli), ("memory_mib", demand.memory_mib, t.memory_mib),
+                            ("disk_mib", demand.disk_mib, t.disk_mib),
+                            ("bandwidth_mbps", demand.bandwidth_mbps, t.bandwidth_mbps)):
+        if need > int(cap.max()):
+            return f"{name} {need} per node exceeds the largest node of {state.dc.name} ({int(cap.max())})"
+    return f"no single node of {state.dc.name} can hold one part of this task"

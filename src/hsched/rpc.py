@@ -1,0 +1,117 @@
+"""What every hsched gRPC server and client shares: server start-up with health checking and reflection,
+channels with deadlines and tracing, and the mapping of library errors to gRPC status codes."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+from grpc_reflection.v1alpha._async import ReflectionServicer
+from grpc_reflection.v1alpha._base import _file_descriptor_response, _not_found_error
+
+from hsched.domain.errors import ValidationError
+from hsched.telemetry import client_interceptors, server_interceptor
+
+log = logging.getLogger(__name__)
+
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.max_receive_message_length", 32 * 1024 * 1024),
+]
+
+
+class MethodAwareReflection(ReflectionServicer):
+    """Server reflection that also answers file_containing_symbol for a *method* (hsched.v1.Gateway.Submit).
+
+    ghz and grpcurl resolve `--call pkg.Service/Method` by asking for the file that contains the method
+    symbol; protobuf's descriptor pool only indexes messages, enums, services and extensions, so stock
+    Python reflection answers NOT_FOUND. Methods are looked up through their service here.
+    """
+
+    def _file_containing_symbol(self, request, fully_qualified_name):
+        try:
+            return _file_descriptor_response(self._pool.FindFileContainingSymbol(fully_qualified_name), request)
+        except KeyError:
+            pass
+        service_name, _, method = fully_qualified_name.rpartition(".")
+        try:
+            service = self._pool.FindServiceByName(service_name)
+        except KeyError:
+            return _not_found_error(request)
+        if method not in service.methods_by_name:
+            return _not_found_error(request)
+        return _file_descriptor_response(service.file, request)
+
+
+def add_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> None:
+    """Reflection under both v1alpha (ghz, older grpcurl) and v1 (grpcurl >= 1.8.8); the two protocols
+    are wire-identical, so one servicer serves both names."""
+    names = [*service_names, reflection.SERVICE_NAME, REFLECTION_V1]
+    servicer = MethodAwareReflection(names)
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    for name in (reflection.SERVICE_NAME, REFLECTION_V1):
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, {"ServerReflectionInfo": handler}),))
+
+
+async def start_server(register: Callable[[grpc.aio.Server], None], service_names: list[str],
+                       bind: str = "127.0.0.1:0") -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """Start an aio server with the given servicers, gRPC health (SERVING) and reflection; returns the port."""
+    server = grpc.aio.server(interceptors=[server_interceptor()], options=CHANNEL_OPTIONS)
+    register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    add_reflection(server, [*service_names, health.SERVICE_NAME])
+    port = server.add_insecure_port(bind)
+    if port == 0:
+        raise RuntimeError(f"could not bind {bind}")
+    await server.start()
+    for name in ("", *service_names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port, health_servicer
+
+
+def channel(target: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=client_interceptors())
+
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def grpc_errors(fn: F) -> F:
+    """Map library errors to status codes with a message a person can act on — never a traceback."""
+
+    @functools.wraps(fn)
+    async def wrapper(self, request, context: grpc.aio.ServicerContext):
+        try:
+            return await fn(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except ValidationError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except LookupError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]) if exc.args else "not found")
+        except grpc.aio.AioRpcError as exc:  # a downstream hop failed: pass its status on, say which hop
+            if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+                await context.abort(exc.code(), exc.details() or "")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"downstream call failed: {exc.code().name}: {exc.details()}")
+        except Unavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except Exception:
+            log.exception("%s failed", fn.__qualname__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__qualname__}; see the server log")
+
+    return wrapper  # type: ignore[return-value]
+
+
+class Unavailable(RuntimeError):
+    """A dependency (Redis, a placer that lost its lease) is not there: the client may retry later."""

@@ -1,0 +1,57 @@
+"""Process bootstrap shared by the four services: common flags, logging, tracing, signal handling."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+
+from hsched.telemetry import setup_tracing
+
+
+def common_args(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--fleet", default=os.environ.get("HSCHED_FLEET") or None,
+                   help="fleet YAML (default: the embedded Abilene 11-DC fleet)")
+    p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--prefix", default=os.environ.get("HSCHED_PREFIX", "hsched"), help="Redis key prefix")
+    p.add_argument("--listen", default="127.0.0.1:0", help="gRPC address (port 0 = any free port)")
+    p.add_argument("--metrics-port", type=int, default=-1, help="Prometheus /metrics port (0 = any, -1 = off)")
+    p.add_argument("--traces", default=os.environ.get("HSCHED_TRACES", "none"), choices=["none", "console", "otlp"],
+                   help="OpenTelemetry span exporter")
+    p.add_argument("--port-file", default="", help="write the bound gRPC port here once serving")
+    p.add_argument("--log-level", default=os.environ.get("HSCHED_LOG_LEVEL", "INFO"))
+    return p
+
+
+def run(service_name: str, args: argparse.Namespace, serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run `serve(stop_event)` on uvloop until SIGINT/SIGTERM sets the event."""
+    logging.basicConfig(level=args.log_level.upper(),
+                        format=f"%(asctime)s {service_name} %(levelname)s %(name)s: %(message)s")
+    setup_tracing(service_name, exporter=args.traces)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio works too
+        pass
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(stop)
+
+    asyncio.run(main())
+
+
+def write_port_file(path: str, port: int) -> None:
+    if path:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(str(port))
+        os.replace(tmp, path)

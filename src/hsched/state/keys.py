@@ -1,0 +1,38 @@
+"""Redis key names. One prefix per deployment (tests use a unique one each, and delete it afterwards)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    prefix: str = "hsched"
+
+    def ledger(self, dc: str) -> str:
+        """Stream of alloc/free/defer events; writer: that DC's placer (fenced)."""
+        return f"{self.prefix}:dc:{dc}:ledger"
+
+    def fence(self, dc: str) -> str:
+        return f"{self.prefix}:dc:{dc}:fence"
+
+    def lease(self, dc: str) -> str:
+        return f"{self.prefix}:dc:{dc}:lease"
+
+    def summary(self, dc: str) -> str:
+        """Stream of capacity summaries; writer: that DC's placer."""
+        return f"{self.prefix}:dc:{dc}:summary"
+
+    def thermal(self, dc: str) -> str:
+        """Stream of thermal telemetry; writer: the thermal service."""
+        return f"{self.prefix}:dc:{dc}:thermal"
+
+    @property
+    def tasks(self) -> str:
+        """Stream of task lifecycle events; writer: the gateway."""
+        return f"{self.prefix}:tasks"
+
+    @property
+    def links(self) -> str:
+        """Stream of WAN link metric updates; writers: network probes / operators."""
+        return f"{self.prefix}:links"

@@ -1,0 +1,142 @@
+"""A data center's allocation ledger on a Redis stream, with a lease and a fencing token.
+
+The placer is the single writer: it takes the lease (SET NX PX) and a fencing token (INCR) and every
+append runs as one Lua script that first checks the token, so a placer that lost its lease — paused,
+partitioned, or replaced by a second instance — can never write again. Appends happen before the
+placer answers; its in-memory state is `fold` of the stream, so a restarted placer (or the thermal
+service, or a simulator) rebuilds exactly the same state.
+
+Events (field `e`, JSON):
+  {"t": "alloc", "task": id, "parts": [Part.to_json(), ...]}
+  {"t": "free",  "task": id}
+  {"t": "defer", "task": id, "spec": task_to_dict(...)}   queued (paper 000's delay action)
+  {"t": "drop",  "task": id}                               a deferred task released before it ran
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from hsched.domain.cluster import ClusterState, Part
+from hsched.domain.task import TaskSpec, task_from_dict
+from hsched.state.keys import Keys
+
+_ACQUIRE = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return nil end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return redis.call('INCR', KEYS[2])
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+_APPEND = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCED') end
+local id
+for i = 2, #ARGV do id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[i]) end
+return id
+"""
+
+
+class Fenced(RuntimeError):
+    """This writer's fencing token is no longer current: another placer owns the DC."""
+
+
+class LeaseHeld(RuntimeError):
+    """Another live placer holds the DC's lease."""
+
+
+def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
+    kind, task = event["t"], event["task"]
+    if kind == "alloc":
+        queue.pop(task, None)
+        state.apply(task, tuple(Part.from_json(p) for p in event["parts"]))
+    elif kind == "free":
+        state.release(task)
+    elif kind == "defer":
+        queue[task] = task_from_dict(event["spec"])
+    elif kind == "drop":
+        queue.pop(task, None)
+    else:
+        raise ValueError(f"ledger event type {kind!r} is unknown")
+
+
+@dataclass
+class Ledger:
+    redis: aioredis.Redis
+    keys: Keys
+    dc: str
+    owner: str
+    lease_ms: int = 3000
+    token: int | None = None
+
+    def __post_init__(self) -> None:
+        self._acquire = self.redis.register_script(_ACQUIRE)
+        self._renew = self.redis.register_script(_RENEW)
+        self._append = self.redis.register_script(_APPEND)
+
+    @property
+    def stream(self) -> str:
+        return self.keys.ledger(self.dc)
+
+    async def acquire(self, wait_s: float = 0.0) -> int:
+        """Take the lease and a new fencing token, waiting up to `wait_s` for a dead holder's lease to lapse."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            token = await self._acquire(keys=[self.keys.lease(self.dc), self.keys.fence(self.dc)],
+                                        args=[self.owner, self.lease_ms])
+            if token is not None:
+                self.token = int(token)
+                return self.token
+            if asyncio.get_running_loop().time() >= deadline:
+                holder = await self.redis.get(self.keys.lease(self.dc))
+                raise LeaseHeld(f"data center {self.dc} is owned by placer {holder!r}; "
+                                f"it lapses {self.lease_ms} ms after that placer stops")
+            await asyncio.sleep(min(0.1, self.lease_ms / 10_000))
+
+    async def renew(self) -> bool:
+        return bool(await self._renew(keys=[self.keys.lease(self.dc)], args=[self.owner, self.lease_ms]))
+
+    async def release_lease(self) -> None:
+        await self.redis.eval("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end"
+                              " return 0", 1, self.keys.lease(self.dc), self.owner)
+
+    async def append(self, events: Iterable[dict]) -> str:
+        """Append events atomically behind the fencing check; returns the last stream id."""
+        payload = [json.dumps(e, separators=(",", ":")) for e in events]
+        if not payload:
+            raise ValueError("events: nothing to append")
+        if self.token is None:
+            raise Fenced(f"placer for {self.dc} has no fencing token (acquire() first)")
+        try:
+            last = await self._append(keys=[self.stream, self.keys.fence(self.dc)], args=[self.token, *payload])
+        except ResponseError as exc:
+            if "FENCED" in str(exc):
+                raise Fenced(f"placer for {self.dc} was fenced out (token {self.token} is stale)") from None
+            raise
+        return last.decode() if isinstance(last, bytes) else last
+
+
+async def replay(redis: aioredis.Redis, stream: str, state: ClusterState, queue: OrderedDict[str, TaskSpec],
+                 after: str = "-", batch: int = 2000) -> str:
+    """Fold every event after `after` into state/queue; returns the last id folded ("0-0" if none)."""
+    last = "0-0" if after == "-" else after
+    start = after if after == "-" else f"({after}"
+    while True:
+        entries = await redis.xrange(stream, min=start, max="+", count=batch)
+        for entry_id, fields in entries:
+            fold_event(json.loads(fields[b"e"]), state, queue)
+            last = entry_id.decode()
+        if len(entries) < batch:
+            return last
+        start = f"({last}"
