@@ -179,8 +179,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"task {task.task_id} is still being scheduled; release it once Submit returned")
         stub = self.placers[task.datacenter]
+        # wait_for_ready: a placer that is restarting gets until the deadline to come back
         reply = await stub.Release(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
-                                   timeout=self.place_timeout_s)
+                                   timeout=self.place_timeout_s, wait_for_ready=True)
         writes = [self.store.record("released", task, f"freed {reply.freed.cpu_milli / 1000:g} cores, "
                                     f"{reply.freed.gpu_count} GPU slices at {task.datacenter}")]
         for queued in reply.placed_from_queue:

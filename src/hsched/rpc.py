@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
+    # a restarted peer (a placer after a crash) is reached again within ~0.1-2 s, not gRPC's default 1-120 s
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.max_receive_message_length", 32 * 1024 * 1024),
 ]
 

@@ -332,7 +332,7 @@ class PlacerEngine:
             return PlaceResult("deferred", reason="already waiting in the deferred queue", ledger_id=self.last_id)
         decision = plan(self.state, op.spec, self.policy, headroom)
         if decision.outcome is Outcome.PLACED:
-            self._alloc(op, decision.parts, headroom)
+            self._alloc(op, op.task_id, decision.parts, headroom)
             return PlaceResult("placed", decision.parts, decision.alternatives, notes=decision.notes)
         refusal = self._refuse(op, decision.outcome, decision.reason, decision.notes)
         refusal.thermal_limited = decision.thermal_limited
@@ -345,8 +345,9 @@ class PlacerEngine:
             return PlaceResult("deferred", reason=reason, notes=[*notes, f"queued at position {len(self.queue)}"])
         return PlaceResult(outcome.value, reason=reason, notes=notes)
 
-    def _alloc(self, op: _Op, parts: tuple[Part, ...], headroom: np.ndarray | None) -> None:
-        self._emit(op, {"t": "alloc", "task": op.task_id, "parts": [p.to_json() for p in parts]})
+    def _alloc(self, op: _Op, task_id: str, parts: tuple[Part, ...], headroom: np.ndarray | None) -> None:
+        """Allocate for `task_id` — op's own task, or a queued one that op's release made room for."""
+        self._emit(op, {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts]})
         if headroom is not None:  # later decisions in this batch see the heat this one adds
             for p in parts:
                 headroom[p.node] -= part_power_w(self.state, _demand_of(p))[p.node]
@@ -374,7 +375,7 @@ class PlacerEngine:
         for task_id, spec in list(self.queue.items())[:MAX_QUEUE_TRIES_PER_RELEASE]:
             decision: Plan = plan(self.state, spec, self.policy, headroom)
             if decision.outcome is Outcome.PLACED:
-                self._alloc(op, decision.parts, headroom)
+                self._alloc(op, task_id, decision.parts, headroom)
                 result.placed_from_queue.append((task_id, decision.parts))
 
     # -- background ------------------------------------------------------------------------------------------

