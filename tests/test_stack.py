@@ -335,3 +335,66 @@ def test_metrics_endpoints_expose_paper_002_names(stack, gw):
     sel = urllib.request.urlopen(f"http://127.0.0.1:{stack.services['selector'].metrics_port}/metrics").read()
     assert 'UserToClusterLatency{datacenter="near",entry_vertex="s"} 0.5' in sel.decode()
     release(gw, t.task_id)
+
+
+# -- invariants under random load -----------------------------------------------------------------------------
+
+
+def _check_ledgers_match_tasks(gw, stack) -> None:
+    """Every node and card: 0 <= free <= capacity, and capacity - free == what the placed tasks hold."""
+    placed = [t for t in gw.List(gateway_pb2.ListRequest(state=pb.TASK_STATE_PLACED, limit=1000)).tasks]
+    for dc in ("cheap", "near", "gpu"):
+        state = placer(stack, dc).GetState(placer_pb2.PlacerStateRequest(include_nodes=True), timeout=10)
+        held_cpu, held_mem, held_core, held_gmem = {}, {}, {}, {}
+        for t in placed:
+            if t.datacenter != dc:
+                continue
+            for a in t.assignments:
+                held_cpu[a.node] = held_cpu.get(a.node, 0) + a.resources.cpu_milli
+                held_mem[a.node] = held_mem.get(a.node, 0) + a.resources.memory_mib
+                for g in a.gpus:
+                    held_core[a.node, g.card] = held_core.get((a.node, g.card), 0) + g.core_percent
+                    held_gmem[a.node, g.card] = held_gmem.get((a.node, g.card), 0) + g.memory_mib
+        for n in state.nodes:
+            assert 0 <= n.free.cpu_milli <= n.capacity.cpu_milli
+            assert n.capacity.cpu_milli - n.free.cpu_milli == held_cpu.get(n.name, 0)
+            assert n.capacity.memory_mib - n.free.memory_mib == held_mem.get(n.name, 0)
+            for c in n.gpus:
+                assert 0 <= c.core_percent_free <= 100 and 0 <= c.memory_mib_free <= c.memory_mib_capacity
+                assert 100 - c.core_percent_free == held_core.get((n.name, c.card), 0)
+                assert c.memory_mib_capacity - c.memory_mib_free == held_gmem.get((n.name, c.card), 0)
+
+
+def test_random_submit_release_sequences_never_over_allocate(gw, stack):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    gpu_task = st.builds(lambda c, pct, mem, n: task(cores=c, mem_gib=4, gpus=n, gpu_pct=pct, gpu_mem_gib=mem),
+                         st.integers(1, 16), st.integers(10, 100), st.sampled_from([1, 4, 8, 16]), st.integers(1, 2))
+    cpu_task = st.builds(lambda c, m, r: task(cores=c, mem_gib=m, replicas=r),
+                         st.integers(1, 40), st.integers(1, 64), st.integers(1, 3))
+    ops = st.lists(st.one_of(gpu_task, cpu_task, st.integers(0, 50)), min_size=5, max_size=25)
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(ops)
+    def run(sequence):
+        held: list[str] = []
+        try:
+            for op in sequence:
+                if isinstance(op, int):  # release one of the held tasks
+                    if held:
+                        release(gw, held.pop(op % len(held)))
+                else:
+                    t = submit(gw, op).task
+                    if t.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED):
+                        held.append(t.task_id)
+                _check_ledgers_match_tasks(gw, stack)
+        finally:
+            for task_id in held:
+                release(gw, task_id)
+        for dc in ("cheap", "near", "gpu"):  # everything released: every core is free again
+            state = placer(stack, dc).GetState(placer_pb2.PlacerStateRequest(include_nodes=True), timeout=10)
+            assert all(n.free.cpu_milli == n.capacity.cpu_milli for n in state.nodes)
+            assert not state.deferred_task_ids
+
+    run()
