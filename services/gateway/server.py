@@ -281,7 +281,7 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen)
     metrics = None
     if args.metrics_port >= 0:
-        metrics = MetricsServer(args.metrics_port)
+        metrics = MetricsServer(args.metrics_port, args.metrics_host)
         register_metrics(metrics, store)
     write_port_file(args.port_file, port)
     log.info("gateway serving on port %d (%d task events replayed, %d tasks)", port, loaded, len(store.tasks))

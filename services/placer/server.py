@@ -190,7 +190,7 @@ async def serve(args, stop: asyncio.Event) -> None:
         [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name], args.listen)
     metrics = None
     if args.metrics_port >= 0:
-        metrics = MetricsServer(args.metrics_port)
+        metrics = MetricsServer(args.metrics_port, args.metrics_host)
         register_metrics(metrics, engine)
     write_port_file(args.port_file, port)
     log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)

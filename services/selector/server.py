@@ -129,7 +129,7 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         [selector_pb2.DESCRIPTOR.services_by_name["Selector"].full_name], args.listen)
     metrics = None
     if args.metrics_port >= 0:
-        metrics = MetricsServer(args.metrics_port)
+        metrics = MetricsServer(args.metrics_port, args.metrics_host)
         register_metrics(metrics, selector)
     write_port_file(args.port_file, port)
     log.info("selector serving %d DCs on port %d", len(fleet.datacenters), port)

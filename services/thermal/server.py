@@ -70,16 +70,18 @@ class ThermalServicer(thermal_pb2_grpc.ThermalServicer):
                                   f"{request.min_ledger_id} yet") from None
         before = room.state()
         n = room.model.n
-        d_cores, d_gpu = np.zeros(n), np.zeros(n)
+        # integer milli-cores and core-percent, as in the ledger, so sums stay exact (no 64.000001 > 64)
+        cpu_milli = room.follower.state.busy_cpu().copy()
+        gpu_percent = room.follower.state.busy_gpu_percent().copy()
         for delta in request.deltas:
             if delta.node_index >= n:
                 raise ValidationError("deltas.node_index", f"must be < {n} for {request.datacenter}",
-                                          delta.node_index)
-            d_cores[delta.node_index] += delta.cpu_milli / MILLI
-            d_gpu[delta.node_index] += delta.gpu_busy
-        busy, gpu = load_arrays(room.follower.state)
+                                      delta.node_index)
+            cpu_milli[delta.node_index] += delta.cpu_milli
+            gpu_percent[delta.node_index] += round(delta.gpu_busy * 100)
+        busy, gpu = cpu_milli / MILLI, gpu_percent / 100.0
         try:
-            after = room.model.predict(busy, d_cores, gpu, d_gpu) if request.deltas else before
+            after = room.model.evaluate(busy, gpu) if request.deltas else before
         except ValueError as exc:  # a change that over- or under-runs a server's capacity
             raise ValidationError("deltas", str(exc)) from None
         rise_before = np.asarray(before.inlet_c) - before.t_supply_c
@@ -88,7 +90,7 @@ class ThermalServicer(thermal_pb2_grpc.ThermalServicer):
         return pb.PredictResponse(
             max_inlet_before_c=before.max_inlet_c, max_inlet_after_c=after.max_inlet_c, pue_before=before.pue,
             pue_after=after.pue, t_supply_c=after.t_supply_c, redline_c=room.model.params.redline_c,
-            nodes_over_redline=worse, headroom_w=self._headroom(room, request, busy + d_cores, gpu + d_gpu),
+            nodes_over_redline=worse, headroom_w=self._headroom(room, request, busy, gpu),
             ledger_id=room.follower.last_id)
 
     @staticmethod
@@ -170,7 +172,7 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         [pb.DESCRIPTOR.services_by_name["Thermal"].full_name], args.listen)
     metrics = None
     if args.metrics_port >= 0:
-        metrics = MetricsServer(args.metrics_port)
+        metrics = MetricsServer(args.metrics_port, args.metrics_host)
         register_metrics(metrics, rooms)
     write_port_file(args.port_file, port)
     log.info("thermal serving %d rooms on port %d", len(rooms), port)

@@ -20,6 +20,7 @@ def common_args(description: str) -> argparse.ArgumentParser:
     p.add_argument("--prefix", default=os.environ.get("HSCHED_PREFIX", "hsched"), help="Redis key prefix")
     p.add_argument("--listen", default="127.0.0.1:0", help="gRPC address (port 0 = any free port)")
     p.add_argument("--metrics-port", type=int, default=-1, help="Prometheus /metrics port (0 = any, -1 = off)")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics binds (0.0.0.0 in containers)")
     p.add_argument("--traces", default=os.environ.get("HSCHED_TRACES", "none"), choices=["none", "console", "otlp"],
                    help="OpenTelemetry span exporter")
     p.add_argument("--port-file", default="", help="write the bound gRPC port here once serving")

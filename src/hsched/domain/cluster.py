@@ -117,9 +117,13 @@ class ClusterState:
     def busy_cpu(self) -> np.ndarray:
         return self.table.cpu_milli - self.free_cpu
 
+    def busy_gpu_percent(self) -> np.ndarray:
+        """Allocated GPU core percent per node, summed over its cards (100 = one whole card)."""
+        return (self.table.gpu_core_percent - self.gpu_free_core).sum(axis=1)
+
     def busy_gpu_cards(self) -> np.ndarray:
-        """Busy GPU per node in whole-card equivalents (sum of allocated core percent / 100)."""
-        return (self.table.gpu_core_percent - self.gpu_free_core).sum(axis=1) / 100.0
+        """Busy GPU per node in whole-card equivalents."""
+        return self.busy_gpu_percent() / 100.0
 
     # -- mutations -------------------------------------------------------------------------------------------
 
