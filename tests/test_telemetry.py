@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import urllib.request
 from collections.abc import AsyncIterator, Callable
@@ -283,6 +284,37 @@ async def test_server_streaming_keeps_the_trace(
     for span in (client_span, server_span):
         assert span.attributes["rpc.grpc.status_code"] == expected.value[0]
         assert span.status.status_code is (StatusCode.ERROR if tenant else StatusCode.UNSET)
+
+
+async def test_cancelled_stream_is_recorded_on_both_sides(spans: InMemorySpanExporter) -> None:
+    class Endless(gateway_pb2_grpc.GatewayServicer):
+        async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            while True:
+                yield common_pb2.TaskEvent(kind="placed")
+                await asyncio.sleep(0.01)
+
+    server, addr = await serve(
+        lambda s: gateway_pb2_grpc.add_GatewayServicer_to_server(Endless(), s),
+        server_interceptor(provider("gateway", spans)),
+    )
+    try:
+        async with grpc.aio.insecure_channel(
+            addr, interceptors=client_interceptors(provider("cli", spans))
+        ) as ch:
+            call = gateway_pb2_grpc.GatewayStub(ch).Watch(gateway_pb2.WatchRequest())
+            assert (await call.read()).kind == "placed"
+            call.cancel()
+            for _ in range(200):  # the server learns of the cancellation asynchronously
+                if len(spans.get_finished_spans()) == 2:
+                    break
+                await asyncio.sleep(0.01)
+    finally:
+        await server.stop(None)
+
+    index = by_name_and_kind(spans.get_finished_spans())
+    for kind in (SpanKind.CLIENT, SpanKind.SERVER):
+        assert index[WATCH, kind].attributes["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
+        assert index[WATCH, kind].status.description.startswith("CANCELLED")
 
 
 def test_setup_tracing_rejects_unknown_exporter(monkeypatch: pytest.MonkeyPatch) -> None:

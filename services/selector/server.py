@@ -87,7 +87,7 @@ async def follow_links(redis, keys: Keys, selector: DcSelector) -> None:
                 try:
                     update = json.loads(fields[b"m"])
                     selector.graph.update_link(update.pop("a"), update.pop("b"), **update)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a bad probe record must not stop the follower
                     log.warning("ignoring link update %s: %s", cursor, exc)
 
 

@@ -328,14 +328,21 @@ def _load_datacenter(r: _Reader, vertices: Mapping[str, Any]) -> DataCenter:
 
 
 def _check_thermal(dc: DataCenter, path: str) -> None:
+    from dataclasses import fields
+
     from hsched.thermal import ThermalParams  # local: the thermal package imports domain types
 
+    known = {f.name for f in fields(ThermalParams)}
+    for key, value in dc.thermal.items():
+        if key not in known:
+            raise FleetError(f"{path}.{key}", "is not a known field (typo?)")
+        if key != "supply_mode" and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise FleetError(f"{path}.{key}", "must be a finite number", value)
     try:
         ThermalParams(**dc.thermal)
-    except TypeError as exc:
-        raise FleetError(path, f"has an unknown field ({exc})") from None
-    except ValueError as exc:
-        raise FleetError(path, str(exc)) from None
+    except ValueError as exc:  # ThermalParams' messages start with the name of the offending field
+        name, _, rule = str(exc).partition(" ")
+        raise FleetError(f"{path}.{name}", rule) if name in known else FleetError(path, str(exc)) from None
 
 
 def _load_wan(r: _Reader, base: Path) -> Wan:

@@ -59,9 +59,13 @@ class TaskSpec:
                                   "1-63 characters, starting and ending alphanumeric", self.tenant)
         if self.name and len(self.name) > 253:
             raise ValidationError("name", "must be at most 253 characters", len(self.name))
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise ValidationError("priority", "must be an integer", self.priority)
         if not -1000 <= self.priority <= 1000:
             raise ValidationError("priority", "must be in -1000..1000", self.priority)
         self.resources.validate("resources")
+        if not isinstance(self.replicas, int) or isinstance(self.replicas, bool):
+            raise ValidationError("replicas", "must be an integer", self.replicas)
         if not 1 <= self.replicas <= MAX_REPLICAS:
             raise ValidationError("replicas", f"must be in 1..{MAX_REPLICAS}", self.replicas)
         if not math.isfinite(self.runtime_s) or not 0 < self.runtime_s <= MAX_RUNTIME_S:

@@ -52,7 +52,7 @@ class LedgerFollower:
                 for entry_id, fields in reply[0][1]:
                     fold_event(json.loads(fields[b"e"]), self.state, self.queue)
                     self.last_id = entry_id.decode()
-            except Exception:  # noqa: BLE001 - a fold that fails leaves a wrong state: rebuild it from scratch
+            except Exception:
                 log.exception("folding %s failed at %s; rebuilding from the start", self.stream, self.last_id)
                 self.state = ClusterState(self.state.dc, self.state.table)
                 self.queue.clear()

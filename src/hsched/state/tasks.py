@@ -84,7 +84,7 @@ class TaskStore:
                     for p in batch:
                         pipe.xadd(self.stream, p.fields)
                     ids = await pipe.execute()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - every waiting caller hears about it
                 for p in batch:
                     if not p.future.done():
                         p.future.set_exception(exc)

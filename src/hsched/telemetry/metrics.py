@@ -142,7 +142,7 @@ class _CallbackGaugeFamily(Collector):
         try:
             for labels, value in self._callback():
                 family.add_metric([str(v) for v in labels], value)
-        except Exception:
+        except Exception:  # noqa: BLE001 - one broken callback must not break the scrape
             _log.exception("metrics callback for %s failed; family exported without samples", self._name)
             family = GaugeMetricFamily(self._name, self._help, labels=self._labelnames)
         yield family

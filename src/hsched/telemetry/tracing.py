@@ -1,10 +1,10 @@
 """Tracer provider set-up for one hsched service.
 
 ``HSCHED_TRACES`` picks the exporter when the caller does not: ``console`` (spans printed as JSON),
-``otlp`` (OTLP/gRPC to ``OTEL_EXPORTER_OTLP_ENDPOINT``, e.g. ``http://otel-collector:4317``) or
-``none`` (the default: this service makes no spans at all, and the incoming trace context flows through
-it unchanged to the next hop, so a trace stays whole across a service that does not export). The standard ``OTEL_*`` variables (sampler, resource attributes, batch
-sizes) keep working because the SDK reads them itself.
+``otlp`` (OTLP/gRPC to ``OTEL_EXPORTER_OTLP_ENDPOINT``, e.g. ``http://otel-collector:4317``) or ``none``
+(the default: this service makes no spans at all and the incoming trace context flows through it unchanged
+to the next hop, so a trace stays whole across a service that does not export). The standard ``OTEL_*``
+variables (sampler, resource attributes, batch sizes) keep working because the SDK reads them itself.
 """
 
 from __future__ import annotations
