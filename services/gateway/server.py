@@ -14,7 +14,7 @@ from hsched.convert import task_from_pb, task_to_pb
 from hsched.costs.selection import METHODS
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
-from hsched.runtime import common_args, run, write_port_file
+from hsched.runtime import common_args, metrics_server, run, write_port_file
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.state.tasks import TaskStore, now_ms
@@ -255,7 +255,7 @@ def parse_placers(spec: str) -> dict[str, str]:
 def register_metrics(metrics: MetricsServer, store: TaskStore) -> None:
     def by_state():
         counts: dict[tuple[str, str], int] = {}
-        for t in store.tasks.values():
+        for t in list(store.tasks.values()):  # scraped on the metrics thread: iterate a copy
             key = (pb.TaskState.Name(t.state).removeprefix("TASK_STATE_").lower(), t.datacenter)
             counts[key] = counts.get(key, 0) + 1
         return [(k, float(v)) for k, v in counts.items()]
@@ -276,13 +276,12 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     servicer = GatewayServicer(fleet, store, selector_pb2_grpc.SelectorStub(channels[0]),
                                {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
                                args.select_timeout_s, args.place_timeout_s)
+    metrics = metrics_server(args)
+    if metrics:
+        register_metrics(metrics, store)
     server, port, _ = await rpc.start_server(
         lambda s: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, s),
-        [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen)
-    metrics = None
-    if args.metrics_port >= 0:
-        metrics = MetricsServer(args.metrics_port, args.metrics_host)
-        register_metrics(metrics, store)
+        [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics)
     write_port_file(args.port_file, port)
     log.info("gateway serving on port %d (%d task events replayed, %d tasks)", port, loaded, len(store.tasks))
     await stop.wait()

@@ -14,7 +14,7 @@ from hsched.convert import parts_to_pb, resources_to_pb, task_from_pb
 from hsched.domain.fleet import load_fleet
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
 from hsched.policies.heuristics import HEURISTICS, make_policy
-from hsched.runtime import common_args, run, write_port_file
+from hsched.runtime import common_args, metrics_server, run, write_port_file
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.telemetry import MetricsServer
@@ -159,7 +159,7 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine) -> None:
 
     def shared():
         counts = np.zeros_like(t.gpu_core_percent)
-        for parts in s.allocations.values():
+        for parts in list(s.allocations.values()):  # scraped on the metrics thread: iterate a copy
             for p in parts:
                 for g in p.gpus:
                     counts[p.node, g.card] += 1
@@ -185,13 +185,12 @@ async def serve(args, stop: asyncio.Event) -> None:
     engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed), owner, thermal,
                           lease_ms=args.lease_ms)
     await engine.start(wait_for_lease_s=args.lease_wait_s)
+    metrics = metrics_server(args)
+    if metrics:
+        register_metrics(metrics, engine)
     server, port, _ = await rpc.start_server(
         lambda s: placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(engine), s),
-        [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name], args.listen)
-    metrics = None
-    if args.metrics_port >= 0:
-        metrics = MetricsServer(args.metrics_port, args.metrics_host)
-        register_metrics(metrics, engine)
+        [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name], args.listen, metrics)
     write_port_file(args.port_file, port)
     log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
     await stop.wait()

@@ -11,7 +11,7 @@ from hsched.convert import task_from_pb
 from hsched.costs.selection import Candidate
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.engine.selector import DcSelector
-from hsched.runtime import common_args, run, write_port_file
+from hsched.runtime import common_args, metrics_server, run, write_port_file
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.telemetry import MetricsServer
@@ -124,13 +124,12 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     selector = DcSelector(fleet)
     tasks = [asyncio.create_task(follow_summaries(redis, keys, selector)),
              asyncio.create_task(follow_links(redis, keys, selector))]
+    metrics = metrics_server(args)
+    if metrics:
+        register_metrics(metrics, selector)
     server, port, _ = await rpc.start_server(
         lambda s: selector_pb2_grpc.add_SelectorServicer_to_server(SelectorServicer(selector), s),
-        [selector_pb2.DESCRIPTOR.services_by_name["Selector"].full_name], args.listen)
-    metrics = None
-    if args.metrics_port >= 0:
-        metrics = MetricsServer(args.metrics_port, args.metrics_host)
-        register_metrics(metrics, selector)
+        [selector_pb2.DESCRIPTOR.services_by_name["Selector"].full_name], args.listen, metrics)
     write_port_file(args.port_file, port)
     log.info("selector serving %d DCs on port %d", len(fleet.datacenters), port)
     await stop.wait()

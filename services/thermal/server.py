@@ -12,7 +12,7 @@ from hsched import rpc
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.domain.resources import MILLI
-from hsched.runtime import common_args, run, write_port_file
+from hsched.runtime import common_args, metrics_server, run, write_port_file
 from hsched.state.follow import LedgerFollower
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
@@ -167,13 +167,12 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         tasks.append(await follower.start())
         rooms[dc.name] = Room(room_for(dc), follower, dc.layout.servers_per_rack)
     tasks.append(asyncio.create_task(publish_telemetry(redis, keys, rooms)))
+    metrics = metrics_server(args)
+    if metrics:
+        register_metrics(metrics, rooms)
     server, port, _ = await rpc.start_server(
         lambda s: thermal_pb2_grpc.add_ThermalServicer_to_server(ThermalServicer(rooms), s),
-        [pb.DESCRIPTOR.services_by_name["Thermal"].full_name], args.listen)
-    metrics = None
-    if args.metrics_port >= 0:
-        metrics = MetricsServer(args.metrics_port, args.metrics_host)
-        register_metrics(metrics, rooms)
+        [pb.DESCRIPTOR.services_by_name["Thermal"].full_name], args.listen, metrics)
     write_port_file(args.port_file, port)
     log.info("thermal serving %d rooms on port %d", len(rooms), port)
     await stop.wait()

@@ -43,7 +43,7 @@ def cmd_up(args) -> int:
 
     from hsched.stack import Stack, StackConfig
 
-    console = Console()
+    console = Console(width=max(Console().width, 100))  # the summary table needs ~100 columns
     config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
                          policy=args.policy, thermal=not args.no_thermal, traces=args.traces,
                          gateway_port=args.port, log_dir=args.log_dir, log_level=args.log_level)
@@ -103,10 +103,9 @@ def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix
                   + f"; {stats.released} released; Submit latency p50 {p(0.5):.1f} ms, p99 {p(0.99):.1f} ms"
                   + (f"; errors {dict(stats.errors)}" if stats.errors else ""))
     summaries = asyncio.run(dc_summaries(redis_url, prefix, fleet)) if redis_url else {}
-    table = Table(title=f"replay summary — {args.replay}, final task states")
-    for col in ("datacenter", "placed", "deferred", "released", "rejected", "mean total cost", "CPU util",
-                "GPU util", "PUE", "max inlet °C"):
-        table.add_column(col, justify="right" if col != "datacenter" else "left")
+    table = Table(title=f"replay summary — {args.replay}: final task states per data center")
+    for col in ("DC", "placed", "deferred", "released", "rejected", "cost/task", "CPU", "GPU", "PUE", "inlet°C"):
+        table.add_column(col, justify="right" if col != "DC" else "left", no_wrap=True)
 
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
@@ -123,7 +122,7 @@ def cmd_replay(args) -> int:
 
     from hsched.domain.fleet import load_fleet
 
-    run_replay(Console(), args.gateway, load_fleet(args.fleet), args, os.environ.get("REDIS_URL"), args.prefix)
+    run_replay(Console(width=max(Console().width, 100)), args.gateway, load_fleet(args.fleet), args, os.environ.get("REDIS_URL"), args.prefix)
     return 0
 
 

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha._async import ReflectionServicer
 from grpc_reflection.v1alpha._base import _file_descriptor_response, _not_found_error
 
 from hsched.domain.errors import ValidationError
-from hsched.telemetry import client_interceptors, server_interceptor
+from hsched.telemetry import Metrics, client_interceptors, server_interceptor
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,11 @@ def add_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> Non
 
 
 async def start_server(register: Callable[[grpc.aio.Server], None], service_names: list[str],
-                       bind: str = "127.0.0.1:0") -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    """Start an aio server with the given servicers, gRPC health (SERVING) and reflection; returns the port."""
-    server = grpc.aio.server(interceptors=[server_interceptor()], options=CHANNEL_OPTIONS)
+                       bind: str = "127.0.0.1:0", metrics: Metrics | None = None,
+                       ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """Start an aio server with the given servicers, gRPC health (SERVING) and reflection; returns the port.
+    With `metrics`, every call is counted and timed (hsched_rpc_server_requests_total / _duration_seconds)."""
+    server = grpc.aio.server(interceptors=[server_interceptor(metrics=metrics)], options=CHANNEL_OPTIONS)
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

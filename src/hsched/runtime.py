@@ -9,7 +9,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 
-from hsched.telemetry import setup_tracing
+from hsched.telemetry import MetricsServer, setup_tracing
 
 
 def common_args(description: str) -> argparse.ArgumentParser:
@@ -56,3 +56,8 @@ def write_port_file(path: str, port: int) -> None:
         with open(tmp, "w") as f:
             f.write(str(port))
         os.replace(tmp, path)
+
+
+def metrics_server(args: argparse.Namespace) -> MetricsServer | None:
+    """The service's Prometheus endpoint, or None when --metrics-port is -1."""
+    return MetricsServer(args.metrics_port, args.metrics_host) if args.metrics_port >= 0 else None

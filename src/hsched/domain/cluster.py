@@ -153,6 +153,9 @@ class ClusterState:
             raise OverAllocation(f"task {task_id}: node index out of range")
         if any(g.card >= self.gpu_free_core.shape[1] or g.card < 0 for p in parts for g in p.gpus):
             raise OverAllocation(f"task {task_id}: GPU card index out of range")
+        if any(min(p.cpu_milli, p.memory_mib, p.disk_mib, p.bandwidth_mbps) < 0
+               or any(g.core_percent < 0 or g.memory_mib < 0 for g in p.gpus) for p in parts):
+            raise OverAllocation(f"task {task_id}: negative amounts (a later release would free more than capacity)")
         self._delta(parts, -1)
         if not self._within_bounds(nodes):
             self._delta(parts, +1)
