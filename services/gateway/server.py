@@ -14,7 +14,7 @@ from hsched.convert import task_from_pb, task_to_pb
 from hsched.costs.selection import METHODS
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
-from hsched.runtime import common_args, metrics_server, run, write_port_file
+from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.state.tasks import TaskStore, now_ms
@@ -282,15 +282,9 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     server, port, _ = await rpc.start_server(
         lambda s: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, s),
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics)
-    write_port_file(args.port_file, port)
     log.info("gateway serving on port %d (%d task events replayed, %d tasks)", port, loaded, len(store.tasks))
-    await stop.wait()
-    await server.stop(grace=2)
-    for ch in channels:
-        await ch.close()
-    if metrics:
-        metrics.close()
-    await redis.aclose()
+    await serve_until_stopped(stop, server, port, args, metrics=metrics,
+                              cleanup=[*(ch.close for ch in channels), redis.aclose])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,7 @@ from hsched.convert import parts_to_pb, resources_to_pb, task_from_pb
 from hsched.domain.fleet import load_fleet
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
 from hsched.policies.heuristics import HEURISTICS, make_policy
-from hsched.runtime import common_args, metrics_server, run, write_port_file
+from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.telemetry import MetricsServer
@@ -191,14 +191,8 @@ async def serve(args, stop: asyncio.Event) -> None:
     server, port, _ = await rpc.start_server(
         lambda s: placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(engine), s),
         [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name], args.listen, metrics)
-    write_port_file(args.port_file, port)
     log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
-    await stop.wait()
-    await server.stop(grace=2)
-    await engine.stop()
-    if metrics:
-        metrics.close()
-    await redis.aclose()
+    await serve_until_stopped(stop, server, port, args, metrics=metrics, cleanup=[engine.stop, redis.aclose])
 
 
 def main(argv: list[str] | None = None) -> None:

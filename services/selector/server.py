@@ -11,7 +11,7 @@ from hsched.convert import task_from_pb
 from hsched.costs.selection import Candidate
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.engine.selector import DcSelector
-from hsched.runtime import common_args, metrics_server, run, write_port_file
+from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.telemetry import MetricsServer
@@ -130,15 +130,8 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     server, port, _ = await rpc.start_server(
         lambda s: selector_pb2_grpc.add_SelectorServicer_to_server(SelectorServicer(selector), s),
         [selector_pb2.DESCRIPTOR.services_by_name["Selector"].full_name], args.listen, metrics)
-    write_port_file(args.port_file, port)
     log.info("selector serving %d DCs on port %d", len(fleet.datacenters), port)
-    await stop.wait()
-    await server.stop(grace=2)
-    for t in tasks:
-        t.cancel()
-    if metrics:
-        metrics.close()
-    await redis.aclose()
+    await serve_until_stopped(stop, server, port, args, tasks=tasks, metrics=metrics, cleanup=[redis.aclose])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,7 +12,7 @@ from hsched import rpc
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.domain.resources import MILLI
-from hsched.runtime import common_args, metrics_server, run, write_port_file
+from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
 from hsched.state.follow import LedgerFollower
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
@@ -173,15 +173,8 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     server, port, _ = await rpc.start_server(
         lambda s: thermal_pb2_grpc.add_ThermalServicer_to_server(ThermalServicer(rooms), s),
         [pb.DESCRIPTOR.services_by_name["Thermal"].full_name], args.listen, metrics)
-    write_port_file(args.port_file, port)
     log.info("thermal serving %d rooms on port %d", len(rooms), port)
-    await stop.wait()
-    await server.stop(grace=2)
-    for t in tasks:
-        t.cancel()
-    if metrics:
-        metrics.close()
-    await redis.aclose()
+    await serve_until_stopped(stop, server, port, args, tasks=tasks, metrics=metrics, cleanup=[redis.aclose])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -50,6 +50,23 @@ def run(service_name: str, args: argparse.Namespace, serve: Callable[[asyncio.Ev
     asyncio.run(main())
 
 
+async def serve_until_stopped(stop: asyncio.Event, server, port: int, args: argparse.Namespace, *,
+                              tasks: list[asyncio.Task] = (), metrics: MetricsServer | None = None,
+                              cleanup: list[Callable[[], Awaitable[object]]] = ()) -> None:
+    """Announce the port, serve until `stop`, then shut down in order: stop taking calls (2 s grace),
+    cancel background tasks, run `cleanup` (engines, channels, Redis), close the metrics endpoint."""
+    write_port_file(args.port_file, port)
+    await stop.wait()
+    await server.stop(grace=2)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for close in cleanup:
+        await close()
+    if metrics:
+        metrics.close()
+
+
 def write_port_file(path: str, port: int) -> None:
     if path:
         tmp = f"{path}.tmp"
