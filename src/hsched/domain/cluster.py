@@ -137,19 +137,25 @@ class ClusterState:
                 self.gpu_free_core[p.node, g.card] += sign * g.core_percent
                 self.gpu_free_memory[p.node, g.card] += sign * g.memory_mib
 
-    def _within_bounds(self, nodes: list[int]) -> bool:
+    def _within_bounds(self, parts: tuple[Part, ...]) -> bool:
+        """0 <= free <= capacity on every node and card the parts touch (scalar checks: parts are few)."""
         t = self.table
-        idx = np.array(sorted(set(nodes)), dtype=np.int64)
-        pairs = ((self.free_cpu, t.cpu_milli), (self.free_memory, t.memory_mib), (self.free_disk, t.disk_mib),
-                 (self.free_bandwidth, t.bandwidth_mbps), (self.gpu_free_core, t.gpu_core_percent),
-                 (self.gpu_free_memory, t.gpu_memory_mib))
-        return all(bool(((free[idx] >= 0) & (free[idx] <= cap[idx])).all()) for free, cap in pairs)
+        for p in parts:
+            n = p.node
+            if not (0 <= self.free_cpu[n] <= t.cpu_milli[n] and 0 <= self.free_memory[n] <= t.memory_mib[n]
+                    and 0 <= self.free_disk[n] <= t.disk_mib[n]
+                    and 0 <= self.free_bandwidth[n] <= t.bandwidth_mbps[n]):
+                return False
+            for g in p.gpus:
+                if not (0 <= self.gpu_free_core[n, g.card] <= t.gpu_core_percent[n, g.card]
+                        and 0 <= self.gpu_free_memory[n, g.card] <= t.gpu_memory_mib[n, g.card]):
+                    return False
+        return True
 
     def apply(self, task_id: str, parts: tuple[Part, ...]) -> None:
         if task_id in self.allocations:
             raise OverAllocation(f"task {task_id} already holds an allocation here")
-        nodes = [p.node for p in parts]
-        if any(not 0 <= node < self.n for node in nodes):
+        if any(not 0 <= p.node < self.n for p in parts):
             raise OverAllocation(f"task {task_id}: node index out of range")
         if any(g.card >= self.gpu_free_core.shape[1] or g.card < 0 for p in parts for g in p.gpus):
             raise OverAllocation(f"task {task_id}: GPU card index out of range")
@@ -157,7 +163,7 @@ class ClusterState:
                or any(g.core_percent < 0 or g.memory_mib < 0 for g in p.gpus) for p in parts):
             raise OverAllocation(f"task {task_id}: negative amounts (a later release would free more than capacity)")
         self._delta(parts, -1)
-        if not self._within_bounds(nodes):
+        if not self._within_bounds(parts):
             self._delta(parts, +1)
             raise OverAllocation(f"task {task_id} does not fit: it would over-allocate a node or a card")
         self.allocations[task_id] = parts

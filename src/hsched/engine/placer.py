@@ -209,7 +209,8 @@ class PlacerEngine:
         for op in batch:
             if isinstance(op.result, PlaceResult) and op.events:
                 op.result.ledger_id = self.last_id
-            op.future.set_result(op.result)
+            if not op.future.done():  # the caller may have gone (cancelled); its decision stands in the ledger
+                op.future.set_result(op.result)
 
     async def _fresh_headroom(self) -> np.ndarray | None:
         if not self.thermal:
@@ -416,8 +417,9 @@ class PlacerEngine:
         """Capacity summaries for the selector: at most every `period_s` when something changed, and a
         heartbeat every `heartbeat_s` so the selector can tell a quiet placer from a dead one."""
         while True:
-            try:
-                await asyncio.wait_for(self._dirty.wait(), heartbeat_s)
+            try:  # not asyncio.wait_for: in 3.11 it swallows a cancel that lands as the event fires (stop() hangs)
+                async with asyncio.timeout(heartbeat_s):
+                    await self._dirty.wait()
             except TimeoutError:
                 pass
             self._dirty.clear()

@@ -62,14 +62,13 @@ class TaskStore:
             self.by_request[(task.spec.tenant, task.spec.request_id)] = task.task_id
 
     def record(self, kind: str, task: pb.Task, detail: str = "") -> asyncio.Future[str]:
-        """Apply a lifecycle step to `task` and queue it for the stream. The snapshot is taken now (so the
-        caller may go on changing `task`); await the returned future for durability (the entry id)."""
+        """Apply a lifecycle step to `task` and queue it for the stream, serialized now (so the caller may
+        go on changing `task`); await the returned future for durability (the entry id)."""
         task.state = STATE_OF_KIND[kind]
         task.updated_unix_ms = now_ms()
-        snapshot = pb.Task()
-        snapshot.CopyFrom(task)
-        self._fold(snapshot)
-        fields = {b"k": kind.encode(), b"t": snapshot.SerializeToString(), b"d": detail.encode()}
+        data = task.SerializeToString()  # the stream entry is this moment's record, whatever comes next
+        self._fold(task)  # the table holds the live record: the single event loop sees it between steps
+        fields = {b"k": kind.encode(), b"t": data, b"d": detail.encode()}
         pending = _Pending(fields, asyncio.get_running_loop().create_future())
         self._pending.append(pending)
         if self._flusher is None or self._flusher.done():
