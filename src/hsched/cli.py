@@ -43,7 +43,7 @@ def cmd_up(args) -> int:
 
     from hsched.stack import Stack, StackConfig
 
-    console = Console(width=max(Console().width, 100))  # the summary table needs ~100 columns
+    console = Console(width=max(Console().width, 112))  # the summary table needs ~110 columns
     config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
                          policy=args.policy, thermal=not args.no_thermal, traces=args.traces,
                          gateway_port=args.port, log_dir=args.log_dir, log_level=args.log_level)
@@ -122,7 +122,7 @@ def cmd_replay(args) -> int:
 
     from hsched.domain.fleet import load_fleet
 
-    run_replay(Console(width=max(Console().width, 100)), args.gateway, load_fleet(args.fleet), args, os.environ.get("REDIS_URL"), args.prefix)
+    run_replay(Console(width=max(Console().width, 112)), args.gateway, load_fleet(args.fleet), args, os.environ.get("REDIS_URL"), args.prefix)
     return 0
 
 
@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def replay_flags(sp):
         sp.add_argument("--limit", type=int, default=1000, help="trace rows to replay")
-        sp.add_argument("--skip", type=int, default=0, help="trace rows to skip first")
+        sp.add_argument("--skip", type=int, default=None,
+                        help="trace rows to skip first (default: openb 3000, a window of steady arrivals; others 0)")
         sp.add_argument("--duration", type=float, default=30.0, help="wall-clock seconds the slice is compressed to")
         sp.add_argument("--concurrency", type=int, default=64, help="gRPC calls in flight at most")
         sp.add_argument("--seed", type=int, default=0, help="seed for the entry vertices drawn per task")
