@@ -1,0 +1,21 @@
+"""Gymnasium environments for the three learning problems (DESIGN §3), built on the library's domain,
+cost and thermal code. Importing this package registers them (entry points load lazily):
+
+    hsched/Path-v0         paper 003 §2.1: next-hop choice on a WAN graph, reward eq.11
+    hsched/DcPlacement-v0  paper 003 §2.2: server choice in a thermal room, reward eq.12
+    hsched/GpuCluster-v0   paper 000 §3: host (or wait) choice across GPU clusters, reward eq.15-17
+"""
+
+from __future__ import annotations
+
+import gymnasium
+
+_ENVS = {
+    "hsched/Path-v0": "hsched.envs.path:PathEnv",
+    "hsched/DcPlacement-v0": "hsched.envs.dc:DcPlacementEnv",
+    "hsched/GpuCluster-v0": "hsched.envs.gpu:GpuClusterEnv",
+}
+
+for _id, _entry in _ENVS.items():
+    if _id not in gymnasium.registry:
+        gymnasium.register(id=_id, entry_point=_entry)
