@@ -180,6 +180,47 @@ def cmd_release(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    """Run paper experiments: markdown to stdout (and report.md), PNG plots beside it."""
+    from rich.console import Console
+
+    from hsched.eval import EXPERIMENTS
+
+    console = Console(stderr=True)
+    for name in list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]:
+        _run_experiment(name, args, console)
+    return 0
+
+
+def _run_experiment(name: str, args, console) -> None:
+    import importlib
+    from pathlib import Path
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from hsched.eval import EXPERIMENTS
+    from hsched.eval.report import EvalContext
+
+    target, about = EXPERIMENTS[name]
+    module, _, fn = target.partition(":")
+    run = getattr(importlib.import_module(module), fn)
+    out = Path(args.out) / name
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        jobs: dict[str, int] = {}
+
+        def progress(label: str, done: int, total: int) -> None:
+            if label not in jobs:
+                jobs[label] = bar.add_task(f"{name}: {label}", total=total)
+            bar.update(jobs[label], completed=done, total=total)
+
+        report = run(EvalContext(seeds=list(range(args.seeds)), out_dir=out, quick=args.quick, progress=progress))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(f"# {name}: {about}\n\n{report}\n")
+    print(f"# {name}: {about}\n\n{report}\n")
+    console.print(f"[bold]{name}[/]: report and plots in {out}/")
+
+
 def cmd_link(args) -> int:
     """Publish a WAN link metric update (what a network probe does) on the links stream."""
     from hsched.state.keys import Keys
@@ -278,6 +319,15 @@ def build_parser() -> argparse.ArgumentParser:
     r = gw(sub.add_parser("release", help="release a task's resources"))
     r.add_argument("task_id")
     r.set_defaults(fn=cmd_release)
+
+    from hsched.eval import EXPERIMENTS
+
+    ev = sub.add_parser("eval", help="run a paper experiment: markdown table + PNG plots")
+    ev.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
+    ev.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1; tables show mean ± std")
+    ev.add_argument("--out", default="reports", help="directory for report.md and the PNGs")
+    ev.add_argument("--quick", action="store_true", help="small slices (smoke test), said in the report")
+    ev.set_defaults(fn=cmd_eval)
 
     lk = sub.add_parser("link", help="publish a WAN link metric update (as a network probe would)")
     lk.add_argument("a")
