@@ -147,9 +147,11 @@ class PlacerEngine:
         self._dirty.set()
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        pending = set(self._tasks)
+        while pending:  # cancel again until done: a cancel can be swallowed (3.11 asyncio.wait_for, redis-py mid-command)
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.5)
         if not self.fenced:
             await self.ledger.release_lease()
 

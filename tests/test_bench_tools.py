@@ -1,0 +1,63 @@
+"""Quick checks of the benchmark tools (bench/): a 2-hop echo chain under closed- and open-loop load.
+
+No absolute timing thresholds: the machine is shared and noisy.
+"""
+
+import functools
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench` is not an installed package
+
+from bench.echo_chain import echo_request, start_echo_chain
+from bench.loadgen import STEP, run_closed_loop, run_load
+
+ECHO = "bench.echo_chain:echo_request"
+
+
+@pytest.fixture(scope="module")
+def target():
+    with start_echo_chain(hops=2) as chain:
+        assert list(chain.procs) == ["f1", "echo"]
+        yield chain.target
+
+
+def test_closed_loop(target):
+    r = run_load(target, ECHO, concurrency=8, duration_s=1.0, processes=2, warmup_s=0.2)
+    assert r.calls > 0
+    assert r.errors == {}
+    assert 0 < r.p50_ms <= r.p90_ms <= r.p99_ms <= r.max_ms
+    assert r.throughput_rps > 0 and len(r.client_cpu) == 2
+    assert list(r.extra["per_method"]) == ["/bench.Echo/Echo"]
+
+
+def test_closed_loop_total(target):
+    r = run_load(target, ECHO, concurrency=4, duration_s=None, total=50, warmup_s=0)
+    assert r.calls == 50 and r.errors == {}
+
+
+def test_open_loop_rate(target):
+    rate = 100.0
+    r = run_load(target, ECHO, concurrency=32, duration_s=1.0, warmup_s=0.2, rate_rps=rate, arrival="fixed")
+    assert r.errors == {} and r.dropped == 0
+    assert r.offered_rps == rate
+    assert r.p50_ms <= r.p99_ms
+    assert abs(r.throughput_rps - rate) <= 0.2 * rate
+
+
+def test_sequence_mode(target):
+    res = run_closed_loop("bench.echo_chain:echo_twice", (target,), concurrency=4, duration_s=0.5,
+                          warmup_s=0.1)
+    assert set(res) == {"first", "second", STEP}
+    assert all(r.errors == {} and r.p50_ms <= r.p99_ms for r in res.values())
+    # one call of each per iteration (iterations straddling the end of warmup count only in part)
+    assert res[STEP].calls > 0
+    assert all(abs(res[name].calls - res[STEP].calls) <= 4 for name in ("first", "second"))
+
+
+def test_errors_counted_by_status(target):
+    bad = functools.partial(echo_request, method="/bench.Echo/Nope")
+    r = run_load(target, bad, concurrency=2, duration_s=None, total=10, warmup_s=0)
+    assert r.calls == 10 and r.errors == {"UNIMPLEMENTED": 10} and r.throughput_rps == 0
