@@ -163,7 +163,13 @@ class RoomModel:
 
     def evaluate(self, busy_cores: ArrayLike, gpu_busy: ArrayLike | None = None) -> ThermalState:
         power = self.power(busy_cores, gpu_busy)
-        rise = self.d @ power
+        return self.state_from(power, self.d @ power)
+
+    def state_from(self, power: FloatArray, rise: FloatArray) -> ThermalState:
+        """The state for per-server ``power`` (W, as from ``power()``) whose recirculation rise ``D @ power`` (K)
+        the caller already has: an incremental caller (hsched.envs.dc) keeps it up to date with one column
+        ``D[:, k] * dP`` per load change, O(n) instead of the O(n^2) product. Inputs are not re-validated, and
+        ``power`` becomes the state's read-only ``power_w`` (pass a copy of an array you keep writing)."""
         t_sup = self._supply(float(rise.max()))
         inlet = t_sup + rise
         outlet = inlet + power * self._k_per_w
