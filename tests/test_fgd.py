@@ -1,0 +1,132 @@
+"""FGD's expected fragmentation (hsched.metrics) and the FragmentationGradientDescent policy, by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hsched.domain.cluster import ClusterState, GpuShare, Part
+from hsched.domain.resources import Resources
+from hsched.envs.gpu import GpuClusterEnv
+from hsched.metrics import (
+    TaskDistribution,
+    fgd_expected_fragmentation,
+    fgd_fragmentation,
+    fgd_node_fragmentation,
+)
+from hsched.policies.base import select
+from hsched.policies.fgd import FragmentationGradientDescent
+from hsched.policies.heuristics import BestFit, make_policy
+from tests.test_env_gpu import GIB, fleet, gpu_pool
+
+
+def share(pct: int, cpu: int = 1000) -> Resources:
+    """A one-card GPU-sharing request: pct % of the card's cores and pct % of its 10 GiB."""
+    return Resources(cpu, 1024, 0, 0, 1, pct, pct * 10 * GIB // 100)
+
+
+def test_expected_fragmentation_by_hand():
+    # one node: 4 cores free, two cards idle 100 % and 30 %
+    dist = TaskDistribution.from_tasks([share(50, 1000)] * 2 + [Resources(1000, 0, 0, 0, 1, 100, 10 * GIB)]
+                                       + [Resources(2000, 1024)])
+    assert dist.popularity.tolist() == [0.5, 0.25, 0.25]
+    args = (np.array([4000]), np.array([64 * GIB]), np.array([0]), np.array([0]), np.array([[100, 30]]),
+            np.array([[10 * GIB, 3 * GIB]]), ["T4"])
+    # 50 % share: runs, card 1 (30 % < 50 %) is stranded -> 0.3
+    # whole card: runs on card 0, card 1 stranded -> 0.3
+    # CPU-only: every idle GPU is a fragment -> 1.3
+    assert fgd_expected_fragmentation(*args, dist)[0] == pytest.approx(0.5 * 0.3 + 0.25 * 0.3 + 0.25 * 1.3)
+    # a shape that cannot start (8 cores > 4 free) counts all idle GPU: 1.3
+    big = TaskDistribution.from_tasks([share(10, 8000)])
+    assert fgd_expected_fragmentation(*args, big)[0] == pytest.approx(1.3)
+    # the card's memory matters too: 30 % core free but only 1 GiB -> a 20 % / 2 GiB slice does not fit there
+    small = TaskDistribution.from_tasks([share(20)])
+    args_mem = (*args[:5], np.array([[10 * GIB, 1 * GIB]]), ["T4"])
+    assert fgd_expected_fragmentation(*args, small)[0] == pytest.approx(0.0)
+    assert fgd_expected_fragmentation(*args_mem, small)[0] == pytest.approx(0.3)
+    # a GPU model the shape excludes: cannot run
+    from hsched.domain.task import TaskSpec
+
+    v100 = TaskDistribution.from_tasks([TaskSpec(share(20), 1.0, gpu_models=("V100",))])
+    assert fgd_expected_fragmentation(*args, v100)[0] == pytest.approx(1.3)
+
+
+def test_distribution_from_tasks_counts_replicas_and_keeps_typical_shapes():
+    from hsched.domain.task import TaskSpec
+
+    a, b, c = share(50), share(20), Resources(1000, 1024)
+    dist = TaskDistribution.from_tasks([TaskSpec(a, 1.0, replicas=3), TaskSpec(b, 1.0), TaskSpec(c, 1.0)])
+    assert dist.popularity.tolist() == [0.6, 0.2, 0.2] and dist.gpu_core_percent.tolist() == [50, 20, 0]
+    top = TaskDistribution.from_tasks([TaskSpec(a, 1.0, replicas=3), TaskSpec(b, 1.0), TaskSpec(c, 1.0)],
+                                      max_types=1)
+    assert top.popularity.tolist() == [1.0]
+    with pytest.raises(ValueError):
+        TaskDistribution.from_tasks([])
+
+
+@pytest.fixture
+def two_nodes() -> ClusterState:
+    """Node A: its one card 40 % used (60 % idle); node B: an idle card. Same CPU and memory (10 cores,
+    10 GiB)."""
+    (dc,) = fleet([gpu_pool("a"), gpu_pool("b")])
+    state = ClusterState(dc)
+    state.apply("x", (Part(0, 0, 0, 0, 0, 0, 0, (GpuShare(0, 40, 4 * GIB),)),))
+    return state
+
+
+def test_fgd_picks_differently_from_bestfit(two_nodes):
+    """The workload is all 50 % GPU shares; the task asks for 30 %.
+
+    BestFit packs: it picks A, the node left with less free capacity (card 60 % -> 30 % idle).
+    FGD: on A the card would keep 30 % idle, which no 50 % task can use: F_A goes 0 -> 0.3 (Δ = +0.3).
+    On B it keeps 70 % idle, still room for a 50 % task: F_B stays 0 (Δ = 0). FGD picks B.
+    """
+    fgd = FragmentationGradientDescent.from_tasks([share(50)])
+    demand = share(30)
+    mask = two_nodes.feasible(demand)
+    assert mask.tolist() == [True, True]
+    np.testing.assert_allclose(fgd.delta(two_nodes, demand, np.array([0, 1])), [0.3, 0.0])
+    np.testing.assert_allclose(fgd.scores(two_nodes, demand, mask), [-0.3, 0.0])
+    assert select(fgd, two_nodes, demand, mask).node == 1
+    assert select(BestFit(), two_nodes, demand, mask).node == 0
+    # and FGD's scoring leaves the state as it found it
+    assert two_nodes.gpu_free_core[:, 0].tolist() == [60, 100]
+    # masked-out nodes are never scored
+    only_a = np.array([True, False])
+    assert fgd.scores(two_nodes, demand, only_a)[1] == -np.inf
+    assert select(fgd, two_nodes, demand, only_a).node == 0
+
+
+def test_fgd_measure_agrees_with_cluster_feasibility():
+    """F_n({m}) is the node's idle GPU exactly where ClusterState.feasible says m cannot run (one formula for
+    "can run" in FGD and in the placer's mask), after a random run on the paper-scale fleet."""
+    env = GpuClusterEnv()
+    rng = np.random.default_rng(0)
+    _, info = env.reset(seed=0)
+    for _ in range(120):
+        *_, info = env.step(int(rng.choice(np.flatnonzero(info["action_mask"]))))
+    state = env.view.fleet
+    idle = state.gpu_free_core.sum(axis=1) / 100
+    shapes = (share(50), share(100), Resources(64000, 1024, 0, 0, 1, 10, GIB),
+              Resources(4000, 1024, 0, 0, 2, 100, 16 * GIB))
+    for shape in shapes:
+        frag = fgd_node_fragmentation(state, TaskDistribution.from_tasks([shape]))
+        cannot = ~state.feasible(shape)
+        assert cannot.any() and (~cannot).any()
+        np.testing.assert_allclose(frag[cannot], idle[cannot])
+        assert (frag[~cannot] < idle[~cannot] + 1e-12).all()
+    assert fgd_fragmentation(env.clusters, env.distribution) == pytest.approx(
+        fgd_fragmentation([state], env.distribution))
+
+
+def test_fgd_from_openb_runs_in_the_env():
+    fgd = FragmentationGradientDescent.from_openb()
+    assert len(fgd.distribution) == 151 and fgd.distribution.popularity.sum() == pytest.approx(1.0)
+    assert fgd.name == "fgd"
+    from hsched.envs.gpu import run_policy
+
+    env = GpuClusterEnv()
+    m_fgd = run_policy(env, fgd, seed=0).metrics
+    m_random = run_policy(env, make_policy("random", 0), seed=0).metrics
+    assert m_fgd["failed"] == 0
+    assert m_fgd["fgd_fragmentation"] < m_random["fgd_fragmentation"]  # what FGD descends on
