@@ -13,7 +13,7 @@ from hsched import rpc
 from hsched.convert import parts_to_pb, resources_to_pb, task_from_pb
 from hsched.domain.fleet import load_fleet
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
-from hsched.policies.heuristics import HEURISTICS, make_policy
+from hsched.policies.heuristics import POLICY_NAMES, make_policy
 from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
@@ -198,7 +198,7 @@ async def serve(args, stop: asyncio.Event) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = common_args("hsched placer: node and GPU-slice placement for one data center")
     p.add_argument("--datacenter", required=True)
-    p.add_argument("--policy", default="bestfit", choices=sorted(HEURISTICS))
+    p.add_argument("--policy", default="bestfit", choices=POLICY_NAMES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--thermal", default=os.environ.get("HSCHED_THERMAL", ""),
                    help="thermal service address (empty = no thermal guard)")

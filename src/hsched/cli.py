@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run Redis (embedded unless REDIS_URL is set), thermal, selector, one placer "
                                    "per DC and the gateway as local processes")
     up.add_argument("--fleet", default=None, help="fleet YAML (default: embedded Abilene 11-DC fleet)")
-    up.add_argument("--policy", default="bestfit", help="placer policy: rr greedy bestfit firstfit random utilization")
+    up.add_argument("--policy", default="bestfit", help="placer policy: rr greedy bestfit firstfit random utilization fgd")
     up.add_argument("--no-thermal", action="store_true", help="run without the thermal service and guard")
     up.add_argument("--port", type=int, default=50051, help="gateway port")
     up.add_argument("--prefix", default="hsched", help="Redis key prefix")

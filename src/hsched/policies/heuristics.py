@@ -107,10 +107,19 @@ class Utilization:
 HEURISTICS = {cls.name: cls for cls in (RoundRobin, Greedy, BestFit, FirstFit, RandomPolicy, Utilization)}
 
 
+# Policies that need more than a seed to build (FGD learns the trace's GPU-request distribution).
+POLICY_NAMES = (*sorted(HEURISTICS), "fgd")
+
+
 def make_policy(name: str, seed: int = 0):
-    """A fresh policy instance by name (rr, greedy, bestfit, firstfit, random, utilization)."""
+    """A fresh policy instance by name: rr, greedy, bestfit, firstfit, random, utilization, or fgd
+    (fragmentation gradient descent against the openb trace's GPU-request distribution)."""
+    if name == "fgd":
+        from hsched.policies.fgd import FragmentationGradientDescent
+
+        return FragmentationGradientDescent.from_openb()
     try:
         cls = HEURISTICS[name]
     except KeyError:
-        raise ValueError(f"policy: unknown policy {name!r}; choose one of {sorted(HEURISTICS)}") from None
+        raise ValueError(f"policy: unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}") from None
     return cls(seed) if cls is RandomPolicy else cls()
