@@ -48,7 +48,7 @@ def test_data_dir_env_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
 
 def test_every_shipped_dataset_has_a_readme() -> None:
-    for name in ("topology_zoo", "pwa_swf", "alibaba_openb_gpu_2023", "alibaba_pai_gpu_2020"):
+    for name in ("topology_zoo", "pwa_swf", "alibaba_openb_gpu_2023", "alibaba_pai_gpu_2020", "decima_tpch"):
         assert (DATA / name / "README.md").is_file()
     assert len(list(ZOO.glob("*.graphml"))) == 8
 

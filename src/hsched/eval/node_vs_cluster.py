@@ -286,5 +286,9 @@ def run(ctx: EvalContext) -> str:
         f"GPUs), gang-deployed in FIFO order; seeds {ctx.seeds}. Member clusters bind with {MEMBER_POLICY}.",
         table,
         f"Paper 002 table 2 (jobs deployed, 3 clusters of 2080 Ti / 1660 Super): {paper}.",
+        "No optimum row: `hsched.optimum.max_deployed` places single-replica tasks without a gang "
+        "constraint, so it cannot count jobs that deploy only with all their replicas, and even its "
+        "replica-level relaxation on the quick fleet (35 hosts, ~200 replicas) ends at a 20 s time limit "
+        "unproven; `hsched eval gpu` has the max_deployed optimum row (single-pod tasks, full runs).",
         "PNG files:\n" + "\n".join(f"- {f}" for f in files),
     ]) + "\n"

@@ -19,20 +19,47 @@ Setup (the same for every policy and seed)
   the last decision. Each cell is the mean ± std over seeds. The Δ columns are per-seed differences against
   RR / Greedy on the same jobs: % for PUE and overloads, °C for the outlet (as the paper reports them).
 
+Gap to the optimum on small instances
+-------------------------------------
+The 500-job online episodes have no tractable exact optimum, so the report adds small offline instances of the
+same DC-placement problem, one per seed, solved exactly by `hsched.optimum.min_peak_inlet` (HiGHS):
+* Room: `OPT_ROOM` racks × servers of the paper room's server type (24 cores, 100 W / 300 W) and thermal
+  parameters (fixed 20 °C supply), its own recirculation matrix from the shrunk geometry (`room_for`).
+* Pre-load: the Thunder jobs just before the seed's first evaluation job, walking back, each taken if it keeps
+  the busy cores within `OPT_PRELOAD` of the room; placed in trace order by round robin (as the warm-up).
+* Batch: the seed's evaluation jobs in trace order (split by `split_task`), each taken if the batch stays
+  within `OPT_BATCH_PARTS` parts and `OPT_BATCH_FILL` of the free cores; if the parts cannot all be placed at
+  once the last job is dropped until they can. Every policy row of `POLICY_FACTORIES` that is a `NodePolicy`
+  places the batch job by job through `plan()` (the placer's code) with the state updated in between.
+* Reported: peak inlet (°C), its rise over the supply air (K), the gap of that rise to the optimum's rise
+  (`gap_percent`, sense "min"), and the servers above 80 % CPU after placing. The optimum minimises the peak
+  rise, then the overloaded servers at that peak. A policy that leaves a job of the batch unplaced has no
+  cell for that seed (the count of complete placements is shown).
+
 Rows still to come plug into `POLICY_FACTORIES`; see the note there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hsched.envs.dc import DEFAULT_DC, PAPER_SPLIT, DcPlacementEnv, RewardConfig, run_policy
+from hsched.domain.cluster import ClusterState
+from hsched.domain.fleet import DataCenter, RoomLayout, load_fleet
+from hsched.domain.resources import MILLI
+from hsched.domain.task import TaskSpec
+from hsched.envs.dc import DEFAULT_DC, PAPER_SPLIT, DcPlacementEnv, RewardConfig, run_policy, thunder_jobs
 from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_lines
+from hsched.optimum import OVERLOAD_DEN, OVERLOAD_NUM, OptimumResult, gap_percent, min_peak_inlet
 from hsched.policies.heuristics import make_policy
+from hsched.policies.placement import Outcome, plan, split_task
+from hsched.thermal import RoomModel
+from hsched.thermal.datacenter import room_for, room_state
 
 # Each row of the table is a factory: seed -> NodePolicy (it acts through plan/select, like the placer) or a
 # callable (obs, action_mask) -> action (a learned agent). Hook for the rows still to come:
@@ -67,6 +94,13 @@ METRICS = (
 )
 GRID_POINTS = 300
 
+# the small exact instances (see the module docstring); index [ctx.quick]
+OPT_ROOM = ((2, 12), (2, 5))  # racks × servers per rack
+OPT_BATCH_PARTS = (32, 10)  # at most this many parts (split_task) in a batch
+OPT_TIME_LIMIT_S = (60.0, 10.0)  # min_peak_inlet's time limit per instance
+OPT_PRELOAD = 0.5  # share of the room's cores the pre-load may keep busy
+OPT_BATCH_FILL = 0.6  # share of the free cores the batch may ask for
+
 
 def _pct(x: float, ref: float) -> float:
     return (x - ref) / ref * 100.0 if ref else math.nan
@@ -92,7 +126,7 @@ def run(ctx: EvalContext) -> str:
     series: dict[str, dict[str, list[tuple[np.ndarray, dict[str, np.ndarray]]]]] = {
         m: {p: [] for p in POLICY_FACTORIES} for m in MODES
     }
-    total, done = len(MODES) * len(ctx.seeds) * len(POLICY_FACTORIES), 0
+    total, done = len(MODES) * len(ctx.seeds) * len(POLICY_FACTORIES) + len(ctx.seeds), 0
     ctx.progress("thermal", 0, total)
     for mode in MODES:
         for seed in ctx.seeds:
@@ -185,6 +219,9 @@ def run(ctx: EvalContext) -> str:
                     "The redline mode below is where placement changes PUE.",
                 ]
 
+    optimum_lines, done = _optimum_section(ctx, first, evaluation, done, total)
+    lines += optimum_lines
+
     pngs = [
         _plot(
             ctx,
@@ -213,8 +250,9 @@ def run(ctx: EvalContext) -> str:
     ]
     lines += [
         "",
-        "Rows to come: Double DQN (paper 003 §3.2.3) and the exact optimum, through "
-        "`hsched.eval.thermal.POLICY_FACTORIES`.",
+        "Row to come: Double DQN (paper 003 §3.2.3), through `hsched.eval.thermal.POLICY_FACTORIES`. "
+        "The exact optimum is stated on the small instances above: the 500-job online episodes have no "
+        "tractable one.",
         "",
         "PNG files:",
         *(f"- {p}" for p in pngs),
@@ -247,3 +285,232 @@ def _plot(
     return str(
         plot_lines(ctx.png(filename), title, "hours since the first evaluation decision", ylabel, lines)
     )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Gap to the optimum on small instances
+
+
+@dataclass(frozen=True)
+class SmallInstance:
+    """A small offline instance of the DC placement: the pre-loaded room and a batch of Thunder jobs."""
+
+    seed: int
+    state: ClusterState  # the room after the pre-load (not modified by the solver or the policies)
+    room: RoomModel
+    tasks: tuple[TaskSpec, ...]  # the batch, whole jobs (their parts: split_task)
+    job_ids: tuple[int, ...]  # trace indices of the batch jobs
+    preload_jobs: int
+
+    @property
+    def parts(self) -> int:
+        return sum(len(split_task(t, self.state.dc)) for t in self.tasks)
+
+
+def small_dc(racks: int, servers_per_rack: int, base: DataCenter | None = None) -> DataCenter:
+    """The paper room shrunk to racks × servers per rack: same server type, prices and thermal parameters."""
+    base = base or load_fleet().datacenter(DEFAULT_DC)
+    (pool,) = base.pools
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}-{racks}x{servers_per_rack}",
+        layout=RoomLayout(racks=racks, servers_per_rack=servers_per_rack, rows=1),
+        pools=(dataclasses.replace(pool, count=racks * servers_per_rack),),
+    )
+
+
+def _copy(state: ClusterState) -> ClusterState:
+    out = ClusterState(state.dc, state.table)
+    for task_id, parts in state.allocations.items():
+        out.apply(task_id, parts)
+    return out
+
+
+def small_instance(seed: int, first: int, evaluation: int, quick: bool) -> SmallInstance:
+    """Seed `seed`'s instance: the jobs before its first evaluation job (trace index first + evaluation·seed)
+    pre-load the room by round robin, and its evaluation jobs make the batch (module docstring)."""
+    start = first + evaluation * seed
+    jobs = thunder_jobs(start + evaluation)  # the same cached slice the env reads
+    dc = small_dc(*OPT_ROOM[quick])
+    state = ClusterState(dc)
+    room = room_for(dc)
+    cores = int(state.table.cpu_milli.sum())
+    target, busy, preload = OPT_PRELOAD * cores, 0, []
+    for i in range(start - 1, -1, -1):
+        need = jobs[i].spec.total.cpu_milli
+        if busy + need <= target:
+            preload.append(i)
+            busy += need
+        if target - busy < MILLI:
+            break
+    rr = make_policy("rr")
+    placed = 0
+    for i in reversed(preload):
+        p = plan(state, jobs[i].spec, rr)
+        if p.outcome is Outcome.PLACED:
+            state.apply(f"preload-{i}", p.parts)
+            placed += 1
+    budget = OPT_BATCH_FILL * int(state.free_cpu.sum())
+    ids: list[int] = []
+    parts = need = 0
+    for i in range(start, start + evaluation):
+        spec = jobs[i].spec
+        n = len(split_task(spec, dc))
+        if parts + n <= OPT_BATCH_PARTS[quick] and need + spec.total.cpu_milli <= budget:
+            ids.append(i)
+            parts += n
+            need += spec.total.cpu_milli
+        if parts == OPT_BATCH_PARTS[quick]:
+            break
+    return SmallInstance(seed, state, room, tuple(jobs[i].spec for i in ids), tuple(ids), placed)
+
+
+def _measure(room: RoomModel, state: ClusterState) -> dict[str, float]:
+    """Peak inlet (°C), its rise over the supply air (K) and the servers above 80 % CPU (paper 003's φ_u)."""
+    s = room_state(room, state)
+    t = state.table
+    overloaded = int(np.sum(t.cpu_milli - state.free_cpu > t.cpu_milli * OVERLOAD_NUM // OVERLOAD_DEN))
+    return {"peak": s.max_inlet_c, "rise": s.max_inlet_c - s.t_supply_c, "overloaded": float(overloaded)}
+
+
+def solve_small_instance(inst: SmallInstance, time_limit_s: float) -> tuple[SmallInstance, OptimumResult]:
+    """The exact optimum of `inst`; while its batch cannot be placed at once, its last job is dropped."""
+    while True:
+        result = min_peak_inlet(inst.state, inst.room, inst.tasks, time_limit_s=time_limit_s)
+        if result.status != "infeasible" or not inst.tasks:
+            return inst, result
+        inst = dataclasses.replace(inst, tasks=inst.tasks[:-1], job_ids=inst.job_ids[:-1])
+
+
+def place_batch(inst: SmallInstance, policy: Any) -> ClusterState | None:
+    """The batch placed job by job through `plan()` (state updated in between) on a copy of the pre-loaded
+    room; None when some job finds no room."""
+    state = _copy(inst.state)
+    for i, task in zip(inst.job_ids, inst.tasks, strict=True):
+        p = plan(state, task, policy)
+        if p.outcome is not Outcome.PLACED:
+            return None
+        state.apply(f"batch-{i}", p.parts)
+    return state
+
+
+def _optimum_section(
+    ctx: EvalContext, first: int, evaluation: int, done: int, total: int
+) -> tuple[list[str], int]:
+    quick = ctx.quick
+    names = [name for name, factory in POLICY_FACTORIES.items() if _is_node_policy(factory(0))]
+    skipped = [name for name in POLICY_FACTORIES if name not in names]
+    per_policy: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    optimum: list[dict[str, float]] = []
+    statuses: list[str] = []
+    instances: list[list[object]] = []
+    for seed in ctx.seeds:
+        inst, result = solve_small_instance(
+            small_instance(seed, first, evaluation, quick), OPT_TIME_LIMIT_S[quick]
+        )
+        if result.objective is None:  # no placement at all (an empty batch is trivially placed)
+            raise RuntimeError(f"thermal optimum, seed {seed}: {result.status} {result.message}")
+        after = _copy(inst.state)
+        result.apply(after)
+        opt = _measure(inst.room, after)
+        opt["time"] = result.solve_time_s
+        optimum.append(opt)
+        statuses.append(result.status)
+        for name in names:
+            state = place_batch(inst, POLICY_FACTORIES[name](seed))
+            if state is None:
+                continue
+            m = _measure(inst.room, state)
+            gap = gap_percent(m["rise"], opt["rise"], sense="min")
+            if result.optimal and -1e-6 < gap < 0:  # equal to the optimum up to rounding
+                gap = 0.0
+            per_policy[name].append({**m, "gap": gap})
+        base = _measure(inst.room, inst.state)
+        ids = f"{inst.job_ids[0]}-{inst.job_ids[-1]}" if inst.job_ids else "none"
+        instances.append(
+            [
+                seed,
+                inst.preload_jobs,
+                int((inst.state.table.cpu_milli - inst.state.free_cpu).sum()) // MILLI,
+                f"{base['peak']:.2f}",
+                f"{len(inst.tasks)} ({ids})",
+                inst.parts,
+                sum(t.total.cpu_milli for t in inst.tasks) // MILLI,
+                result.status,
+                f"{result.solve_time_s:.2f}",
+            ]
+        )
+        done += 1
+        ctx.progress(f"thermal optimum seed {seed}", done, total)
+
+    racks, spr = OPT_ROOM[quick]
+    dc = small_dc(racks, spr)
+    params = room_for(dc).params
+    n_seeds = len(ctx.seeds)
+    rows: list[list[object]] = []
+    for name in names:
+        runs = per_policy[name]
+        rows.append(
+            [
+                name,
+                f"{len(runs)}/{n_seeds}",
+                mean_std([r["peak"] for r in runs], 3),
+                mean_std([r["rise"] for r in runs], 3),
+                mean_std([r["gap"] for r in runs], 2),
+                mean_std([r["overloaded"] for r in runs], 2),
+            ]
+        )
+    counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
+    status = ", ".join(f"{s} {c}/{n_seeds}" for s, c in counts.items())
+    rows.append(
+        [
+            f"Optimum (MILP, {status}; solve {mean_std([o['time'] for o in optimum], 2)} s)",
+            f"{n_seeds}/{n_seeds}",
+            mean_std([o["peak"] for o in optimum], 3),
+            mean_std([o["rise"] for o in optimum], 3),
+            mean_std([0.0] * n_seeds, 2),
+            mean_std([o["overloaded"] for o in optimum], 2),
+        ]
+    )
+    lines = [
+        "",
+        "### Gap to the optimum on small instances",
+        "",
+        "The exact optimum of the whole episode is out of reach, so each seed also gets a small offline "
+        "instance of the same problem, solved exactly by `hsched.optimum.min_peak_inlet` (HiGHS MILP, time "
+        f"limit {OPT_TIME_LIMIT_S[quick]:g} s): a room of {racks} rack(s) × {spr} servers "
+        f"({dc.capacity_total().cpu_milli // MILLI} cores) of the paper's server type and thermal parameters "
+        "(fixed 20 °C supply), with its own recirculation matrix. Pre-load: the Thunder jobs just before the "
+        f"seed's first evaluation job, walking back, while they keep at most {OPT_PRELOAD:.0%} of the cores "
+        "busy, placed by round robin. Batch: the seed's evaluation jobs in trace order while they stay "
+        f"within {OPT_BATCH_PARTS[quick]} parts (`split_task`) and {OPT_BATCH_FILL:.0%} of the free "
+        "cores; all its parts are placed at once. Each policy places the batch job by job through `plan()`. "
+        "Gap = (policy's peak rise − optimum's peak rise) / optimum's peak rise, rises over the supply air "
+        "in K (`gap_percent`, sense min). Overloaded: servers above 80 % CPU after placing (the optimum's "
+        "tie-break, at its own peak only: a hotter placement can have fewer). Cells: mean ± std over the "
+        "seeds where the policy placed the whole batch (column \"complete\"). In the redline CRAC mode the "
+        "same placements are optimal (minimising the rise minimises the peak in both modes), but there the "
+        f"peak inlet reads the {params.redline_c:g} °C redline for any rise up to "
+        f"{params.redline_c - params.t_supply_min_c:g} K, so the fixed mode is shown.",
+        "",
+        markdown_table(
+            ["seed", "pre-load jobs", "busy cores", "peak before °C", "batch jobs (trace ids)", "parts",
+             "batch cores", "optimum status", "solve s"],
+            instances,
+        ),
+        "",
+        markdown_table(
+            ["policy", "complete", "peak inlet °C", "peak rise K", "gap to optimum %", "overloaded servers"],
+            rows,
+        ),
+    ]
+    if skipped:
+        lines += [
+            "",
+            f"Not run on these instances (not a `NodePolicy`, they act on the env): {', '.join(skipped)}.",
+        ]
+    return lines, done
+
+
+def _is_node_policy(policy: object) -> bool:
+    return hasattr(policy, "scores") and hasattr(policy, "placed")

@@ -6,6 +6,7 @@ Each loader converts the source's units once, into hsched's integer units (milli
 - `swf`: Parallel Workloads Archive job logs (Standard Workload Format) → `SwfJob` → `TaskSpec`.
 - `openb`: Alibaba GPU-sharing cluster trace "openb" (2023) nodes and pods → `TaskSpec`.
 - `pai`: Alibaba PAI 2020 machine inventory → node-pool configurations.
+- `decima`: Decima TPC-H Spark DAGs (stages, dependencies, task durations) → `DagJob` → `TaskSpec` per stage.
 
 Provenance, licences and units of every file are in `data/<dataset>/README.md`.
 """

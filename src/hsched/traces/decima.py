@@ -1,0 +1,280 @@
+"""Decima's TPC-H Spark job DAGs (Mao et al., SIGCOMM'19; data/decima_tpch/tpch_dags.json.gz).
+
+22 TPC-H queries × 7 input sizes (2g … 100g) = 154 DAGs. A node of a DAG is a Spark *stage*: `num_tasks`
+identical, parallel tasks that may start only when every parent stage has finished. This is the DAG job of
+JobFusion (seed 001) and of the action-branching A3C paper (seed 004), which samples these very DAGs.
+
+The file keeps the source's measurements in **milliseconds**: per stage and per measured executor count, the
+task durations of the first wave, the later waves and the "fresh" (just-moved executor) first-wave tasks.
+`load_tpch_dags` reduces them exactly as decima-sim's `spark_env/job_generator.py::load_job` does and converts
+ms → s once, in `_stage`:
+
+- `num_tasks` = len(first_wave[e]) + len(rest_wave[e]) for e = the *first* executor key in the file's order
+  (the counts differ between executor keys on 7 stages, all stage 6 of q15, so the key order matters);
+- `task_duration_s` = Decima's `rough_duration`: the mean of the first-wave durations with the fresh ones
+  removed (a first wave left empty takes the list of the next lower executor count), the later-wave durations
+  and the fresh durations, pooled over all executor counts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from hsched.domain.resources import Resources
+from hsched.domain.task import MAX_REPLICAS, TaskSpec
+from hsched.traces import data_dir
+from hsched.traces._io import open_text
+
+TPCH_SIZES: tuple[str, ...] = ("2g", "5g", "10g", "20g", "50g", "80g", "100g")
+TPCH_QUERIES: tuple[int, ...] = tuple(range(1, 23))
+DEFAULT_FILE = Path("decima_tpch") / "tpch_dags.json.gz"  # under data_dir()
+MS_PER_S = 1000.0
+TENANT = "tpch"
+# One task occupies one executor slot: Decima runs one task per executor at a time (Spark's default
+# spark.task.cpus = 1, i.e. one core), and Spark's default executor heap is spark.executor.memory = 1g.
+DEFAULT_CPU_PER_TASK_MILLI = 1000
+DEFAULT_MEMORY_MIB_PER_TASK = 1024
+_WAVES = ("first_wave", "rest_wave", "fresh_durations")
+
+
+@dataclass(frozen=True, slots=True)
+class DagStage:
+    """One Spark stage (DAG node): `num_tasks` parallel tasks of `task_duration_s` each (Decima's mean)."""
+
+    index: int  # node index 0..n-1 in the job
+    num_tasks: int
+    task_duration_s: float  # mean task duration, seconds
+    parents: tuple[int, ...] = ()  # stage indices that must finish first, ascending
+    children: tuple[int, ...] = ()  # ascending
+
+    @property
+    def work_s(self) -> float:
+        """Executor-seconds of the stage: num_tasks × task_duration_s."""
+        return self.num_tasks * self.task_duration_s
+
+
+@dataclass(frozen=True, slots=True)
+class DagJob:
+    """A TPC-H query at one input size: stages plus [parent, child] dependency edges (parent first)."""
+
+    query: int  # TPC-H query 1..22
+    size: str  # input size, one of TPCH_SIZES (e.g. "2g")
+    stages: tuple[DagStage, ...]
+    edges: tuple[tuple[int, int], ...]  # sorted (parent, child) pairs
+
+    def __post_init__(self) -> None:
+        n = len(self.stages)
+        for i, stage in enumerate(self.stages):
+            if stage.index != i:
+                raise ValueError(f"{self.name}: stages[{i}] has index {stage.index}")
+        parents: list[list[int]] = [[] for _ in range(n)]
+        children: list[list[int]] = [[] for _ in range(n)]
+        for p, c in self.edges:
+            if not (0 <= p < n and 0 <= c < n):
+                raise ValueError(f"{self.name}: edge ({p}, {c}) names a stage outside 0..{n - 1}")
+            parents[c].append(p)
+            children[p].append(c)
+        for stage in self.stages:
+            if stage.parents != tuple(sorted(parents[stage.index])) or \
+                    stage.children != tuple(sorted(children[stage.index])):
+                raise ValueError(f"{self.name}: stage {stage.index}'s parents/children disagree with the edges")
+
+    @property
+    def name(self) -> str:
+        """`tpch-<size>-q<query>`, e.g. `tpch-2g-q14` (Decima names it `tpch-2g-14`)."""
+        return f"tpch-{self.size}-q{self.query}"
+
+    @property
+    def num_tasks(self) -> int:
+        return sum(stage.num_tasks for stage in self.stages)
+
+
+def make_dag_job(query: int, size: str, num_tasks: Sequence[int], task_duration_s: Sequence[float],
+                 edges: Iterable[tuple[int, int]]) -> DagJob:
+    """A `DagJob` whose stage i has num_tasks[i] tasks of task_duration_s[i]; parents/children from `edges`.
+
+    Duplicate edges are merged. Acyclicity is not checked here: `topological_order` does that.
+    """
+    if len(num_tasks) != len(task_duration_s):
+        raise ValueError(f"tpch-{size}-q{query}: {len(num_tasks)} task counts but {len(task_duration_s)} durations")
+    pairs = tuple(sorted({(int(p), int(c)) for p, c in edges}))
+    n = len(num_tasks)
+    parents: list[list[int]] = [[] for _ in range(n)]
+    children: list[list[int]] = [[] for _ in range(n)]
+    for p, c in pairs:
+        if 0 <= p < n and 0 <= c < n:  # out-of-range edges are reported by DagJob.__post_init__
+            parents[c].append(p)
+            children[p].append(c)
+    stages = tuple(DagStage(index=i, num_tasks=int(num_tasks[i]), task_duration_s=float(task_duration_s[i]),
+                            parents=tuple(parents[i]), children=tuple(children[i])) for i in range(n))
+    return DagJob(query=query, size=size, stages=stages, edges=pairs)
+
+
+def _num_tasks(durations: Mapping[str, Mapping[str, list[float]]]) -> int:
+    """decima-sim's task count: first + later waves of the first executor key in the source's order."""
+    first_key = next(iter(durations["first_wave"]))
+    return len(durations["first_wave"][first_key]) + len(durations["rest_wave"].get(first_key, ()))
+
+
+def _rough_duration_ms(durations: Mapping[str, Mapping[str, list[float]]]) -> float:
+    """decima-sim's `rough_duration` (job_generator.py: pre_process_task_duration, then np.mean), in ms."""
+    clean: dict[str, list[float]] = {}
+    for key, first in durations["first_wave"].items():
+        fresh = Counter(durations["fresh_durations"].get(key, ()))
+        kept = []
+        for d in first:
+            if fresh[d] > 0:
+                fresh[d] -= 1  # a fresh task is also listed in the first wave: drop it there once
+            else:
+                kept.append(d)
+        clean[key] = kept
+    last: list[float] = []
+    for key in sorted(clean, key=int):  # an emptied first wave borrows the next lower executor count's
+        if not clean[key]:
+            clean[key] = last
+        last = clean[key]
+    pooled = [d for wave in (clean, durations["rest_wave"], durations["fresh_durations"])
+              for ds in wave.values() for d in ds]
+    if not pooled:
+        raise ValueError("stage has no task durations")
+    return sum(pooled) / len(pooled)
+
+
+def _job(key: str, raw: Mapping) -> DagJob:
+    size, _, q = key.partition("/q")
+    durations = raw["task_duration_ms"]
+    if len(durations) != raw["num_nodes"]:
+        raise ValueError(f"{key}: {len(durations)} stage duration records for {raw['num_nodes']} nodes")
+    try:
+        job = make_dag_job(
+            query=int(q), size=size,
+            num_tasks=[_num_tasks(d) for d in durations],
+            task_duration_s=[_rough_duration_ms(d) / MS_PER_S for d in durations],  # the one ms → s conversion
+            edges=[(p, c) for p, c in raw["edges"]],
+        )
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from exc
+    topological_order(job)  # rejects cycles
+    return job
+
+
+@lru_cache(maxsize=4)
+def _load_all(path: str, _mtime_ns: int) -> dict[str, DagJob]:
+    with open_text(path) as fh:
+        raw = json.load(fh)
+    return {key: _job(key, value) for key, value in raw.items()}
+
+
+def _size(size: str | int) -> str:
+    name = f"{size}g" if isinstance(size, int) else str(size).lower()
+    if name not in TPCH_SIZES:
+        raise ValueError(f"unknown TPC-H size {size!r}; expected one of {', '.join(TPCH_SIZES)}")
+    return name
+
+
+def load_tpch_dags(path: str | Path | None = None, queries: Iterable[int] | None = None,
+                   sizes: Iterable[str | int] | None = None) -> list[DagJob]:
+    """The TPC-H DAGs for `sizes` × `queries` (default all 7 × 22 = 154), ordered by size, then query.
+
+    `path` defaults to `data_dir() / "decima_tpch/tpch_dags.json.gz"`. Sizes are "2g" … "100g" or the GB
+    number (2 … 100); queries are 1..22. An unknown size/query, a DAG missing from the file or a cyclic DAG
+    raises ValueError. The parsed file is cached per path (and modification time); the jobs are immutable.
+    """
+    file = Path(path) if path is not None else data_dir() / DEFAULT_FILE
+    wanted_sizes = [_size(s) for s in (TPCH_SIZES if sizes is None else sizes)]
+    wanted_queries = list(TPCH_QUERIES if queries is None else queries)
+    for q in wanted_queries:
+        if isinstance(q, bool) or not isinstance(q, int) or q not in TPCH_QUERIES:
+            raise ValueError(f"unknown TPC-H query {q!r}; expected an integer in 1..22")
+    jobs = _load_all(str(file.resolve()), os.stat(file).st_mtime_ns)
+    out = []
+    for size in sorted(dict.fromkeys(wanted_sizes), key=TPCH_SIZES.index):
+        for q in sorted(dict.fromkeys(wanted_queries)):
+            key = f"{size}/q{q}"
+            if key not in jobs:
+                raise ValueError(f"{file}: no DAG {key}")
+            out.append(jobs[key])
+    return out
+
+
+def topological_order(job: DagJob) -> tuple[int, ...]:
+    """Stage indices, every parent before its children (Kahn; the lowest ready index first).
+
+    Raises ValueError naming the job and the stages left on a cycle.
+    """
+    indegree = [len(stage.parents) for stage in job.stages]
+    ready = [i for i, d in enumerate(indegree) if d == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for c in job.stages[i].children:
+            indegree[c] -= 1
+            if indegree[c] == 0:
+                heapq.heappush(ready, c)
+    if len(order) != len(job.stages):
+        stuck = [i for i, d in enumerate(indegree) if d > 0]
+        raise ValueError(f"{job.name}: the stage graph has a cycle (stages {stuck} never become ready)")
+    return tuple(order)
+
+
+def critical_path_s(job: DagJob) -> float:
+    """Longest dependency chain, weighting each stage by one task duration, in seconds.
+
+    With unlimited executors and no scheduling or start-up delays every stage runs all its tasks in one wave,
+    so this is the job's completion time in that ideal case: a lower bound on its JCT (mean durations).
+    """
+    finish = [0.0] * len(job.stages)
+    for i in topological_order(job):
+        stage = job.stages[i]
+        finish[i] = max((finish[p] for p in stage.parents), default=0.0) + stage.task_duration_s
+    return max(finish, default=0.0)
+
+
+def total_work_s(job: DagJob) -> float:
+    """Executor-seconds of the job: Σ num_tasks × task_duration_s (decima-sim's JobDAGDuration)."""
+    return sum(stage.work_s for stage in job.stages)
+
+
+def dag_stage_to_task(stage: DagStage, cpu_per_task_milli: int = DEFAULT_CPU_PER_TASK_MILLI,
+                      memory_mib_per_task: int = DEFAULT_MEMORY_MIB_PER_TASK, tenant: str = TENANT,
+                      name: str = "", priority: int = 0, max_replicas: int = MAX_REPLICAS) -> TaskSpec:
+    """A multi-replica TaskSpec for a stage: one replica per Spark task.
+
+    Assumptions (the trace records only durations): a task needs one executor slot, `cpu_per_task_milli`
+    (default one core) and `memory_mib_per_task` (default 1024 MiB, Spark's default executor memory); no disk,
+    network or GPU; no input data size. replicas = num_tasks and runtime_s = task_duration_s while
+    num_tasks <= `max_replicas` (TaskSpec allows at most 256; 63 of the 1414 stages have more, up to 593);
+    above it replicas = max_replicas and the runtime stretches to num_tasks × task_duration_s / replicas,
+    which keeps the stage's executor-seconds. A TaskSpec has no dependencies: release a stage's task only
+    when all its `parents` have finished (see `topological_order`).
+    """
+    if not 1 <= max_replicas <= MAX_REPLICAS:
+        raise ValueError(f"max_replicas must be in 1..{MAX_REPLICAS}, got {max_replicas}")
+    replicas = min(stage.num_tasks, max_replicas)
+    runtime = stage.task_duration_s if replicas == stage.num_tasks else stage.work_s / replicas
+    return TaskSpec(
+        resources=Resources(cpu_milli=cpu_per_task_milli, memory_mib=memory_mib_per_task),
+        runtime_s=runtime,
+        tenant=tenant,
+        name=name,
+        priority=priority,
+        replicas=replicas,
+    )
+
+
+def dag_job_to_tasks(job: DagJob, cpu_per_task_milli: int = DEFAULT_CPU_PER_TASK_MILLI,
+                     memory_mib_per_task: int = DEFAULT_MEMORY_MIB_PER_TASK, tenant: str = TENANT,
+                     priority: int = 0, max_replicas: int = MAX_REPLICAS) -> list[tuple[DagStage, TaskSpec]]:
+    """(stage, `dag_stage_to_task`) pairs in `topological_order`, tasks named `<job.name>-s<index>`."""
+    return [(job.stages[i], dag_stage_to_task(job.stages[i], cpu_per_task_milli, memory_mib_per_task, tenant,
+                                              f"{job.name}-s{i}", priority, max_replicas))
+            for i in topological_order(job)]
