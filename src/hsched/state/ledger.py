@@ -100,6 +100,7 @@ class Ledger:
                 return self.token
             if asyncio.get_running_loop().time() >= deadline:
                 holder = await self.redis.get(self.keys.lease(self.dc))
+                holder = holder.decode() if isinstance(holder, bytes) else holder
                 raise LeaseHeld(f"data center {self.dc} is owned by placer {holder!r}; "
                                 f"it lapses {self.lease_ms} ms after that placer stops")
             await asyncio.sleep(min(0.1, self.lease_ms / 10_000))
