@@ -420,3 +420,24 @@ def test_trace_replay_drives_real_tasks_and_summarises(stack, redis_url):
         if task.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED):
             with grpc.insecure_channel(stack.gateway) as ch:
                 gateway_pb2_grpc.GatewayStub(ch).Release(gateway_pb2.ReleaseRequest(task_id=task_id))
+
+
+def test_selector_outage_writes_nothing_and_a_retry_succeeds(gw, stack):
+    spec = task(cores=1, request_id="retry-after-outage")
+    before = len(gw.List(gateway_pb2.ListRequest(limit=1000)).tasks)
+    stack.kill("selector")
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            submit(gw, spec)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert len(gw.List(gateway_pb2.ListRequest(limit=1000)).tasks) == before  # nothing half-written
+    finally:
+        stack.restart("selector")
+    deadline = time.time() + 10
+    while True:  # the selector needs its first DC summaries (placers heartbeat every few seconds)
+        reply = submit(gw, spec)
+        if reply.task.state == pb.TASK_STATE_PLACED or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert reply.task.state == pb.TASK_STATE_PLACED and not reply.duplicate
+    release(gw, reply.task.task_id)

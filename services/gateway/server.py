@@ -86,9 +86,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def _submit(self, spec, method: str) -> pb.Task:
         task = pb.Task(task_id=new_task_id(), spec=task_to_pb(spec), created_unix_ms=now_ms())
-        writes = [self.store.record("submitted", task)]  # durable intent; awaited before we answer
+        # Ask the selector before writing anything: it has no side effects, so if it is down the client
+        # gets UNAVAILABLE, nothing is recorded, and a retry with the same request_id starts afresh.
         selection = await self.selector.SelectDataCenter(
             selector_pb2.SelectRequest(task=task.spec, method=method), timeout=self.select_timeout_s)
+        writes = [self.store.record("submitted", task)]  # durable before any placer is asked; awaited below
         ex = task.explanation
         ex.selector_method = selection.method
         ex.ranking.extend(selection.candidates)
