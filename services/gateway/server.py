@@ -88,8 +88,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         task = pb.Task(task_id=new_task_id(), spec=task_to_pb(spec), created_unix_ms=now_ms())
         # Ask the selector before writing anything: it has no side effects, so if it is down the client
         # gets UNAVAILABLE, nothing is recorded, and a retry with the same request_id starts afresh.
-        selection = await self.selector.SelectDataCenter(
-            selector_pb2.SelectRequest(task=task.spec, method=method), timeout=self.select_timeout_s)
+        selection = await self.selector.SelectDataCenter(  # wait_for_ready: ride out a selector restart
+            selector_pb2.SelectRequest(task=task.spec, method=method), timeout=self.select_timeout_s,
+            wait_for_ready=True)
         writes = [self.store.record("submitted", task)]  # durable before any placer is asked; awaited below
         ex = task.explanation
         ex.selector_method = selection.method
