@@ -63,8 +63,41 @@ def test_eval_node_vs_cluster_quick(tmp_path):
     for row in ("| BestFit | node |", "| FGD | node |", "| Volcano-divided | cluster |",
                 "| Volcano-duplicated | cluster |"):
         assert row in report
-    assert "jobs deployed" in report
+    assert "jobs deployed" in report and "| gap to optimum |" in report and "optimum (offline MILP)" not in report
     _check_pngs(report, ctx, "node_vs_cluster_", 3)
+
+
+def test_eval_node_vs_cluster_quick_with_the_optimum_row(tmp_path):
+    from hsched.eval.node_vs_cluster import run
+
+    report = run(EvalContext(seeds=[0], out_dir=tmp_path, quick=True), optimum_time_limit_s=3.0)
+    row = next(line for line in report.splitlines() if line.startswith("| optimum (offline MILP) |"))
+    assert "(bound " in row and "; proven " in row
+    best = next(line for line in report.splitlines() if line.startswith("| BestFit | node |"))
+    deployed = {r: float(r.split(" | ")[2].split(" ± ")[0]) for r in (row, best)}
+    assert deployed[row] >= deployed[best]  # never below a heuristic placing jobs whole
+    for line in (row, best):
+        gap = line.split(" | ")[3]
+        assert gap.startswith("≤ ") and float(gap[2:].split(" ± ")[0]) >= 0.0
+    assert "Optimum row:" in report and "time limit 3 s per seed" in report
+
+
+def test_optimum_deploys_whole_jobs_where_a_greedy_fifo_breaks_one():
+    """One cluster, two nodes × one card: J0 = 2 × 70 %, J1 = 2 × 40 %, J2 = 1 × 70 % (FIFO). Node-level
+    first fit deploys J0 (one 70 % per card) and then neither J1 nor J2; the optimum skips J0 and deploys J1
+    (both replicas on one card) and J2: 2 jobs, proven."""
+    from hsched.eval.node_vs_cluster import run_optimum
+
+    (dc,) = fleet([gpu_pool(count=2)])
+    view = MultiClusterState([dc])
+    job = TaskSpec(Resources(1000, 1024, 0, 0, 1, 70, 1 * GIB), runtime_s=1.0)
+    jobs = [dataclasses.replace(job, replicas=2),
+            dataclasses.replace(job, replicas=2, resources=dataclasses.replace(job.resources, gpu_core_percent=40)),
+            job]
+    assert run_node_level(view, jobs, make_policy("firstfit")).deployed == 1
+    opt = run_optimum(view, jobs, time_limit_s=10.0)
+    assert (opt.deployed, opt.replicas_placed, opt.bound, opt.optimal) == (2, 3, 2.0, True)
+    assert sorted(view.fleet.gpu_free_core[:, 0].tolist()) == [20, 30]
 
 
 def test_divide_replicas_like_karmada_dynamic_weights():

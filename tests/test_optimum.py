@@ -4,6 +4,7 @@ brute-force enumeration, and property tests that no library heuristic ever beats
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -327,6 +328,126 @@ def test_no_heuristic_deploys_more_than_the_optimum(instance: tuple[ClusterState
             assert len(set(a[0].cards)) == len(a[0].cards) == tasks[t].resources.gpu_count
     if state.n * state.table.gpu_count.max() <= 4 and len(tasks) <= 5:
         assert r.deployed == brute_force_deployed(state, tasks)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# max_deployed with all-or-nothing groups (the replicas of a job)
+
+
+def as_replica_tasks(jobs: list[TaskSpec]) -> tuple[list[TaskSpec], list[list[int]]]:
+    """Each job's replicas as single-replica tasks, and the groups listing them."""
+    tasks: list[TaskSpec] = []
+    groups = []
+    for job in jobs:
+        groups.append(list(range(len(tasks), len(tasks) + job.replicas)))
+        tasks += [dataclasses.replace(job, replicas=1)] * job.replicas
+    return tasks, groups
+
+
+def heuristic_job_counts(state: ClusterState, jobs: list[TaskSpec]) -> dict[str, int]:
+    """Jobs deployed by every library heuristic placing the multi-replica `jobs` in order with plan() (replicas
+    one by one with the state updated in between; a job that does not fully fit is left out whole)."""
+    out = {}
+    for name in sorted(HEURISTICS):
+        s, policy, n = copy_state(state), make_policy(name, seed=7), 0
+        for i, job in enumerate(jobs):
+            p = plan(s, job, policy)
+            if p.outcome is Outcome.PLACED:
+                s.apply(f"h{i}", p.parts)
+                n += 1
+        out[name] = n
+    return out
+
+
+def brute_force_jobs(state: ClusterState, jobs: list[TaskSpec]) -> int:
+    """The most whole jobs that fit together: the largest subset of jobs whose replicas all fit at once."""
+    for size in range(len(jobs), 0, -1):
+        for subset in itertools.combinations(jobs, size):
+            tasks, _ = as_replica_tasks(list(subset))
+            if brute_force_deployed(state, tasks) == len(tasks):
+                return size
+    return 0
+
+
+def assert_groups_whole(r: OptimumResult, groups: list[list[int]]) -> int:
+    whole = [all(r.assignment[i] is not None for i in g) for g in groups]
+    assert all(w or all(r.assignment[i] is None for i in g) for w, g in zip(whole, groups, strict=True))
+    return sum(whole)
+
+
+def test_groups_deploy_more_whole_jobs_than_replica_by_replica_heuristics() -> None:
+    # 2 nodes × 1 card (100 % core). Jobs in arrival order: J0 = 2 replicas × 70 %, J1 = 2 × 40 %, J2 = 1 × 70 %.
+    # Any heuristic placing replicas greedily, first come first served, deploys J0 first: its two 70 % replicas
+    # cannot share a card, so they take one card each and leave 30 % on both; J1 then breaks (its replicas need
+    # 40 % each and are rolled back) and J2 (70 %) waits too — 1 job. The optimum skips J0: J1's two replicas
+    # share one card (80 %) and J2 takes the other — 2 jobs. All three jobs together need 360 % > 200 %.
+    state = ClusterState(make_dc([gpu_pool(2, 1)]))
+    jobs = [dataclasses.replace(gpu_task(1, 70), replicas=2), dataclasses.replace(gpu_task(1, 40), replicas=2),
+            gpu_task(1, 70)]
+    tasks, groups = as_replica_tasks(jobs)
+    assert set(heuristic_job_counts(state, jobs).values()) == {1}
+    r = max_deployed(state, tasks, groups=groups)
+    assert (r.status, r.objective, r.bound, r.deployed) == ("optimal", 2.0, 2.0, 3)
+    assert r.assignment[0] is None and r.assignment[1] is None  # J0 waits, whole
+    assert r.placement(2).node == r.placement(3).node != r.placement(4).node  # J1 shares a card; J2 alone
+    assert assert_groups_whole(r, groups) == 2 and brute_force_jobs(state, jobs) == 2
+    after = copy_state(state)
+    r.apply(after)
+    assert_books_balance(after)
+
+
+def test_a_group_with_a_replica_that_fits_nowhere_is_left_out_whole() -> None:
+    # J0: a 50 % replica (fits) and a 2-card replica (no node has 2 cards): the replica-level optimum deploys
+    # the 50 % replica and breaks J0; with the group J0 deploys nothing, and the count is of groups (J1 alone).
+    state = ClusterState(make_dc([gpu_pool(2, 1)]))
+    tasks = [gpu_task(1, 50), gpu_task(2, 50), gpu_task(1, 100)]
+    assert max_deployed(state, tasks).deployed == 2
+    r = max_deployed(state, tasks, groups=[[0, 1]])
+    assert (r.status, r.objective, r.deployed, r.assignment[0], r.assignment[1]) == ("optimal", 1.0, 1, None, None)
+    runs = heuristic_runs(state, tasks, groups=[[0, 1]])
+    assert all(run[0] is None and run[1] is None and run[2] is not None for run in runs.values())
+    for bad in ([[0, 1], [1, 2]], [[0, 3]], [[]]):
+        with pytest.raises(ValueError):
+            max_deployed(state, tasks, groups=bad)
+
+
+def test_a_time_limited_grouped_answer_has_a_capacity_bound_below_the_job_count() -> None:
+    # 40 jobs of 1-4 replicas on 4 nodes × 8 cards ask for far more GPU than there is: stopped at once, the
+    # solver may have no bound of its own, and the bound is then the resource-sum one (the most jobs whose
+    # summed demands, smallest first, fit in the fleet's free totals), well below the 40 jobs.
+    state, pods = synthetic_gpu_instance(nodes=4, cards=8, tasks=40, seed=3)
+    rng = np.random.default_rng(0)
+    jobs = [dataclasses.replace(t, replicas=int(rng.integers(1, 5))) for t in pods]
+    tasks, groups = as_replica_tasks(jobs)
+    r = max_deployed(state, tasks, time_limit_s=0.05, groups=groups)
+    assert r.status in ("optimal", "time_limit") and r.bound is not None
+    assert assert_groups_whole(r, groups) == r.objective <= r.bound < len(jobs)
+    assert r.objective >= max(heuristic_job_counts(state, jobs).values())
+
+
+@st.composite
+def job_instances(draw: st.DrawFn) -> tuple[ClusterState, list[TaskSpec]]:
+    state, tasks = draw(gpu_instances())
+    jobs = [dataclasses.replace(t, replicas=draw(st.integers(1, 3))) for t in tasks[:4]]
+    return state, jobs
+
+
+@SETTINGS
+@given(job_instances())
+def test_no_heuristic_deploys_more_jobs_than_the_grouped_optimum(instance: tuple[ClusterState, list[TaskSpec]]
+                                                                  ) -> None:
+    state, jobs = instance
+    tasks, groups = as_replica_tasks(jobs)
+    r = max_deployed(state, tasks, time_limit_s=20.0, groups=groups)
+    assert r.status == "optimal" and r.bound == r.objective
+    assert assert_groups_whole(r, groups) == r.objective
+    counts = heuristic_job_counts(state, jobs)
+    assert all(r.objective >= n for n in counts.values()), (r.objective, counts)
+    after = copy_state(state)
+    r.apply(after)
+    assert_books_balance(after)
+    if state.n * state.table.gpu_count.max() <= 4 and len(tasks) <= 5:
+        assert r.objective == brute_force_jobs(state, jobs)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -17,8 +17,12 @@ node and on which GPU cards, against the CURRENT free amounts of the given Clust
     Σ_t pct_t · y[t,c,k,g] + 100 · u[c,k,g] <= free_core[c,k,g]      (percent of one card; eq.12 per card)
     Σ_t gmem_t · y[t,c,k,g] + cap_gmem · u[c,k,g] <= free_gmem[c,k,g] (MiB)
     x[t,c,k] exists only where t fits node k alone now, with an allowed GPU model
+    Σ_{c,k} x[t,c,k] = z_j  for every task t of group j    optional all-or-nothing groups (``groups``: the
+                        replicas of one job, each given as a single-replica task; z_j ∈ {0,1} "job j runs");
+                        the replicas of a job may land on different nodes and clusters
 
-  objective "deployed" (default), lexicographic: first max Σ x (tasks deployed), then, with that count
+  objective "deployed" (default), lexicographic: first max Σ x (tasks deployed; with groups Σ_j z_j + Σ x
+  of the tasks in no group: jobs deployed, a task in no group being a job of its own), then, with that count
   fixed, max Σ gpu_count_t · pct_t · x (GPU core percent allocated: prefer the big tasks). The count is an
   integer objective, so HiGHS runs with an absolute gap < 1: "optimal" means exactly optimal, not "within
   0.01 %". The tie-break stage gets at most ``TIE_BREAK_SHARE`` of the time limit (``secondary_optimal``).
@@ -86,7 +90,9 @@ class Placement(NamedTuple):
 class OptimumResult:
     """An exact (or time-limited) optimum.
 
-    ``objective``: the primary objective of the returned assignment: tasks deployed ("max_deployed"), eq.9
+    ``objective``: the primary objective of the returned assignment: tasks deployed ("max_deployed"; with
+    ``groups``: groups deployed, a task in no group counting as a group of its own; ``deployed`` still counts
+    tasks), eq.9
     mean utilisation in 0..1 ("max_utilisation"), or the peak inlet in °C ("min_peak_inlet"). ``bound``: the
     best proven bound on it (an upper bound when maximising, a lower bound when minimising), equal to
     ``objective`` when ``status == "optimal"``. ``secondary``: the tie-break value (GPU core percent allocated
@@ -446,35 +452,100 @@ def _verify(result: OptimumResult, states: Sequence[ClusterState]) -> None:
         raise RuntimeError(f"optimum: the solver's assignment does not apply ({exc}); this is a bug") from exc
 
 
-def heuristic_runs(states: ClusterState | Sequence[ClusterState], tasks: Sequence[TaskSpec]
-                   ) -> dict[str, list[tuple[Placement, ...] | None]]:
+def heuristic_runs(states: ClusterState | Sequence[ClusterState], tasks: Sequence[TaskSpec],
+                   groups: Sequence[Sequence[int]] | None = None) -> dict[str, list[tuple[Placement, ...] | None]]:
     """Every library heuristic's sequential placement of ``tasks``: ``plan`` task by task with the state updated
     in between, a task that fits nowhere skipped, a task going to the first cluster that takes it. Keys are
     ``"<policy>"`` (the given order) and ``"<policy>/smallest-first"`` (ascending GPU, then CPU, then memory
     demand); values are per-task Placements as in ``OptimumResult.assignment``. The MIP starts of both programs.
+
+    ``groups`` (as in ``max_deployed``; a task in no group is a group of its own): the tasks of a group are
+    placed one after the other (each on the first cluster that takes it) and all rolled back when one of them
+    does not fit, so a group is placed whole or not at all; the orders are then of groups (smallest-first: by
+    the group's summed demand).
     """
     states = [states] if isinstance(states, ClusterState) else list(states)
-    size = sorted(range(len(tasks)), key=lambda i: (tasks[i].total.gpu_count * tasks[i].resources.gpu_core_percent,
-                                                    tasks[i].total.cpu_milli, tasks[i].total.memory_mib))
+    units = _units(len(tasks), groups)
+
+    def size(unit: Sequence[int]) -> tuple[int, int, int]:
+        return (sum(tasks[i].total.gpu_count * tasks[i].resources.gpu_core_percent for i in unit),
+                sum(tasks[i].total.cpu_milli for i in unit), sum(tasks[i].total.memory_mib for i in unit))
+
     runs = {}
-    for suffix, order in (("", list(range(len(tasks)))), ("/smallest-first", size)):
+    for suffix, order in (("", units), ("/smallest-first", sorted(units, key=size))):
         for name in sorted(HEURISTICS):
             scratch = [_scratch(s) for s in states]
             policies = [make_policy(name) for _ in states]
             out: list[tuple[Placement, ...] | None] = [None] * len(tasks)
-            for i in order:
-                for c, (s, policy) in enumerate(zip(scratch, policies, strict=True)):
-                    p = plan(s, tasks[i], policy)
-                    if p.outcome is Outcome.PLACED:
-                        s.apply(f"start-{i}", p.parts)
-                        out[i] = tuple(Placement(c, part.node, tuple(g.card for g in part.gpus)) for part in p.parts)
+            for unit in order:
+                applied: list[tuple[ClusterState, str]] = []
+                for i in unit:
+                    for c, (s, policy) in enumerate(zip(scratch, policies, strict=True)):
+                        p = plan(s, tasks[i], policy)
+                        if p.outcome is Outcome.PLACED:
+                            s.apply(f"start-{i}", p.parts)
+                            applied.append((s, f"start-{i}"))
+                            out[i] = tuple(Placement(c, part.node, tuple(g.card for g in part.gpus))
+                                           for part in p.parts)
+                            break
+                    else:  # task i fits nowhere: roll its group back
+                        for s, task_id in applied:
+                            s.release(task_id)
+                        for j in unit:
+                            out[j] = None
                         break
             runs[name + suffix] = out
     return runs
 
 
+def _units(n: int, groups: Sequence[Sequence[int]] | None) -> list[list[int]]:
+    """The all-or-nothing units of ``n`` tasks: the groups (validated: indices in range, no task twice, no empty
+    group), then every task in no group on its own, in task order."""
+    seen: set[int] = set()
+    units = []
+    for g, group in enumerate(groups or ()):
+        unit = [int(i) for i in group]
+        if not unit:
+            raise ValueError(f"group {g} is empty")
+        for i in unit:
+            if not 0 <= i < n:
+                raise ValueError(f"group {g} names task {i}; there are {n} tasks")
+            if i in seen:
+                raise ValueError(f"task {i} is in more than one group (or twice in group {g})")
+            seen.add(i)
+        units.append(unit)
+    return units + [[i] for i in range(n) if i not in seen]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 1. GPU placement: max tasks deployed / max utilisation (paper 000)
+
+
+def _capacity_bound(states: Sequence[ClusterState], tasks: Sequence[TaskSpec], units: Sequence[Sequence[int]]) -> int:
+    """An upper bound on the units (groups, single tasks) deployable at once, valid whatever the solver reached:
+    for each resource (CPU, memory, GPU core, GPU memory), k units need at least the k smallest unit demands,
+    so at most as many as fit, smallest first, in the free amount summed over every node and card. Pass only
+    the units whose every task fits some node alone."""
+    free = {"cpu": sum(int(s.free_cpu.sum()) for s in states), "mem": sum(int(s.free_memory.sum()) for s in states),
+            "core": sum(int(s.gpu_free_core.sum()) for s in states),
+            "gmem": sum(int(s.gpu_free_memory.sum()) for s in states)}
+
+    def need(i: int) -> dict[str, int]:
+        r = tasks[i].resources
+        return {"cpu": r.cpu_milli, "mem": r.memory_mib, "core": r.gpu_count * r.gpu_core_percent,
+                "gmem": r.gpu_count * r.gpu_memory_mib}
+
+    needs = [[need(i) for i in u] for u in units]
+    bound = len(units)
+    for key, amount in free.items():
+        total = fitted = 0
+        for d in sorted(sum(n[key] for n in unit) for unit in needs):
+            total += d
+            if total > amount:
+                break
+            fitted += 1
+        bound = min(bound, fitted)
+    return bound
 
 
 def _utilisation_weight(states: Sequence[ClusterState], r: Resources, c: int) -> float:
@@ -502,7 +573,7 @@ def cluster_utilisation(states: ClusterState | Sequence[ClusterState]) -> float:
 
 
 def max_deployed(state: ClusterState | Sequence[ClusterState], tasks: Sequence[TaskSpec], time_limit_s: float = 10.0,
-                 objective: str = "deployed") -> OptimumResult:
+                 objective: str = "deployed", groups: Sequence[Sequence[int]] | None = None) -> OptimumResult:
     """The most tasks that can be deployed now (``objective="utilisation"``: the highest eq.9 utilisation),
     each on at most one node of one of the clusters ``state``, its GPU slices on distinct cards of that node,
     against the states' current free amounts. ``state`` is not modified: apply the answer with
@@ -510,6 +581,11 @@ def max_deployed(state: ClusterState | Sequence[ClusterState], tasks: Sequence[T
 
     Tasks must be single-replica and within their clusters' split thresholds (a ValueError names the first
     that is not). ``time_limit_s`` bounds the whole solve, both lexicographic stages included.
+
+    ``groups``: lists of task indices (disjoint) deployed all or nothing — give a job of n replicas as n
+    single-replica tasks in one group. The count objective then counts groups (``result.objective`` and
+    ``bound``; a task in no group is a group of its own), and the heuristic floor and check place groups whole
+    (``heuristic_runs(..., groups)``). Each replica still goes to any node of any cluster.
     """
     if objective not in ("deployed", "utilisation"):
         raise ValueError(f"objective must be 'deployed' or 'utilisation', got {objective!r}")
@@ -520,25 +596,38 @@ def max_deployed(state: ClusterState | Sequence[ClusterState], tasks: Sequence[T
         label = f"task {i}" + (f" ({task.name!r})" if task.name else "")
         if task.replicas != 1:
             raise ValueError(f"{label} has {task.replicas} replicas; max_deployed places single-replica tasks "
-                             "(give each replica as its own task)")
+                             "(give each replica as its own task, and a job's replicas as one of ``groups``)")
         for s in states:
             if len(split_task(task, s.dc)) != 1:
                 raise ValueError(f"{label} needs splitting in {s.dc.name} ({task.resources.cpu_milli} milli-cores "
                                  f"> threshold {s.dc.effective_split_threshold_milli}); max_deployed places "
                                  "whole tasks only")
     start = time.perf_counter()
+    units = _units(len(tasks), groups)  # the all-or-nothing units: groups, then the other tasks alone
+    grouped = [u for u in units if len(u) > 1]
+    in_group = {i for u in grouped for i in u}
     kind = "max_deployed" if objective == "deployed" else "max_utilisation"
     demands = tuple((PartDemand(0, 0, t.resources),) for t in tasks)
     items = [_Item(i, t.resources, t.gpu_models) for i, t in enumerate(tasks)]
     m = _Milp()
-    placing = _Placing(m, states, items, [1.0] * len(items), node_symmetry=True)
+    placing = _Placing(m, states, items, [0.0 if i in in_group else 1.0 for i in range(len(items))],
+                       node_symmetry=True)
     if objective == "utilisation":
         for item in items:
             for (c, _k), col in item.x.items():
                 m.cost[col] = _utilisation_weight(states, item.demand, c)
+    obj_cols = []  # the columns the count objective sums: x of the tasks in no group, z of the groups
     for item in items:
-        if item.x:
+        if item.x and item.task not in in_group:
             m.row(list(item.x.values()), [1.0] * len(item.x), upper=1.0)
+            obj_cols += item.x.values()
+    z_cols = []
+    for unit in grouped:  # Σ x[t] = z_j for every task t of group j (a task that fits nowhere forces z_j = 0)
+        z = m.var(1.0 if objective == "deployed" else 0.0)
+        z_cols.append(z)
+        for i in unit:
+            m.row([*items[i].x.values(), z], [1.0] * len(items[i].x) + [-1.0], 0.0, 0.0)
+    obj_cols += z_cols
     cost = np.array(m.cost)
     gpu_weight = np.zeros(len(m.cost))  # stage 2: GPU core percent of the deployed tasks
     x_cols = []
@@ -546,15 +635,29 @@ def max_deployed(state: ClusterState | Sequence[ClusterState], tasks: Sequence[T
         for col in item.x.values():
             gpu_weight[col] = item.demand.gpu_count * item.demand.gpu_core_percent
             x_cols.append(col)
+    item_cols = [np.array(list(item.x.values()), dtype=np.int64) for item in items]
 
     def deployed_of(values: np.ndarray) -> int:
-        return int(sum(values[c] > 0.5 for c in x_cols))
+        """Units (groups, tasks in no group) with every task placed."""
+        placed = [bool(len(cols)) and bool((values[cols] > 0.5).any()) for cols in item_cols]
+        return sum(all(placed[i] for i in u) for u in units)
+
+    def full(placements: Sequence[Placement | None]) -> np.ndarray:
+        """All column values (x/y/u, then z) of a placement that places groups whole."""
+        values = np.zeros(len(m.cost))
+        values[:placing.ncols] = placing.start(placements)
+        for z, unit in zip(z_cols, grouped, strict=True):
+            values[z] = float(all(placements[i] is not None for i in unit))
+        return values
 
     def finish(values: np.ndarray, status: str, bound: float | None, secondary_optimal: bool,
                message: str = "") -> OptimumResult:
         assignment = tuple(None if p is None else (p,) for p in placing.chosen(values))
         deployed = sum(a is not None for a in assignment)
-        result = OptimumResult(kind, status, float(deployed), bound, deployed, assignment, demands,
+        whole = [all(assignment[i] is not None for i in u) for u in units]
+        if sum(whole) != len(units) - sum(all(assignment[i] is None for i in u) for u in units):
+            raise RuntimeError("optimum: a group deployed in part; this is a bug")
+        result = OptimumResult(kind, status, float(sum(whole)), bound, deployed, assignment, demands,
                                time.perf_counter() - start, float(gpu_weight @ values) if len(values) else 0.0,
                                secondary_optimal, message)
         _verify(result, states)
@@ -567,13 +670,13 @@ def max_deployed(state: ClusterState | Sequence[ClusterState], tasks: Sequence[T
         return result
 
     if not x_cols:  # nothing fits anywhere: deploying nothing is optimal
-        return finish(np.zeros(placing.ncols), "optimal", 0.0 if objective == "deployed" else None, True,
+        return finish(np.zeros(len(m.cost)), "optimal", 0.0 if objective == "deployed" else None, True,
                       "no task fits any node now" if tasks else "no tasks")
 
     # the best heuristic run (the most deployed, then the most GPU percent / the highest eq.9): the answer when
     # the solver's incumbent is worse at the time limit, and a check of a proven optimum. (Not a MIP start:
     # HiGHS measured slower with one on these models.)
-    runs = [placing.start([a[0] if a else None for a in run]) for run in heuristic_runs(states, tasks).values()]
+    runs = [full([a[0] if a else None for a in run]) for run in heuristic_runs(states, tasks, groups).values()]
     score = (lambda v: (deployed_of(v), float(gpu_weight @ v))) if objective == "deployed" else \
         (lambda v: (round(float(cost @ v), 9), 0.0))
     best = max(runs, key=score)
@@ -595,13 +698,15 @@ def max_deployed(state: ClusterState | Sequence[ClusterState], tasks: Sequence[T
 
     count = deployed_of(values)
     if run.status != "optimal":
-        count_bound = min(math.floor(run.bound + 1e-6), len(tasks)) if run.bound is not None else len(tasks)
+        count_bound = _capacity_bound(states, tasks, [u for u in units if all(item_cols[i].size for i in u)])
+        if run.bound is not None:
+            count_bound = min(math.floor(run.bound + 1e-6), count_bound)
         return finish(values, "time_limit", float(max(count, count_bound)), False,
                       f"time limit: {count} deployed, at most {max(count, count_bound)} possible")
     # stage 2: with the count held, the most GPU core percent (an integer objective too)
     if count == 0 or not gpu_weight.any():
         return finish(values, "optimal", float(count), True)
-    h.addRow(float(count), _INF, len(x_cols), np.array(x_cols, dtype=np.int32), np.ones(len(x_cols)))
+    h.addRow(float(count), _INF, len(obj_cols), np.array(obj_cols, dtype=np.int32), np.ones(len(obj_cols)))
     h.changeColsCost(len(gpu_weight), np.arange(len(gpu_weight), dtype=np.int32), gpu_weight)
     _warm_start(h, values)
     budget = min(time_limit_s - (time.perf_counter() - start), max(0.5, TIE_BREAK_SHARE * time_limit_s))
