@@ -16,7 +16,28 @@ from google.protobuf.json_format import MessageToDict
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 
-DEFAULT_GATEWAY = os.environ.get("HSCHED_GATEWAY", "127.0.0.1:50051")
+
+def _running_stack_file() -> str:
+    """Where `hsched up` leaves the addresses of the stack it runs (removed when it stops), so the other
+    commands reach that stack — including its embedded Redis on a random port — without flags."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"hsched-stack-{os.getuid()}.json")
+
+
+def _running_stack() -> dict:
+    try:
+        with open(_running_stack_file()) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+DEFAULT_GATEWAY = os.environ.get("HSCHED_GATEWAY") or _running_stack().get("gateway", "127.0.0.1:50051")
+
+
+def _redis_url() -> str | None:
+    return os.environ.get("REDIS_URL") or _running_stack().get("redis_url")
 
 
 def _stub(args) -> gateway_pb2_grpc.GatewayStub:
@@ -50,6 +71,8 @@ def cmd_up(args) -> int:
     stack = Stack(config)
     with console.status(f"starting Redis, thermal, selector, {len(stack.fleet.datacenters)} placers and the gateway"):
         stack.start()
+    with open(_running_stack_file(), "w") as f:
+        json.dump({"gateway": stack.gateway, "redis_url": stack.redis_url, "prefix": args.prefix, "pid": os.getpid()}, f)
     table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
     for col in ("service", "gRPC", "metrics", "RSS MiB"):
         table.add_column(col)
@@ -76,6 +99,8 @@ def cmd_up(args) -> int:
     finally:
         with console.status("stopping"):
             stack.stop()
+        if _running_stack().get("pid") == os.getpid():
+            os.remove(_running_stack_file())
     return 0
 
 
@@ -122,7 +147,7 @@ def cmd_replay(args) -> int:
 
     from hsched.domain.fleet import load_fleet
 
-    run_replay(Console(width=max(Console().width, 112)), args.gateway, load_fleet(args.fleet), args, os.environ.get("REDIS_URL"), args.prefix)
+    run_replay(Console(width=max(Console().width, 112)), args.gateway, load_fleet(args.fleet), args, _redis_url(), args.prefix)
     return 0
 
 
@@ -230,7 +255,7 @@ def cmd_link(args) -> int:
     for name in ("latency_ms", "jitter_ms", "loss_percent", "bandwidth_mbps"):
         if getattr(args, name) is not None:
             update[name] = getattr(args, name)
-    redis = connect_sync(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    redis = connect_sync(_redis_url() or "redis://127.0.0.1:6379/0")
     print(redis.xadd(Keys(args.prefix).links, {"m": json.dumps(update)}).decode())
     return 0
 
