@@ -441,3 +441,21 @@ def test_selector_outage_writes_nothing_and_a_retry_succeeds(gw, stack):
         time.sleep(0.5)
     assert reply.task.state == pb.TASK_STATE_PLACED and not reply.duplicate
     release(gw, reply.task.task_id)
+
+
+def test_cli_task_commands_against_the_gateway(stack, capsys):
+    from hsched import cli
+
+    assert cli.main(["submit", "--gateway", stack.gateway, "--cpu", "2", "--memory-gib", "4",
+                     "--request-id", "cli-1"]) == 0
+    line = capsys.readouterr().out.strip()
+    task_id, state = line.split()[:2]
+    assert state == "PLACED" and " cheap " in f" {line} "
+    assert cli.main(["get", "--gateway", stack.gateway, task_id]) == 0
+    assert '"state": "TASK_STATE_PLACED"' in capsys.readouterr().out
+    assert cli.main(["list", "--gateway", stack.gateway, "--state", "placed"]) == 0
+    assert task_id in capsys.readouterr().out
+    assert cli.main(["release", "--gateway", stack.gateway, task_id]) == 0
+    assert "RELEASED" in capsys.readouterr().out
+    assert cli.main(["get", "--gateway", stack.gateway, "t-unknown"]) == 1
+    assert "NOT_FOUND" in capsys.readouterr().err
