@@ -353,7 +353,7 @@ class PlacerEngine:
         self._emit(op, {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts]})
         if headroom is not None:  # later decisions in this batch see the heat this one adds
             for p in parts:
-                headroom[p.node] -= part_power_w(self.state, _demand_of(p))[p.node]
+                headroom[p.node] -= part_power_w(self.state, _demand_of(p), p.node)[0]
 
     def _decide_release(self, op: _Op, headroom: np.ndarray | None, try_queue: bool) -> ReleaseResult:
         parts = self.state.allocations.get(op.task_id)
@@ -368,7 +368,7 @@ class PlacerEngine:
         result = ReleaseResult(True, freed_total(parts))
         if headroom is not None:
             for p in parts:
-                headroom[p.node] += part_power_w(self.state, _demand_of(p))[p.node]
+                headroom[p.node] += part_power_w(self.state, _demand_of(p), p.node)[0]
         if try_queue:
             self._drain_queue(op, headroom, result)
         return result

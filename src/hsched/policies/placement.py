@@ -67,13 +67,14 @@ def _share(total: int, chunk: int, cpu: int, i: int, n: int) -> int:
     return base if i < n - 1 else total - base * (n - 1)
 
 
-def part_power_w(state: ClusterState, demand: Resources) -> np.ndarray:
-    """Extra IT power per node if `demand` ran there (eq.5's busy-core term plus the GPU term)."""
+def part_power_w(state: ClusterState, demand: Resources, node: int | None = None) -> np.ndarray:
+    """Extra IT power if `demand` ran on each node — or on `node` only (eq.5's busy-core term above idle,
+    plus the GPU term)."""
     t = state.table
-    watts = server_power(np.full(state.n, demand.cpu_milli), np.maximum(t.cpu_milli, 1), 0.0,
-                         t.p_full_w - t.p_idle_w)
+    idx = slice(None) if node is None else slice(node, node + 1)
+    watts = server_power(demand.cpu_milli, t.cpu_milli[idx], 0.0, t.p_full_w[idx] - t.p_idle_w[idx])
     if demand.gpu_count:
-        watts = watts + demand.gpu_units * (t.gpu_full_w - t.gpu_idle_w)
+        watts = watts + demand.gpu_units * (t.gpu_full_w[idx] - t.gpu_idle_w[idx])
     return watts
 
 

@@ -148,10 +148,7 @@ class RoomModel:
     def added_power_w(self, cores: ArrayLike) -> FloatArray:
         """Extra watts each server would draw with ``cores`` more busy cores (eq.5 slope)."""
         c = np.broadcast_to(np.asarray(cores, dtype=np.float64), (self.n,))
-        slope = np.divide(
-            self.p_full_w - self.p_idle_w, self.total_cores, out=np.zeros(self.n), where=self.total_cores > 0
-        )
-        return slope * c
+        return server_power(c, self.total_cores, 0.0, self.p_full_w - self.p_idle_w)  # eq.5 above idle
 
     # -- thermal -------------------------------------------------------------------------------
     def _supply(self, max_rise: float) -> float:
