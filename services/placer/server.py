@@ -182,7 +182,7 @@ async def serve(args, stop: asyncio.Event) -> None:
     redis = connect(args.redis_url)
     thermal = ThermalClient(args.thermal, dc.name) if args.thermal else None
     owner = f"{socket.gethostname()}:{os.getpid()}"
-    engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed), owner, thermal,
+    engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
                           lease_ms=args.lease_ms)
     await engine.start(wait_for_lease_s=args.lease_wait_s)
     metrics = metrics_server(args)

@@ -246,6 +246,19 @@ def _run_experiment(name: str, args, console) -> None:
     console.print(f"[bold]{name}[/]: report and plots in {out}/")
 
 
+def cmd_train(args) -> int:
+    """Train one agent from scratch (or resume it); print the figures it evaluated."""
+    from pathlib import Path
+
+    from hsched.rl.training import TrainArgs, trainer
+
+    run = trainer(args.agent)
+    figures = run(TrainArgs(seed=args.seed, steps=args.steps, out=Path(args.out) if args.out else None,
+                            resume=args.resume, compare=args.compare, progress=not args.quiet))
+    print(json.dumps(figures, indent=2, sort_keys=True, default=str))
+    return 0
+
+
 def cmd_link(args) -> int:
     """Publish a WAN link metric update (what a network probe does) on the links stream."""
     from hsched.state.keys import Keys
@@ -353,6 +366,21 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", default="reports", help="directory for report.md and the PNGs")
     ev.add_argument("--quick", action="store_true", help="small slices (smoke test), said in the report")
     ev.set_defaults(fn=cmd_eval)
+
+    from hsched.rl.training import TRAINERS
+
+    tr = sub.add_parser("train", help="train a learned policy; checkpoint + metadata + learning-curve PNG",
+                        description="agents: " + "; ".join(f"{k}: {h}" for k, (_, h) in TRAINERS.items()))
+    tr.add_argument("agent", choices=list(TRAINERS))
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--steps", type=int, help="environment steps (default: the budget the shipped model used)")
+    tr.add_argument("--out", help="checkpoint path (default: models/<agent's model>.pt, the shipped one)")
+    tr.add_argument("--resume", action="store_true", help="continue the training checkpoint at --out")
+    tr.add_argument("--compare", action="store_true",
+                    help="also train the paper's comparison runs (DQN vs PER-DQN; expert ratio 0/10/100 %%) "
+                         "and plot them in one learning curve")
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.set_defaults(fn=cmd_train)
 
     lk = sub.add_parser("link", help="publish a WAN link metric update (as a network probe would)")
     lk.add_argument("a")

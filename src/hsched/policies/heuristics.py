@@ -107,17 +107,32 @@ class Utilization:
 HEURISTICS = {cls.name: cls for cls in (RoundRobin, Greedy, BestFit, FirstFit, RandomPolicy, Utilization)}
 
 
+# Learned policies: name → "module:factory", factory(dc, seed) -> NodePolicy. Each factory loads its model
+# from models/ and, when the model is missing or does not fit `dc`, returns a heuristic fallback that says
+# so (log + its name), so a placer started with a learned policy always serves.
+LEARNED_POLICIES = {
+    "double-dqn": "hsched.policies.learned:double_dqn_policy",
+    "ddpg": "hsched.policies.learned:ddpg_policy",
+    "eade-ddpg": "hsched.policies.learned:eade_ddpg_policy",
+}
+
 # Policies that need more than a seed to build (FGD learns the trace's GPU-request distribution).
-POLICY_NAMES = (*sorted(HEURISTICS), "fgd")
+POLICY_NAMES = (*sorted(HEURISTICS), "fgd", *LEARNED_POLICIES)
 
 
-def make_policy(name: str, seed: int = 0):
-    """A fresh policy instance by name: rr, greedy, bestfit, firstfit, random, utilization, or fgd
-    (fragmentation gradient descent against the openb trace's GPU-request distribution)."""
+def make_policy(name: str, seed: int = 0, dc=None):
+    """A fresh policy instance by name: rr, greedy, bestfit, firstfit, random, utilization, fgd
+    (fragmentation gradient descent against the openb trace's GPU-request distribution), or a learned
+    policy (double-dqn, ddpg, eade-ddpg) for the DataCenter `dc` it will serve."""
     if name == "fgd":
         from hsched.policies.fgd import FragmentationGradientDescent
 
         return FragmentationGradientDescent.from_openb()
+    if name in LEARNED_POLICIES:
+        import importlib
+
+        module, func = LEARNED_POLICIES[name].split(":")
+        return getattr(importlib.import_module(module), func)(dc, seed)
     try:
         cls = HEURISTICS[name]
     except KeyError:

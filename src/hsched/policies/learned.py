@@ -1,0 +1,80 @@
+"""Learned node policies served by the placer, with a heuristic fallback that always serves.
+
+A learned policy is an ordinary `NodePolicy` (hsched.policies.base): the placer computes the feasibility
+and thermal-redline mask, the model only scores the nodes that mask allows, and `select()` returns the
+top-k alternatives with their Q-values (Double DQN) or actor scores (DDPG) as the decision explanation.
+
+Each agent module provides ``load_policy(path, dc) -> NodePolicy`` and raises `ModelMismatch` when the
+checkpoint cannot serve `dc` (feature count, resource kinds). A missing model or a mismatch is never fatal:
+the factory logs why and returns the fallback heuristic, whose `name` says which model it stands in for
+and why (the placer reports `policy.name` in every decision).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+import numpy as np
+
+from hsched.domain.cluster import ClusterState
+from hsched.domain.resources import Resources
+from hsched.rl.checkpoint import model_path
+
+log = logging.getLogger(__name__)
+
+# policy name → (agent module, shipped model name, fallback heuristic)
+MODELS = {
+    "double-dqn": ("hsched.rl.ddqn", "double_dqn_dc", "greedy"),
+    "ddpg": ("hsched.rl.ddpg", "ddpg_gpu", "bestfit"),
+    "eade-ddpg": ("hsched.rl.ddpg", "eade_ddpg_gpu", "bestfit"),
+}
+
+
+class ModelMismatch(ValueError):
+    """The checkpoint cannot serve this data center (its input features do not match the fleet's)."""
+
+
+class Fallback:
+    """A heuristic standing in for a learned policy; its name carries the reason into every decision."""
+
+    def __init__(self, policy: Any, learned: str, reason: str) -> None:
+        self.policy = policy
+        self.reason = reason
+        self.name = f"{policy.name} (fallback for {learned}: {reason})"
+
+    def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
+        return self.policy.scores(state, demand, mask)
+
+    def placed(self, node: int) -> None:
+        self.policy.placed(node)
+
+
+def learned_policy(name: str, dc: Any, seed: int = 0, model: str | None = None) -> Any:
+    """The served policy `name` for `dc`, from `model` (a path) or the shipped model, else the fallback."""
+    from hsched.policies.heuristics import make_policy
+
+    module, shipped, fallback = MODELS[name]
+    path = model_path(model or shipped)
+    try:
+        if not path.exists():
+            raise FileNotFoundError(f"no model at {path}")
+        policy = importlib.import_module(module).load_policy(path, dc)
+        log.info("policy %s: serving %s", name, path)
+        return policy
+    except (FileNotFoundError, ModelMismatch) as exc:
+        log.warning("policy %s: %s; serving the %s heuristic instead", name, exc, fallback)
+        return Fallback(make_policy(fallback, seed), name, str(exc))
+
+
+def double_dqn_policy(dc: Any, seed: int = 0) -> Any:
+    return learned_policy("double-dqn", dc, seed)
+
+
+def ddpg_policy(dc: Any, seed: int = 0) -> Any:
+    return learned_policy("ddpg", dc, seed)
+
+
+def eade_ddpg_policy(dc: Any, seed: int = 0) -> Any:
+    return learned_policy("eade-ddpg", dc, seed)

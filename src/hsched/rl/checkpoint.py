@@ -1,0 +1,66 @@
+"""Checkpoints and shipped models.
+
+A model is two files side by side: ``<name>.pt`` (torch state: network weights and, for a resumable
+training checkpoint, optimiser state, step counter, RNG states and the replay buffer) and ``<name>.json``
+(metadata a person or a service reads without torch: agent, environment, data slice, seed,
+hyper-parameters, input shape, evaluation figures, training time). Services read the JSON first to decide
+whether the model fits their fleet, then load only the weights.
+
+Shipped models live in the repository's ``models/`` folder; ``HSCHED_MODELS_DIR`` points elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MODELS_ENV = "HSCHED_MODELS_DIR"
+
+
+def models_dir() -> Path:
+    """``$HSCHED_MODELS_DIR`` or the repository's ``models/`` (src/hsched/rl → repo root)."""
+    env = os.environ.get(MODELS_ENV)
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "models"
+
+
+def model_path(name: str) -> Path:
+    """The ``.pt`` file of a shipped model by name (e.g. ``per_dqn_path``), or a path given as is."""
+    p = Path(name)
+    if p.suffix == ".pt" or p.parent != Path("."):
+        return p.with_suffix(".pt")
+    return models_dir() / f"{name}.pt"
+
+
+def _jsonable(x: Any) -> Any:
+    if is_dataclass(x) and not isinstance(x, type):
+        return asdict(x)
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def save(path: str | Path, state: dict[str, Any], metadata: dict[str, Any]) -> Path:
+    """Write ``path`` (.pt) and its ``.json`` sidecar atomically (temp file + rename), so a killed trainer
+    never leaves a half-written checkpoint that a resume or a service would read."""
+    path = Path(path).with_suffix(".pt")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+    meta_tmp = path.with_suffix(".json.tmp")
+    meta_tmp.write_text(json.dumps(metadata, indent=2, sort_keys=True, default=_jsonable) + "\n")
+    meta_tmp.replace(path.with_suffix(".json"))
+    return path
+
+
+def load_metadata(path: str | Path) -> dict[str, Any]:
+    return json.loads(Path(path).with_suffix(".json").read_text())
+
+
+def load_state(path: str | Path) -> dict[str, Any]:
+    """The torch state of a checkpoint, on the CPU. ``weights_only=False`` because resumable checkpoints
+    carry NumPy replay buffers and RNG states; only load checkpoints you or this project wrote."""
+    return torch.load(Path(path).with_suffix(".pt"), map_location="cpu", weights_only=False)

@@ -1,0 +1,129 @@
+"""What every trainer shares: the `hsched train` registry, seeding, progress, learning curves.
+
+A trainer is a function ``train(args: TrainArgs) -> dict`` in its agent's module, registered below by
+import path so that `hsched train --help` does not import torch. It trains from scratch (or resumes
+``args.out`` with ``args.resume``), writes the checkpoint + metadata (hsched.rl.checkpoint), a learning
+curve PNG next to it, and returns the figures it evaluated (printed by the CLI and stored in the metadata).
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# agent name → ("module:function", one-line help). Each module documents its algorithm and defaults.
+TRAINERS: dict[str, tuple[str, str]] = {
+    "dqn": ("hsched.rl.dqn:train_dqn", "uniform-replay DQN on hsched/Path-v0 (the PER-DQN baseline)"),
+    "per-dqn": ("hsched.rl.dqn:train_per_dqn", "PER-DQN path agent for the selector (paper 003 §2.1)"),
+    "double-dqn": ("hsched.rl.ddqn:train_double_dqn", "thermal-aware Double DQN for DC placement (paper 003)"),
+    "ddpg": ("hsched.rl.ddpg:train_ddpg", "DDPG for GPU cluster placement (paper 000 baseline)"),
+    "eade-ddpg": ("hsched.rl.ddpg:train_eade_ddpg", "EADE-DDPG: DDPG + expert demonstrations (paper 000)"),
+}
+
+
+@dataclass(frozen=True)
+class TrainArgs:
+    seed: int = 0
+    steps: int | None = None      # None: the agent's default budget
+    out: Path | None = None       # None: models/<agent's default name>.pt
+    resume: bool = False          # continue the training checkpoint at `out`
+    compare: bool = False         # also train the paper's comparison runs and plot them together
+    progress: bool = True
+
+
+def trainer(agent: str) -> Callable[[TrainArgs], dict[str, Any]]:
+    try:
+        target, _ = TRAINERS[agent]
+    except KeyError:
+        raise ValueError(f"agent: unknown agent {agent!r}; choose one of {', '.join(TRAINERS)}") from None
+    module, func = target.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def seed_everything(seed: int) -> np.random.Generator:
+    """Seed Python, NumPy and torch and make torch deterministic on the CPU (one thread: results then do
+    not depend on the machine's core count, and two trainers on a 2-core machine don't fight)."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    return np.random.default_rng(seed)
+
+
+def rng_state(rng: np.random.Generator) -> dict[str, Any]:
+    """Everything a resumed run needs to continue the same random streams."""
+    import torch
+
+    return {"numpy": rng.bit_generator.state, "torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def restore_rng_state(rng: np.random.Generator, state: Mapping[str, Any]) -> None:
+    import torch
+
+    rng.bit_generator.state = state["numpy"]
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+
+
+@contextmanager
+def progress(description: str, total: int, enabled: bool = True) -> Iterator[Callable[..., None]]:
+    """A rich progress bar; yields ``advance(n=1, **fields)`` (fields, e.g. reward=…, show after the bar)."""
+    if not enabled:
+        yield lambda n=1, **fields: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[status]}")) as bar:
+        task = bar.add_task(description, total=total, status="")
+
+        def advance(n: int = 1, **fields: Any) -> None:
+            status = "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in fields.items())
+            bar.update(task, advance=n, **({"status": status} if fields else {}))
+
+        yield advance
+
+
+def smooth(values: Sequence[float], window: int) -> np.ndarray:
+    """Trailing moving average (the first points average what exists so far), same length as values."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) == 0 or window <= 1:
+        return v
+    c = np.cumsum(np.insert(v, 0, 0.0))
+    idx = np.arange(1, len(v) + 1)
+    lo = np.maximum(idx - window, 0)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+def plot_curves(path: str | Path, curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
+                title: str, xlabel: str, ylabel: str, window: int = 20) -> Path:
+    """One PNG: per label, (x, y) raw in a light line and smoothed (trailing mean of `window`) on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (label, (x, y)) in enumerate(curves.items()):
+        color = f"C{i}"
+        ax.plot(x, y, color=color, alpha=0.2, linewidth=0.8)
+        ax.plot(x, smooth(y, window), color=color, label=f"{label} (mean of {window})")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
