@@ -379,7 +379,12 @@ def test_dockerfile_builds_one_slim_non_root_image_with_the_data():
     runs = " ".join(rest for op, rest in ins if op == "RUN")
     assert re.search(r"pip (install|wheel)\b.*\s\.(\s|$)", runs), "the project is installed with pip from ."
     assert "hsched" in " ".join(rest for op, rest in final if op == "RUN")
-    assert "torch" not in DOCKERFILE.read_text()
+    models = re.search(r"HSCHED_MODELS_DIR=(\S+)", env)
+    assert models, "HSCHED_MODELS_DIR must point at the copied models/ (hsched.rl.checkpoint.models_dir)"
+    assert any(op == "COPY" and rest.split()[0] == "models/" and rest.split()[-1].rstrip("/") == models.group(1)
+               for op, rest in final)
+    # torch comes from PyTorch's CPU index: PyPI's Linux wheel is a multi-GB CUDA build
+    assert "download.pytorch.org/whl/cpu" in " ".join(rest for op, rest in ins if op == "ENV")
 
 
 def _glob(pattern: str) -> re.Pattern[str]:

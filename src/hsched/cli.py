@@ -288,7 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run Redis (embedded unless REDIS_URL is set), thermal, selector, one placer "
                                    "per DC and the gateway as local processes")
     up.add_argument("--fleet", default=None, help="fleet YAML (default: embedded Abilene 11-DC fleet)")
-    up.add_argument("--policy", default="bestfit", help="placer policy: rr greedy bestfit firstfit random utilization fgd")
+    from hsched.policies.heuristics import POLICY_NAMES
+
+    up.add_argument("--policy", default="bestfit", choices=POLICY_NAMES,
+                    help="placer policy; double-dqn, ddpg and eade-ddpg load the shipped models/ "
+                         "(a heuristic stands in, said in every decision, when a model is missing or does not fit)")
     up.add_argument("--no-thermal", action="store_true", help="run without the thermal service and guard")
     up.add_argument("--port", type=int, default=50051, help="gateway port")
     up.add_argument("--prefix", default="hsched", help="Redis key prefix")
