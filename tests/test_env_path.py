@@ -20,6 +20,8 @@ from hsched.envs.path import (
     PolicyPathFinder,
     eq11,
     goal_reward_for,
+    latency_ref_for,
+    latency_reward,
     optimal_policy,
     reward_eq11,
     rollout_path,
@@ -354,3 +356,63 @@ def test_policy_path_finder_plugs_into_the_selector(tiny: WanGraph) -> None:
 def test_policy_path_finder_gives_none_when_the_walk_never_arrives(tiny: WanGraph) -> None:
     stuck = PolicyPathFinder(tiny, lambda obs, info: 3, name="stuck", max_steps=4)  # always "go to c"
     assert stuck.path("s", "b") is None
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the latency reward (what the learned path agents train on)
+
+
+def test_latency_reward_hand_cases(tiny: WanGraph) -> None:
+    assert latency_reward(None, arrived=True, ref_ms=4.0) == -1.0  # no link
+    assert latency_reward(2.0, arrived=False, ref_ms=4.0) == -0.5
+    assert latency_reward(2.0, arrived=True, ref_ms=4.0) == 0.5  # the arriving link is paid too, + goal 1
+    assert latency_reward(0.0, arrived=False, ref_ms=1.0) == pytest.approx(-0.05)  # floored like eq.11
+    # ref = the largest shortest-path latency to the target: c → s is c–a–s, 1 + 2 = 3 ms
+    assert latency_ref_for(tiny) == pytest.approx(3.0)
+    env = PathEnv(tiny, start="c", reward="latency")
+    assert env.latency_ref_ms == pytest.approx(3.0) and env.goal_reward == 1.0
+    env.reset(seed=0)
+    assert env.step(B)[1] == -1.0  # c–b does not exist
+    assert env.step(A)[1] == pytest.approx(-1 / 3)
+    _, reward, terminated, _, _ = env.step(S)
+    assert terminated and reward == pytest.approx(1 - 2 / 3)  # return 1 − 3 ms / 3 ms − 1 (the invalid move)
+    with pytest.raises(ValidationError, match="reward"):
+        PathEnv(tiny, reward="hops")
+
+
+@settings(max_examples=40, deadline=None)
+@given(wan=random_wans())
+def test_the_latency_reward_optimum_is_the_dijkstra_path(wan: Wan) -> None:
+    graph = WanGraph(wan)
+    for target in graph.vertices:
+        env = PathEnv(graph, target, reward="latency")
+        _, policy = value_iteration(graph, target, gamma=1.0, reward="latency")
+        for start in graph.vertices:
+            if start == target:
+                continue
+            act = lambda obs, info, policy=policy, env=env: int(policy[env.index[info["path"][-1]]])  # noqa: E731
+            run = rollout_path(env, act, start=start, seed=0)
+            assert run.terminated and graph.is_valid_path(run.path, start, target)
+            best = graph.path_metrics(graph.dijkstra.path(start, target)).latency_ms
+            assert graph.path_metrics(run.path).latency_ms == pytest.approx(best, rel=1e-9)
+
+
+def test_the_latency_optimum_fixes_both_eq11_detours_on_abilene(abilene: WanGraph) -> None:
+    _, policy = value_iteration(abilene, gamma=1.0, reward="latency")
+    env = PathEnv(abilene, reward="latency")
+    for start in ("Washington DC", "Los Angeles"):  # where eq.11's optimum is not the shortest path
+        run = rollout_path(env, lambda obs, info: int(policy[env.index[info["path"][-1]]]), start=start, seed=0)
+        assert run.path == abilene.dijkstra.path(start, "scheduler")
+
+
+def test_env_state_round_trip_continues_the_episode(tiny: WanGraph) -> None:
+    a, b = PathEnv(tiny, target=["s", "b"]), PathEnv(tiny, target=["s", "b"])
+    a.reset(seed=5)
+    a.step(int(np.flatnonzero(a._info()["action_mask"])[0]))
+    obs, info = b.set_state(a.get_state())
+    np.testing.assert_array_equal(obs, a._obs())
+    assert info["path"] == a._info()["path"]
+    for _ in range(5):  # the same random stream: the same next episodes
+        oa, _ = a.reset()
+        ob, _ = b.reset()
+        np.testing.assert_array_equal(oa, ob)

@@ -43,13 +43,19 @@ def test_registered() -> None:
     assert EXPERIMENTS["stage1"][0] == "hsched.eval.stage1:run"
 
 
+def _ran(report: str) -> list[str]:
+    """The methods with rows: all of PATH_METHODS but a learned row whose model is missing (said in the report)."""
+    return [m for m in PATH_METHODS if f"The {m} row is skipped" not in report]
+
+
 def test_report_has_a_row_per_dc_and_method(quick_run: tuple[str, Path, list]) -> None:
     report, _, _ = quick_run
     rows = _table_rows(report, "DC")
     fleet = load_fleet()
     pairs = {(r[0], r[1]) for r in rows}
-    assert len(rows) == len(fleet.datacenters) * len(PATH_METHODS) == 44
-    assert pairs == {(dc.name, m) for dc in fleet.datacenters for m in PATH_METHODS}
+    assert len(rows) == len(fleet.datacenters) * len(_ran(report))
+    assert {"min-cost", "crf", "spf", "eq11-optimum"} <= set(_ran(report))
+    assert pairs == {(dc.name, m) for dc in fleet.datacenters for m in _ran(report)}
     assert all("±" in r[6] for r in rows)  # mean ± std over the seeds
     assert "QUICK" in report
 
@@ -65,7 +71,7 @@ def test_min_cost_is_never_above_the_other_methods(quick_run: tuple[str, Path, l
     assert sum(total[dc, "crf"] > total[dc, "min-cost"] for dc in dcs) >= 5  # random paths do cost more
     # ranking view: min-cost is the optimum, every other method's gap is >= 0
     ranking = {r[0]: r for r in _table_rows(report, "method")}
-    assert set(ranking) == {"min-cost", "crf", "spf"}
+    assert set(ranking) == {"min-cost", "crf", "spf"} | ({"per-dqn"} & set(_ran(report)))
     assert _mean(ranking["min-cost"][3]) == 0.0 and _mean(ranking["min-cost"][4]) == 100.0
     assert all(_mean(ranking[m][3]) >= 0.0 for m in ranking)
     assert _mean(ranking["crf"][3]) > 0.0
@@ -125,3 +131,23 @@ def test_methods_hook_takes_a_new_path_finder(tmp_path: Path) -> None:
     ranking = {r[0]: r for r in _table_rows(report, "method")}
     assert int(ranking["teleport"][5]) > 0  # paths replaced in the ranking view too
     assert re.search(r"\| teleport \| jumps straight", report)
+
+
+def test_the_per_dqn_row_routes_like_dijkstra_with_the_shipped_model(quick_run: tuple[str, Path, list]) -> None:
+    report, _, _ = quick_run
+    if "per-dqn" not in _ran(report):
+        pytest.skip("models/per_dqn_path.pt is not there")
+    rows = {(r[0], r[1]): r for r in _table_rows(report, "DC")}
+    for dc in load_fleet().datacenters:
+        assert rows[dc.name, "per-dqn"][3] == rows[dc.name, "min-cost"][3], dc.name  # same path latency
+        assert len(rows[dc.name, "per-dqn"]) == 7 or rows[dc.name, "per-dqn"][7] == "0/2"  # none replaced
+    ranking = {r[0]: r for r in _table_rows(report, "method")}
+    assert _mean(ranking["per-dqn"][3]) == 0.0  # same DCs, same costs as min-cost
+
+
+def test_the_per_dqn_row_is_skipped_with_a_note_without_its_model(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HSCHED_MODELS_DIR", str(tmp_path))  # an empty models dir
+    methods = {m: PATH_METHODS[m] for m in ("min-cost", "per-dqn")}
+    report = run(EvalContext(seeds=[0], out_dir=tmp_path, quick=True), methods=methods)
+    assert "The per-dqn row is skipped: no model at" in report
+    assert {r[1] for r in _table_rows(report, "DC")} == {"min-cost"}

@@ -8,9 +8,11 @@ import logging
 
 from hsched import rpc
 from hsched.convert import task_from_pb
+from hsched.costs import WanGraph
 from hsched.costs.selection import Candidate
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.engine.selector import DcSelector
+from hsched.rl.path_serving import DEFAULT_MODEL, PATH_FINDERS, register_path_metrics, selector_path_finder
 from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
@@ -121,12 +123,15 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     fleet = fleet or load_fleet(args.fleet)
     keys = Keys(args.prefix)
     redis = connect(args.redis_url)
-    selector = DcSelector(fleet)
+    graph = WanGraph(fleet.wan)
+    selector = DcSelector(fleet, graph=graph, path_finder=selector_path_finder(
+        getattr(args, "path_finder", "dijkstra"), getattr(args, "path_model", DEFAULT_MODEL), graph))
     tasks = [asyncio.create_task(follow_summaries(redis, keys, selector)),
              asyncio.create_task(follow_links(redis, keys, selector))]
     metrics = metrics_server(args)
     if metrics:
         register_metrics(metrics, selector)
+        register_path_metrics(metrics, selector)
     server, port, _ = await rpc.start_server(
         lambda s: selector_pb2_grpc.add_SelectorServicer_to_server(SelectorServicer(selector), s),
         [selector_pb2.DESCRIPTOR.services_by_name["Selector"].full_name], args.listen, metrics)
@@ -134,6 +139,15 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     await serve_until_stopped(stop, server, port, args, tasks=tasks, metrics=metrics, cleanup=[redis.aclose])
 
 
+def parser():
+    p = common_args("hsched selector: data-center choice by resource + network cost")
+    p.add_argument("--path-finder", choices=PATH_FINDERS, default="dijkstra",
+                   help="min-cost/spf routes: dijkstra, or the PER-DQN agent (each path checked against dijkstra)")
+    p.add_argument("--path-model", default=DEFAULT_MODEL,
+                   help="the per-dqn model: a shipped name under models/ or a .pt path")
+    return p
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = common_args("hsched selector: data-center choice by resource + network cost").parse_args(argv)
+    args = parser().parse_args(argv)
     run("selector", args, lambda stop: serve(args, stop))

@@ -66,7 +66,8 @@ def cmd_up(args) -> int:
 
     console = Console(width=max(Console().width, 112))  # the summary table needs ~110 columns
     config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
-                         policy=args.policy, thermal=not args.no_thermal, traces=args.traces,
+                         policy=args.policy, gpu_policy=args.gpu_policy, path_finder=args.path_finder,
+                         thermal=not args.no_thermal, traces=args.traces,
                          gateway_port=args.port, log_dir=args.log_dir, log_level=args.log_level)
     stack = Stack(config)
     with console.status(f"starting Redis, thermal, selector, {len(stack.fleet.datacenters)} placers and the gateway"):
@@ -293,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--policy", default="bestfit", choices=POLICY_NAMES,
                     help="placer policy; double-dqn, ddpg and eade-ddpg load the shipped models/ "
                          "(a heuristic stands in, said in every decision, when a model is missing or does not fit)")
+    up.add_argument("--gpu-policy", choices=POLICY_NAMES,
+                    help="policy of the DCs with GPU cards (default: --policy), e.g. --policy double-dqn "
+                         "--gpu-policy eade-ddpg")
+    up.add_argument("--path-finder", default="dijkstra", choices=["dijkstra", "per-dqn"],
+                    help="the selector's routes: Dijkstra, or the shipped PER-DQN agent (every agent path is "
+                         "checked against Dijkstra and used only when valid and not longer)")
     up.add_argument("--no-thermal", action="store_true", help="run without the thermal service and guard")
     up.add_argument("--port", type=int, default=50051, help="gateway port")
     up.add_argument("--prefix", default="hsched", help="Redis key prefix")

@@ -38,6 +38,8 @@ class StackConfig:
     redis_url: str | None = None  # None: start an embedded redis-server
     prefix: str = "hsched"
     policy: str = "bestfit"
+    gpu_policy: str | None = None  # policy of the DCs with GPU cards (None: `policy` everywhere)
+    path_finder: str = "dijkstra"  # the selector's route source: dijkstra or per-dqn (checked against Dijkstra)
     thermal: bool = True
     traces: str = "none"
     metrics: bool = True
@@ -106,13 +108,15 @@ class Stack:
             if self.config.thermal:
                 self._spawn("thermal", "services.thermal", [*self._common("thermal"), "--listen", "127.0.0.1:0"])
                 thermal = ["thermal"]
-            self._spawn("selector", "services.selector", [*self._common("selector"), "--listen", "127.0.0.1:0"])
+            self._spawn("selector", "services.selector", [*self._common("selector"), "--listen", "127.0.0.1:0",
+                                                          "--path-finder", self.config.path_finder])
             self._wait_ready([*thermal, "selector"], timeout_s)
             placers = []
             for dc in self.fleet.datacenters:
                 name = f"placer-{dc.name}"
-                args = [*self._common(name), "--listen", "127.0.0.1:0", "--datacenter", dc.name,
-                        "--policy", self.config.policy]
+                has_gpus = dc.capacity_total().gpu_count > 0
+                policy = self.config.gpu_policy if has_gpus and self.config.gpu_policy else self.config.policy
+                args = [*self._common(name), "--listen", "127.0.0.1:0", "--datacenter", dc.name, "--policy", policy]
                 if self.config.thermal:
                     args += ["--thermal", self.services["thermal"].target]
                 self._spawn(name, "services.placer", args)

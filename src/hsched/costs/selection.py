@@ -116,10 +116,16 @@ def _route(graph: WanGraph, finder: PathFinder, best: VertexPath, src: str, dst:
         return best, DijkstraPathFinder.name, f"{finder.name} {problem}; used dijkstra"
     if must_be_shortest:
         got, opt = graph.path_metrics(path).latency_ms, graph.path_metrics(best).latency_ms
-        if got > opt * (1 + _REL_TOL) + _REL_TOL:
+        if not no_longer(got, opt):
             note = f"{finder.name} path {_num(got)} ms > dijkstra {_num(opt)} ms; used dijkstra"
             return best, DijkstraPathFinder.name, note
     return path, finder.name, ""
+
+
+def no_longer(latency_ms: float, shortest_ms: float) -> bool:
+    """Whether a path of `latency_ms` is as short as the shortest one (`shortest_ms`), float noise aside: the
+    test an agent's path must pass to be used (the path agents' training evaluation uses it too)."""
+    return latency_ms <= shortest_ms * (1 + _REL_TOL) + _REL_TOL
 
 
 def _violations(path: PathMetrics, need: NetworkRequirements, bandwidth_mbps: float) -> list[str]:

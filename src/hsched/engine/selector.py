@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from hsched.costs import WanGraph
-from hsched.costs.paths import RandomPathFinder
+from hsched.costs.paths import PathFinder, RandomPathFinder
 from hsched.costs.selection import METHODS, Candidate, rank_datacenters
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
@@ -25,6 +25,11 @@ class DcSelector:
     summary_seen: dict[str, float] = field(default_factory=dict)  # monotonic time it arrived
     _empty: dict[str, ClusterState] = field(default_factory=dict)
     _fit_cache: dict[tuple, str] = field(default_factory=dict)
+    # min-cost/spf routes (None: Dijkstra). rank_datacenters checks every path it gives against Dijkstra's;
+    # path_checks / path_agreed count those checks and the paths it used (valid and not longer).
+    path_finder: PathFinder | None = None
+    path_checks: int = 0
+    path_agreed: int = 0
 
     def __post_init__(self) -> None:
         self.graph = self.graph or WanGraph(self.fleet.wan)
@@ -79,5 +84,8 @@ class DcSelector:
             else:
                 eligible.append(dc)
         ranked, far = rank_datacenters(task, eligible, self.graph, self.fleet.network_price_per_gb_ms, entry, method,
-                                       random_path_finder=self.random_paths)
+                                       path_finder=self.path_finder, random_path_finder=self.random_paths)
+        if self.path_finder is not None and method != "crf":
+            self.path_checks += len(ranked)
+            self.path_agreed += sum(c.path_source == self.path_finder.name for c in ranked)
         return ranked, excluded + far

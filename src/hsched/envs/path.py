@@ -36,6 +36,17 @@ walking back and forth on a short link earns 1/w forever. Two consequences:
    optimum exactly, so a trained agent can be compared with it and with Dijkstra; the selector never
    trusts an agent path longer than Dijkstra's (hsched.costs.selection).
 
+The latency reward (`reward="latency"`, what the learned path agents train on). Because of point 2, an
+agent that maximises eq.11 perfectly still routes 2 of the 11 Abilene DCs off the shortest path, and the
+selector would then replace those paths. The alternative reward is the link's latency as a cost:
+`−w / latency_ref_ms` per move along a link of weight `w` (floored as above), plus `goal_reward` (default 1)
+added on the arriving move; a missing link still earns `invalid_reward`. Undiscounted (γ = 1), the return of
+a walk that arrives is `goal − latency(walk) / latency_ref_ms`, so the return-maximising walk IS the
+lowest-latency path (Dijkstra's; ties between equal-latency paths aside), and every loop only costs. With
+the default `latency_ref_ms` (the largest shortest-path latency from any vertex to a target) the optimal
+returns lie in [0, 1), a scale a Q-network fits easily. `value_iteration(..., reward="latency", gamma=1)`
+is then Bellman-Ford: tests/test_env_path.py checks it equals Dijkstra for every Abilene pair.
+
 Speed: adjacency and weights are precomputed into Python lists (no networkx per step); a link update on
 the WanGraph (`graph.version` moves) is picked up at the next `reset`.
 """
@@ -62,6 +73,7 @@ from hsched.traces.topology_zoo import MIN_LATENCY_MS
 ENV_ID = "hsched/Path-v0"
 DEFAULT_GAMMA = 0.99
 INVALID_REWARD = -1.0
+REWARDS = ("eq11", "latency")  # paper 003 eq.11; −latency per link (return-optimal = Dijkstra, γ = 1)
 
 Policy = Callable[[np.ndarray, dict[str, Any]], int]  # (observation, info) -> action
 
@@ -79,6 +91,27 @@ def eq11(weight_ms: float | None, *, arrived: bool, goal_reward: float,
     if arrived:
         return goal_reward
     return 1.0 / max(weight_ms, MIN_LATENCY_MS)
+
+
+def latency_reward(weight_ms: float | None, *, arrived: bool, ref_ms: float, goal_reward: float = 1.0,
+                   invalid_reward: float = INVALID_REWARD) -> float:
+    """The latency reward for one move: `invalid_reward` when there is no link, else −w/ref_ms (w floored at
+    MIN_LATENCY_MS, as in eq.11), plus `goal_reward` when the move reaches the target."""
+    if weight_ms is None:
+        return invalid_reward
+    return -max(weight_ms, MIN_LATENCY_MS) / ref_ms + (goal_reward if arrived else 0.0)
+
+
+def latency_ref_for(graph: WanGraph, targets: Sequence[str] | str | None = None) -> float:
+    """The default `latency_ref_ms`: the largest shortest-path latency from any vertex to one of `targets`
+    (default: the scheduler vertex), at least MIN_LATENCY_MS."""
+    if targets is None:
+        targets = [graph.wan.scheduler_vertex]
+    elif isinstance(targets, str):
+        targets = [targets]
+    worst = max((graph.path_metrics(p).latency_ms for t in targets for p in graph.dijkstra.paths_from(t).values()),
+                default=0.0)
+    return max(worst, MIN_LATENCY_MS)
 
 
 def reward_eq11(graph: WanGraph, u: str, v: str, *, target: str | None = None, goal_reward: float,
@@ -183,9 +216,13 @@ class PathEnv(gymnasium.Env[np.ndarray, np.int64]):
         start: a fixed start vertex, or None for a uniformly random vertex that can reach the target (never
             the target itself). `reset(options={"start": v})` overrides it once.
         max_steps: truncation after this many moves (default 2 × vertex count; invalid moves count).
-        goal_reward: eq.11's reward on arrival; None = `goal_reward_for(graph, targets, gamma)`.
-        invalid_reward: eq.11's reward for a move along a missing link (paper: −1).
-        gamma: only used to size the default goal reward (the discount of the agent that will train on it).
+        goal_reward: the reward on arrival; None = `goal_reward_for(graph, targets, gamma)` for eq.11, 1.0 for
+            the latency reward.
+        invalid_reward: the reward for a move along a missing link (paper: −1).
+        gamma: only used to size eq.11's default goal reward (the discount of the agent that will train on
+            it); the latency reward is meant undiscounted.
+        reward: "eq11" (default, the paper's) or "latency" (see the module docstring).
+        latency_ref_ms: the latency reward's scale; None = `latency_ref_for(graph, targets)`.
 
     `info` after reset and step: "action_mask" (int8, 1 = a link to that vertex exists; a fresh array per
     call, as Gymnasium's checker requires), "path" (vertex names visited so far, start first), "target".
@@ -197,7 +234,10 @@ class PathEnv(gymnasium.Env[np.ndarray, np.int64]):
                  target: str | Sequence[str] | None = None, *, start: str | None = None,
                  max_steps: int | None = None, goal_reward: float | None = None,
                  invalid_reward: float = INVALID_REWARD, gamma: float = DEFAULT_GAMMA,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, reward: str = "eq11",
+                 latency_ref_ms: float | None = None) -> None:
+        if reward not in REWARDS:
+            raise ValidationError("reward", f"must be one of {', '.join(REWARDS)}", reward)
         self.graph = _as_graph(graph, target if isinstance(target, str) else None)
         self.vertices: tuple[str, ...] = self.graph.vertices
         self.index = {v: i for i, v in enumerate(self.vertices)}
@@ -225,8 +265,17 @@ class PathEnv(gymnasium.Env[np.ndarray, np.int64]):
             raise ValidationError("render_mode", "must be None or 'ansi'", render_mode)
         self.render_mode = render_mode
         self.gamma = gamma
-        self.goal_reward = float(goal_reward_for(self.graph, targets, gamma) if goal_reward is None
-                                 else goal_reward)
+        self.reward = reward
+        if reward == "latency":
+            self.latency_ref_ms = float(latency_ref_for(self.graph, targets) if latency_ref_ms is None
+                                        else latency_ref_ms)
+            if not self.latency_ref_ms > 0:
+                raise ValidationError("latency_ref_ms", "must be > 0", latency_ref_ms)
+            self.goal_reward = 1.0 if goal_reward is None else float(goal_reward)
+        else:
+            self.latency_ref_ms = None
+            self.goal_reward = float(goal_reward_for(self.graph, targets, gamma) if goal_reward is None
+                                     else goal_reward)
         self.invalid_reward = float(invalid_reward)
 
         self.observation_space = spaces.Box(0.0, 1.0, shape=(2 * n,), dtype=np.float32)
@@ -302,7 +351,7 @@ class PathEnv(gymnasium.Env[np.ndarray, np.int64]):
             raise ValueError(f"action {action} is outside Discrete({self.n})")
         w = self._weights[self._u].get(a)
         arrived = w is not None and a == self._t
-        reward = eq11(w, arrived=arrived, goal_reward=self.goal_reward, invalid_reward=self.invalid_reward)
+        reward = self.move_reward(w, arrived)
         if w is not None:
             self._u = a
             self._path.append(self.vertices[a])
@@ -316,6 +365,28 @@ class PathEnv(gymnasium.Env[np.ndarray, np.int64]):
         return None
 
     # -- helpers ---------------------------------------------------------------------------------------------
+
+    def move_reward(self, weight_ms: float | None, arrived: bool) -> float:
+        """This env's reward for one move (eq.11 or the latency reward) along a link of `weight_ms` (None: no
+        link)."""
+        if self.reward == "latency":
+            return latency_reward(weight_ms, arrived=arrived, ref_ms=self.latency_ref_ms,
+                                  goal_reward=self.goal_reward, invalid_reward=self.invalid_reward)
+        return eq11(weight_ms, arrived=arrived, goal_reward=self.goal_reward, invalid_reward=self.invalid_reward)
+
+    def get_state(self) -> dict[str, Any]:
+        """The episode in progress and the env's random stream, for a training checkpoint."""
+        return {"u": self._u, "t": self._t, "steps": self._steps, "path": list(self._path),
+                "np_random": self.np_random.bit_generator.state}
+
+    def set_state(self, state: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        """Continue the episode saved by `get_state`; returns its current (observation, info)."""
+        if self.graph.version != self._version:
+            self._build()
+        self.np_random.bit_generator.state = state["np_random"]
+        self._u, self._t, self._steps = int(state["u"]), int(state["t"]), int(state["steps"])
+        self._path = list(state["path"])
+        return self._obs(), self._info()
 
     def _obs(self) -> np.ndarray:
         obs = np.zeros(2 * self.n, dtype=np.float32)
@@ -341,34 +412,37 @@ class PathEnv(gymnasium.Env[np.ndarray, np.int64]):
 
 def value_iteration(graph: WanGraph, target: str | None = None, *, gamma: float = DEFAULT_GAMMA,
                     goal_reward: float | None = None, invalid_reward: float = INVALID_REWARD,
-                    tol: float = 1e-9, max_iter: int = 100_000) -> tuple[np.ndarray, np.ndarray]:
-    """Optimal state values and greedy actions of the eq.11 MDP (infinite horizon, discount `gamma`).
+                    tol: float = 1e-9, max_iter: int = 100_000, reward: str = "eq11",
+                    latency_ref_ms: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Optimal state values and greedy actions of the path MDP (infinite horizon, discount `gamma`).
 
     Returns (V, policy) indexed like `graph.vertices`; V[target] = 0 (terminal), policy[target] = -1. Uses
-    the same `PathEnv` tables and `eq11`, so it is the exact optimum of the env the agent trains on (no
-    time limit). O(n²) per sweep: for graphs up to a few hundred vertices.
+    the same `PathEnv` tables and reward (eq.11 by default, or `reward="latency"`, then with gamma = 1), so
+    it is the exact optimum of the env the agent trains on (no time limit). O(n²) per sweep: for graphs up to
+    a few hundred vertices.
     """
-    env = PathEnv(graph, target, gamma=gamma, goal_reward=goal_reward, invalid_reward=invalid_reward)
+    env_gamma = gamma if 0 < gamma < 1 else DEFAULT_GAMMA  # PathEnv's gamma only sizes eq.11's default goal
+    env = PathEnv(graph, target, gamma=env_gamma, goal_reward=goal_reward, invalid_reward=invalid_reward,
+                  reward=reward, latency_ref_ms=latency_ref_ms)
     n, t = env.n, env.index[env.targets[0]]
-    reward = np.empty((n, n))
+    reward_table = np.empty((n, n))
     nxt = np.empty((n, n), dtype=np.int64)
     for u in range(n):
         for a in range(n):
             w = env._weights[u].get(a)
-            reward[u, a] = eq11(w, arrived=w is not None and a == t, goal_reward=env.goal_reward,
-                                invalid_reward=env.invalid_reward)
+            reward_table[u, a] = env.move_reward(w, w is not None and a == t)
             nxt[u, a] = u if w is None else a
     cont = (nxt != t).astype(float)  # arriving ends the episode: no value after it
     values = np.zeros(n)
     for _ in range(max_iter):
-        q = reward + gamma * cont * values[nxt]
+        q = reward_table + gamma * cont * values[nxt]
         new = q.max(axis=1)
         new[t] = 0.0
         if np.max(np.abs(new - values)) < tol:
             values = new
             break
         values = new
-    q = reward + gamma * cont * values[nxt]
+    q = reward_table + gamma * cont * values[nxt]
     policy = q.argmax(axis=1)
     policy[t] = -1
     return values, policy

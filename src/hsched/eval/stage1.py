@@ -17,7 +17,10 @@ Two views, both computed by the selector's own cost code (`hsched.costs.rank_dat
    - eq11-optimum: the exact optimum of the path MDP of paper 003 §2.1 (hsched.envs.path, value
      iteration, γ = 0.99) — what a perfectly trained PER-DQN agent maximising eq.11 would route. A
      reference row, not a selector method: it shows where eq.11's optimum is not the shortest path.
-   The trained PER-DQN row plugs into `PATH_METHODS` (see below).
+   - per-dqn: the shipped PER-DQN agent (models/per_dqn_path.pt, hsched.rl.dqn, trained on the latency
+     reward whose optimum is Dijkstra's), ranked by eq.3 like min-cost; a path of it that is invalid or
+     longer than Dijkstra's would be replaced by the selector and counted. Skipped, with a note in the
+     report, when the model is missing or was trained on another WAN.
 2. Ranking view: `TASKS` real jobs (LLNL Thunder, the 500 evaluation jobs after the 5 000 used by
    stage 2), each entering the WAN at a vertex drawn per seed, data size = memory request (the convention
    of bench/stack_bench.py: SWF logs record no data size). Each method picks its top-ranked DC among the
@@ -66,6 +69,7 @@ class PathMethod:
     finder: Callable[[WanGraph, int], PathFinder]
     about: str
     reference: bool = False  # a reference row (not a selector method): not in the ranking view
+    unavailable: Callable[[WanGraph], str] | None = None  # why the row cannot run here ("" = it can)
 
 
 def _eq11_optimum(graph: WanGraph, seed: int) -> PathFinder:
@@ -74,13 +78,32 @@ def _eq11_optimum(graph: WanGraph, seed: int) -> PathFinder:
     return PolicyPathFinder(graph, optimal_policy(graph, gamma=ORACLE_GAMMA), name="eq11-optimum")
 
 
-# The hook for the learned row: PATH_METHODS["per-dqn"] = PathMethod("min-cost", lambda g, seed:
-# PolicyPathFinder(g, agent_policy, name="per-dqn"), "PER-DQN agent (models/...)").
+PER_DQN_MODEL = "per_dqn_path"
+
+
+def _per_dqn(graph: WanGraph, seed: int) -> PathFinder:
+    from hsched.rl.dqn import load_path_finder
+
+    return load_path_finder(PER_DQN_MODEL, graph, name="per-dqn")
+
+
+def _per_dqn_unavailable(graph: WanGraph) -> str:
+    from hsched.rl.dqn import ModelMismatch
+
+    try:
+        _per_dqn(graph, 0)
+    except (FileNotFoundError, ModelMismatch) as exc:
+        return str(exc)
+    return ""
+
+
 PATH_METHODS: dict[str, PathMethod] = {
     "min-cost": PathMethod("min-cost", lambda g, seed: g.dijkstra, "Dijkstra paths, ranked by eq.3 total"),
     "crf": PathMethod("crf", lambda g, seed: RandomPathFinder(g, seed=seed),
                       "random simple path, ranked by resource cost (eq.1)"),
     "spf": PathMethod("spf", lambda g, seed: g.dijkstra, "Dijkstra paths, ranked by path latency"),
+    "per-dqn": PathMethod("min-cost", _per_dqn, "PER-DQN agent's paths (models/per_dqn_path.pt), ranked by eq.3 "
+                          "total", unavailable=_per_dqn_unavailable),
     "eq11-optimum": PathMethod("min-cost", _eq11_optimum,
                                f"exact optimum of the path MDP (eq.11, value iteration, γ = {ORACLE_GAMMA})",
                                reference=True),
@@ -244,6 +267,8 @@ def run(ctx: EvalContext, fleet: Fleet | None = None, methods: dict[str, PathMet
     if not ctx.seeds:
         raise ValueError("EvalContext.seeds must name at least one seed")
     graph = WanGraph(fleet.wan)
+    skipped = {m: why for m, pm in methods.items() if pm.unavailable and (why := pm.unavailable(graph))}
+    methods = {m: pm for m, pm in methods.items() if m not in skipped}
     tasks = _thunder_tasks(QUICK_TASKS if ctx.quick else TASKS)
     fig6, pngs = _fig6(ctx, fleet, graph, methods)
     ranking, more = _ranking(ctx, fleet, graph, methods, tasks)
@@ -261,6 +286,7 @@ def run(ctx: EvalContext, fleet: Fleet | None = None, methods: dict[str, PathMet
         "",
         "spf's cost to a *given* DC is min-cost's (both route on the shortest path; spf differs only in which "
         "DC it picks). eq11-optimum is a reference row: the path MDP's exact optimum, not a selector method.",
+        *[f"The {m} row is skipped: {why}." for m, why in skipped.items()],
         "",
         fig6,
         "",

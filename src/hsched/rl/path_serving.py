@@ -1,0 +1,53 @@
+"""The selector's learned path finder (`--path-finder per-dqn`) and its agreement metrics.
+
+Kept apart from hsched.rl.dqn so that a selector routing on Dijkstra never imports torch. The safety net is
+not here but in `hsched.costs.rank_datacenters`: every agent path is checked against Dijkstra's and used only
+when it is valid and not longer; `DcSelector` counts those checks (`path_checks`, `path_agreed`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hsched.costs.graph import WanGraph
+from hsched.costs.paths import PathFinder
+
+log = logging.getLogger("hsched.selector")
+
+PATH_FINDERS = ("dijkstra", "per-dqn")
+DEFAULT_MODEL = "per_dqn_path"  # models/per_dqn_path.pt
+
+
+def selector_path_finder(kind: str, model: str, graph: WanGraph) -> PathFinder | None:
+    """The learned path finder for `kind`, or None (Dijkstra) when asked for Dijkstra or when the model is
+    missing or was trained on another WAN (said in the log; the selector then routes on Dijkstra)."""
+    if kind == "dijkstra":
+        return None
+    if kind not in PATH_FINDERS:
+        raise ValueError(f"path finder: must be one of {', '.join(PATH_FINDERS)}, got {kind!r}")
+    from hsched.rl import dqn  # torch: only imported when a learned finder is asked for
+
+    try:
+        finder = dqn.load_path_finder(model, graph, name=kind)
+    except (FileNotFoundError, dqn.ModelMismatch) as exc:
+        log.warning("path finder %s: %s; routing on dijkstra instead", kind, exc)
+        return None
+    log.info("path finder %s: serving %s (every path checked against dijkstra)", kind, model)
+    return finder
+
+
+def register_path_metrics(metrics: Any, selector: Any) -> None:
+    """Prometheus gauges on the selector's MetricsServer: the share of checked agent paths it used (valid,
+    not longer than Dijkstra's) and the check counts by outcome, since start. Nothing without an agent."""
+    finder = selector.path_finder
+    if finder is None:
+        return
+    metrics.register_gauge_family(
+        "hsched_selector_path_agreement", "Share of checked agent paths used (valid, not longer than Dijkstra)",
+        ["finder"], lambda: [((finder.name,), selector.path_agreed / selector.path_checks)]
+        if selector.path_checks else [])
+    metrics.register_gauge_family(
+        "hsched_selector_path_checks", "Agent paths checked against Dijkstra since start, by outcome",
+        ["finder", "outcome"], lambda: [((finder.name, "used"), selector.path_agreed),
+                                        ((finder.name, "replaced"), selector.path_checks - selector.path_agreed)])
