@@ -42,6 +42,17 @@ def test_scorer_extra_per_item_input_changes_the_score():
     assert not torch.allclose(a, b)
 
 
+def test_pooled_scorer_is_the_head_over_item_context_and_extra():
+    torch.manual_seed(0)
+    net = PooledScorer(2, 1, embed=4, hidden=(5,), extra_features=1)
+    items, task, extra = torch.rand(2, 3, 2), torch.rand(2, 1), torch.rand(2, 3, 1)
+    # the plain definition: every item's embedding ⧺ mean and max of all embeddings ⧺ its extra input
+    h = torch.relu(net.embed(torch.cat([items, task.unsqueeze(1).expand(-1, 3, -1)], dim=-1)))
+    context = torch.cat([h.mean(dim=1), h.amax(dim=1)], dim=-1).unsqueeze(1).expand(-1, 3, -1)
+    expected = net.head(torch.cat([h, context, extra], dim=-1)).squeeze(-1)
+    torch.testing.assert_close(net(items, task, extra), expected, atol=1e-6, rtol=1e-5)
+
+
 def test_smooth_is_a_trailing_mean():
     np.testing.assert_allclose(smooth([1, 2, 3, 4], 2), [1.0, 1.5, 2.5, 3.5])
     np.testing.assert_allclose(smooth([4, 0, 2], 3), [4.0, 2.0, 2.0])

