@@ -71,6 +71,7 @@ class LoadResult:
     offered_rps: float | None = None  # open loop: target arrival rate
     client_cpu: list[float] = field(default_factory=list)  # busy fraction of each client process
     extra: dict[str, Any] = field(default_factory=dict)
+    latencies_s: Any = field(default=None, repr=False)  # the successful calls' latencies (for `combine`)
 
     @classmethod
     def from_samples(cls, latencies_s, errors: dict[str, int], elapsed_s: float, **kw) -> LoadResult:
@@ -85,8 +86,25 @@ class LoadResult:
             elapsed_s=elapsed_s,
             throughput_rps=lat.size / elapsed_s if elapsed_s > 0 else 0.0,
             p50_ms=float(p50), p90_ms=float(p90), p99_ms=float(p99), max_ms=float(mx),
+            latencies_s=lat / 1e3,
             **kw,
         )
+
+    @classmethod
+    def combine(cls, results: list[LoadResult]) -> LoadResult:
+        """Runs one after the other as one: their calls over the sum of their measured times."""
+        import numpy as np
+
+        errors: Counter = Counter()
+        for r in results:
+            errors.update(r.errors)
+        lat = np.concatenate([np.asarray(r.latencies_s if r.latencies_s is not None else [], dtype=float)
+                              for r in results]) if results else []
+        cpu = [sum(r.client_cpu[k] * r.elapsed_s for r in results if k < len(r.client_cpu))
+               / max(1e-9, sum(r.elapsed_s for r in results)) for k in range(max((len(r.client_cpu) for r in results),
+                                                                                  default=0))]
+        return cls.from_samples(lat, errors, sum(r.elapsed_s for r in results),
+                                dropped=sum(r.dropped for r in results), client_cpu=cpu)
 
     def summary(self) -> str:
         s = (f"{self.throughput_rps:8.0f} req/s  p50 {self.p50_ms:6.2f}  p90 {self.p90_ms:6.2f}  "

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench` is not an installed package
 
 from bench.echo_chain import echo_request, start_echo_chain
-from bench.loadgen import STEP, run_closed_loop, run_load
+from bench.loadgen import STEP, LoadResult, run_closed_loop, run_load
 
 ECHO = "bench.echo_chain:echo_request"
 
@@ -36,6 +36,16 @@ def test_closed_loop(target):
 def test_closed_loop_total(target):
     r = run_load(target, ECHO, concurrency=4, duration_s=None, total=50, warmup_s=0)
     assert r.calls == 50 and r.errors == {}
+
+
+def test_combined_runs_are_their_calls_over_their_summed_time():
+    a = LoadResult.from_samples([0.001] * 30, {"UNAVAILABLE": 2}, 1.0, client_cpu=[0.2])
+    b = LoadResult.from_samples([0.003] * 10, {}, 3.0, client_cpu=[0.6])
+    both = LoadResult.combine([a, b])
+    assert both.calls == 42 and both.errors == {"UNAVAILABLE": 2} and both.elapsed_s == 4.0
+    assert both.throughput_rps == pytest.approx(40 / 4.0)  # successful calls over the summed time
+    assert both.p50_ms == pytest.approx(1.0) and both.max_ms == pytest.approx(3.0)
+    assert both.client_cpu == [pytest.approx((0.2 * 1 + 0.6 * 3) / 4)]  # weighted by each run's time
 
 
 def test_open_loop_rate(target):

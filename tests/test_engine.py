@@ -366,6 +366,20 @@ async def test_batch_check_vetoes_what_an_optimistic_headroom_lets_through(redis
         assert not e.state.allocations and not await ledger_events(redis, prefix)
 
 
+async def test_in_process_guard_defers_at_the_redline_and_reports_the_effect(redis, prefix) -> None:
+    """The placer's own RoomGuard (thermal=room model): same answers as the ledger-folded model above."""
+    async with running(new_engine(cheap(redline_c=21.0), redis, prefix, thermal=room_for(cheap(21.0)))) as e:
+        r = await e.place("hot", spec(2))
+        assert r.outcome == "deferred" and r.thermal_limited and "redline" in r.reason
+    dc = cheap(redline_c=27.0)
+    async with running(new_engine(dc, redis, f"{prefix}:b", thermal=room_for(dc))) as e:
+        first, r = await e.place("a", spec(12)), await e.place("b", spec(12))
+        assert first.outcome == r.outcome == "placed"
+        assert r.thermal is not None and r.thermal.ok and r.thermal.max_inlet_after_c > r.thermal.max_inlet_before_c
+        folded, _ = await fold_ledger(redis, f"{prefix}:b", dc)
+        assert room_for(dc).evaluate(*load_arrays(folded)).max_inlet_c == pytest.approx(r.thermal.max_inlet_after_c)
+
+
 async def test_normal_redline_places_and_reports_the_thermal_effect(redis, prefix) -> None:
     dc = cheap(redline_c=27.0)
     guard = LibraryThermalGuard(dc, redis, Keys(prefix))
@@ -435,12 +449,14 @@ async def check_everything(engine: PlacerEngine, model: Model, redis, prefix: st
     assert room.evaluate(*load_arrays(folded)).max_inlet_c <= room.params.redline_c + 1e-9
 
 
-async def run_sequence(redis_url: str, prefix: str, ops: list[tuple], policy: str, redline_c: float) -> None:
+async def run_sequence(redis_url: str, prefix: str, ops: list[tuple], policy: str, redline_c: float,
+                       guard: str = "in-process") -> None:
     dc = cheap(redline_c)
     redis = connect(redis_url)
     keys = Keys(prefix)
-    engine = PlacerEngine(dc, redis, keys, make_policy(policy, seed=3), "prop",
-                          thermal=LibraryThermalGuard(dc, redis, keys))
+    # in-process: the placer's own RoomGuard over its state (what it runs); ledger: a model folded from Redis
+    thermal = room_for(dc) if guard == "in-process" else LibraryThermalGuard(dc, redis, keys)
+    engine = PlacerEngine(dc, redis, keys, make_policy(policy, seed=3), "prop", thermal=thermal)
     model = Model()
     await engine.start(wait_for_lease_s=0.0)
     try:
@@ -473,7 +489,7 @@ async def run_sequence(redis_url: str, prefix: str, ops: list[tuple], policy: st
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OP, min_size=1, max_size=12), policy=st.sampled_from(sorted(HEURISTICS)),
-       redline_c=st.sampled_from([22.0, 22.5, 27.0]))
+       redline_c=st.sampled_from([22.0, 22.5, 27.0]), guard=st.sampled_from(["in-process", "ledger"]))
 def test_random_sequences_never_over_allocate_and_every_ack_is_in_the_ledger(
-        redis_url: str, prefix: str, ops: list[tuple], policy: str, redline_c: float) -> None:
-    asyncio.run(run_sequence(redis_url, f"{prefix}:{uuid.uuid4().hex[:8]}", ops, policy, redline_c))
+        redis_url: str, prefix: str, ops: list[tuple], policy: str, redline_c: float, guard: str) -> None:
+    asyncio.run(run_sequence(redis_url, f"{prefix}:{uuid.uuid4().hex[:8]}", ops, policy, redline_c, guard))

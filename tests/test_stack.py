@@ -323,6 +323,27 @@ def test_one_submit_is_one_trace_across_all_four_services(gw, otlp):
     release(gw, t.task_id)
 
 
+def test_placer_can_ask_the_thermal_service_instead_of_its_own_room_model(redis_url):
+    """--thermal-guard service: the batch check goes over gRPC to the thermal service (the default runs the same
+    library in-process); the answer carries the same thermal effect."""
+    import urllib.request
+
+    prefix = f"test-stack-guard-{int(time.time() * 1000)}"
+    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
+                         extra_env={"HSCHED_THERMAL_GUARD": "service"})
+    try:
+        with Stack(config) as s, grpc.insecure_channel(s.gateway) as ch:
+            t = submit(gateway_pb2_grpc.GatewayStub(ch), task(cores=2)).task
+            assert t.state == pb.TASK_STATE_PLACED
+            assert t.explanation.thermal.redline_c == 27.0
+            assert t.explanation.thermal.max_inlet_after_c >= t.explanation.thermal.max_inlet_before_c
+            url = f"http://127.0.0.1:{s.services['thermal'].metrics_port}/metrics"
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+            assert 'method="hsched.v1.Thermal/Predict"' in text
+    finally:
+        delete_prefix(redis_url, prefix)
+
+
 def test_metrics_endpoints_expose_paper_002_names(stack, gw):
     import urllib.request
 

@@ -20,9 +20,11 @@ from hsched.telemetry import (
     Metrics,
     MetricsServer,
     client_interceptors,
+    instrumented,
     metrics,
     server_interceptor,
     setup_tracing,
+    traced_channel,
 )
 from hsched.v1 import (
     common_pb2,
@@ -55,6 +57,26 @@ async def serve(add: Callable[[grpc.aio.Server], None], *interceptors: Any) -> t
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"
+
+
+WIRINGS = ["interceptors", "wrapped"]  # grpc.aio interceptors, or instrumented() + traced_channel() (hsched.rpc)
+
+
+async def serve_wired(add: Callable[[grpc.aio.Server], None], wiring: str, tracer_provider: TracerProvider,
+                      metrics: Metrics | None = None) -> tuple[grpc.aio.Server, str]:
+    if wiring == "interceptors":
+        return await serve(add, server_interceptor(tracer_provider, metrics=metrics))
+    server = grpc.aio.server()
+    add(instrumented(server, tracer_provider, metrics))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def channel_wired(addr: str, wiring: str, tracer_provider: TracerProvider) -> Any:
+    if wiring == "interceptors":
+        return grpc.aio.insecure_channel(addr, interceptors=client_interceptors(tracer_provider))
+    return traced_channel(grpc.aio.insecure_channel(addr), tracer_provider)
 
 
 def by_name_and_kind(finished: tuple[ReadableSpan, ...]) -> dict[tuple[str, SpanKind], ReadableSpan]:
@@ -107,21 +129,19 @@ class Chain(NamedTuple):
 
 
 @contextlib.asynccontextmanager
-async def start_chain(spans: InMemorySpanExporter, selector_tp: TracerProvider) -> AsyncIterator[Chain]:
+async def start_chain(spans: InMemorySpanExporter, selector_tp: TracerProvider,
+                      wiring: str = "interceptors") -> AsyncIterator[Chain]:
     """client -> selector -> thermal, each with its own tracer provider (service.name)."""
     thermal_metrics = Metrics(process_metrics=False)
-    thermal_server, thermal_addr = await serve(
-        lambda s: thermal_pb2_grpc.add_ThermalServicer_to_server(Thermal(), s),
-        server_interceptor(provider("thermal", spans), metrics=thermal_metrics),
-    )
-    to_thermal = grpc.aio.insecure_channel(thermal_addr, interceptors=client_interceptors(selector_tp))
+    thermal_server, thermal_addr = await serve_wired(
+        lambda s: thermal_pb2_grpc.add_ThermalServicer_to_server(Thermal(), s), wiring,
+        provider("thermal", spans), thermal_metrics)
+    to_thermal = channel_wired(thermal_addr, wiring, selector_tp)
     selector = Selector(thermal_pb2_grpc.ThermalStub(to_thermal))
-    selector_server, selector_addr = await serve(
-        lambda s: selector_pb2_grpc.add_SelectorServicer_to_server(selector, s),
-        server_interceptor(selector_tp),
-    )
+    selector_server, selector_addr = await serve_wired(
+        lambda s: selector_pb2_grpc.add_SelectorServicer_to_server(selector, s), wiring, selector_tp)
     client_tp = provider("client", spans)
-    client = grpc.aio.insecure_channel(selector_addr, interceptors=client_interceptors(client_tp))
+    client = channel_wired(selector_addr, wiring, client_tp)
     try:
         yield Chain(
             selector_pb2_grpc.SelectorStub(client), selector, thermal_metrics, client_tp.get_tracer("test")
@@ -133,9 +153,9 @@ async def start_chain(spans: InMemorySpanExporter, selector_tp: TracerProvider) 
         await thermal_server.stop(None)
 
 
-@pytest.fixture
-async def chain(spans: InMemorySpanExporter) -> AsyncIterator[Chain]:
-    async with start_chain(spans, provider("selector", spans)) as c:
+@pytest.fixture(params=WIRINGS)
+async def chain(request: pytest.FixtureRequest, spans: InMemorySpanExporter) -> AsyncIterator[Chain]:
+    async with start_chain(spans, provider("selector", spans), request.param) as c:
         yield c
 
 
@@ -169,8 +189,9 @@ async def test_one_trace_across_two_hops(chain: Chain, spans: InMemorySpanExport
     assert chain.selector.seen_metadata["traceparent"] == traceparent
 
 
-async def test_a_hop_without_exporter_passes_the_trace_through(spans: InMemorySpanExporter) -> None:
-    async with start_chain(spans, setup_tracing("selector", "none", set_global=False)) as chain:
+@pytest.mark.parametrize("wiring", WIRINGS)
+async def test_a_hop_without_exporter_passes_the_trace_through(spans: InMemorySpanExporter, wiring: str) -> None:
+    async with start_chain(spans, setup_tracing("selector", "none", set_global=False), wiring) as chain:
         root = await chain.select("dc-1")
 
     index = by_name_and_kind(spans.get_finished_spans())

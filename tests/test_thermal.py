@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
+from hsched.domain.cluster import ClusterState, GpuShare, Part
+from hsched.domain.fleet import load_fleet
+from hsched.domain.resources import MILLI
 from hsched.thermal import (
     RoomGeometry,
     RoomModel,
@@ -20,6 +24,8 @@ from hsched.thermal import (
     recirculation_from_geometry,
     server_power,
 )
+from hsched.thermal.datacenter import load_arrays, room_for
+from hsched.thermal.guard import LoadDelta, RoomGuard, newly_hot, shifted
 
 # A 2-server room with round numbers: m_dot * c_p = 0.05 * 1000 = 50 W/K.
 D2 = np.array([[0.010, 0.002], [0.003, 0.020]])
@@ -144,6 +150,88 @@ def test_max_inlet_if_added_matches_brute_force(mode: str) -> None:
         # at the CURRENT supply temperature (identical to s.t_supply_c in fixed mode)
         assert fast[k] == pytest.approx(t_sup_now + s.max_inlet_c - s.t_supply_c, abs=1e-12)
     assert m.added_power_w(8)[0] == pytest.approx(200.0 * 8 / 24)  # eq.5 slope
+
+
+def reference_headroom(m: RoomModel, busy: np.ndarray, gpu: np.ndarray | None = None) -> np.ndarray:
+    """The definition: min over the servers i that k heats of (redline - T_sup - rise_i) / D[i, k]."""
+    p = m.params
+    slack = p.redline_c - (p.t_supply_c if p.supply_mode == "fixed" else p.t_supply_min_c) - m.d @ m.power(busy, gpu)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(m.d > 0, slack[:, None] / m.d, np.inf).min(axis=0)
+
+
+def test_headroom_by_hand() -> None:
+    # room2 at 6 and 12 busy cores: P = 150, 200 W; rise = D @ P = [1.9, 4.45] K; slack = 7 - rise = [5.1, 2.55]
+    # server 0 heats i=0 (0.010 K/W) and i=1 (0.003): min(5.1 / 0.010, 2.55 / 0.003) = 510 W
+    # server 1: min(5.1 / 0.002, 2.55 / 0.020) = 127.5 W
+    assert room2().headroom_w([6, 12]) == pytest.approx([510.0, 127.5])
+
+
+@pytest.mark.parametrize("redline_c", [22.0, 27.0, 40.0])  # hot rows, some, none
+def test_headroom_matches_the_definition_with_hot_rows_and_idle_columns(redline_c: float) -> None:
+    rng = np.random.default_rng(2)
+    d = rng.random((30, 30)) * 2e-3
+    d[d < 1e-3] = 0.0
+    d[:, 3] = 0.0  # server 3 heats nobody: unbounded headroom
+    m = RoomModel(d, ThermalParams(redline_c=redline_c))
+    for scale in (0.2, 1.0):
+        busy = rng.random(30) * 24 * scale
+        fast, ref = m.headroom_w(busy), reference_headroom(m, busy)
+        assert np.isinf(fast[3]) and np.array_equal(np.isinf(fast), np.isinf(ref))
+        assert fast[np.isfinite(ref)] == pytest.approx(ref[np.isfinite(ref)], rel=1e-12)
+
+
+def test_power_of_is_eq5_without_the_checks() -> None:
+    m = RoomModel(D2, P2, p_idle_w=[100, 80], p_full_w=[300, 250], total_cores=[24, 0], gpu_count=[2, 0],
+                  gpu_idle_w=30.0, gpu_full_w=250.0)
+    busy, gpu = np.array([6.0, 0.0]), np.array([1.5, 0.0])
+    # server 0: 100 + 200 * 6 / 24 + 2 * 30 + 220 * 1.5 = 540 W; server 1 has no cores: idle 80 W
+    assert m.power_of(busy, gpu) == pytest.approx([540.0, 80.0])
+    assert m.power_of(busy, gpu) == pytest.approx(m.power(busy, gpu))
+
+
+@pytest.mark.parametrize("margin_k", [None, 0.02])  # the fleet's redline, or one just above the idle room
+async def test_room_guard_is_the_thermal_service_rule_on_the_placer_state(margin_k: float | None) -> None:
+    """RoomGuard.check (the placer: its state already holds the batch) == the thermal service's rule (the state
+    at the ledger plus the deltas), and the headroom it hands on is exact or below the exact one."""
+    dc = load_fleet(None).datacenter("kansas-city")  # GPU servers of the openb cluster
+    room = room_for(dc)
+    if margin_k is not None:  # fixed supply (the fleet's CRAC follows the redline), redline just above idle
+        servers = {"p_idle_w": room.p_idle_w, "p_full_w": room.p_full_w, "total_cores": room.total_cores,
+                   "gpu_count": room.gpu_count, "gpu_idle_w": room.gpu_idle_w, "gpu_full_w": room.gpu_full_w}
+        fixed = dataclasses.replace(room.params, supply_mode="fixed", t_supply_c=20.0)
+        redline = RoomModel(room.d, fixed, **servers).evaluate(np.zeros(room.n)).max_inlet_c + margin_k
+        room = RoomModel(room.d, dataclasses.replace(fixed, redline_c=redline), **servers)
+    state = ClusterState(dc)
+    guard = RoomGuard(room, state)
+    rng = np.random.default_rng(4)
+    t = state.table
+    vetoes = bounded = 0
+    for step in range(60):
+        deltas = []
+        for j in range(rng.integers(1, 4)):
+            k = int(rng.integers(state.n))
+            cpu = int(min(state.free_cpu[k], rng.integers(0, 16) * MILLI))
+            card = int(rng.integers(max(1, t.gpu_count[k])))
+            pct = int(min(state.gpu_free_core[k, card], rng.choice([0, 25, 50, 100]))) if t.gpu_count[k] else 0
+            state.apply(f"t{step}-{j}", (Part(0, 0, k, cpu, 0, 0, 0, (GpuShare(card, pct, 0),) if pct else ()),))
+            deltas.append(LoadDelta(k, cpu, pct / 100.0))
+        cpu_before, gpu_before = shifted(state.busy_cpu(), state.busy_gpu_percent(), deltas, sign=-1)
+        before = room.evaluate(cpu_before / MILLI, gpu_before / 100.0)
+        after = room.evaluate(*load_arrays(state))
+        check = await guard.check(deltas)
+        assert check.max_inlet_before_c == pytest.approx(before.max_inlet_c, abs=1e-9)
+        assert check.max_inlet_after_c == pytest.approx(after.max_inlet_c, abs=1e-9)
+        assert check.pue_before == pytest.approx(before.pue) and check.pue_after == pytest.approx(after.pue)
+        assert check.nodes_over_redline == newly_hot(before, after) and check.ok == (not check.nodes_over_redline)
+        exact = room.headroom_w(*load_arrays(state))
+        assert (check.headroom_w <= exact + 1e-9 * np.abs(exact)).all()
+        assert not check.headroom_exact or check.headroom_w == pytest.approx(exact)
+        vetoes += not check.ok
+        bounded += not check.headroom_exact
+    assert (await guard.headroom()) == pytest.approx(room.headroom_w(*load_arrays(state)))
+    assert bounded  # the cheap bound was used
+    assert vetoes if margin_k is not None else not vetoes
 
 
 # ---------------------------------------------------------------- geometry

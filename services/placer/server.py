@@ -18,6 +18,7 @@ from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.telemetry import MetricsServer
+from hsched.thermal.datacenter import room_for
 from hsched.v1 import common_pb2, placer_pb2, placer_pb2_grpc, thermal_pb2, thermal_pb2_grpc
 
 log = logging.getLogger("hsched.placer")
@@ -180,7 +181,9 @@ async def serve(args, stop: asyncio.Event) -> None:
         raise SystemExit(f"--datacenter {args.datacenter!r} is not in the fleet "
                          f"({', '.join(d.name for d in fleet.datacenters)})") from None
     redis = connect(args.redis_url)
-    thermal = ThermalClient(args.thermal, dc.name) if args.thermal else None
+    thermal = None  # the pre-commit redline guard
+    if args.thermal:
+        thermal = room_for(dc) if args.thermal_guard == "local" else ThermalClient(args.thermal, dc.name)
     owner = f"{socket.gethostname()}:{os.getpid()}"
     engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
                           lease_ms=args.lease_ms)
@@ -202,6 +205,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--thermal", default=os.environ.get("HSCHED_THERMAL", ""),
                    help="thermal service address (empty = no thermal guard)")
+    p.add_argument("--thermal-guard", default=os.environ.get("HSCHED_THERMAL_GUARD", "local"),
+                   choices=["local", "service"],
+                   help="check a batch against the redline with the room model in-process, on the placer's own "
+                        "state (local), or by asking the thermal service (service: one more hop per batch)")
     p.add_argument("--lease-ms", type=int, default=3000)
     p.add_argument("--lease-wait-s", type=float, default=15.0,
                    help="how long to wait for a previous placer's lease to lapse")

@@ -13,17 +13,17 @@ from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.domain.resources import MILLI
 from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
-from hsched.state.follow import LedgerFollower
+from hsched.state.follow import LedgerFollower, follow
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.telemetry import MetricsServer
 from hsched.thermal import RoomModel, ThermalState, rack_outlet_mean
 from hsched.thermal.datacenter import load_arrays, room_for
+from hsched.thermal.guard import LoadDelta, newly_hot, shifted
 from hsched.v1 import thermal_pb2 as pb
 from hsched.v1 import thermal_pb2_grpc
 
 log = logging.getLogger("hsched.thermal")
-RISE_EPS_K = 1e-9
 
 
 class Room:
@@ -70,23 +70,18 @@ class ThermalServicer(thermal_pb2_grpc.ThermalServicer):
                                   f"{request.min_ledger_id} yet") from None
         before = room.state()
         n = room.model.n
-        # integer milli-cores and core-percent, as in the ledger, so sums stay exact (no 64.000001 > 64)
-        cpu_milli = room.follower.state.busy_cpu().copy()
-        gpu_percent = room.follower.state.busy_gpu_percent().copy()
-        for delta in request.deltas:
-            if delta.node_index >= n:
-                raise ValidationError("deltas.node_index", f"must be < {n} for {request.datacenter}",
-                                      delta.node_index)
-            cpu_milli[delta.node_index] += delta.cpu_milli
-            gpu_percent[delta.node_index] += round(delta.gpu_busy * 100)
+        deltas = [LoadDelta(d.node_index, d.cpu_milli, d.gpu_busy) for d in request.deltas]
+        for d in deltas:
+            if d.node >= n:
+                raise ValidationError("deltas.node_index", f"must be < {n} for {request.datacenter}", d.node)
+        cpu_milli, gpu_percent = shifted(room.follower.state.busy_cpu(), room.follower.state.busy_gpu_percent(),
+                                         deltas)
         busy, gpu = cpu_milli / MILLI, gpu_percent / 100.0
         try:
-            after = room.model.evaluate(busy, gpu) if request.deltas else before
+            after = room.model.evaluate(busy, gpu) if deltas else before
         except ValueError as exc:  # a change that over- or under-runs a server's capacity
             raise ValidationError("deltas", str(exc)) from None
-        rise_before = np.asarray(before.inlet_c) - before.t_supply_c
-        rise_after = np.asarray(after.inlet_c) - after.t_supply_c
-        worse = [int(i) for i in after.hot_servers if rise_after[i] > rise_before[i] + RISE_EPS_K]
+        worse = newly_hot(before, after)
         return pb.PredictResponse(
             max_inlet_before_c=before.max_inlet_c, max_inlet_after_c=after.max_inlet_c, pue_before=before.pue,
             pue_after=after.pue, t_supply_c=after.t_supply_c, redline_c=room.model.params.redline_c,
@@ -164,8 +159,9 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     tasks = []
     for dc in fleet.datacenters:
         follower = LedgerFollower(redis, keys.ledger(dc.name), dc)
-        tasks.append(await follower.start())
+        await follower.load()
         rooms[dc.name] = Room(room_for(dc), follower, dc.layout.servers_per_rack)
+    tasks.append(asyncio.create_task(follow(redis, [room.follower for room in rooms.values()])))
     tasks.append(asyncio.create_task(publish_telemetry(redis, keys, rooms)))
     metrics = metrics_server(args)
     if metrics:

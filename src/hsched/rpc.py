@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha._async import ReflectionServicer
 from grpc_reflection.v1alpha._base import _file_descriptor_response, _not_found_error
 
 from hsched.domain.errors import ValidationError
-from hsched.telemetry import Metrics, client_interceptors, server_interceptor
+from hsched.telemetry import Metrics, client_interceptors, instrumented, traced_channel
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ async def start_server(register: Callable[[grpc.aio.Server], None], service_name
                        ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Start an aio server with the given servicers, gRPC health (SERVING) and reflection; returns the port.
     With `metrics`, every call is counted and timed (hsched_rpc_server_requests_total / _duration_seconds)."""
-    server = grpc.aio.server(interceptors=[server_interceptor(metrics=metrics)], options=CHANNEL_OPTIONS)
-    register(server)
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    register(instrumented(server, metrics=metrics))  # traced and timed, wrapped at registration
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     add_reflection(server, [*service_names, health.SERVICE_NAME])
@@ -87,7 +87,10 @@ async def start_server(register: Callable[[grpc.aio.Server], None], service_name
 
 
 def channel(target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=client_interceptors())
+    """A traced channel: unary-unary calls by `traced_channel` (no interceptor on the hot path), server
+    streams by the client interceptor."""
+    streams = [i for i in client_interceptors() if isinstance(i, grpc.aio.UnaryStreamClientInterceptor)]
+    return traced_channel(grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=streams))
 
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])

@@ -3,9 +3,12 @@
 Place and Release calls are queued and handled in batches by one task (group commit): the batch is
 decided in memory in arrival order — each decision sees the ones before it — then checked once with
 the thermal model and written to the ledger in one fenced append, and only then answered. Under load
-this amortises the thermal round trip and the Redis write over many tasks; at low load a batch is a
+this amortises the thermal check and the Redis write over many tasks; at low load a batch is a
 single call. If the batch as a whole would push an inlet past the redline, it is undone and replayed
 one call at a time, each checked on its own.
+
+The thermal guard is normally the DC's room model evaluated in-process over this engine's own state
+(hsched.thermal.guard.RoomGuard): the placer is the single writer of the ledger, so its state is the truth.
 
 The gRPC service (services/placer) only translates protobuf to these calls.
 """
@@ -23,6 +26,7 @@ from typing import Protocol
 import numpy as np
 import redis.asyncio as aioredis
 from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.fleet import DataCenter
@@ -32,35 +36,19 @@ from hsched.policies.base import NodePolicy
 from hsched.policies.placement import Outcome, Plan, part_power_w, plan
 from hsched.state.keys import Keys
 from hsched.state.ledger import Fenced, Ledger, fold_event, replay
+from hsched.telemetry.tracing import traceparent
+from hsched.thermal.guard import LoadDelta, RoomGuard, ThermalCheck
+from hsched.thermal.room import RoomModel
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
 
 MAX_BATCH = 256
 MAX_QUEUE_TRIES_PER_RELEASE = 64
 
 
-@dataclass(frozen=True, slots=True)
-class LoadDelta:
-    node: int
-    cpu_milli: int
-    gpu_busy: float  # whole-card equivalents
-
-
-@dataclass(frozen=True, slots=True)
-class ThermalCheck:
-    ok: bool
-    max_inlet_before_c: float
-    max_inlet_after_c: float
-    pue_before: float
-    pue_after: float
-    t_supply_c: float
-    redline_c: float
-    nodes_over_redline: tuple[int, ...] = ()
-    headroom_w: np.ndarray | None = None  # per node, after the change (see ThermalGuard.headroom)
-
-
 class ThermalGuard(Protocol):
-    """What the placer asks the thermal model (the thermal service over gRPC, or the library in-process)."""
+    """What the placer asks the thermal model (RoomGuard in-process, or the thermal service over gRPC)."""
 
     async def headroom(self, min_ledger_id: str) -> np.ndarray:
         """Per node, the extra IT power (W) it can take alone before any inlet passes the redline."""
@@ -114,19 +102,21 @@ def freed_total(parts: tuple[Part, ...]) -> Resources:
 
 class PlacerEngine:
     def __init__(self, dc: DataCenter, redis: aioredis.Redis, keys: Keys, policy: NodePolicy, owner: str,
-                 thermal: ThermalGuard | None = None, lease_ms: int = 3000) -> None:
+                 thermal: ThermalGuard | RoomModel | None = None, lease_ms: int = 3000) -> None:
+        """`thermal`: the DC's room model (checked in-process over this engine's state), another ThermalGuard,
+        or None for no thermal guard."""
         self.dc = dc
         self.redis = redis
         self.keys = keys
         self.policy = policy
-        self.thermal = thermal
         self.state = ClusterState(dc)
+        self.thermal = RoomGuard(thermal, self.state) if isinstance(thermal, RoomModel) else thermal
         self.queue: OrderedDict[str, TaskSpec] = OrderedDict()
         self.ledger = Ledger(redis, keys, dc.name, owner, lease_ms=lease_ms)
         self.last_id = "0-0"
         self.last_thermal: ThermalCheck | None = None
-        # Headroom for the state at self.last_id. Exact right after a checked batch; after frees only it
-        # is conservative (frees only add headroom), so it stays usable and is refreshed on a thermal refusal.
+        # Headroom for the state at self.last_id: exact, or a conservative bound (after frees only, which only
+        # add headroom, or as RoomGuard's cheap bound after a check), refreshed before a thermal refusal.
         self._headroom: np.ndarray | None = None
         self._headroom_exact = False
         self.fenced = False
@@ -243,7 +233,8 @@ class PlacerEngine:
             self._headroom, self._headroom_exact = headroom, False
             return
         if check.ok:
-            self._headroom, self._headroom_exact = check.headroom_w, check.headroom_w is not None
+            self._headroom = check.headroom_w
+            self._headroom_exact = check.headroom_w is not None and check.headroom_exact
             self._attach_thermal(batch, check)
             return
         # The batch together is too hot: undo it and decide each call alone against fresh numbers.
@@ -295,7 +286,8 @@ class PlacerEngine:
                     deltas += deltas_of(e["_parts"], sign=-1)
         if not self.thermal or not placing:
             return None
-        check = await self.thermal.check(deltas, self.last_id)
+        with tracer.start_as_current_span("thermal check", attributes={"hsched.datacenter": self.dc.name}):
+            check = await self.thermal.check(deltas, self.last_id)
         self.last_thermal = check
         return check
 
@@ -350,7 +342,10 @@ class PlacerEngine:
 
     def _alloc(self, op: _Op, task_id: str, parts: tuple[Part, ...], headroom: np.ndarray | None) -> None:
         """Allocate for `task_id` — op's own task, or a queued one that op's release made room for."""
-        self._emit(op, {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts]})
+        event = {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts]}
+        if tp := traceparent(op.trace_context):  # services that fold the ledger (thermal) join the call's trace
+            event["tp"] = tp
+        self._emit(op, event)
         if headroom is not None:  # later decisions in this batch see the heat this one adds
             for p in parts:
                 headroom[p.node] -= part_power_w(self.state, _demand_of(p), p.node)[0]

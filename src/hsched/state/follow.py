@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import OrderedDict
 
 import redis.asyncio as aioredis
+from opentelemetry import propagate, trace
 
 from hsched.domain.cluster import ClusterState
 from hsched.domain.fleet import DataCenter
@@ -15,6 +17,7 @@ from hsched.domain.task import TaskSpec
 from hsched.state.ledger import fold_event, replay
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
 
 
 def stream_id_tuple(entry_id: str) -> tuple[int, int]:
@@ -23,7 +26,8 @@ def stream_id_tuple(entry_id: str) -> tuple[int, int]:
 
 
 class LedgerFollower:
-    """Folds a ledger into a ClusterState as entries arrive; `wait_for(id)` gives read-your-writes."""
+    """Folds one DC's ledger into a ClusterState as entries arrive (see `follow`); `wait_for(id)` gives
+    read-your-writes."""
 
     def __init__(self, redis: aioredis.Redis, stream: str, dc: DataCenter) -> None:
         self.redis = redis
@@ -33,38 +37,66 @@ class LedgerFollower:
         self.last_id = "0-0"
         self.version = 0  # bumps on every folded batch (cache key for derived values)
         self._advanced = asyncio.Condition()
+        self._wake = asyncio.Event()  # set by wait_for: `follow` reads at once instead of batching
 
-    async def start(self) -> asyncio.Task:
+    async def load(self) -> None:
+        """Fold the ledger as it stands (before `follow` tails it)."""
         self.last_id = await replay(self.redis, self.stream, self.state, self.queue)
-        return asyncio.create_task(self._follow(), name=f"follow-{self.stream}")
 
-    async def _follow(self) -> None:
-        while True:
-            try:
-                reply = await self.redis.xread({self.stream: self.last_id}, count=1000, block=1000)
-            except (aioredis.ConnectionError, aioredis.TimeoutError):
-                log.warning("lost Redis while following %s; retrying", self.stream)
-                await asyncio.sleep(0.5)
-                continue
-            if not reply:
-                continue
-            try:
-                for entry_id, fields in reply[0][1]:
-                    fold_event(json.loads(fields[b"e"]), self.state, self.queue)
-                    self.last_id = entry_id.decode()
-            except Exception:
-                log.exception("folding %s failed at %s; rebuilding from the start", self.stream, self.last_id)
-                self.state = ClusterState(self.state.dc, self.state.table)
-                self.queue.clear()
-                self.last_id = await replay(self.redis, self.stream, self.state, self.queue)
-            self.version += 1
-            async with self._advanced:
-                self._advanced.notify_all()
+    async def _fold(self, entries: list) -> None:
+        try:
+            for entry_id, fields in entries:
+                event = json.loads(fields[b"e"])
+                if "tp" in event:  # the placing call's trace: this fold is its last step
+                    self._traced_fold(event, entry_id.decode())
+                else:
+                    fold_event(event, self.state, self.queue)
+                self.last_id = entry_id.decode()
+        except Exception:
+            log.exception("folding %s failed at %s; rebuilding from the start", self.stream, self.last_id)
+            self.state = ClusterState(self.state.dc, self.state.table)
+            self.queue.clear()
+            await self.load()
+        self.version += 1
+        async with self._advanced:
+            self._advanced.notify_all()
+
+    def _traced_fold(self, event: dict, entry_id: str) -> None:
+        parent = propagate.extract({"traceparent": event["tp"]})
+        with tracer.start_as_current_span(f"fold {event['t']}", parent, trace.SpanKind.CONSUMER, attributes={
+                "hsched.ledger.stream": self.stream, "hsched.ledger.entry_id": entry_id,
+                "hsched.task_id": event["task"]}):
+            fold_event(event, self.state, self.queue)
 
     async def wait_for(self, entry_id: str, timeout_s: float = 2.0) -> None:
         """Return once the fold includes `entry_id` (raise TimeoutError after `timeout_s`)."""
         if not entry_id or stream_id_tuple(self.last_id) >= stream_id_tuple(entry_id):
             return
         target = stream_id_tuple(entry_id)
+        self._wake.set()
         async with self._advanced:
             await asyncio.wait_for(self._advanced.wait_for(lambda: stream_id_tuple(self.last_id) >= target), timeout_s)
+
+
+async def follow(redis: aioredis.Redis, followers: list[LedgerFollower], batch_s: float = 0.05) -> None:
+    """Tail every follower's ledger with one blocking XREAD for all streams, then gather entries for up to
+    `batch_s` before the next read (at once when a `wait_for` is pending): a reader off the placement path
+    pays one Redis round trip per batch of writes, not one per placer write. Runs until cancelled."""
+    by_stream = {f.stream: f for f in followers}
+    wake = asyncio.Event()
+    for f in followers:
+        f._wake = wake
+    while True:
+        try:
+            reply = await redis.xread({f.stream: f.last_id for f in followers}, count=1000, block=1000)
+        except (aioredis.ConnectionError, aioredis.TimeoutError):
+            log.warning("lost Redis while following %d ledgers; retrying", len(followers))
+            await asyncio.sleep(0.5)
+            continue
+        for stream, entries in reply or []:
+            await by_stream[stream.decode()]._fold(entries)
+        if reply and not wake.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(batch_s):
+                    await wake.wait()
+        wake.clear()

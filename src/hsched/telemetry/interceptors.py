@@ -10,6 +10,11 @@ and details, and an unexpected handler exception is also recorded as a span even
 Covered: unary-unary and unary-stream RPCs with ``async`` handlers (what hsched's four services use).
 Sync handlers, client-streaming methods and ``grpc.*`` services (health, reflection) are passed through
 untraced.
+
+The same tracing also comes without grpc.aio's interceptor machinery, which costs an extra coroutine (server)
+or task and call object (client) per RPC: ``instrumented(server)`` wraps each handler once, when a servicer is
+registered on it, and ``traced_channel(channel)`` wraps the channel's unary-unary calls. With a tracer that
+records nothing (exporter "none") both only carry the incoming ``traceparent`` on to the next hop.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ _TRACER_NAME = "hsched.telemetry"
 _STATUS_ATTR = "rpc.grpc.status_code"
 _OK = grpc.StatusCode.OK
 _UNTRACED_PREFIX = "/grpc."  # health checks and server reflection: probes, not requests
+_TRACE_HEADERS = frozenset({"traceparent", "tracestate", "baggage"})  # W3C trace context and baggage
 
 # method path ("/hsched.v1.Gateway/Submit", str on servers, bytes on aio clients) -> (span name, attributes)
 _methods: dict[str | bytes, tuple[str, dict[str, str]]] = {}
@@ -153,6 +159,8 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
 
     def _traced_unary(self, behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Any]:
         name, attributes = _method_info(method)
+        if isinstance(self._tracer, trace.NoOpTracer):
+            return self._passed_through(behavior, name)
 
         async def traced(request: Any, context: grpc.aio.ServicerContext) -> Any:
             t0 = time.perf_counter()
@@ -169,6 +177,29 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
                 self._end(span, name, context, error, t0)
 
         return traced
+
+    def _passed_through(self, behavior: Callable[..., Awaitable[Any]], name: str) -> Callable[..., Any]:
+        """A tracer that records nothing: no span, just the caller's context made current (when it sent one),
+        so the handler's own calls carry it on; and the call's metrics."""
+        rpc_metrics = self._metrics
+
+        async def passed_through(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            t0 = time.perf_counter()
+            carrier = {k: v for k, v in context.invocation_metadata() or () if k in _TRACE_HEADERS}
+            token = attach(propagate.extract(carrier)) if carrier else None
+            error: BaseException | None = None
+            try:
+                return await behavior(request, context)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                if token is not None:
+                    detach(token)
+                if rpc_metrics is not None:
+                    rpc_metrics.observe(name, _server_outcome(context, error)[0], time.perf_counter() - t0)
+
+        return passed_through
 
     def _traced_stream(self, behavior: Callable[..., AsyncIterator[Any]], method: str) -> Callable[..., Any]:
         name, attributes = _method_info(method)
@@ -261,6 +292,115 @@ async def _iterate(call: grpc.aio.UnaryStreamCall, span: Span) -> AsyncIterator[
         raise
     finally:
         _finish(span, *_client_outcome(error))
+
+
+class _Instrumented:
+    """What ``add_*Servicer_to_server(servicer, ...)`` sees instead of the server: each method handler is
+    wrapped once, here; everything else goes to the server."""
+
+    def __init__(self, server: grpc.aio.Server, interceptor: _ServerInterceptor) -> None:
+        self._server = server
+        self._interceptor = interceptor
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        wrap = self._interceptor._wrap
+        self._server.add_registered_method_handlers(
+            service, {m: wrap(h, f"/{service}/{m}") for m, h in handlers.items()})
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_WrappedGeneric(h, self._interceptor) for h in handlers))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+
+class _WrappedGeneric(grpc.GenericRpcHandler):
+    """A generic handler's answers, traced (consulted only for methods without a registered handler)."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler, interceptor: _ServerInterceptor) -> None:
+        self._inner = inner
+        self._interceptor = interceptor
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        method: str = handler_call_details.method  # type: ignore[attr-defined]
+        cached = self._wrapped.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = self._wrapped[method] = (handler, self._interceptor._wrap(handler, method))
+        return cached[1]
+
+
+class _TracedChannel:
+    """A grpc.aio channel whose unary-unary calls make CLIENT spans and carry the trace context, as
+    ``client_interceptors()`` does; other attributes are the channel's own."""
+
+    def __init__(self, channel: grpc.aio.Channel, tracer: Tracer) -> None:
+        self._channel = channel
+        self._tracer = tracer
+
+    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                    _registered_method: bool = False) -> _TracedUnaryUnary:
+        inner = self._channel.unary_unary(method, request_serializer, response_deserializer, _registered_method)
+        return _TracedUnaryUnary(inner, method, self._tracer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+    async def __aenter__(self) -> _TracedChannel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._channel.close()
+
+
+class _TracedUnaryUnary:
+    def __init__(self, inner: Any, method: str, tracer: Tracer) -> None:
+        self._inner = inner
+        self._name, self._attributes = _method_info(method)
+        self._tracer = tracer
+        self._recording = not isinstance(tracer, trace.NoOpTracer)
+
+    def __call__(self, request: Any, *, metadata: Any = None, **kwargs: Any) -> Any:
+        if not self._recording:  # no span: the current (incoming) context, if any, goes on as it is
+            return self._inner(request, metadata=_with_context(metadata, trace.get_current_span()), **kwargs)
+        return self._traced(request, metadata, kwargs)
+
+    async def _traced(self, request: Any, metadata: Any, kwargs: dict[str, Any]) -> Any:
+        span = self._tracer.start_span(self._name, kind=SpanKind.CLIENT, attributes=self._attributes)
+        try:
+            response = await self._inner(request, metadata=_with_context(metadata, span), **kwargs)
+        except BaseException as exc:
+            _finish(span, *_client_outcome(exc))
+            raise
+        _finish(span, _OK, None, None)
+        return response
+
+
+def _with_context(metadata: Any, span: Span) -> Any:
+    """`metadata` plus the W3C headers of `span`'s context (a new tuple: the caller's object is left alone)."""
+    if not span.get_span_context().is_valid:
+        return metadata
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    return (*tuple(metadata or ()), *carrier.items())
+
+
+def instrumented(
+    server: grpc.aio.Server, tracer_provider: TracerProvider | None = None, metrics: Metrics | None = None
+) -> Any:
+    """Register servicers on the returned object instead of on `server` (``add_*Servicer_to_server(s,
+    instrumented(server))``) to trace them and time them like ``server_interceptor`` does, wrapped once at
+    registration instead of intercepted on every call."""
+    return _Instrumented(server, _ServerInterceptor(_tracer(tracer_provider), metrics))
+
+
+def traced_channel(channel: grpc.aio.Channel, tracer_provider: TracerProvider | None = None) -> Any:
+    """`channel` with unary-unary calls traced like ``client_interceptors()`` does, without an interceptor.
+    The calls' results are awaitables (the call object itself when nothing is recorded)."""
+    return _TracedChannel(channel, _tracer(tracer_provider))
 
 
 def server_interceptor(

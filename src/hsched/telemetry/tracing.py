@@ -13,7 +13,8 @@ import os
 import sys
 from typing import Any
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -67,6 +68,19 @@ def setup_tracing(
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
+
+
+def traceparent(context: Context | None = None) -> str:
+    """The W3C ``traceparent`` of the span in `context` (default: the current one), "" when there is none.
+
+    For trace context carried in data rather than gRPC metadata: a placer stamps it on the ledger events of
+    a call, so the services that fold the ledger (thermal) can record their part in the same trace.
+    """
+    if not trace.get_current_span(context).get_span_context().is_valid:
+        return ""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=context)
+    return carrier.get("traceparent", "")
 
 
 class _PassThroughTracerProvider(TracerProvider):

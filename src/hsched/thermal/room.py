@@ -123,6 +123,11 @@ class RoomModel:
         self.gpu_idle_w = _per_server(gpu_idle_w, n, "gpu_idle_w")
         self.gpu_full_w = _per_server(gpu_full_w, n, "gpu_full_w")
         self._k_per_w = 1.0 / (self.params.air_mass_flow_kg_s * self.params.cp_air)  # outlet rise per W
+        # Eq.5 and the GPU term are affine in the load; their coefficients, from the formulas themselves,
+        # let callers with valid loads skip the checks (`power_of`) and price a change per server in O(1).
+        self.idle_power_w = self.power(np.zeros(n))
+        self.watts_per_core = self.added_power_w(1.0)
+        self.watts_per_gpu = gpu_power(1.0, 0.0, self.gpu_idle_w, self.gpu_full_w)  # per whole busy card
 
     @classmethod
     def from_geometry(
@@ -144,6 +149,10 @@ class RoomModel:
         if np.any(gb > self.gpu_count):
             raise ValueError("gpu_busy must be <= gpu_count (a card is at most 100 % busy)")
         return p + gpu_power(gb, self.gpu_count, self.gpu_idle_w, self.gpu_full_w)
+
+    def power_of(self, busy_cores: FloatArray, gpu_busy: FloatArray) -> FloatArray:
+        """``power()`` for loads known to be valid (folded from a ledger): no checks, four vector operations."""
+        return self.idle_power_w + self.watts_per_core * busy_cores + self.watts_per_gpu * gpu_busy
 
     def added_power_w(self, cores: ArrayLike) -> FloatArray:
         """Extra watts each server would draw with ``cores`` more busy cores (eq.5 slope)."""
@@ -215,13 +224,24 @@ class RoomModel:
         placer masks every server whose added power exceeds its headroom — exact for one placement;
         the placer re-checks a batch of placements together with ``predict``.
         """
+        return self.headroom_for_rise(self.d @ self.power(busy_cores, gpu_busy))
+
+    def headroom_for_rise(self, rise: FloatArray) -> FloatArray:
+        """``headroom_w`` for a state whose recirculation rise ``D @ P`` (K) the caller already has."""
         p = self.params
-        rise = self.d @ self.power(busy_cores, gpu_busy)
         t_sup = p.t_supply_c if p.supply_mode == "fixed" else p.t_supply_min_c
         slack = p.redline_c - t_sup - rise
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(self.d > 0, slack[:, None] / self.d, np.inf)
-        return ratio.min(axis=0)
+        hot = slack <= 0
+        # Where every slack is positive, min_i slack_i / D[i, k] = 1 / max_i D[i, k] / slack_i: one scaled
+        # max over D instead of an (n, n) division and mask (~20x faster on a 672-server room).
+        scaled = self.d[~hot] if hot.any() else self.d
+        with np.errstate(divide="ignore"):
+            out = 1.0 / (scaled * (1.0 / slack[~hot])[:, None]).max(axis=0, initial=0.0)
+        if hot.any():  # inlets already at or past the redline: exact ratios on those rows only
+            d = self.d[hot]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out = np.minimum(out, np.where(d > 0, slack[hot, None] / d, np.inf).min(axis=0))
+        return out
 
     def predict(
         self,

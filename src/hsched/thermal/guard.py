@@ -1,0 +1,126 @@
+"""The redline guard: is a load change safe for the room? One rule, used by the placer before it commits
+a batch (in-process, ``RoomGuard``) and by the thermal service's Predict.
+
+A change is refused when it leaves some server's inlet past the redline *and* raised that inlet: a release
+next to an already-hot server, or a placement elsewhere that does not heat it, is not refused for it.
+
+Loads are integer milli-cores and GPU core-percent, as in the ledger, so sums stay exact (no 64.000001 > 64).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from hsched.domain.cluster import ClusterState
+from hsched.domain.resources import MILLI
+from hsched.thermal.room import RoomModel, ThermalState
+
+RISE_EPS_K = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class LoadDelta:
+    node: int
+    cpu_milli: int
+    gpu_busy: float  # whole-card equivalents
+
+
+@dataclass(frozen=True, slots=True)
+class ThermalCheck:
+    ok: bool
+    max_inlet_before_c: float
+    max_inlet_after_c: float
+    pue_before: float
+    pue_after: float
+    t_supply_c: float
+    redline_c: float
+    nodes_over_redline: tuple[int, ...] = ()
+    headroom_w: np.ndarray | None = None  # per node, after the change (see RoomModel.headroom_w)
+    headroom_exact: bool = True  # False: a conservative bound (never above the exact headroom)
+
+
+def newly_hot(before: ThermalState, after: ThermalState) -> tuple[int, ...]:
+    """Servers past the redline after the change whose inlet rise the change increased (the veto)."""
+    rise_before = before.inlet_c - before.t_supply_c
+    rise_after = after.inlet_c - after.t_supply_c
+    return tuple(int(i) for i in after.hot_servers if rise_after[i] > rise_before[i] + RISE_EPS_K)
+
+
+def shifted(cpu_milli: np.ndarray, gpu_percent: np.ndarray, deltas: Iterable[LoadDelta],
+            sign: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of the per-node loads with `deltas` added (sign=1) or taken away (sign=-1)."""
+    cpu, gpu = cpu_milli.copy(), gpu_percent.copy()
+    for d in deltas:
+        cpu[d.node] += sign * d.cpu_milli
+        gpu[d.node] += sign * round(d.gpu_busy * 100)
+    return cpu, gpu
+
+
+class RoomGuard:
+    """The placer's pre-commit check, in-process: the DC's room model over the placer's own ClusterState.
+
+    The placer is the single writer of its DC's ledger, so its state is the truth at every step of a batch;
+    asking the thermal service instead would add a hop and a wait for that service to fold the ledger.
+    ``check`` is called with the batch already folded into the state: ``deltas`` lead back to the ledger.
+
+    The headroom a check returns for the next batch is usually a cheap conservative bound: the exact one
+    (O(n^2)) scaled by how much the slack under the redline has shrunk since it was computed (O(n)); the
+    placer asks for the exact numbers (``headroom``) only before it would refuse a task on that bound.
+    """
+
+    RECOMPUTE_AT = 0.1  # share of the slack used up since the exact headroom, past which it is recomputed
+
+    def __init__(self, room: RoomModel, state: ClusterState) -> None:
+        self.room = room
+        self.state = state
+        self._exact: tuple[np.ndarray, np.ndarray] | None = None  # (slack, headroom) of the last exact headroom
+
+    def _slack(self, rise: np.ndarray) -> np.ndarray:
+        p = self.room.params
+        return p.redline_c - (p.t_supply_c if p.supply_mode == "fixed" else p.t_supply_min_c) - rise
+
+    def _exact_headroom(self, rise: np.ndarray) -> np.ndarray:
+        headroom = self.room.headroom_for_rise(rise)
+        self._exact = (self._slack(rise), headroom)
+        return headroom
+
+    def _bound(self, rise: np.ndarray) -> np.ndarray | None:
+        """(1 - e) x the exact headroom, e the largest share of any inlet's slack used up since: slack_i >=
+        (1 - e) slack0_i for every i, so min_i slack_i / D[i, k] >= (1 - e) min_i slack0_i / D[i, k]."""
+        if self._exact is None:
+            return None
+        slack0, headroom0 = self._exact
+        if not (slack0 > 0).all():
+            return None
+        used = float(np.max((slack0 - self._slack(rise)) / slack0))
+        return headroom0 * (1.0 - max(0.0, used)) if used < self.RECOMPUTE_AT else None
+
+    def _power(self) -> np.ndarray:
+        s = self.state
+        return self.room.power_of(s.busy_cpu() / MILLI, s.busy_gpu_percent() / 100.0)
+
+    async def headroom(self, min_ledger_id: str = "") -> np.ndarray:
+        return self._exact_headroom(self.room.d @ self._power())
+
+    async def check(self, deltas: list[LoadDelta], min_ledger_id: str = "") -> ThermalCheck:
+        room = self.room
+        power = self._power()
+        rise = room.d @ power
+        # The state before differs on the changed nodes only: O(n) per node, priced with eq.5's slopes.
+        change = np.zeros(room.n)
+        for d in deltas:
+            change[d.node] += (room.watts_per_core[d.node] * d.cpu_milli / MILLI
+                               + room.watts_per_gpu[d.node] * round(d.gpu_busy * 100) / 100.0)
+        nodes = np.flatnonzero(change)
+        before = room.state_from(power - change, rise - room.d[:, nodes] @ change[nodes])
+        after = room.state_from(power, rise)
+        worse = newly_hot(before, after)
+        headroom = self._bound(rise)
+        exact = headroom is None
+        if exact:
+            headroom = self._exact_headroom(rise)
+        return ThermalCheck(not worse, before.max_inlet_c, after.max_inlet_c, before.pue, after.pue,
+                            after.t_supply_c, room.params.redline_c, worse, headroom, exact)
