@@ -194,6 +194,47 @@ def sample_tasks(pool: Sequence[TaskSpec], n: int, rng: np.random.Generator) -> 
 
 
 # ------------------------------------------------------------------------------------------------------------
+# observation features (one definition, shared by the env and by the learned policies the placer serves)
+
+
+def host_scale(table: NodeTable) -> np.ndarray:
+    """What each of HOST_FEATURES is divided by: the largest host's CPU, memory, GPU memory and GPU core
+    (summed over its cards) in `table`, 100 (a card's core percent), the largest card's memory."""
+    return np.array([max(int(table.cpu_milli.max(initial=0)), 1), max(int(table.memory_mib.max(initial=0)), 1),
+                     max(int(table.gpu_memory_mib.sum(axis=1).max(initial=0)), 1),
+                     max(int(table.gpu_core_percent.sum(axis=1).max(initial=0)), 1), 100,
+                     max(int(table.gpu_memory_mib.max(initial=0)), 1)], dtype=np.float64)
+
+
+def task_scale(table: NodeTable) -> np.ndarray:
+    """What the task's demand features (TASK_FEATURES[:5]) are divided by: the largest host's CPU and memory,
+    the most GPUs on one host, 100 (core percent), the largest card's memory."""
+    hs = host_scale(table)
+    return np.array([hs[0], hs[1], max(int(table.gpu_count.max(initial=0)), 1), 100, hs[5]], dtype=np.float64)
+
+
+def host_features(state: ClusterState, scale: np.ndarray, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
+    """HOST_FEATURES of `state`'s hosts `rows` ([n, 6] float32, see the module docstring)."""
+    core, gmem = state.gpu_free_core[rows], state.gpu_free_memory[rows]
+    raw = np.stack([state.free_cpu[rows], state.free_memory[rows], gmem.sum(axis=1), core.sum(axis=1),
+                    core.max(axis=1, initial=0), gmem.max(axis=1, initial=0)], axis=1)
+    return (raw / scale).astype(np.float32)
+
+
+def demand_features(demands: Sequence[Resources], scale: np.ndarray) -> np.ndarray:
+    """The demand part of TASK_FEATURES (the first 5) for each of `demands`: [n, 5] float32, clipped to 1."""
+    raw = np.array([[d.cpu_milli, d.memory_mib, d.gpu_count, d.gpu_core_percent, d.gpu_memory_mib]
+                    for d in demands], dtype=np.float64).reshape(len(demands), 5)
+    return np.minimum(raw / scale, 1.0).astype(np.float32)
+
+
+def free_shares(u: np.ndarray) -> np.ndarray:
+    """The "clusters" observation from a utilisation matrix [N, 4]: 1 − utilisation, 0 where a cluster lacks
+    the resource (NaN)."""
+    return np.nan_to_num(1.0 - u, nan=0.0).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------------------
 # all clusters' hosts in one set of arrays
 
 
@@ -350,14 +391,9 @@ class GpuClusterEnv(gymnasium.Env[dict[str, np.ndarray], np.int64]):
         view = self.view
         H, N = view.hosts, len(view.clusters)
         self.wait_action = H
-        t = view.fleet.table
-        self._host_scale = np.array([max(int(t.cpu_milli.max()), 1), max(int(t.memory_mib.max()), 1),
-                                     max(int(t.gpu_memory_mib.sum(axis=1).max()), 1),
-                                     max(int(t.gpu_core_percent.sum(axis=1).max()), 1), 100,
-                                     max(int(t.gpu_memory_mib.max()), 1)], dtype=np.float64)
+        self._host_scale = host_scale(view.fleet.table)
         self._host_scale_list = self._host_scale.tolist()
-        self._task_scale = np.array([self._host_scale[0], self._host_scale[1], max(int(t.gpu_count.max()), 1),
-                                     100, self._host_scale[5]], dtype=np.float64)
+        self._task_scale = task_scale(view.fleet.table)
         self.observation_space = spaces.Dict({
             "hosts": spaces.Box(0.0, 1.0, shape=(H, len(HOST_FEATURES)), dtype=np.float32),
             "clusters": spaces.Box(0.0, 1.0, shape=(N, len(RESOURCES)), dtype=np.float32),
@@ -487,10 +523,7 @@ class GpuClusterEnv(gymnasium.Env[dict[str, np.ndarray], np.int64]):
         self.view.reset()
         self.tasks = list(tasks)
         self._queue: deque[int] = deque(range(len(self.tasks)))
-        demand = np.array([[t.resources.cpu_milli, t.resources.memory_mib, t.resources.gpu_count,
-                            t.resources.gpu_core_percent, t.resources.gpu_memory_mib] for t in self.tasks],
-                          dtype=np.float64).reshape(len(self.tasks), 5)
-        self._task_features = np.minimum(demand / self._task_scale, 1.0).astype(np.float32)
+        self._task_features = demand_features([t.resources for t in self.tasks], self._task_scale)
         self._waits = np.zeros(len(self.tasks), dtype=np.int64)
         self._running: list[tuple[int, int, int, int]] = []
         self._tick = 0
@@ -499,16 +532,16 @@ class GpuClusterEnv(gymnasium.Env[dict[str, np.ndarray], np.int64]):
             self._present = ~np.isnan(utilisation_matrix(self.view.clusters))  # resources each cluster has
         self._u = np.where(self._present, 0.0, np.nan)  # empty clusters (view.reset)
         self._scores = mean_utilisation(self._u)
-        self._free = np.nan_to_num(1.0 - self._u, nan=0.0).astype(np.float32)  # the "clusters" observation
+        self._free = free_shares(self._u)  # the "clusters" observation
         self._host_obs = np.zeros((self.view.hosts, len(HOST_FEATURES)), dtype=np.float32)
-        self._host_obs[:] = self._host_features(slice(None))
+        self._host_obs[:] = host_features(self.view.fleet, self._host_scale)
         self._update_room()
 
     def _touch(self, host: int, c: int) -> None:
         """Refresh what an allocation or release on `host` (cluster c) changed: its observation row and c's
         utilisation row and eq.8 score."""
         f, sc = self.view.fleet, self._host_scale_list
-        # _host_features for one row, on Python scalars: 6 values do not pay for numpy's per-call overhead
+        # host_features for one row, on Python scalars: 6 values do not pay for numpy's per-call overhead
         core, gmem = f.gpu_free_core[host].tolist(), f.gpu_free_memory[host].tolist()
         self._host_obs[host] = [f.free_cpu.item(host) / sc[0], f.free_memory.item(host) / sc[1],
                                 sum(gmem) / sc[2], sum(core) / sc[3], max(core) / sc[4], max(gmem) / sc[5]]
@@ -516,13 +549,6 @@ class GpuClusterEnv(gymnasium.Env[dict[str, np.ndarray], np.int64]):
         self._u[c] = row
         self._scores[c] = mean_utilisation(row)[0]
         self._free[c] = [0.0 if x != x else 1.0 - x for x in row.tolist()]  # x != x: NaN, no such resource
-
-    def _host_features(self, rows: slice) -> np.ndarray:
-        f = self.view.fleet
-        core, gmem = f.gpu_free_core[rows], f.gpu_free_memory[rows]
-        raw = np.stack([f.free_cpu[rows], f.free_memory[rows], gmem.sum(axis=1), core.sum(axis=1),
-                        core.max(axis=1), gmem.max(axis=1)], axis=1)
-        return (raw / self._host_scale).astype(np.float32)
 
     def _update_room(self) -> None:
         if self._queue:

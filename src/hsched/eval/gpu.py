@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from hsched.metrics import RESOURCES, deployed_count, paper_summary, utilisation
 from hsched.policies.base import NodePolicy
 from hsched.policies.fgd import FragmentationGradientDescent
 from hsched.policies.heuristics import make_policy
+from hsched.policies.learned import ModelMismatch
 
 HEURISTICS: tuple[tuple[str, str], ...] = (
     ("bestfit", "BestFit"),
@@ -54,14 +56,64 @@ PAPER_LOAD_VARIANCE = {"BestFit": 0.0067, "Greedy": 0.0129, "Random": 0.0111, "U
                        "EADE-DDPG": 0.0020}
 
 # ---- LEARNED ROWS HOOK ------------------------------------------------------------------------------------
-# Paper 000's learned rows (DDPG, EADE-DDPG, TD3, SAC, PPO) go here: label -> factory(env, seed) returning a
-# NodePolicy whose scores(state, demand, mask) rank the flattened hosts of `env.view.fleet` (e.g. the
-# actor's output per host, from a checkpoint in models/). They then run through the same `run_policy`
-# (same mask, same select) as the heuristics and get rows in every table and plot. The trainer registers:
-#     from hsched.eval.gpu import LEARNED_POLICIES
-#     LEARNED_POLICIES["EADE-DDPG"] = lambda env, seed: ActorPolicy.load("models/eade_ddpg_gpu.pt")
+# Paper 000's learned rows: label -> factory(env, seed) returning a NodePolicy whose scores(state, demand, mask)
+# rank the flattened hosts of `env.view.fleet` (the actor's score per host). They run through the same
+# `run_policy` (same mask, same select) as the heuristics and get rows in every table and plot. The shipped
+# DDPG and EADE-DDPG models (models/*.pt, `hsched train ddpg|eade-ddpg`) register below when present;
+# LEARNED_NOTES says which rows were skipped and why.
 PolicyFactory = Callable[[GpuClusterEnv, int], NodePolicy]
 LEARNED_POLICIES: dict[str, PolicyFactory] = {}
+LEARNED_NOTES: list[str] = []
+SHIPPED_MODELS = (("DDPG", "ddpg_gpu"), ("EADE-DDPG", "eade_ddpg_gpu"))
+SB3_ALGOS = ("td3", "sac", "ppo")
+
+
+def _shipped_factory(path: Path) -> PolicyFactory:
+    def factory(env: GpuClusterEnv, seed: int) -> NodePolicy:
+        from hsched.rl.ddpg import ActorPolicy, load_actor
+
+        actor, state = load_actor(path)
+        return ActorPolicy(actor, state["policy"], env.view)  # hosts see their own cluster, as in training
+
+    return factory
+
+
+def _sb3_factory(algo: str, path: Path) -> PolicyFactory:
+    def factory(env: GpuClusterEnv, seed: int) -> NodePolicy:
+        from hsched.rl.sb3 import load
+
+        return load(algo, path, env.view)
+
+    return factory
+
+
+def register_shipped_models() -> None:
+    import importlib.util
+
+    from hsched.rl.checkpoint import model_path, models_dir
+
+    for label, name in SHIPPED_MODELS:
+        path = model_path(name)
+        if path.exists():
+            LEARNED_POLICIES[label] = _shipped_factory(path)
+        else:
+            LEARNED_NOTES.append(f"{label} row skipped: no model at {path} (`hsched train "
+                                 f"{name.removesuffix('_gpu').replace('_', '-')}`)")
+    # stable-baselines3 rows (optional dependency, hsched.rl.sb3): only where both the package and a model exist
+    have_sb3 = importlib.util.find_spec("stable_baselines3") is not None
+    for algo in SB3_ALGOS:
+        path = models_dir() / f"{algo}_gpu.zip"
+        if not have_sb3:
+            LEARNED_NOTES.append(f"{algo.upper()} (SB3) row skipped: stable-baselines3 is not installed "
+                                 "(pip install 'hsched[sb3]')")
+        elif not path.exists():
+            LEARNED_NOTES.append(f"{algo.upper()} (SB3) row skipped: no model at {path} "
+                                 f"(`python -m hsched.rl.sb3 {algo}`)")
+        else:
+            LEARNED_POLICIES[f"{algo.upper()} (SB3)"] = _sb3_factory(algo, path)
+
+
+register_shipped_models()
 
 
 @dataclass
@@ -134,8 +186,14 @@ def evaluate(ctx: EvalContext, setting: Setting, with_optimum: bool) -> Rows:
             done += 1
             ctx.progress(setting.name, done, total)
         for label, factory in LEARNED_POLICIES.items():
-            rows.add(label, run_policy(env, factory(env, seed), seed=seed).metrics)
             done += 1
+            try:
+                policy = factory(env, seed)
+            except ModelMismatch as exc:  # e.g. an SB3 MLP sized for another host count
+                if seed == ctx.seeds[0]:
+                    rows.notes.append(f"{label} row skipped: {exc}")
+                continue
+            rows.add(label, run_policy(env, policy, seed=seed).metrics)
             ctx.progress(setting.name, done, total)
         if with_optimum:
             t0 = time.perf_counter()
@@ -204,9 +262,10 @@ def _tables(setting: Setting, rows: Rows) -> str:
         markdown_table(["algorithm", "eq.28 ↓", "eq.9 ↑"], t9),
         f"Paper 000 table 9: {paper(PAPER_LOAD_VARIANCE)}.",
     ]
-    if rows.notes:
-        parts.append("Optimum: " + "; ".join(rows.notes)
-                     + f" (time limit {OPTIMUM_TIME_LIMIT_S:.0f} s per seed).")
+    solves = [n for n in rows.notes if " row skipped: " not in n]
+    if solves:
+        parts.append("Optimum: " + "; ".join(solves) + f" (time limit {OPTIMUM_TIME_LIMIT_S:.0f} s per seed).")
+    parts += [n + "." for n in rows.notes if " row skipped: " in n]
     return "\n\n".join(parts)
 
 
@@ -237,5 +296,7 @@ def run(ctx: EvalContext) -> str:
         rows = evaluate(ctx, setting, with_optimum=not ctx.quick and i == 0)
         out.append(_tables(setting, rows))
         files += _plots(ctx, setting, rows, "paper" if i == 0 else "fleet")
+    if LEARNED_NOTES:
+        out.append("Learned rows: " + "; ".join(LEARNED_NOTES) + ".")
     out.append("PNG files:\n" + "\n".join(f"- {f}" for f in files))
     return "\n\n".join(out) + "\n"

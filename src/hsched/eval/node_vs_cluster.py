@@ -53,6 +53,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -87,10 +88,36 @@ PAPER_TABLE_2 = {"DDPG": 59, "Utilization": 58, "BestFit": 54, "Greedy": 54, "Ra
                  "Volcano-divided": 53, "Volcano-duplicated": 39}
 
 # ---- LEARNED ROWS HOOK -------------------------------------------------------------------------------------
-# Paper 002's DDPG row: label -> factory(fleet_state, seed) returning a NodePolicy over the flattened hosts of
-# the fleet-wide ClusterState; it then places node level exactly like the heuristic rows (same plan(), mask,
-# select()). e.g. LEARNED_POLICIES["DDPG"] = lambda state, seed: ActorPolicy.load("models/ddpg_gpu.pt")
-LEARNED_POLICIES: dict[str, Callable[[ClusterState, int], NodePolicy]] = {}
+# Paper 002's DDPG row: label -> factory(view, seed) returning a NodePolicy over the flattened hosts of the
+# fleet-wide ClusterState `view.fleet` (the view tells which cluster each host is in); it then places node
+# level exactly like the heuristic rows (same plan(), mask, select()). The shipped DDPG and EADE-DDPG models
+# (trained on paper 000's setting) register when present; LEARNED_NOTES says which were skipped.
+LEARNED_POLICIES: dict[str, Callable[[MultiClusterState, int], NodePolicy]] = {}
+LEARNED_NOTES: list[str] = []
+
+
+def register_shipped_models() -> None:
+    from hsched.eval.gpu import SHIPPED_MODELS
+    from hsched.rl.checkpoint import model_path
+
+    def factory(path: Path) -> Callable[[MultiClusterState, int], NodePolicy]:
+        def make(view: MultiClusterState, seed: int) -> NodePolicy:
+            from hsched.rl.ddpg import ActorPolicy, load_actor
+
+            actor, state = load_actor(path)
+            return ActorPolicy(actor, state["policy"], view)
+
+        return make
+
+    for label, name in SHIPPED_MODELS:
+        path = model_path(name)
+        if path.exists():
+            LEARNED_POLICIES[label] = factory(path)
+        else:
+            LEARNED_NOTES.append(f"{label} row skipped: no model at {path}")
+
+
+register_shipped_models()
 
 
 @dataclass
@@ -303,7 +330,7 @@ def run(ctx: EvalContext, optimum_time_limit_s: float | None = None) -> str:
             policy = FragmentationGradientDescent(dist) if name == "fgd" else make_policy(name, seed)
             record(label, run_node_level(view, jobs, policy))
         for label, factory in LEARNED_POLICIES.items():
-            record(label, run_node_level(view, jobs, factory(view.fleet, seed)))
+            record(label, run_node_level(view, jobs, factory(view, seed)))
         for mode, label in CLUSTER_LEVEL:
             record(label, run_cluster_level(view, jobs, mode))
         if optimum_time_limit_s is not None:
@@ -355,7 +382,10 @@ def run(ctx: EvalContext, optimum_time_limit_s: float | None = None) -> str:
         f"{mean_std(n_jobs, 0)} jobs of 1-{MAX_REPLICAS} openb GPU replicas per seed (≈ {LOAD_FACTOR}× the "
         f"GPUs), gang-deployed in FIFO order; seeds {ctx.seeds}. Member clusters bind with {MEMBER_POLICY}.",
         table,
-        f"Paper 002 table 2 (jobs deployed, 3 clusters of 2080 Ti / 1660 Super): {paper}.",
+        f"Paper 002 table 2 (jobs deployed, 3 clusters of 2080 Ti / 1660 Super): {paper}."
+        + (" Learned rows: " + "; ".join(LEARNED_NOTES) + "." if LEARNED_NOTES else "")
+        + (" DDPG / EADE-DDPG: the paper-000 models (2-GPU openb hosts, single-replica tasks) served as is."
+           if LEARNED_POLICIES else ""),
         (f"Optimum row: `hsched.optimum.max_deployed` with each job's replicas as one all-or-nothing group "
          "(node-level placement, replicas may use different nodes and clusters), offline (all jobs at once, no "
          f"FIFO order), time limit {optimum_time_limit_s:g} s per seed including model building; at the time "

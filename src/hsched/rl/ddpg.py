@@ -1,0 +1,567 @@
+"""DDPG and EADE-DDPG for multi-cluster GPU placement (paper 000 §3, `hsched/GpuCluster-v0`).
+
+One module, CleanRL style: `Config` holds every hyper-parameter, `train()` is the whole loop, and
+`train_ddpg` / `train_eade_ddpg` are the two `hsched train` entry points (same code; DDPG has no expert).
+
+Actions. The env's action set is discrete and masked (a host, or "wait" — the delay action — last). The
+actor π(s) outputs one score per host plus one for wait (`SelfAttentionScorer`: the hosts attend to each
+other, then the 128-64 MLP per host, paper 000 table 5); a "wait item" (zero features, a flag) rides along
+with the hosts so wait is scored by the same network. The executed action is the masked argmax of the
+scores plus Gaussian exploration noise (eq.18's n₀), so a masked action is never executed.
+
+Critic. The action vector the critic scores is a point of the probability simplex over the allowed actions:
+the one-hot of an executed action, or masked softmax(π(s)) for the actor update. The critic outputs a value
+q(s, i) per action (the same attention trunk) and Q(s, a) = Σ_i a_i q(s, i), i.e. Q of a one-hot is the
+value of that discrete action and Q of a softmax is its expectation. This keeps DDPG's structure — a
+critic target y = r + γ Q'(s', π'(s')) with the target actor's executed (masked argmax) action (eq.21),
+and a deterministic policy gradient ∇_a Q · ∇_θ π through the softmax (eq.19) — while every action value
+the critic is asked about is one it is trained on, which a critic of raw score vectors would not be.
+
+EADE-DDPG (paper 000 §3.2) = the above + expert demonstrations: before training, the expert pool is filled
+with episodes of the score-greedy expert (`ScoreGreedyExpert`: the host whose cluster gets the highest eq.16
+score after the placement, i.e. the largest eq.17 reward; ties inside a cluster by the Utilization
+heuristic), and every batch takes 10 % of its rows from that pool (`DualReplayBuffer`, β). Two additions
+from DDPGfD (Večerík et al. 2017), both ours, not the paper's: a behaviour-cloning term on the expert rows
+(cross-entropy of the actor's masked softmax against the expert's action, weight `bc_weight`), so the
+demonstrations shape the actor directly and not only through the critic, and `pretrain_updates` updates on
+expert batches alone before the first interaction (the CPU budget allows ~1 500 updates of 256 rows, too
+few to learn the expert's choices from 10 % of each batch). Plain DDPG: no expert pool, no BC, no
+pre-training (expert_ratio 0).
+
+Reward. The env's reward is paper 000's eq.15-17: ≤ 0 per placement, 0 for a correct delay, −50 for a
+wrong action. Under the feasibility mask no action is wrong, so that reward alone does not value deploying
+more tasks (a task left undeployed costs nothing); the trainer adds `deploy_bonus` (= τ) per placed task,
+so a placement is worth [0, τ] and the return grows with the tasks deployed. Learning curves show the env's
+(paper's) reward and the tasks deployed per episode.
+
+Inputs. Per host: the env's HOST_FEATURES and the free shares of the host's cluster (the env's "clusters"
+rows); per task: its demand (TASK_FEATURES[:5]) — not the episode's queue bookkeeping, which a placer does
+not have. Both come from the env's feature functions (`hsched.envs.gpu.host_features`, …), so the served
+policy (`load_policy`, `ActorPolicy`) builds exactly what the actor was trained on.
+
+Data. Training episodes are seeds 10 000 + k (k = 0, 1, …) and expert demonstrations seeds 20 000 + k of
+the 220-task paper-000 setting; the evaluation (and `hsched eval gpu`) uses seeds 0, 1, 2, never trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hsched.domain.cluster import ClusterState
+from hsched.domain.resources import Resources
+from hsched.envs.gpu import (
+    HOST_FEATURES,
+    TASK_FEATURES,
+    GpuClusterEnv,
+    MultiClusterState,
+    demand_features,
+    free_shares,
+    host_features,
+    host_scale,
+    paper000_datacenters,
+    run_policy,
+    task_scale,
+)
+from hsched.metrics import RESOURCES, mean_utilisation, placement_reward, utilisation_matrix
+from hsched.policies.heuristics import Utilization
+from hsched.rl import checkpoint
+from hsched.rl.buffers import DualReplayBuffer, ReplayBuffer
+from hsched.rl.nets import SelfAttentionScorer
+from hsched.rl.schedules import LinearSchedule, soft_update
+from hsched.rl.training import (
+    TrainArgs,
+    plot_curves,
+    progress,
+    restore_rng_state,
+    rng_state,
+    seed_everything,
+)
+
+ITEM_FEATURES = len(HOST_FEATURES) + len(RESOURCES) + 1  # host, its cluster's free shares, "is wait" flag
+TASK_INPUTS = TASK_FEATURES[:5]  # the task's demand
+TRAIN_SEED0, EXPERT_SEED0 = 10_000, 20_000
+EVAL_SEEDS = (0, 1, 2)  # = `hsched eval gpu --seeds 3`
+CURVE_SEED_STRIDE = 100_000  # args.seed s trains on episode seeds TRAIN_SEED0 + s·stride + k
+
+
+@dataclass(frozen=True)
+class Config:
+    steps: int = 10_000            # environment steps (training stops at the first episode end after)
+    expert_ratio: float = 0.1      # β: share of each batch from the expert pool (0 = plain DDPG)
+    expert_episodes: int = 20      # expert demonstrations pre-filled (EADE-DDPG)
+    bc_weight: float = 1.0         # DDPGfD-style behaviour cloning on expert rows (0 = off)
+    pretrain_updates: int = 300    # DDPGfD-style updates on expert batches only, before interacting
+    batch_size: int = 256          # paper 000 table 5
+    actor_lr: float = 1e-4         # paper 000 table 5
+    critic_lr: float = 1e-3        # paper 000 table 5
+    gamma: float = 0.99
+    tau: float = 0.005             # soft target update φ (eq.24-25)
+    buffer_size: int = 20_000
+    learning_starts: int = 1_000
+    train_every: int = 8           # env steps per gradient step (a 256-row update costs ~0.2 s on one core)
+    noise_start: float = 1.0       # σ of the Gaussian noise on the actor's scores (eq.18's n₀) …
+    noise_end: float = 0.05
+    noise_steps: int = 10_000      # … linear to noise_end over these env steps
+    deploy_bonus: float = 10.0     # added per placed task (see the module docstring); τ of eq.17
+    embed: int = 64
+    heads: int = 4
+    n_tasks: int = 220             # paper 000 §4.1
+    fleet: tuple[int, int] = (16, 4)  # clusters × hosts per cluster (paper000_datacenters)
+    checkpoint_every: int = 10_000  # env steps between resumable training checkpoints (and at the end)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# networks and the action rule
+
+
+class Actor(nn.Module):
+    """items [B, H+1, ITEM_FEATURES], task [B, 5] → a score per host and for wait [B, H+1]."""
+
+    def __init__(self, embed: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.scorer = SelfAttentionScorer(ITEM_FEATURES, len(TASK_INPUTS), embed=embed, heads=heads)
+
+    def forward(self, items: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
+        return self.scorer(items, task)
+
+
+class Critic(nn.Module):
+    """q(s, i) per action [B, H+1]; Q(s, a) = Σ_i a_i q(s, i) for an action vector a on the simplex."""
+
+    def __init__(self, embed: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.scorer = SelfAttentionScorer(ITEM_FEATURES, len(TASK_INPUTS), embed=embed, heads=heads)
+
+    def forward(self, items: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
+        return self.scorer(items, task)
+
+
+def masked_argmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The best allowed action per row (ties: the lowest index). Rows without an allowed action give 0
+    (only terminal next states, whose value is multiplied by 0)."""
+    return torch.where(mask, scores, torch.finfo(scores.dtype).min).argmax(dim=-1)
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(torch.where(mask, scores, -torch.inf), dim=-1)
+
+
+def noisy_action(scores: np.ndarray, mask: np.ndarray, sigma: float, rng: np.random.Generator | None) -> int:
+    """eq.18: the executed action, the allowed action of largest score + n₀ (n₀ ~ N(0, σ²) per action); a
+    masked action is never returned."""
+    noisy = scores + rng.normal(0.0, sigma, size=scores.shape) if sigma > 0 else scores
+    return int(np.argmax(np.where(mask, noisy, -np.inf)))
+
+
+def critic_target(rewards: torch.Tensor, dones: torch.Tensor, next_q: torch.Tensor, next_scores: torch.Tensor,
+                  next_mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """eq.21: y = r + γ (1 − done) Q'(s', π'(s')), π'(s') the target actor's executed action (one-hot of the
+    masked argmax of its scores), Q' the target critic's value of it."""
+    a = masked_argmax(next_scores, next_mask)
+    return rewards + gamma * (1.0 - dones) * next_q.gather(1, a[:, None]).squeeze(1)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# observations: env obs ↔ one flat float32 vector (what the replay buffers store)
+
+
+def items_from(hosts: np.ndarray, cluster_rows: np.ndarray) -> np.ndarray:
+    """[H+1, ITEM_FEATURES]: each host's features and its cluster's free shares, then the wait item."""
+    items = np.zeros((len(hosts) + 1, ITEM_FEATURES), dtype=np.float32)
+    items[:-1, :len(HOST_FEATURES)] = hosts
+    items[:-1, len(HOST_FEATURES):-1] = cluster_rows
+    items[-1, -1] = 1.0
+    return items
+
+
+class Codec:
+    """Packs (items, task demand, action mask) into one vector for `ReplayBuffer` and back into tensors."""
+
+    def __init__(self, hosts: int, host_cluster: np.ndarray) -> None:
+        self.n = hosts + 1
+        self.host_cluster = host_cluster
+        self.sizes = (self.n * ITEM_FEATURES, len(TASK_INPUTS), self.n)
+        self.dim = sum(self.sizes)
+
+    def encode(self, obs: dict[str, np.ndarray], mask: np.ndarray) -> np.ndarray:
+        items = items_from(obs["hosts"], obs["clusters"][self.host_cluster])
+        return np.concatenate([items.ravel(), obs["task"][:len(TASK_INPUTS)], mask.astype(np.float32)])
+
+    def decode(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        items, task, mask = torch.split(flat.reshape(-1, self.dim), self.sizes, dim=-1)
+        return items.reshape(-1, self.n, ITEM_FEATURES), task, mask > 0.5
+
+
+# ------------------------------------------------------------------------------------------------------------
+# policies over ClusterStates: the score-greedy expert and the served actor
+
+
+class ScoreGreedyExpert:
+    """Paper 000 §3.2's expert: estimate, per cluster, the eq.15-17 score the cluster would get if the task
+    were deployed there (utilisation after the placement, normalised over all clusters) and deploy to the
+    best one. The paper picks a cluster; hosts of one cluster tie, broken by the Utilization heuristic."""
+
+    name = "score-greedy expert"
+
+    def __init__(self, view: MultiClusterState) -> None:
+        self.view = view
+        self.totals = np.array([[s.table.gpu_memory_mib.sum(), s.table.gpu_core_percent.sum(),
+                                 s.table.cpu_milli.sum(), s.table.memory_mib.sum()] for s in view.clusters],
+                               dtype=np.float64)
+        assert len(RESOURCES) == self.totals.shape[1]  # columns in RESOURCES order
+        self.tie = Utilization()
+
+    def cluster_rewards(self, demand: Resources) -> np.ndarray:
+        """eq.17 reward of deploying `demand` to each cluster (utilisation measured after the placement)."""
+        u = utilisation_matrix(self.view.clusters)
+        add = np.array([demand.gpu_count * demand.gpu_memory_mib, demand.gpu_count * demand.gpu_core_percent,
+                        demand.cpu_milli, demand.memory_mib], dtype=np.float64)
+        share = np.divide(add, self.totals, out=np.zeros_like(self.totals), where=self.totals > 0)
+        out = np.empty(len(u))
+        for c in range(len(u)):
+            after = u.copy()
+            after[c] += share[c]
+            out[c] = placement_reward(mean_utilisation(after), c)
+        return out
+
+    def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
+        tie = np.clip(self.tie.scores(state, demand, mask), 0.0, 1.0)  # cosine similarity in [0, 1]
+        return self.cluster_rewards(demand)[self.view.host_cluster] + 1e-6 * tie
+
+    def placed(self, node: int) -> None:
+        pass
+
+
+class PolicyInputs:
+    """The actor's inputs (items, task demand) for a ClusterState, built with the env's feature functions.
+
+    With `view` (a MultiClusterState whose `fleet` is the state scored) hosts carry their own cluster's free
+    shares, as in training; without it the whole state is one cluster (a placer serving its DC)."""
+
+    def __init__(self, view: MultiClusterState | None = None) -> None:
+        self.view = view
+        self._scales: tuple[int, np.ndarray, np.ndarray] | None = None
+
+    def __call__(self, state: ClusterState, demand: Resources) -> tuple[np.ndarray, np.ndarray]:
+        if self._scales is None or self._scales[0] != id(state.table):  # scales depend on the fleet only
+            self._scales = (id(state.table), host_scale(state.table), task_scale(state.table))
+        _, hs, ts = self._scales
+        if self.view is not None:
+            clusters = free_shares(utilisation_matrix(self.view.clusters))[self.view.host_cluster]
+        else:
+            clusters = np.broadcast_to(free_shares(utilisation_matrix([state])), (state.n, len(RESOURCES)))
+        return items_from(host_features(state, hs), clusters), demand_features([demand], ts)[0]
+
+
+class ActorPolicy:
+    """The trained actor as a placer `NodePolicy`: its score per node of the ClusterState it is given (the
+    caller's mask and `select()` pick the node and list the top-k alternatives with these scores)."""
+
+    def __init__(self, actor: Actor, name: str, view: MultiClusterState | None = None) -> None:
+        self.actor = actor.eval()
+        self.name = name
+        self.inputs = PolicyInputs(view)
+
+    @torch.no_grad()
+    def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
+        items, task = self.inputs(state, demand)
+        out = self.actor(torch.from_numpy(items)[None], torch.from_numpy(task)[None])[0, :-1]
+        return out.numpy().astype(np.float64)
+
+    def placed(self, node: int) -> None:
+        pass
+
+
+def _check_inputs(meta: dict[str, Any], path: Path) -> None:
+    from hsched.policies.learned import ModelMismatch
+
+    want = {"item_features": ITEM_FEATURES, "task_features": len(TASK_INPUTS),
+            "host_features": list(HOST_FEATURES), "cluster_features": list(RESOURCES)}
+    for key, value in want.items():
+        if meta.get(key) != value:
+            raise ModelMismatch(f"{path.name}: {key} {meta.get(key)!r}, this build feeds {value!r}")
+
+
+def policy_state(actor: Actor, name: str, cfg: Config) -> dict[str, Any]:
+    """What a shipped model holds: the actor's weights and the inputs it was trained on."""
+    return {"actor": actor.state_dict(), "policy": name, "embed": cfg.embed, "heads": cfg.heads,
+            "item_features": ITEM_FEATURES, "task_features": len(TASK_INPUTS),
+            "host_features": list(HOST_FEATURES), "cluster_features": list(RESOURCES)}
+
+
+def load_actor(path: str | Path) -> tuple[Actor, dict[str, Any]]:
+    """The actor of a shipped model; ModelMismatch when its inputs are not the ones this code builds."""
+    path = Path(path).with_suffix(".pt")
+    state = checkpoint.load_state(path)
+    _check_inputs(state, path)
+    actor = Actor(state["embed"], state["heads"])
+    actor.load_state_dict(state["actor"])
+    return actor, state
+
+
+def load_policy(path: str | Path, dc: Any) -> ActorPolicy:
+    """The placer's `--policy ddpg|eade-ddpg` for the DataCenter `dc` (hsched.policies.learned)."""
+    from hsched.policies.learned import ModelMismatch
+
+    actor, state = load_actor(path)
+    if dc is not None and not any(p.gpu_count for p in dc.pools):
+        raise ModelMismatch(f"{Path(path).name} places GPU tasks; data center {dc.name} has no GPUs")
+    return ActorPolicy(actor, state["policy"])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# training
+
+
+def expert_pool(env: GpuClusterEnv, codec: Codec, cfg: Config, rng: np.random.Generator) -> ReplayBuffer:
+    """`cfg.expert_episodes` episodes of the score-greedy expert (seeds EXPERT_SEED0 + k), with the
+    training reward."""
+    expert = ScoreGreedyExpert(env.view)
+    size = max(1, cfg.expert_episodes * cfg.n_tasks * 2)
+    pool = ReplayBuffer(size, codec.dim, seed=rng)
+    for k in range(cfg.expert_episodes):
+        obs, info = env.reset(seed=EXPERT_SEED0 + k)
+        done = False
+        while not done:
+            x = codec.encode(obs, info["action_mask"])
+            mask = info["action_mask"].astype(bool)
+            task = env.current_task
+            assert task is not None
+            # the expert never waits while a host has room: the mask allows wait only when none has
+            a = noisy_action(np.append(expert.scores(env.view.fleet, task.resources, mask[:-1]), 0.0), mask,
+                             0.0, rng)
+            obs, r, done, _, info = env.step(a)
+            r += cfg.deploy_bonus * (info["event"] == "placed")
+            pool.add(x, a, r, codec.encode(obs, info["action_mask"]), done)
+    return pool
+
+
+@dataclass
+class Learner:
+    actor: Actor
+    critic: Critic
+    actor_target: Actor
+    critic_target: Critic
+    actor_opt: torch.optim.Optimizer
+    critic_opt: torch.optim.Optimizer
+
+    @classmethod
+    def new(cls, cfg: Config) -> Learner:
+        actor, critic = Actor(cfg.embed, cfg.heads), Critic(cfg.embed, cfg.heads)
+        actor_t, critic_t = Actor(cfg.embed, cfg.heads), Critic(cfg.embed, cfg.heads)
+        actor_t.load_state_dict(actor.state_dict())
+        critic_t.load_state_dict(critic.state_dict())
+        return cls(actor, critic, actor_t, critic_t, torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr),
+                   torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr))
+
+    def modules(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def update(self, batch: Any, codec: Codec, cfg: Config) -> dict[str, float]:
+        """One gradient step of the critic (eq.20-23) and the actor (eq.19 + BC), then soft updates."""
+        items, task, mask = codec.decode(torch.from_numpy(batch.obs))
+        n_items, n_task, n_mask = codec.decode(torch.from_numpy(batch.next_obs))
+        actions = torch.from_numpy(batch.actions)
+        with torch.no_grad():
+            y = critic_target(torch.from_numpy(batch.rewards), torch.from_numpy(batch.dones),
+                              self.critic_target(n_items, n_task), self.actor_target(n_items, n_task), n_mask,
+                              cfg.gamma)
+        q_all = self.critic(items, task)
+        critic_loss = ((q_all.gather(1, actions[:, None]).squeeze(1) - y) ** 2).mean()
+        self.critic_opt.zero_grad()
+        critic_loss.backward()
+        self.critic_opt.step()
+
+        scores = self.actor(items, task)
+        probs = masked_softmax(scores, mask)
+        actor_loss = -(probs * torch.where(mask, q_all.detach(), 0.0)).sum(dim=1).mean()
+        bc = torch.zeros(())
+        expert = torch.from_numpy(batch.source) if batch.source is not None else torch.zeros(0, dtype=torch.bool)
+        if cfg.bc_weight > 0 and expert.any():
+            logp = torch.log_softmax(torch.where(mask, scores, torch.finfo(scores.dtype).min), dim=1)
+            bc = -logp[expert].gather(1, actions[expert][:, None]).mean()
+            actor_loss = actor_loss + cfg.bc_weight * bc
+        self.actor_opt.zero_grad()
+        actor_loss.backward()
+        self.actor_opt.step()
+        with torch.no_grad():
+            soft_update(self.critic_target.state_dict(), self.critic.state_dict(), cfg.tau)
+            soft_update(self.actor_target.state_dict(), self.actor.state_dict(), cfg.tau)
+        return {"critic_loss": critic_loss.item(), "bc": bc.item()}
+
+
+def make_env(cfg: Config) -> GpuClusterEnv:
+    return GpuClusterEnv(paper000_datacenters(*cfg.fleet), n_tasks=cfg.n_tasks)
+
+
+def evaluate(actor: Actor, name: str, cfg: Config, seeds: Sequence[int] = EVAL_SEEDS) -> dict[str, float]:
+    """The greedy actor on held-out seeds through `run_policy` (the placer's mask and select)."""
+    return evaluate_policy(lambda view: ActorPolicy(actor, name, view), cfg, seeds)
+
+
+def evaluate_policy(make: Callable[[MultiClusterState], Any], cfg: Config,
+                    seeds: Sequence[int] = EVAL_SEEDS) -> dict[str, float]:
+    """Mean paper metrics of the policy `make(view)` on `cfg`'s setting for `seeds`."""
+    env = make_env(cfg)
+    policy = make(env.view)
+    runs = [run_policy(env, policy, seed=s) for s in seeds]
+    keys = ("deployed", "fragmentation", "gpu_load_variance", "eq9")
+    out = {k: float(np.mean([r.metrics[k] for r in runs])) for k in keys}
+    out["reward"] = float(np.mean([r.reward for r in runs]))
+    return out
+
+
+def runs_dir(out: Path) -> Path:
+    """Where training state and comparison runs of the model `out` go: the repository's runs/ (not
+    shipped, git-ignored) for a model in models/, else next to `out`."""
+    return checkpoint.models_dir().parent / "runs" if out.parent.resolve() == checkpoint.models_dir().resolve() \
+        else out.parent
+
+
+def training_path(out: Path) -> Path:
+    """The resumable training state of the model `out`: networks, optimisers, both pools, RNG states, step."""
+    return runs_dir(out) / f"{out.stem}.train.pt"
+
+
+def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]:
+    """Train from scratch or resume; write `out` (.pt actor + .json), the learning curve and return the
+    evaluation figures."""
+    out = Path(args.out) if args.out else checkpoint.model_path(model)
+    steps = args.steps or cfg.steps
+    cfg = dataclasses.replace(cfg, steps=steps)
+    rng = seed_everything(args.seed)
+    env = make_env(cfg)
+    codec = Codec(env.view.hosts, env.view.host_cluster)
+    learner = Learner.new(cfg)
+    use_expert = cfg.expert_ratio > 0
+    expert = (expert_pool(env, codec, cfg, rng) if use_expert and not args.resume
+              else ReplayBuffer(max(1, cfg.expert_episodes * cfg.n_tasks * 2), codec.dim, seed=rng))
+    online = ReplayBuffer(cfg.buffer_size, codec.dim, seed=rng)
+    buffer = DualReplayBuffer(expert, online, cfg.expert_ratio)
+    expert.rng = online.rng = rng  # one stream: noise and both pools, saved and restored together
+    noise = LinearSchedule(cfg.noise_start, cfg.noise_end, cfg.noise_steps)
+    step, episode, curves, seconds = 0, 0, {"step": [], "reward": [], "deployed": []}, 0.0
+    train_ckpt = training_path(out)
+    if args.resume:
+        saved = checkpoint.load_state(train_ckpt)
+        for key, module in learner.modules().items():
+            module.load_state_dict(saved[key])
+        for pool, state in ((expert, saved["expert"]), (online, saved["online"])):
+            pool.__dict__.update({k: v for k, v in state.items() if k != "rng"})
+        restore_rng_state(rng, saved["rng"])
+        step, episode, curves, seconds = saved["step"], saved["episode"], saved["curves"], saved["seconds"]
+
+    def save_training() -> None:
+        pools = {key: {k: v for k, v in pool.__dict__.items() if k != "rng"}
+                 for key, pool in (("expert", expert), ("online", online))}
+        checkpoint.save(train_ckpt, {**{k: m.state_dict() for k, m in learner.modules().items()}, **pools,
+                                     "rng": rng_state(rng), "step": step, "episode": episode, "curves": curves,
+                                     "seconds": seconds},
+                        {"agent": name, "model": str(out), "step": step, "episode": episode})
+
+    t0, cpu0 = time.perf_counter() - seconds, time.process_time()  # CPU time: this session's share only
+    if use_expert and not args.resume:  # DDPGfD: learn from the demonstrations alone first
+        for _ in range(cfg.pretrain_updates):
+            batch = expert.sample(cfg.batch_size)
+            learner.update(batch._replace(source=np.ones(cfg.batch_size, dtype=bool)), codec, cfg)
+    last_ckpt = step
+    losses: dict[str, float] = {}
+    with progress(f"{name} (β = {cfg.expert_ratio:.0%})", steps, args.progress) as advance:
+        advance(step)
+        while step < steps:
+            obs, info = env.reset(seed=TRAIN_SEED0 + CURVE_SEED_STRIDE * args.seed + episode)
+            done, total = False, 0.0
+            while not done:
+                x = codec.encode(obs, info["action_mask"])
+                mask = info["action_mask"].astype(bool)
+                with torch.no_grad():
+                    items, task, _ = codec.decode(torch.from_numpy(x))
+                    s = learner.actor(items, task)[0].numpy()
+                a = noisy_action(s, mask, noise(step), rng)
+                obs, r, done, _, info = env.step(a)
+                total += r
+                buffer.add(x, a, r + cfg.deploy_bonus * (info["event"] == "placed"),
+                           codec.encode(obs, info["action_mask"]), done)
+                step += 1
+                if step >= cfg.learning_starts and step % cfg.train_every == 0:
+                    losses = learner.update(buffer.sample(cfg.batch_size), codec, cfg)
+                advance(1, deployed=info["deployed"], **losses)
+            episode += 1
+            curves["step"].append(step)
+            curves["reward"].append(total)
+            curves["deployed"].append(info["deployed"])
+            if step - last_ckpt >= cfg.checkpoint_every or step >= steps:
+                seconds = time.perf_counter() - t0
+                save_training()
+                last_ckpt = step
+    seconds = time.perf_counter() - t0
+    figures = evaluate(learner.actor, name, cfg)
+    figures["train_seconds"] = round(seconds, 1)
+    figures["train_cpu_seconds"] = round(time.process_time() - cpu0, 1)  # wall time counts a shared machine
+    state = policy_state(learner.actor, name, cfg)
+    meta = {"agent": name, "environment": f"hsched/GpuCluster-v0, paper000_datacenters{cfg.fleet} (clusters × "
+                                          "hosts of openb 2-GPU machines)",
+            "data": {"trace": "alibaba_openb_gpu_2023 openb_pod_list_default", "tasks_per_episode": cfg.n_tasks,
+                     "train_episode_seeds": f"{TRAIN_SEED0 + CURVE_SEED_STRIDE * args.seed}.."
+                                            f"{TRAIN_SEED0 + CURVE_SEED_STRIDE * args.seed + episode - 1}",
+                     "expert_episode_seeds": (f"{EXPERT_SEED0}..{EXPERT_SEED0 + cfg.expert_episodes - 1}"
+                                              if use_expert else None),
+                     "eval_seeds": list(EVAL_SEEDS)},
+            "seed": args.seed, "steps": step, "episodes": episode, "hyperparameters": cfg,
+            "inputs": {k: state[k] for k in ("item_features", "task_features", "host_features",
+                                             "cluster_features")},
+            "evaluation": figures, "train_seconds": figures["train_seconds"],
+            "torch": torch.__version__}
+    checkpoint.save(out, state, meta)
+    plot_curves(out.with_suffix(".png"), {f"{name}: tasks deployed": (curves["step"], curves["deployed"])},
+                title=f"{name} on GpuCluster-v0 (paper 000, 220 tasks)", xlabel="environment step",
+                ylabel="tasks deployed per episode", window=10)
+    return {"model": str(out), "steps": step, "episodes": episode, **figures, "curves": curves}
+
+
+def plot_comparison(out: Path, curves: dict[float, dict[str, list]]) -> list[Path]:
+    """Paper 000 fig.3: the learning curves of expert sample ratios (ratio → a run's curves), one PNG for the
+    env's reward and one for the tasks deployed per episode, next to the model `out`."""
+    return [plot_curves(out.with_name(f"{out.stem}_compare_{key}.png"),
+                        {f"expert ratio {r:.0%}": (c["step"], c[key]) for r, c in sorted(curves.items())},
+                        title="Expert sample ratio (paper 000 fig.3)", xlabel="environment step", ylabel=ylabel,
+                        window=10)
+            for key, ylabel in (("reward", "episode reward (eq.15-17)"), ("deployed", "tasks deployed per episode"))]
+
+
+def _run(args: TrainArgs, cfg: Config, name: str, model: str) -> dict[str, Any]:
+    result = train(cfg, args, name, model)
+    if not args.compare:
+        return {k: v for k, v in result.items() if k != "curves"}
+    # paper 000 fig.3: expert sample ratio 0 / 10 % / 100 %, same budget and seed, in one plot
+    out = Path(result["model"])
+    runs = {cfg.expert_ratio: result}
+    for ratio in (0.0, 0.1, 1.0):
+        if ratio not in runs:  # ratio 0 is plain DDPG: no demonstrations at all
+            other = (dataclasses.replace(cfg, expert_ratio=0.0, expert_episodes=0, bc_weight=0.0) if ratio == 0
+                     else dataclasses.replace(cfg, expert_ratio=ratio, expert_episodes=cfg.expert_episodes or 20))
+            path = runs_dir(out) / f"{out.stem}_ratio{int(ratio * 100)}.pt"
+            runs[ratio] = train(other, dataclasses.replace(args, out=path, resume=False, compare=False),
+                                name, model)
+    plot_comparison(out, {r: res["curves"] for r, res in runs.items()})
+    return {**{k: v for k, v in result.items() if k != "curves"},
+            "compare": {f"{r:.0%}": {k: v for k, v in res.items() if k != "curves"} for r, res in runs.items()}}
+
+
+def train_ddpg(args: TrainArgs) -> dict[str, Any]:
+    """Plain DDPG: no expert pool, no behaviour cloning (paper 000's DDPG baseline)."""
+    return _run(args, Config(expert_ratio=0.0, expert_episodes=0, bc_weight=0.0), "ddpg", "ddpg_gpu")
+
+
+def train_eade_ddpg(args: TrainArgs) -> dict[str, Any]:
+    """EADE-DDPG: 10 % expert samples from the score-greedy expert's demonstrations (paper 000 §3.2)."""
+    return _run(args, Config(), "eade-ddpg", "eade_ddpg_gpu")
