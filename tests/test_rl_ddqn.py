@@ -1,5 +1,6 @@
 """hsched.rl.ddqn: the Double-DQN target by hand (mask included), masked actions never chosen (acting, the
-target's argmax, serving), a short training run on a tiny room improves, resume continues identically,
+target's argmax, serving), the validation slice is disjoint from the training and eval jobs, the reward
+selection rule, a short training run on a tiny room improves, resume continues identically,
 load_policy refuses a checkpoint whose features do not fit, the placer falls back without a model, and the
 stack serves `--policy double-dqn` end to end over gRPC."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import grpc
 import numpy as np
@@ -18,20 +19,26 @@ from hypothesis import strategies as st
 
 from hsched.domain.cluster import ClusterState
 from hsched.domain.fleet import load_fleet
-from hsched.envs.dc import Job, run_policy
+from hsched.envs.dc import Job, run_policy, thunder_jobs
 from hsched.policies.base import select
 from hsched.policies.heuristics import make_policy
 from hsched.policies.learned import Fallback, ModelMismatch, learned_policy
 from hsched.rl import checkpoint
 from hsched.rl.ddqn import (
+    SELECTION_FILE,
+    TRAIN_REWARD,
     DdqnConfig,
     PlacementQ,
     Trainer,
+    _mean_figures,
     double_dqn_target,
     load_policy,
     make_env,
     placer_mask,
+    reward_selection_record,
+    selection_key,
     train_double_dqn,
+    validation_env,
 )
 from hsched.rl.training import TrainArgs
 from tests.conftest import SMALL_FLEET, delete_prefix
@@ -155,6 +162,45 @@ def test_resume_continues_identically(tmp_path) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
     curve = checkpoint.load_state(tmp_path / "two_resume.pt")["curve"]
     assert curve == checkpoint.load_state(tmp_path / "one_resume.pt")["curve"]
+
+
+# -- validation slice and reward selection ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_training_validation_and_eval_jobs_are_disjoint() -> None:
+    jobs = thunder_jobs(5500)
+    config = DdqnConfig()
+    train = make_env(config)._phase_jobs
+    validation = validation_env(config, "fixed")._phase_jobs
+    assert train == jobs[2000:4500] and validation == jobs[4500:5000]  # eval jobs start at 5000
+
+
+def _figures(pue_rr: float, overloads: tuple[float, float], outlet: tuple[float, float]) -> dict:
+    fixed = {"mean_overloads vs RR %": overloads[0], "mean_overloads vs Greedy %": overloads[1],
+             "mean_rack_outlet_c vs RR °C": outlet[0], "mean_rack_outlet_c vs Greedy °C": outlet[1]}
+    metrics = {"Double DQN": {"mean_pue": 1.3}}
+    return {"fixed": {"deltas": fixed, "metrics": metrics},
+            "redline": {"deltas": {**fixed, "mean_pue vs RR %": pue_rr}, "metrics": metrics}}
+
+
+def test_selection_prefers_beating_both_baselines_then_the_lowest_redline_pue() -> None:
+    good = _figures(-0.5, (-40.0, -90.0), (-0.1, -0.1))
+    better = _figures(-0.9, (-30.0, -90.0), (-0.05, -0.1))
+    hot = _figures(-2.0, (-50.0, -95.0), (0.1, -0.1))  # lowest PUE, but a warmer outlet than RR's
+    ranked = sorted({"good": good, "better": better, "hot": hot}.items(), key=lambda kv: selection_key(kv[1]))
+    assert [name for name, _ in ranked] == ["better", "good", "hot"]
+    mean = _mean_figures([good, hot])
+    assert mean["redline"]["deltas"]["mean_pue vs RR %"] == pytest.approx(-1.25)
+    assert mean["fixed"]["deltas"]["mean_rack_outlet_c vs RR °C"] == pytest.approx(0.0)
+
+
+def test_only_a_model_with_the_chosen_reward_quotes_the_selection(tmp_path) -> None:
+    assert reward_selection_record(TRAIN_REWARD, tmp_path) is None
+    record = {"chosen": "x", "chosen_reward": json.loads(json.dumps(asdict(TRAIN_REWARD)))}
+    (tmp_path / SELECTION_FILE).write_text(json.dumps(record))
+    assert reward_selection_record(TRAIN_REWARD, tmp_path) == record
+    assert reward_selection_record(replace(TRAIN_REWARD, phi_t=30.0), tmp_path) is None
 
 
 # -- serving ------------------------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ same DC-placement problem, one per seed, solved exactly by `hsched.optimum.min_p
   cell for that seed (the count of complete placements is shown).
 
 Double DQN (paper 003 §3.2.3) is the shipped model `models/double_dqn_dc.pt` (hsched.rl.ddqn, trained on the
-"train" jobs 2000-4999), served through `plan()`/`select()` like the heuristics; without the file the row is
+"train" jobs 2000-4499, its reward constants chosen on jobs 4500-4999: nothing here was used to choose them),
+served through `plan()`/`select()` like the heuristics; without the file the row is
 left out and the report says so. The optimum row of the 500-job episodes would plug into `POLICY_FACTORIES`.
 """
 
@@ -282,7 +283,8 @@ def _double_dqn_note() -> str:
         return (f"Double DQN: no row, `{model_path(DOUBLE_DQN_MODEL)}` is missing (`hsched train double-dqn` "
                 "writes it). ")
     return (
-        "Double DQN: the shipped model (`hsched.rl.ddqn`), trained on jobs 2000-4999 of the same log, served "
+        "Double DQN: the shipped model (`hsched.rl.ddqn`), trained on jobs 2000-4499 of the same log with "
+        "eq.12's constants chosen on the validation jobs 4500-4999 (never on these evaluation jobs), served "
         "through `plan()`/`select()`. Its features are the servers' utilisation, recirculation rise over the "
         "supply air and heat influence, the same in both CRAC modes. In the redline mode a lower PUE goes with "
         "a warmer outlet: the CRAC lets the supply air warm up as far as the hottest inlet allows. "

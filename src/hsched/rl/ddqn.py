@@ -21,10 +21,14 @@ The algorithm, in one place:
   on the taken action only: no backward pass through 673 items per row). Hard target updates.
 - Reward: eq.12 with the constants of `TRAIN_REWARD`, in the fixed 20 °C room (see there for why φ_T
   is lower than the redline). The evaluation metrics (hsched.eval.thermal) are untouched.
-- Episodes: windows of `episode_jobs` Thunder jobs of the "train" phase (jobs 2000-4999) at seeded random
-  starts, each from the same warmed-up room; the evaluation plays the held-out "eval" jobs (5000-5499)
-  through `hsched.eval.thermal.eval_env` + `run_policy`, i.e. the placer's plan()/select() code with the
-  served policy (`DoubleDqnPolicy`, what `load_policy` returns).
+- Data: the paper's "train" phase (Thunder jobs 2000-4999) is cut in two (`train_split`): episodes are
+  windows of `episode_jobs` jobs of its first part (jobs 2000-4499) at seeded random starts, each from the
+  same warmed-up room; its last `val_jobs` jobs (4500-4999) are the validation slice (`validation_env`,
+  played like an evaluation episode: right after the warm-up). The reward constants are chosen on it
+  (`select_reward`, `bench/ddqn_reward_selection.py`), never on the held-out "eval" jobs (5000-5499 and
+  the later seeds' windows), which only score the finished model through `hsched.eval.thermal.eval_env`
+  + `run_policy`, i.e. the placer's plan()/select() code with the served policy (`DoubleDqnPolicy`, what
+  `load_policy` returns).
 
 Budget and resume: training runs whole episodes until `steps` env steps are done (it stops at the first
 episode end at or after it). The resumable state (nets, optimiser, replay with its masks, RNG states, the
@@ -37,9 +41,10 @@ slice, seed, hyper-parameters, features, evaluation figures vs RR / Greedy and t
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +71,20 @@ TASK_FEATURES = ("demand", "mean_util", "max_rise")
 RUNS_DIR = Path(__file__).resolve().parents[3] / "runs"  # git-ignored: the shipped model's resume state
 
 # Eq.12 as trained. With the DC's 27 °C redline as φ_T the overheat term never fires on Thunder load in the
-# fixed 20 °C room (the hottest inlet stays at 25-26 °C), so the reward would carry no thermal signal at all.
-# φ_T = 20.7 °C marks every inlet more than 0.7 K above the supply air as warm: all but the low slots, where
-# little recirculated heat arrives and whose own heat reaches few inlets. (Tried on the train phase with
-# 16 k steps: φ_T 22 / 21 / 20.7 °C → held-out redline PUE −0.73 / −0.95 / −1.07 % vs RR.) The overload
-# penalty is the larger one (u > 0.8 is a metric itself, a warm inlet only a proxy), and both stay below
+# fixed 20 °C room (the hottest inlet stays at 25-26 °C), so the reward would carry no thermal signal at all:
+# φ_T must sit a little above the 20 °C supply air, which inlets count as "warm" then. Which φ_T and which
+# penalties is chosen on the VALIDATION slice (jobs 4500-4999, never on the held-out eval jobs) by
+# `select_reward` over `REWARD_CANDIDATES` (`bench/ddqn_reward_selection.py` runs it and writes
+# models/double_dqn_dc_selection.json, which the shipped model's metadata quotes). Both penalties stay below
 # r_job, so placing always beats waiting, as in the placer.
+REWARD_CANDIDATES: dict[str, RewardConfig] = {
+    "phi_t 22.0, overheat 0.5, overload 0.8": RewardConfig(overheat_penalty=0.5, overload_penalty=0.8, phi_t=22.0),
+    "phi_t 21.0, overheat 0.5, overload 0.8": RewardConfig(overheat_penalty=0.5, overload_penalty=0.8, phi_t=21.0),
+    "phi_t 20.7, overheat 0.5, overload 0.8": RewardConfig(overheat_penalty=0.5, overload_penalty=0.8, phi_t=20.7),
+    "phi_t 21.0, overheat 0.8, overload 0.5": RewardConfig(overheat_penalty=0.8, overload_penalty=0.5, phi_t=21.0),
+}
 TRAIN_REWARD = RewardConfig(r_job=1.0, overheat_penalty=0.5, overload_penalty=0.8, phi_t=20.7)
+SELECTION_FILE = "double_dqn_dc_selection.json"  # in the models dir, next to the shipped model
 
 
 @dataclass(frozen=True)
@@ -97,7 +109,8 @@ class DdqnConfig:
     grad_clip: float = 10.0
     embed: int = 16  # PooledScorer: small, so a 672-server decision stays far inside the 1 ms budget
     hidden: tuple[int, ...] = (32, 32)
-    eval_seeds: tuple[int, ...] = (0,)  # held-out windows scored at the end (seed s: eval jobs offset 500·s)
+    val_jobs: int = 500  # the last jobs of the train phase, never trained on: the validation slice
+    eval_seeds: tuple[int, ...] = (0, 1, 2)  # held-out windows scored at the end (seed s: eval jobs offset 500·s)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -252,9 +265,24 @@ def load_policy(path: str | Path, dc: DataCenter) -> DoubleDqnPolicy:
 # training
 
 
+def train_split(config: DdqnConfig) -> tuple[int, int, int]:
+    """The env split (warm-up, train, validation): the paper's train phase minus its last `val_jobs` jobs,
+    which become the "eval" phase of this split (the validation slice; the paper's eval jobs stay unread)."""
+    warm, train, _ = PAPER_SPLIT
+    return warm, train - config.val_jobs, config.val_jobs
+
+
 def make_env(config: DdqnConfig, dc: DataCenter | None = None, **kwargs: Any) -> DcPlacementEnv:
-    return DcPlacementEnv(dc or config.dc, phase="train", episode_jobs=config.episode_jobs,
-                          supply_mode=config.supply_mode, reward=config.reward, **kwargs)
+    """The training env: windows of the train jobs without the validation slice (`jobs=` replaces them)."""
+    return DcPlacementEnv(dc or config.dc, phase="train", split=train_split(config),
+                          episode_jobs=config.episode_jobs, supply_mode=config.supply_mode, reward=config.reward,
+                          **kwargs)
+
+
+def validation_env(config: DdqnConfig, mode: str, seed: int = 0) -> DcPlacementEnv:
+    """The validation episode in CRAC `mode`: the last `val_jobs` train jobs, played like an evaluation
+    episode (right after the warm-up). One window: `seed` is accepted for `compare`'s signature only."""
+    return DcPlacementEnv(config.dc, phase="eval", split=train_split(config), supply_mode=mode)
 
 
 @dataclass
@@ -286,7 +314,9 @@ class Trainer:
         self.episodes = 0
         self.curve = Curve()
         self.train_seconds = 0.0
+        self.train_cpu_seconds = 0.0  # this process's CPU time while training (other load does not count)
         self.evaluation: dict[str, Any] = {}
+        self.validation: dict[str, Any] = {}
 
     def observe(self) -> np.ndarray:
         head, thermal = self.env.head_task(), self.env.state
@@ -342,7 +372,7 @@ class Trainer:
             getattr(self.curve, key).append(value)
 
     def run(self, until: int, show: bool = True) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with progress(f"train double-dqn on {self.env.dc.name}", until, show) as advance:
             advance(min(self.step, until))
             while self.step < until:
@@ -351,6 +381,7 @@ class Trainer:
                 advance(min(self.step, until) - min(before, until), eps=self.epsilon(self.step),
                         reward=self.curve.reward[-1], overloads=self.curve.overloads[-1])
         self.train_seconds += time.perf_counter() - t0
+        self.train_cpu_seconds += time.process_time() - c0
 
     def policy(self) -> DoubleDqnPolicy:
         return DoubleDqnPolicy(self.q, self.env.dc)
@@ -363,7 +394,7 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(), "buffer": buffer, "next_masks": self.next_masks,
                 "rng": rng_state(self.rng), "env_rng": self.env.np_random.bit_generator.state,
                 "step": self.step, "episodes": self.episodes, "curve": asdict(self.curve),
-                "train_seconds": self.train_seconds}
+                "train_seconds": self.train_seconds, "train_cpu_seconds": self.train_cpu_seconds}
 
     def load(self, state: dict[str, Any]) -> None:
         self.q.load_state_dict(state["q"])
@@ -378,35 +409,43 @@ class Trainer:
         self.step, self.episodes = state["step"], state["episodes"]
         self.curve = Curve(**state["curve"])
         self.train_seconds = state["train_seconds"]
+        self.train_cpu_seconds = state.get("train_cpu_seconds", 0.0)
 
     def metadata(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        warm, train, evaluation = PAPER_SPLIT
+        warm, train, val = train_split(self.config)
+        first_eval, evaluation = sum(PAPER_SPLIT[:2]), PAPER_SPLIT[2]
         return {
             "agent": POLICY_NAME, "env": ENV_ID, "seed": self.seed, "dc": self.env.dc.name,
             "data": {"trace": THUNDER, "warmup_jobs": [0, warm], "train_jobs": [warm, warm + train],
-                     "eval_jobs": [warm + train, warm + train + evaluation],
+                     "validation_jobs": [warm + train, warm + train + val],
+                     "eval_jobs": [first_eval, first_eval + evaluation],
+                     "eval_seeds": {str(s): [first_eval + evaluation * s, first_eval + evaluation * (s + 1)]
+                                    for s in self.config.eval_seeds},
                      "episodes": f"{self.episodes} windows of {self.config.episode_jobs} train jobs"},
             "hyperparameters": asdict(self.config),
             "features": {"item": list(ITEM_FEATURES), "task": list(TASK_FEATURES)},
             "input_shape": {"item_features": len(ITEM_FEATURES), "task_features": len(TASK_FEATURES)},
             "steps": self.step, "train_seconds": round(self.train_seconds, 1),
+            "train_cpu_seconds": round(self.train_cpu_seconds, 1),
+            "validation": self.validation,
             "evaluation": self.evaluation,
             **(extra or {}),
         }
 
 
-def evaluate(policy: DoubleDqnPolicy, seeds: tuple[int, ...]) -> dict[str, Any]:
-    """hsched.eval.thermal's held-out Thunder episodes (both CRAC modes) for this policy, RR and Greedy:
-    each one's metrics (mean over seeds) and this policy's Δ against RR and Greedy, as the report has them."""
+def compare(policy: DoubleDqnPolicy, env_for: Callable[[str, int], DcPlacementEnv],
+            seeds: tuple[int, ...]) -> dict[str, Any]:
+    """This policy, RR and Greedy on the episodes `env_for(mode, seed)` (both CRAC modes): each one's metrics
+    (mean over seeds) and this policy's Δ against RR and Greedy, as hsched.eval.thermal's report has them."""
     from hsched.envs.dc import run_policy
     from hsched.eval import thermal
 
     factories = {"Double DQN": lambda seed: policy, **{k: thermal.POLICY_FACTORIES[k] for k in ("RR", "Greedy")}}
-    out: dict[str, Any] = {"seeds": list(seeds), "eval_jobs_per_seed": PAPER_SPLIT[2]}
+    out: dict[str, Any] = {"seeds": list(seeds)}
     for mode in thermal.MODES:
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in factories}
         for seed in seeds:
-            env = thermal.eval_env(mode, seed)
+            env = env_for(mode, seed)
             for name, factory in factories.items():
                 runs[name].append(run_policy(env, factory(seed), seed=seed))
         out[mode] = {
@@ -417,6 +456,93 @@ def evaluate(policy: DoubleDqnPolicy, seeds: tuple[int, ...]) -> dict[str, Any]:
                 for key, unit in thermal.DELTAS for ref in ("RR", "Greedy")},
         }
     return out
+
+
+def evaluate(policy: DoubleDqnPolicy, seeds: tuple[int, ...]) -> dict[str, Any]:
+    """hsched.eval.thermal's held-out Thunder episodes (jobs 5000 + 500·s …, s in `seeds`): `compare`."""
+    from hsched.eval import thermal
+
+    return {**compare(policy, thermal.eval_env, seeds), "eval_jobs_per_seed": PAPER_SPLIT[2]}
+
+
+def validate(policy: DoubleDqnPolicy, config: DdqnConfig) -> dict[str, Any]:
+    """The validation slice (`validation_env`: the last `val_jobs` train jobs): `compare`."""
+    warm, train, val = train_split(config)
+    return {**compare(policy, lambda mode, seed: validation_env(config, mode), (0,)),
+            "validation_jobs": [warm + train, warm + train + val]}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# choosing eq.12's constants on the validation slice
+
+
+SELECTION_CRITERION = (
+    "on the validation slice: first the candidates that beat both RR and Greedy on overloads and on the "
+    "fixed-mode mean rack outlet; among them (or among all, if none does) the lowest redline-mode PUE Δ vs RR %"
+)
+
+
+def selection_key(figures: dict[str, Any]) -> tuple[int, float]:
+    """How `select_reward` ranks a candidate by its validation figures, smaller first (`SELECTION_CRITERION`):
+    the overload and outlet bar of the issue, then the redline PUE, the metric φ_T acts on (hot inlets cost
+    cooling power)."""
+    fixed, redline = figures["fixed"]["deltas"], figures["redline"]["deltas"]
+    beats = all(fixed[f"{key} vs {ref} {unit}"] < 0 for key, unit in (("mean_overloads", "%"),
+                                                                        ("mean_rack_outlet_c", "°C"))
+                for ref in ("RR", "Greedy"))
+    return (0 if beats else 1, redline["mean_pue vs RR %"])
+
+
+def _mean_figures(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """`compare` figures averaged over training seeds (same validation episode, one model per seed)."""
+    out: dict[str, Any] = {}
+    for mode in ("fixed", "redline"):
+        out[mode] = {part: {k: (round(float(np.mean([f[mode][part][k] for f in per_seed])), 4)
+                                if part == "deltas" else
+                                {m: round(float(np.mean([f[mode][part][k][m] for f in per_seed])), 5)
+                                 for m in per_seed[0][mode][part][k]})
+                            for k in per_seed[0][mode][part]}
+                     for part in ("metrics", "deltas")}
+    return out
+
+
+def select_reward(candidates: dict[str, RewardConfig], steps: int, seeds: tuple[int, ...] = (0,),
+                  config: DdqnConfig | None = None, show: bool = True,
+                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train one model per candidate reward and seed for `steps` env steps (on the train jobs without the
+    validation slice), score each on the validation slice (`validate`), average over the seeds and choose
+    by `selection_key`. The held-out eval jobs are never read. Returns the record the shipped model's
+    metadata quotes."""
+    config = config or DdqnConfig()
+    records = []
+    for name, reward in candidates.items():
+        runs = []
+        for seed in seeds:
+            trainer = Trainer(replace(config, reward=reward), seed)
+            trainer.run(steps, show)
+            runs.append({"seed": seed, "steps": trainer.step, "train_seconds": round(trainer.train_seconds, 1),
+                         "train_cpu_seconds": round(trainer.train_cpu_seconds, 1),
+                         "validation": validate(trainer.policy(), trainer.config)})
+            if log:
+                log(f"{name} seed {seed}: {trainer.step} steps, {trainer.train_seconds:.0f} s wall, "
+                    f"{trainer.train_cpu_seconds:.0f} s CPU")
+        records.append({"name": name, "reward": asdict(reward),
+                        "validation": _mean_figures([r["validation"] for r in runs]), "runs": runs})
+    chosen = min(records, key=lambda r: selection_key(r["validation"]))
+    warm, train, val = train_split(config)
+    return {"seeds": list(seeds), "steps_per_run": steps, "validation_jobs": [warm + train, warm + train + val],
+            "train_jobs": [warm, warm + train], "criterion": SELECTION_CRITERION,
+            "candidates": records, "chosen": chosen["name"], "chosen_reward": chosen["reward"]}
+
+
+def reward_selection_record(reward: RewardConfig, directory: Path | None = None) -> dict[str, Any] | None:
+    """The selection record in the models dir if it chose `reward` (else None: a model trained with other
+    constants must not quote it)."""
+    path = (directory or checkpoint.model_path(MODEL_NAME).parent) / SELECTION_FILE
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    return record if record.get("chosen_reward") == asdict(reward) else None
 
 
 def train_double_dqn(args: TrainArgs, config: DdqnConfig | None = None,
@@ -431,12 +557,17 @@ def train_double_dqn(args: TrainArgs, config: DdqnConfig | None = None,
         trainer.load(checkpoint.load_state(resume))
     trainer.run(args.steps or config.steps, args.progress)
     checkpoint.save(resume, trainer.state(), trainer.metadata())
-    if env is None:  # the paper room: score it on the held-out jobs
+    extra: dict[str, Any] = {}
+    if env is None:  # the paper room: score it on the validation slice and the held-out jobs
+        trainer.validation = validate(trainer.policy(), config)
         trainer.evaluation = evaluate(trainer.policy(), config.eval_seeds)
+        extra["reward_selection"] = reward_selection_record(config.reward, out.parent)
     curve = plot_curves(out.with_name(out.stem + "_curve.png"),
                         {"Double DQN": (trainer.curve.step, trainer.curve.reward)},
                         title=f"Double DQN placement on {trainer.env.dc.name} (eq.12, seed {args.seed})",
                         xlabel="environment steps", ylabel="mean reward per decision (episode)", window=3)
-    checkpoint.save(out, {"q": trainer.q.state_dict()}, trainer.metadata({"curve_png": curve.name}))
+    checkpoint.save(out, {"q": trainer.q.state_dict()}, trainer.metadata({"curve_png": curve.name, **extra}))
     return {"model": str(out), "curve": str(curve), "steps": trainer.step,
-            "train_seconds": round(trainer.train_seconds, 1), "evaluation": trainer.evaluation}
+            "train_seconds": round(trainer.train_seconds, 1),
+            "train_cpu_seconds": round(trainer.train_cpu_seconds, 1), "validation": trainer.validation,
+            "evaluation": trainer.evaluation}
