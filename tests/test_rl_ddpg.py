@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hsched.domain.resources import Resources
-from hsched.envs.gpu import GpuClusterEnv, MultiClusterState, paper000_datacenters
-from hsched.metrics import reward_eq17
+from hsched.envs.gpu import GpuClusterEnv, MultiClusterState, cluster_totals, host_hints, paper000_datacenters
+from hsched.metrics import reward_eq17, utilisation_matrix
 from hsched.policies.base import select
+from hsched.policies.heuristics import Utilization
 from hsched.policies.learned import ModelMismatch
 from hsched.rl import checkpoint
 from hsched.rl.buffers import DualReplayBuffer, ReplayBuffer
@@ -99,6 +100,21 @@ def test_score_greedy_expert_picks_the_cluster_with_the_best_eq17_reward():
     assert view.locate(choice.node)[0] == 1 and mask[choice.node]
 
 
+def test_hints_are_the_heuristic_scores_and_the_expert_mixes_them():
+    view = _hand_made_view()
+    demand = Resources(cpu_milli=4000, memory_mib=8 * GIB, gpu_count=1, gpu_core_percent=50,
+                       gpu_memory_mib=8 * GIB)
+    hints = host_hints(view.fleet, demand, utilisation_matrix(view.clusters), cluster_totals(view.clusters),
+                       view.host_cluster)
+    mask = np.ones(view.hosts, dtype=bool)
+    fit = np.clip(Utilization().scores(view.fleet, demand, mask), 0, 1)
+    expert = ScoreGreedyExpert(view)
+    np.testing.assert_allclose(hints[:, 0], fit, atol=1e-6)
+    np.testing.assert_allclose(hints[:, 1], expert.cluster_rewards(demand)[view.host_cluster] / 10 + 1, atol=1e-6)
+    mixed = ScoreGreedyExpert(view, fit_weight=2.0).scores(view.fleet, demand, mask)
+    np.testing.assert_allclose(mixed, hints[:, 1] + 2.0 * fit, atol=1e-6)
+
+
 def test_critic_target_on_a_hand_made_batch():
     rewards = torch.tensor([1.0, -2.0, 0.5])
     dones = torch.tensor([0.0, 1.0, 0.0])
@@ -129,7 +145,7 @@ def test_served_inputs_match_the_training_inputs():
 def _agreement(actor: Actor, cfg: Config, seeds=(0, 1, 2)) -> float:
     """Share of the actor's decisions (on the states its own greedy run visits) that the expert makes too."""
     env = make_env(cfg)
-    policy, expert = ActorPolicy(actor, "a", env.view), ScoreGreedyExpert(env.view)
+    policy, expert = ActorPolicy(actor, "a", env.view), ScoreGreedyExpert(env.view, cfg.expert_fit_weight)
     same = total = 0
     for seed in seeds:
         _, info = env.reset(seed=seed)

@@ -54,6 +54,9 @@ Observation (paper 000 eq.13, S = {R_a, Task}), a Dict of float32 arrays in [0, 
   (the paper's per-cluster state, its actor input "16×4"); 0 where a cluster lacks the resource.
 - "task" [7]: the head task's CPU, memory, GPU count, GPU core percent and GPU memory per slice (scaled by
   the largest host / card, clipped to 1), its delays so far ÷ (max_waits + 1), and the queue length ÷ n_tasks.
+- "hints" [H, 2]: heuristic scores of each host for the head task (`host_hints`): the Utilization
+  heuristic's fit and the eq.16 Score the host's cluster would get with the task (the score-greedy expert's
+  estimate, paper 000 §3.2). Not part of the paper's state: inputs a learned policy can start from.
 
 `info["action_mask"]` (int8 [H + 1], a fresh array every step): 1 for every host where the head task fits
 now (`ClusterState.feasible` over all hosts, the placer's mask) and, last, 1 for "wait" only when no host
@@ -100,6 +103,7 @@ from hsched.metrics import (
 )
 from hsched.policies.base import NodePolicy, select
 from hsched.policies.fgd import openb_distribution, openb_tasks
+from hsched.policies.heuristics import Utilization
 
 ENV_ID = "hsched/GpuCluster-v0"
 OPENB_NODE_LIST = "alibaba_openb_gpu_2023/openb_node_list_gpu_node.csv"
@@ -108,6 +112,8 @@ OPENB_CARD_MEMORY_GIB = {"T4": 16, "P100": 16, "V100M16": 16, "V100M32": 32, "G2
 HOST_FEATURES = ("free_cpu", "free_memory", "free_gpu_memory", "free_gpu_core", "best_card_core",
                  "best_card_memory")
 TASK_FEATURES = ("cpu", "memory", "gpu_count", "gpu_core_percent", "gpu_memory", "waits", "queue")
+HINT_FEATURES = ("fit", "cluster_score")
+_UTILIZATION = Utilization()
 EVENTS = ("placed", "failed", "delayed", "judged")
 
 
@@ -232,6 +238,38 @@ def free_shares(u: np.ndarray) -> np.ndarray:
     """The "clusters" observation from a utilisation matrix [N, 4]: 1 − utilisation, 0 where a cluster lacks
     the resource (NaN)."""
     return np.nan_to_num(1.0 - u, nan=0.0).astype(np.float32)
+
+
+def cluster_totals(states: Sequence[ClusterState]) -> np.ndarray:
+    """[N, 4] capacity of each cluster per resource, columns in RESOURCES order."""
+    assert RESOURCES == ("gpu_memory", "gpu_core", "cpu", "memory")
+    return np.array([[s.table.gpu_memory_mib.sum(), s.table.gpu_core_percent.sum(), s.table.cpu_milli.sum(),
+                      s.table.memory_mib.sum()] for s in states], dtype=np.float64).reshape(len(states), 4)
+
+
+def placement_scores(u: np.ndarray, totals: np.ndarray, demand: Resources) -> np.ndarray:
+    """[N]: paper 000 eq.16's normalised Score each cluster c would get if `demand` were deployed on it
+    (eq.15 utilisation of c measured after the placement, min/max over all clusters; 1 when all tie) — the
+    score-greedy expert's estimate (§3.2); eq.17's reward is (Score − 1) τ. `u` = utilisation_matrix."""
+    add = np.array([demand.gpu_count * demand.gpu_memory_mib, demand.gpu_count * demand.gpu_core_percent,
+                    demand.cpu_milli, demand.memory_mib], dtype=np.float64)
+    share = np.divide(add, totals, out=np.zeros_like(totals), where=totals > 0)
+    before = mean_utilisation(u)
+    after = mean_utilisation(u + share)  # NaN columns (no such resource) stay NaN and are left out
+    grid = np.repeat(before[None, :], len(before), axis=0)
+    np.fill_diagonal(grid, after)  # row c: every cluster's score with the task on c
+    lo, hi = grid.min(axis=1), grid.max(axis=1)
+    return np.where(hi - lo > 1e-12, (after - lo) / np.maximum(hi - lo, 1e-300), 1.0)
+
+
+def host_hints(state: ClusterState, demand: Resources, u: np.ndarray, totals: np.ndarray,
+               host_cluster: np.ndarray) -> np.ndarray:
+    """HINT_FEATURES [n, 2] float32 of `state`'s hosts for `demand`: the Utilization heuristic's fit (cosine
+    of the host's free and the task's demanded capacity shares, clipped to [0, 1]) and the eq.16 Score of
+    the host's cluster after the placement (`placement_scores`; hosts are in cluster `host_cluster[h]` of
+    the utilisation matrix `u`). Heuristic scores as inputs, so a learned policy can start from them."""
+    fit = np.clip(_UTILIZATION.scores(state, demand, np.ones(state.n, dtype=bool)), 0.0, 1.0)
+    return np.stack([fit, placement_scores(u, totals, demand)[host_cluster]], axis=1).astype(np.float32)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -398,6 +436,7 @@ class GpuClusterEnv(gymnasium.Env[dict[str, np.ndarray], np.int64]):
             "hosts": spaces.Box(0.0, 1.0, shape=(H, len(HOST_FEATURES)), dtype=np.float32),
             "clusters": spaces.Box(0.0, 1.0, shape=(N, len(RESOURCES)), dtype=np.float32),
             "task": spaces.Box(0.0, 1.0, shape=(len(TASK_FEATURES),), dtype=np.float32),
+            "hints": spaces.Box(0.0, 1.0, shape=(H, len(HINT_FEATURES)), dtype=np.float32),
         })
         self.action_space = spaces.Discrete(H + 1)
         self._distribution: TaskDistribution | None = None
@@ -530,6 +569,7 @@ class GpuClusterEnv(gymnasium.Env[dict[str, np.ndarray], np.int64]):
         self.deployed = self.judged = self.failed = 0
         if not hasattr(self, "_present"):
             self._present = ~np.isnan(utilisation_matrix(self.view.clusters))  # resources each cluster has
+            self._totals = cluster_totals(self.view.clusters)
         self._u = np.where(self._present, 0.0, np.nan)  # empty clusters (view.reset)
         self._scores = mean_utilisation(self._u)
         self._free = free_shares(self._u)  # the "clusters" observation
@@ -561,12 +601,15 @@ class GpuClusterEnv(gymnasium.Env[dict[str, np.ndarray], np.int64]):
 
     def _obs(self) -> dict[str, np.ndarray]:
         task_vec = np.zeros(len(TASK_FEATURES), dtype=np.float32)
+        hints = np.zeros((self.view.hosts, len(HINT_FEATURES)), dtype=np.float32)
         if self._queue:
             k = self._queue[0]
             task_vec[:5] = self._task_features[k]
             task_vec[5] = self._waits[k] / (self.max_waits + 1)
             task_vec[6] = len(self._queue) / len(self.tasks)
-        return {"hosts": self._host_obs.copy(), "clusters": self._free.copy(), "task": task_vec}
+            hints = host_hints(self.view.fleet, self.tasks[k].resources, self._u, self._totals,
+                               self.view.host_cluster)
+        return {"hosts": self._host_obs.copy(), "clusters": self._free.copy(), "task": task_vec, "hints": hints}
 
     def _info(self, event: str) -> dict[str, Any]:
         mask = np.empty(self.view.hosts + 1, dtype=np.int8)

@@ -18,15 +18,20 @@ and a deterministic policy gradient ∇_a Q · ∇_θ π through the softmax (eq
 the critic is asked about is one it is trained on, which a critic of raw score vectors would not be.
 
 EADE-DDPG (paper 000 §3.2) = the above + expert demonstrations: before training, the expert pool is filled
-with episodes of the score-greedy expert (`ScoreGreedyExpert`: the host whose cluster gets the highest eq.16
-score after the placement, i.e. the largest eq.17 reward; ties inside a cluster by the Utilization
-heuristic), and every batch takes 10 % of its rows from that pool (`DualReplayBuffer`, β). Two additions
-from DDPGfD (Večerík et al. 2017), both ours, not the paper's: a behaviour-cloning term on the expert rows
-(cross-entropy of the actor's masked softmax against the expert's action, weight `bc_weight`), so the
-demonstrations shape the actor directly and not only through the critic, and `pretrain_updates` updates on
-expert batches alone before the first interaction (the CPU budget allows ~1 500 updates of 256 rows, too
-few to learn the expert's choices from 10 % of each batch). Plain DDPG: no expert pool, no BC, no
-pre-training (expert_ratio 0).
+with episodes of the score-greedy expert (`ScoreGreedyExpert`), and every batch takes 10 % of its rows from
+that pool (`DualReplayBuffer`, β). The paper's expert deploys to the cluster with the highest eq.16 score
+after the placement (the largest eq.17 reward); it picks a cluster, so it says nothing about the host.
+Ours scores a host by its cluster's eq.16 Score (in [0, 1]) + `expert_fit_weight` × the Utilization
+heuristic's fit of the host (cosine of free and demanded shares, in [0, 1]): with a weight → 0 that is the
+paper's expert with ties broken by Utilization; the default 2.0 (chosen on validation seeds 40 000–40 049,
+never on the evaluation seeds: 181.1 tasks vs 180.0 for the paper's expert and 180.8 for Utilization) keeps
+the eq.16 score as a term but lets the host fit decide more often. Two additions from DDPGfD (Večerík et
+al. 2017), both ours, not the paper's: a behaviour-cloning term on the expert rows (cross-entropy of the
+actor's masked softmax against the expert's action, weight `bc_weight`), so the demonstrations shape the
+actor directly and not only through the critic, and `pretrain_updates` updates on expert batches alone
+before the first interaction (the CPU budget allows ~1 150 online updates of 256 rows, too few to learn
+the expert's choices from 10 % of each batch). Plain DDPG: no expert pool, no BC, no pre-training
+(expert_ratio 0), the same inputs and networks.
 
 Reward. The env's reward is paper 000's eq.15-17: ≤ 0 per placement, 0 for a correct delay, −50 for a
 wrong action. Under the feasibility mask no action is wrong, so that reward alone does not value deploying
@@ -34,13 +39,18 @@ more tasks (a task left undeployed costs nothing); the trainer adds `deploy_bonu
 so a placement is worth [0, τ] and the return grows with the tasks deployed. Learning curves show the env's
 (paper's) reward and the tasks deployed per episode.
 
-Inputs. Per host: the env's HOST_FEATURES and the free shares of the host's cluster (the env's "clusters"
-rows); per task: its demand (TASK_FEATURES[:5]) — not the episode's queue bookkeeping, which a placer does
-not have. Both come from the env's feature functions (`hsched.envs.gpu.host_features`, …), so the served
+Inputs. Per host: the env's HOST_FEATURES, the free shares of the host's cluster (the env's "clusters"
+rows) and the env's HINT_FEATURES (the Utilization fit and the cluster's eq.16 Score after the placement —
+heuristic scores as inputs, ours, not the paper's: with them both agents deploy ~1 task more per episode on
+the validation seeds); per task: its demand (TASK_FEATURES[:5]) — not the episode's queue bookkeeping,
+which a placer does not have. A placer serving one DC (no cluster view) sees one cluster: the cluster
+columns and the eq.16 Score are the same for every host. Both come from the env's feature functions (`hsched.envs.gpu.host_features`, …), so the served
 policy (`load_policy`, `ActorPolicy`) builds exactly what the actor was trained on.
 
 Data. Training episodes are seeds 10 000 + k (k = 0, 1, …) and expert demonstrations seeds 20 000 + k of
-the 220-task paper-000 setting; the evaluation (and `hsched eval gpu`) uses seeds 0, 1, 2, never trained on.
+the 220-task paper-000 setting; the evaluation (and `hsched eval gpu`) uses seeds 0, 1, 2 (and 0–49 for
+the paired comparisons in the model metadata), never trained on; any choice of a setting was made on
+validation seeds 40 000–40 049 (`VALIDATION_SEEDS`).
 """
 
 from __future__ import annotations
@@ -59,19 +69,23 @@ from torch import nn
 from hsched.domain.cluster import ClusterState
 from hsched.domain.resources import Resources
 from hsched.envs.gpu import (
+    HINT_FEATURES,
     HOST_FEATURES,
     TASK_FEATURES,
     GpuClusterEnv,
     MultiClusterState,
+    cluster_totals,
     demand_features,
     free_shares,
     host_features,
+    host_hints,
     host_scale,
     paper000_datacenters,
+    placement_scores,
     run_policy,
     task_scale,
 )
-from hsched.metrics import RESOURCES, mean_utilisation, placement_reward, utilisation_matrix
+from hsched.metrics import RESOURCES, TAU, utilisation_matrix
 from hsched.policies.heuristics import Utilization
 from hsched.rl import checkpoint
 from hsched.rl.buffers import DualReplayBuffer, ReplayBuffer
@@ -86,10 +100,12 @@ from hsched.rl.training import (
     seed_everything,
 )
 
-ITEM_FEATURES = len(HOST_FEATURES) + len(RESOURCES) + 1  # host, its cluster's free shares, "is wait" flag
+# host, its cluster's free shares, the heuristic hints, "is wait" flag
+ITEM_FEATURES = len(HOST_FEATURES) + len(RESOURCES) + len(HINT_FEATURES) + 1
 TASK_INPUTS = TASK_FEATURES[:5]  # the task's demand
 TRAIN_SEED0, EXPERT_SEED0 = 10_000, 20_000
 EVAL_SEEDS = (0, 1, 2)  # = `hsched eval gpu --seeds 3`
+VALIDATION_SEEDS = range(40_000, 40_050)  # for choosing settings; never the evaluation seeds
 CURVE_SEED_STRIDE = 100_000  # args.seed s trains on episode seeds TRAIN_SEED0 + s·stride + k
 
 
@@ -98,8 +114,9 @@ class Config:
     steps: int = 10_000            # environment steps (training stops at the first episode end after)
     expert_ratio: float = 0.1      # β: share of each batch from the expert pool (0 = plain DDPG)
     expert_episodes: int = 20      # expert demonstrations pre-filled (EADE-DDPG)
+    expert_fit_weight: float = 2.0  # the expert's host term: eq.16 Score + w · Utilization fit (ScoreGreedyExpert)
     bc_weight: float = 1.0         # DDPGfD-style behaviour cloning on expert rows (0 = off)
-    pretrain_updates: int = 300    # DDPGfD-style updates on expert batches only, before interacting
+    pretrain_updates: int = 1_500  # DDPGfD-style updates on expert batches only, before interacting
     batch_size: int = 256          # paper 000 table 5
     actor_lr: float = 1e-4         # paper 000 table 5
     critic_lr: float = 1e-3        # paper 000 table 5
@@ -174,11 +191,14 @@ def critic_target(rewards: torch.Tensor, dones: torch.Tensor, next_q: torch.Tens
 # observations: env obs ↔ one flat float32 vector (what the replay buffers store)
 
 
-def items_from(hosts: np.ndarray, cluster_rows: np.ndarray) -> np.ndarray:
-    """[H+1, ITEM_FEATURES]: each host's features and its cluster's free shares, then the wait item."""
+def items_from(hosts: np.ndarray, cluster_rows: np.ndarray, hints: np.ndarray) -> np.ndarray:
+    """[H+1, ITEM_FEATURES]: each host's features, its cluster's free shares and its heuristic hints, then
+    the wait item."""
     items = np.zeros((len(hosts) + 1, ITEM_FEATURES), dtype=np.float32)
-    items[:-1, :len(HOST_FEATURES)] = hosts
-    items[:-1, len(HOST_FEATURES):-1] = cluster_rows
+    a, b = len(HOST_FEATURES), len(HOST_FEATURES) + len(RESOURCES)
+    items[:-1, :a] = hosts
+    items[:-1, a:b] = cluster_rows
+    items[:-1, b:-1] = hints
     items[-1, -1] = 1.0
     return items
 
@@ -193,7 +213,7 @@ class Codec:
         self.dim = sum(self.sizes)
 
     def encode(self, obs: dict[str, np.ndarray], mask: np.ndarray) -> np.ndarray:
-        items = items_from(obs["hosts"], obs["clusters"][self.host_cluster])
+        items = items_from(obs["hosts"], obs["clusters"][self.host_cluster], obs["hints"])
         return np.concatenate([items.ravel(), obs["task"][:len(TASK_INPUTS)], mask.astype(np.float32)])
 
     def decode(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -212,30 +232,20 @@ class ScoreGreedyExpert:
 
     name = "score-greedy expert"
 
-    def __init__(self, view: MultiClusterState) -> None:
+    def __init__(self, view: MultiClusterState, fit_weight: float = 1e-6) -> None:
         self.view = view
-        self.totals = np.array([[s.table.gpu_memory_mib.sum(), s.table.gpu_core_percent.sum(),
-                                 s.table.cpu_milli.sum(), s.table.memory_mib.sum()] for s in view.clusters],
-                               dtype=np.float64)
-        assert len(RESOURCES) == self.totals.shape[1]  # columns in RESOURCES order
+        self.fit_weight = fit_weight
+        self.totals = cluster_totals(view.clusters)
         self.tie = Utilization()
 
     def cluster_rewards(self, demand: Resources) -> np.ndarray:
         """eq.17 reward of deploying `demand` to each cluster (utilisation measured after the placement)."""
-        u = utilisation_matrix(self.view.clusters)
-        add = np.array([demand.gpu_count * demand.gpu_memory_mib, demand.gpu_count * demand.gpu_core_percent,
-                        demand.cpu_milli, demand.memory_mib], dtype=np.float64)
-        share = np.divide(add, self.totals, out=np.zeros_like(self.totals), where=self.totals > 0)
-        out = np.empty(len(u))
-        for c in range(len(u)):
-            after = u.copy()
-            after[c] += share[c]
-            out[c] = placement_reward(mean_utilisation(after), c)
-        return out
+        return (placement_scores(utilisation_matrix(self.view.clusters), self.totals, demand) - 1.0) * TAU
 
     def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
-        tie = np.clip(self.tie.scores(state, demand, mask), 0.0, 1.0)  # cosine similarity in [0, 1]
-        return self.cluster_rewards(demand)[self.view.host_cluster] + 1e-6 * tie
+        fit = np.clip(self.tie.scores(state, demand, mask), 0.0, 1.0)  # cosine similarity in [0, 1]
+        score = self.cluster_rewards(demand)[self.view.host_cluster] / TAU + 1.0  # eq.16's Score in [0, 1]
+        return score + self.fit_weight * fit
 
     def placed(self, node: int) -> None:
         pass
@@ -249,17 +259,19 @@ class PolicyInputs:
 
     def __init__(self, view: MultiClusterState | None = None) -> None:
         self.view = view
-        self._scales: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._scales: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __call__(self, state: ClusterState, demand: Resources) -> tuple[np.ndarray, np.ndarray]:
-        if self._scales is None or self._scales[0] != id(state.table):  # scales depend on the fleet only
-            self._scales = (id(state.table), host_scale(state.table), task_scale(state.table))
-        _, hs, ts = self._scales
-        if self.view is not None:
-            clusters = free_shares(utilisation_matrix(self.view.clusters))[self.view.host_cluster]
-        else:
-            clusters = np.broadcast_to(free_shares(utilisation_matrix([state])), (state.n, len(RESOURCES)))
-        return items_from(host_features(state, hs), clusters), demand_features([demand], ts)[0]
+        if self._scales is None or self._scales[0] != id(state.table):  # these depend on the fleet only
+            view = self.view
+            self._scales = (id(state.table), host_scale(state.table), task_scale(state.table),
+                            cluster_totals(view.clusters if view is not None else [state]),
+                            view.host_cluster if view is not None else np.zeros(state.n, dtype=np.int64))
+        _, hs, ts, totals, host_cluster = self._scales
+        u = utilisation_matrix(self.view.clusters if self.view is not None else [state])
+        hints = host_hints(state, demand, u, totals, host_cluster)
+        return items_from(host_features(state, hs), free_shares(u)[host_cluster], hints), \
+            demand_features([demand], ts)[0]
 
 
 class ActorPolicy:
@@ -285,7 +297,8 @@ def _check_inputs(meta: dict[str, Any], path: Path) -> None:
     from hsched.policies.learned import ModelMismatch
 
     want = {"item_features": ITEM_FEATURES, "task_features": len(TASK_INPUTS),
-            "host_features": list(HOST_FEATURES), "cluster_features": list(RESOURCES)}
+            "host_features": list(HOST_FEATURES), "cluster_features": list(RESOURCES),
+            "hint_features": list(HINT_FEATURES)}
     for key, value in want.items():
         if meta.get(key) != value:
             raise ModelMismatch(f"{path.name}: {key} {meta.get(key)!r}, this build feeds {value!r}")
@@ -295,7 +308,8 @@ def policy_state(actor: Actor, name: str, cfg: Config) -> dict[str, Any]:
     """What a shipped model holds: the actor's weights and the inputs it was trained on."""
     return {"actor": actor.state_dict(), "policy": name, "embed": cfg.embed, "heads": cfg.heads,
             "item_features": ITEM_FEATURES, "task_features": len(TASK_INPUTS),
-            "host_features": list(HOST_FEATURES), "cluster_features": list(RESOURCES)}
+            "host_features": list(HOST_FEATURES), "cluster_features": list(RESOURCES),
+            "hint_features": list(HINT_FEATURES)}
 
 
 def load_actor(path: str | Path) -> tuple[Actor, dict[str, Any]]:
@@ -325,7 +339,7 @@ def load_policy(path: str | Path, dc: Any) -> ActorPolicy:
 def expert_pool(env: GpuClusterEnv, codec: Codec, cfg: Config, rng: np.random.Generator) -> ReplayBuffer:
     """`cfg.expert_episodes` episodes of the score-greedy expert (seeds EXPERT_SEED0 + k), with the
     training reward."""
-    expert = ScoreGreedyExpert(env.view)
+    expert = ScoreGreedyExpert(env.view, cfg.expert_fit_weight)
     size = max(1, cfg.expert_episodes * cfg.n_tasks * 2)
     pool = ReplayBuffer(size, codec.dim, seed=rng)
     for k in range(cfg.expert_episodes):
@@ -420,6 +434,42 @@ def evaluate_policy(make: Callable[[MultiClusterState], Any], cfg: Config,
     return out
 
 
+PAIRED_SEEDS = range(50)  # held-out seeds of the paired comparison (contains EVAL_SEEDS, disjoint from training)
+
+
+def paired_comparison(actor: Actor, name: str, cfg: Config,
+                      seeds: Sequence[int] = PAIRED_SEEDS) -> dict[str, Any]:
+    """The actor against every heuristic of `hsched eval gpu` (and the paper's score-greedy expert) on the
+    same held-out episodes: per metric the means and the per-seed paired difference actor − other, mean ±
+    standard error, and the seeds the actor is better / equal / worse on (deployed: more is better;
+    fragmentation and GPU load variance: less is better)."""
+    from hsched.eval.gpu import HEURISTICS, policy_for
+
+    env = make_env(cfg)
+    keys = ("deployed", "fragmentation", "gpu_load_variance")
+
+    def run(make: Callable[[int], Any]) -> dict[str, np.ndarray]:
+        ms = [run_policy(env, make(s), seed=s).metrics for s in seeds]
+        return {k: np.array([m[k] for m in ms]) for k in keys}
+
+    mine = run(lambda s: ActorPolicy(actor, name, env.view))
+    others = {label: run(lambda s, n=n: policy_for(n, env, s)) for n, label in HEURISTICS}
+    others["score-greedy expert (paper 000 §3.2)"] = run(lambda s: ScoreGreedyExpert(env.view))
+    out: dict[str, Any] = {"seeds": f"{seeds[0]}..{seeds[-1]}", "mean": {k: float(mine[k].mean()) for k in keys},
+                           "vs": {}}
+    for label, theirs in others.items():
+        row = {}
+        for k in keys:
+            d = mine[k] - theirs[k]
+            better = d > 0 if k == "deployed" else d < 0
+            row[k] = {"other": float(theirs[k].mean()), "diff": float(d.mean()),
+                      "se": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0,
+                      "better/equal/worse": [int(better.sum()), int((d == 0).sum()),
+                                             int(len(d) - better.sum() - (d == 0).sum())]}
+        out["vs"][label] = row
+    return out
+
+
 def runs_dir(out: Path) -> Path:
     """Where training state and comparison runs of the model `out` go: the repository's runs/ (not
     shipped, git-ignored) for a model in models/, else next to `out`."""
@@ -507,6 +557,7 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
     figures = evaluate(learner.actor, name, cfg)
     figures["train_seconds"] = round(seconds, 1)
     figures["train_cpu_seconds"] = round(time.process_time() - cpu0, 1)  # wall time counts a shared machine
+    paired = paired_comparison(learner.actor, name, cfg)
     state = policy_state(learner.actor, name, cfg)
     meta = {"agent": name, "environment": f"hsched/GpuCluster-v0, paper000_datacenters{cfg.fleet} (clusters × "
                                           "hosts of openb 2-GPU machines)",
@@ -518,8 +569,9 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
                      "eval_seeds": list(EVAL_SEEDS)},
             "seed": args.seed, "steps": step, "episodes": episode, "hyperparameters": cfg,
             "inputs": {k: state[k] for k in ("item_features", "task_features", "host_features",
-                                             "cluster_features")},
-            "evaluation": figures, "train_seconds": figures["train_seconds"],
+                                             "cluster_features", "hint_features")},
+            "evaluation": figures, "paired_comparison": paired, "train_seconds": figures["train_seconds"],
+            "train_cpu_seconds": figures["train_cpu_seconds"],
             "torch": torch.__version__}
     checkpoint.save(out, state, meta)
     plot_curves(out.with_suffix(".png"), {f"{name}: tasks deployed": (curves["step"], curves["deployed"])},
