@@ -573,6 +573,18 @@ def test_redline_supply_mode_reports_the_evaluated_peak() -> None:
     assert r.objective == pytest.approx(peak_of(after, room)) == pytest.approx(22.85)  # T_sup clipped at 22 °C
 
 
+def test_redline_plateau_ties_go_to_the_fewest_overloads() -> None:
+    # Redline mode holds the hottest inlet at 27 °C for every peak rise from 2 K (supply at its 25 °C max)
+    # to 17 K, so (15 → node 0, 20 → node 1), rise 2.0 K, 2 overloads, and (15 → node 2, 20 → node 1),
+    # rise 2.25 K, 1 overload, tie at 27 °C: the tie-break must pick the second.
+    d = [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.002, 0.004, 0.004]]
+    state, room = cpu_room(d, params=ThermalParams(supply_mode="redline", t_supply_max_c=25.0))
+    state.apply("pre0", (Part(0, 0, 0, 5 * MILLI, 0, 0, 0),))
+    r = min_peak_inlet(state, room, [cpu_task(15), cpu_task(20)])
+    assert r.optimal and r.objective == pytest.approx(27.0)
+    assert r.secondary == 1 and r.secondary_optimal
+
+
 @st.composite
 def thermal_instances(draw: st.DrawFn) -> tuple[ClusterState, RoomModel, list[TaskSpec]]:
     n = draw(st.integers(2, 3))

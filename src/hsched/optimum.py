@@ -729,6 +729,17 @@ def _peak_from_rise(room: RoomModel, rise: float) -> float:
     return float(np.clip(p.redline_c - rise, p.t_supply_min_c, p.t_supply_max_c)) + rise
 
 
+def _largest_rise_at_same_peak(room: RoomModel, rise: float) -> float:
+    """The largest peak rise whose peak inlet equals that of `rise`: in redline mode the peak inlet is flat
+    (= the redline) for every rise the CRAC can compensate, redline − t_max ≤ rise ≤ redline − t_min, so all
+    of those placements tie on the first objective and the tie-break must consider them all. (`rise` comes
+    from the solver: within 1e-6 of the plateau's start counts as on it.)"""
+    p = room.params
+    if p.supply_mode != "fixed" and p.redline_c - p.t_supply_max_c - 1e-6 <= rise <= p.redline_c - p.t_supply_min_c:
+        return p.redline_c - p.t_supply_min_c
+    return rise
+
+
 def min_peak_inlet(state: ClusterState, room: RoomModel, tasks: Sequence[TaskSpec],
                    time_limit_s: float = 10.0) -> OptimumResult:
     """Place every part of every task (``split_task``; GPU slices on distinct cards) so that the hottest server
@@ -841,7 +852,7 @@ def min_peak_inlet(state: ClusterState, room: RoomModel, tasks: Sequence[TaskSpe
     rise_bound = run.bound if run.bound is not None else float(base_rise.max())
     secondary_optimal = status == "optimal" and not overload_cols
     if status == "optimal" and overload_cols:  # stage 2: hold the peak, the fewest overloaded servers
-        zstar = float(values[z])
+        zstar = _largest_rise_at_same_peak(room, float(values[z]))
         h.changeColBounds(z, float(base_rise.max()), zstar + 1e-6 + 1e-9 * abs(zstar))
         costs = np.zeros(len(m.cost))
         costs[overload_cols] = 1.0
