@@ -151,42 +151,25 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
         span = self._tracer.start_span(name, parent, SpanKind.SERVER, attributes)
         return span, trace.set_span_in_context(span, parent)
 
-    def _end(self, span: Span, name: str, context: Any, error: BaseException | None, t0: float) -> None:
+    def _end(self, span: Span | None, name: str, context: Any, error: BaseException | None, t0: float) -> None:
+        if span is None and self._metrics is None:
+            return
         code, details, exc = _server_outcome(context, error)
-        _finish(span, code, details, exc)
+        if span is not None:
+            _finish(span, code, details, exc)
         if self._metrics is not None:
             self._metrics.observe(name, code, time.perf_counter() - t0)
 
     def _traced_unary(self, behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Any]:
         name, attributes = _method_info(method)
-        if isinstance(self._tracer, trace.NoOpTracer):
-            return self._passed_through(behavior, name)
+        # A tracer that records nothing gets no span: the caller's context (when it sent one) is only made
+        # current, so the handler's own calls carry it on.
+        recording = not isinstance(self._tracer, trace.NoOpTracer)
 
         async def traced(request: Any, context: grpc.aio.ServicerContext) -> Any:
             t0 = time.perf_counter()
-            span, ctx = self._start(name, attributes, context)
-            token = attach(ctx)
-            error: BaseException | None = None
-            try:
-                return await behavior(request, context)
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                detach(token)
-                self._end(span, name, context, error, t0)
-
-        return traced
-
-    def _passed_through(self, behavior: Callable[..., Awaitable[Any]], name: str) -> Callable[..., Any]:
-        """A tracer that records nothing: no span, just the caller's context made current (when it sent one),
-        so the handler's own calls carry it on; and the call's metrics."""
-        rpc_metrics = self._metrics
-
-        async def passed_through(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            t0 = time.perf_counter()
-            carrier = {k: v for k, v in context.invocation_metadata() or () if k in _TRACE_HEADERS}
-            token = attach(propagate.extract(carrier)) if carrier else None
+            span, ctx = self._start(name, attributes, context) if recording else (None, _incoming(context))
+            token = attach(ctx) if ctx is not None else None
             error: BaseException | None = None
             try:
                 return await behavior(request, context)
@@ -196,10 +179,9 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
             finally:
                 if token is not None:
                     detach(token)
-                if rpc_metrics is not None:
-                    rpc_metrics.observe(name, _server_outcome(context, error)[0], time.perf_counter() - t0)
+                self._end(span, name, context, error, t0)
 
-        return passed_through
+        return traced
 
     def _traced_stream(self, behavior: Callable[..., AsyncIterator[Any]], method: str) -> Callable[..., Any]:
         name, attributes = _method_info(method)
@@ -292,6 +274,12 @@ async def _iterate(call: grpc.aio.UnaryStreamCall, span: Span) -> AsyncIterator[
         raise
     finally:
         _finish(span, *_client_outcome(error))
+
+
+def _incoming(context: grpc.aio.ServicerContext) -> Context | None:
+    """The caller's trace context from the call's W3C headers, or None when it sent none."""
+    carrier = {k: v for k, v in context.invocation_metadata() or () if k in _TRACE_HEADERS}
+    return propagate.extract(carrier) if carrier else None
 
 
 class _Instrumented:
