@@ -46,6 +46,7 @@ from hsched.costs.paths import PathFinder
 from hsched.costs.selection import no_longer
 from hsched.domain.fleet import load_fleet
 from hsched.envs.path import ENV_ID, PathEnv, PolicyPathFinder, _as_graph
+from hsched.policies.learned import ModelMismatch  # also: trained on another WAN
 from hsched.rl import checkpoint
 from hsched.rl.buffers import Batch, PrioritizedReplayBuffer, ReplayBuffer
 from hsched.rl.nets import HIDDEN, mlp
@@ -390,10 +391,6 @@ def train_per_dqn(args: TrainArgs) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------------------
 # serving
-
-
-class ModelMismatch(ValueError):
-    """The checkpoint was trained on another WAN (vertex names or order differ)."""
 
 
 def load_path_finder(path: str | Path, graph: WanGraph, name: str = "per-dqn") -> PathFinder:
