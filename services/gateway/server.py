@@ -10,6 +10,7 @@ import secrets
 import grpc
 
 from hsched import rpc
+from hsched.batching import Coalescer
 from hsched.convert import task_from_pb, task_to_pb
 from hsched.costs.selection import METHODS
 from hsched.domain.errors import ValidationError
@@ -41,11 +42,20 @@ def new_task_id() -> str:
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def __init__(self, fleet: Fleet, store: TaskStore, selector: selector_pb2_grpc.SelectorStub,
                  placers: dict[str, placer_pb2_grpc.PlacerStub], select_timeout_s: float = 2.0,
-                 place_timeout_s: float = 5.0) -> None:
+                 place_timeout_s: float = 5.0, max_batch: int = 128) -> None:
         self.fleet = fleet
         self.store = store
-        self.selector = selector
-        self.placers = placers
+        # Concurrent Submits' selector and placer calls travel as batch RPCs, one stream of batches per peer
+        # (hsched.batching: the per-call gRPC cost, not the decision, is what limits throughput).
+        # wait_for_ready: ride out a selector restart.
+        self.select = Coalescer(selector.SelectDataCenters, selector_pb2.SelectBatchRequest,
+                                "hsched.v1.Selector/SelectDataCenter", max_batch, wait_for_ready=True)
+        self.place = {dc: Coalescer(stub.PlaceBatch, placer_pb2.PlaceBatchRequest, "hsched.v1.Placer/Place",
+                                    max_batch) for dc, stub in placers.items()}
+        # wait_for_ready: a placer that is restarting gets until the deadline to come back
+        self.release = {dc: Coalescer(stub.ReleaseBatch, placer_pb2.PlacerReleaseBatchRequest,
+                                      "hsched.v1.Placer/Release", max_batch, wait_for_ready=True)
+                        for dc, stub in placers.items()}
         self.select_timeout_s = select_timeout_s
         self.place_timeout_s = place_timeout_s
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
@@ -88,9 +98,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         task = pb.Task(task_id=new_task_id(), spec=task_to_pb(spec), created_unix_ms=now_ms())
         # Ask the selector before writing anything: it has no side effects, so if it is down the client
         # gets UNAVAILABLE, nothing is recorded, and a retry with the same request_id starts afresh.
-        selection = await self.selector.SelectDataCenter(  # wait_for_ready: ride out a selector restart
-            selector_pb2.SelectRequest(task=task.spec, method=method), timeout=self.select_timeout_s,
-            wait_for_ready=True)
+        selection = await self.select.call(selector_pb2.SelectRequest(task=task.spec, method=method),
+                                           self.select_timeout_s)
         writes = [self.store.record("submitted", task)]  # durable before any placer is asked; awaited below
         ex = task.explanation
         ex.selector_method = selection.method
@@ -142,13 +151,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         writes.append(self.store.record("rejected", task, task.reason))
 
     async def _call_place(self, task: pb.Task, dc: str, allow_defer: bool, notes) -> placer_pb2.PlaceResponse | None:
-        stub = self.placers.get(dc)
-        if stub is None:
+        placer = self.place.get(dc)
+        if placer is None:
             notes.append(f"{dc}: no placer address configured")
             return None
         try:
-            return await stub.Place(placer_pb2.PlaceRequest(task_id=task.task_id, task=task.spec,
-                                                            allow_defer=allow_defer), timeout=self.place_timeout_s)
+            return await placer.call(placer_pb2.PlaceRequest(task_id=task.task_id, task=task.spec,
+                                                             allow_defer=allow_defer), self.place_timeout_s)
         except grpc.aio.AioRpcError as exc:
             notes.append(f"{dc}: placer unavailable ({exc.code().name}: {exc.details()})")
             return None
@@ -181,10 +190,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if task.state == pb.TASK_STATE_SUBMITTED:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"task {task.task_id} is still being scheduled; release it once Submit returned")
-        stub = self.placers[task.datacenter]
-        # wait_for_ready: a placer that is restarting gets until the deadline to come back
-        reply = await stub.Release(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
-                                   timeout=self.place_timeout_s, wait_for_ready=True)
+        reply = await self.release[task.datacenter].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
+                                                         self.place_timeout_s)
         writes = [self.store.record("released", task, f"freed {reply.freed.cpu_milli / 1000:g} cores, "
                                     f"{reply.freed.gpu_count} GPU slices at {task.datacenter}")]
         for queued in reply.placed_from_queue:
@@ -287,7 +294,9 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics)
     log.info("gateway serving on port %d (%d task events replayed, %d tasks)", port, loaded, len(store.tasks))
     await serve_until_stopped(stop, server, port, args, metrics=metrics,
-                              cleanup=[*(ch.close for ch in channels), redis.aclose])
+                              cleanup=[servicer.select.close,
+                                       *(c.close for c in (*servicer.place.values(), *servicer.release.values())),
+                                       *(ch.close for ch in channels), redis.aclose])
 
 
 def main(argv: list[str] | None = None) -> None:

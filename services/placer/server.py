@@ -10,6 +10,7 @@ import socket
 import numpy as np
 
 from hsched import rpc
+from hsched.batching import serve_batch
 from hsched.convert import parts_to_pb, resources_to_pb, task_from_pb
 from hsched.domain.fleet import load_fleet
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
@@ -17,7 +18,7 @@ from hsched.policies.heuristics import POLICY_NAMES, make_policy
 from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
-from hsched.telemetry import MetricsServer
+from hsched.telemetry import BatchedCalls, MetricsServer
 from hsched.thermal.datacenter import room_for
 from hsched.v1 import common_pb2, placer_pb2, placer_pb2_grpc, thermal_pb2, thermal_pb2_grpc
 
@@ -69,6 +70,8 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
     def __init__(self, engine: PlacerEngine) -> None:
         self.engine = engine
         self.table = engine.state.table
+        self._batched_place = BatchedCalls("hsched.v1.Placer/Place")
+        self._batched_release = BatchedCalls("hsched.v1.Placer/Release")
 
     def _place_reply(self, r: PlaceResult) -> placer_pb2.PlaceResponse:
         return placer_pb2.PlaceResponse(
@@ -79,6 +82,15 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
 
     @rpc.grpc_errors
     async def Place(self, request: placer_pb2.PlaceRequest, context) -> placer_pb2.PlaceResponse:
+        return await self._place(request)
+
+    @rpc.grpc_errors
+    async def PlaceBatch(self, request: placer_pb2.PlaceBatchRequest, context) -> placer_pb2.PlaceBatchResponse:
+        # all calls reach the engine's queue before it wakes: they are decided as one batch, one ledger append
+        return placer_pb2.PlaceBatchResponse(results=await serve_batch(
+            request.calls, self._place, self._batched_place, placer_pb2.PlaceBatchItem))
+
+    async def _place(self, request: placer_pb2.PlaceRequest) -> placer_pb2.PlaceResponse:
         if not request.task_id:
             raise rpc.ValidationError("task_id", "is required")
         spec = task_from_pb(request.task)
@@ -88,6 +100,15 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
 
     @rpc.grpc_errors
     async def Release(self, request: placer_pb2.PlacerReleaseRequest, context) -> placer_pb2.PlacerReleaseResponse:
+        return await self._release(request)
+
+    @rpc.grpc_errors
+    async def ReleaseBatch(self, request: placer_pb2.PlacerReleaseBatchRequest,
+                           context) -> placer_pb2.PlacerReleaseBatchResponse:
+        return placer_pb2.PlacerReleaseBatchResponse(results=await serve_batch(
+            request.calls, self._release, self._batched_release, placer_pb2.PlacerReleaseBatchItem))
+
+    async def _release(self, request: placer_pb2.PlacerReleaseRequest) -> placer_pb2.PlacerReleaseResponse:
         if not request.task_id:
             raise rpc.ValidationError("task_id", "is required")
         r = await self._engine_call(self.engine.release(request.task_id))
@@ -198,7 +219,7 @@ async def serve(args, stop: asyncio.Event) -> None:
     await serve_until_stopped(stop, server, port, args, metrics=metrics, cleanup=[engine.stop, redis.aclose])
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser():
     p = common_args("hsched placer: node and GPU-slice placement for one data center")
     p.add_argument("--datacenter", required=True)
     p.add_argument("--policy", default="bestfit", choices=POLICY_NAMES)
@@ -212,5 +233,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lease-ms", type=int, default=3000)
     p.add_argument("--lease-wait-s", type=float, default=15.0,
                    help="how long to wait for a previous placer's lease to lapse")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     run(f"placer-{args.datacenter}", args, lambda stop: serve(args, stop))

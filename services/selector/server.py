@@ -7,6 +7,7 @@ import json
 import logging
 
 from hsched import rpc
+from hsched.batching import serve_batch
 from hsched.convert import task_from_pb
 from hsched.costs import WanGraph
 from hsched.costs.selection import Candidate
@@ -16,7 +17,7 @@ from hsched.rl.path_serving import DEFAULT_MODEL, PATH_FINDERS, register_path_me
 from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
-from hsched.telemetry import MetricsServer
+from hsched.telemetry import BatchedCalls, MetricsServer
 from hsched.v1 import common_pb2, selector_pb2, selector_pb2_grpc
 
 log = logging.getLogger("hsched.selector")
@@ -37,9 +38,19 @@ def candidate_to_pb(c: Candidate) -> common_pb2.DcCandidate:
 class SelectorServicer(selector_pb2_grpc.SelectorServicer):
     def __init__(self, selector: DcSelector) -> None:
         self.selector = selector
+        self._batched_select = BatchedCalls("hsched.v1.Selector/SelectDataCenter")
 
     @rpc.grpc_errors
     async def SelectDataCenter(self, request: selector_pb2.SelectRequest, context) -> selector_pb2.SelectResponse:
+        return await self._select(request)
+
+    @rpc.grpc_errors
+    async def SelectDataCenters(self, request: selector_pb2.SelectBatchRequest,
+                                context) -> selector_pb2.SelectBatchResponse:
+        return selector_pb2.SelectBatchResponse(results=await serve_batch(
+            request.calls, self._select, self._batched_select, selector_pb2.SelectBatchItem))
+
+    async def _select(self, request: selector_pb2.SelectRequest) -> selector_pb2.SelectResponse:
         task = task_from_pb(request.task)
         task.validate()
         ranked, excluded = self.selector.select(task, request.method)

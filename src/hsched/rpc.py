@@ -96,8 +96,25 @@ def channel(target: str) -> grpc.aio.Channel:
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
+def status_of(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
+    """The status a handler that raised `exc` answers with (code, a message a person can act on — never a
+    traceback); unexpected errors are logged here with their traceback."""
+    if isinstance(exc, ValidationError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, LookupError):
+        return grpc.StatusCode.NOT_FOUND, str(exc.args[0]) if exc.args else "not found"
+    if isinstance(exc, grpc.aio.AioRpcError):  # a downstream hop failed: pass its status on, say which hop
+        if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+            return exc.code(), exc.details() or ""
+        return grpc.StatusCode.UNAVAILABLE, f"downstream call failed: {exc.code().name}: {exc.details()}"
+    if isinstance(exc, Unavailable):
+        return grpc.StatusCode.UNAVAILABLE, str(exc)
+    log.error("%s failed", where, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error in {where}; see the server log"
+
+
 def grpc_errors(fn: F) -> F:
-    """Map library errors to status codes with a message a person can act on — never a traceback."""
+    """Map library errors to status codes (`status_of`)."""
 
     @functools.wraps(fn)
     async def wrapper(self, request, context: grpc.aio.ServicerContext):
@@ -105,19 +122,8 @@ def grpc_errors(fn: F) -> F:
             return await fn(self, request, context)
         except grpc.aio.AbortError:
             raise
-        except ValidationError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except LookupError as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]) if exc.args else "not found")
-        except grpc.aio.AioRpcError as exc:  # a downstream hop failed: pass its status on, say which hop
-            if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
-                await context.abort(exc.code(), exc.details() or "")
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"downstream call failed: {exc.code().name}: {exc.details()}")
-        except Unavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        except Exception:
-            log.exception("%s failed", fn.__qualname__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__qualname__}; see the server log")
+        except Exception as exc:  # noqa: BLE001 - status_of maps it (and logs the unexpected)
+            await context.abort(*status_of(exc, fn.__qualname__))
 
     return wrapper  # type: ignore[return-value]
 

@@ -15,6 +15,7 @@ or, cheaper per call (what hsched.rpc does), without grpc.aio interceptors::
 
 from hsched.telemetry import metrics
 from hsched.telemetry.interceptors import (
+    BatchedCalls,
     client_interceptors,
     instrumented,
     server_interceptor,
@@ -26,6 +27,7 @@ from hsched.telemetry.tracing import EXPORTERS, TRACES_ENV, setup_tracing
 __all__ = [
     "EXPORTERS",
     "TRACES_ENV",
+    "BatchedCalls",
     "GaugeCallback",
     "MetricSpec",
     "Metrics",

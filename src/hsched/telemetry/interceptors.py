@@ -20,9 +20,10 @@ records nothing (exporter "none") both only carry the incoming ``traceparent`` o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import grpc
@@ -365,6 +366,54 @@ class _TracedUnaryUnary:
             raise
         _finish(span, _OK, None, None)
         return response
+
+
+class BatchedCalls:
+    """Tracing of calls that travel inside batch RPCs (`hsched.batching`) as if each were its own unary RPC:
+    a CLIENT span per call at the caller and a SERVER span per call at the server, both named after the
+    call's method, joined by the W3C context each request carries in its `trace_context` field (the batch
+    RPC's own metadata belongs to no single caller). With a tracer that records nothing, only the caller's
+    context is carried on, as for unary calls."""
+
+    def __init__(self, method: str, tracer_provider: TracerProvider | None = None) -> None:
+        self.name, self._attributes = _method_info("/" + method.lstrip("/"))
+        self._tracer = _tracer(tracer_provider)
+        self._recording = not isinstance(self._tracer, trace.NoOpTracer)
+
+    @contextlib.contextmanager
+    def client(self, carrier: MutableMapping[str, str]) -> Iterator[None]:
+        """Around one call, from queueing to its answer; writes the context to send into `carrier`."""
+        if not self._recording:
+            if trace.get_current_span().get_span_context().is_valid:
+                propagate.inject(carrier)
+            yield
+            return
+        span = self._tracer.start_span(self.name, kind=SpanKind.CLIENT, attributes=self._attributes)
+        propagate.inject(carrier, context=trace.set_span_in_context(span))
+        try:
+            yield
+        except BaseException as exc:
+            _finish(span, *_client_outcome(exc))
+            raise
+        _finish(span, _OK, None, None)
+
+    @contextlib.contextmanager
+    def server(self, carrier: Mapping[str, str]) -> Iterator[list]:
+        """Around handling one call of a batch; the caller's context (from `carrier`) is current inside.
+        Yields a [code, details] list the handler sets when the call fails."""
+        parent = propagate.extract(dict(carrier)) if carrier else None
+        span = self._tracer.start_span(self.name, parent, SpanKind.SERVER, self._attributes) \
+            if self._recording else None
+        ctx = trace.set_span_in_context(span, parent) if span is not None else parent
+        token = attach(ctx) if ctx is not None else None
+        status: list = [_OK, None]
+        try:
+            yield status
+        finally:
+            if token is not None:
+                detach(token)
+            if span is not None:
+                _finish(span, status[0], status[1], None)
 
 
 def _with_context(metadata: Any, span: Span) -> Any:

@@ -154,6 +154,14 @@ class DcCandidate(_message.Message):
     path: PathInfo
     def __init__(self, datacenter: _Optional[str] = ..., vertex: _Optional[str] = ..., resource_cost: _Optional[_Union[ResourceCost, _Mapping]] = ..., network_cost: _Optional[float] = ..., total_cost: _Optional[float] = ..., path: _Optional[_Union[PathInfo, _Mapping]] = ...) -> None: ...
 
+class BatchItemError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class Exclusion(_message.Message):
     __slots__ = ("datacenter", "reason")
     DATACENTER_FIELD_NUMBER: _ClassVar[int]

@@ -22,14 +22,43 @@ PLACE_OUTCOME_NO_ROOM: PlaceOutcome
 PLACE_OUTCOME_UNSCHEDULABLE: PlaceOutcome
 
 class PlaceRequest(_message.Message):
-    __slots__ = ("task_id", "task", "allow_defer")
+    __slots__ = ("task_id", "task", "allow_defer", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     ALLOW_DEFER_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     task: _common_pb2.TaskSpec
     allow_defer: bool
-    def __init__(self, task_id: _Optional[str] = ..., task: _Optional[_Union[_common_pb2.TaskSpec, _Mapping]] = ..., allow_defer: _Optional[bool] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, task_id: _Optional[str] = ..., task: _Optional[_Union[_common_pb2.TaskSpec, _Mapping]] = ..., allow_defer: _Optional[bool] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PlaceBatchRequest(_message.Message):
+    __slots__ = ("calls",)
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[PlaceRequest]
+    def __init__(self, calls: _Optional[_Iterable[_Union[PlaceRequest, _Mapping]]] = ...) -> None: ...
+
+class PlaceBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PlaceBatchItem]
+    def __init__(self, results: _Optional[_Iterable[_Union[PlaceBatchItem, _Mapping]]] = ...) -> None: ...
+
+class PlaceBatchItem(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: PlaceResponse
+    error: _common_pb2.BatchItemError
+    def __init__(self, response: _Optional[_Union[PlaceResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.BatchItemError, _Mapping]] = ...) -> None: ...
 
 class PlaceResponse(_message.Message):
     __slots__ = ("outcome", "assignments", "policy", "alternatives", "thermal", "reason", "ledger_id", "notes")
@@ -52,10 +81,39 @@ class PlaceResponse(_message.Message):
     def __init__(self, outcome: _Optional[_Union[PlaceOutcome, str]] = ..., assignments: _Optional[_Iterable[_Union[_common_pb2.Assignment, _Mapping]]] = ..., policy: _Optional[str] = ..., alternatives: _Optional[_Iterable[_Union[_common_pb2.Alternative, _Mapping]]] = ..., thermal: _Optional[_Union[_common_pb2.ThermalEffect, _Mapping]] = ..., reason: _Optional[str] = ..., ledger_id: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PlacerReleaseRequest(_message.Message):
-    __slots__ = ("task_id",)
+    __slots__ = ("task_id", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     task_id: str
-    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, task_id: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PlacerReleaseBatchRequest(_message.Message):
+    __slots__ = ("calls",)
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[PlacerReleaseRequest]
+    def __init__(self, calls: _Optional[_Iterable[_Union[PlacerReleaseRequest, _Mapping]]] = ...) -> None: ...
+
+class PlacerReleaseBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PlacerReleaseBatchItem]
+    def __init__(self, results: _Optional[_Iterable[_Union[PlacerReleaseBatchItem, _Mapping]]] = ...) -> None: ...
+
+class PlacerReleaseBatchItem(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: PlacerReleaseResponse
+    error: _common_pb2.BatchItemError
+    def __init__(self, response: _Optional[_Union[PlacerReleaseResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.BatchItemError, _Mapping]] = ...) -> None: ...
 
 class QueuedPlacement(_message.Message):
     __slots__ = ("task_id", "assignments")

@@ -40,10 +40,20 @@ class PlacerStub:
                 request_serializer=hsched_dot_v1_dot_placer__pb2.PlaceRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_placer__pb2.PlaceResponse.FromString,
                 _registered_method=True)
+        self.PlaceBatch = channel.unary_unary(
+                '/hsched.v1.Placer/PlaceBatch',
+                request_serializer=hsched_dot_v1_dot_placer__pb2.PlaceBatchRequest.SerializeToString,
+                response_deserializer=hsched_dot_v1_dot_placer__pb2.PlaceBatchResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/hsched.v1.Placer/Release',
                 request_serializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseResponse.FromString,
+                _registered_method=True)
+        self.ReleaseBatch = channel.unary_unary(
+                '/hsched.v1.Placer/ReleaseBatch',
+                request_serializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseBatchRequest.SerializeToString,
+                response_deserializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseBatchResponse.FromString,
                 _registered_method=True)
         self.GetState = channel.unary_unary(
                 '/hsched.v1.Placer/GetState',
@@ -62,8 +72,23 @@ class PlacerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PlaceBatch(self, request, context):
+        """Several Place calls in one RPC, decided together and answered in order (the gateway coalesces the
+        concurrent calls it has for one placer into these). An invalid call fails alone, in its item.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseBatch(self, request, context):
+        """Several Release calls in one RPC, answered in order (coalesced by the gateway like PlaceBatch).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -82,10 +107,20 @@ def add_PlacerServicer_to_server(servicer, server):
                     request_deserializer=hsched_dot_v1_dot_placer__pb2.PlaceRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_placer__pb2.PlaceResponse.SerializeToString,
             ),
+            'PlaceBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlaceBatch,
+                    request_deserializer=hsched_dot_v1_dot_placer__pb2.PlaceBatchRequest.FromString,
+                    response_serializer=hsched_dot_v1_dot_placer__pb2.PlaceBatchResponse.SerializeToString,
+            ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
                     request_deserializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseResponse.SerializeToString,
+            ),
+            'ReleaseBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseBatch,
+                    request_deserializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseBatchRequest.FromString,
+                    response_serializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseBatchResponse.SerializeToString,
             ),
             'GetState': grpc.unary_unary_rpc_method_handler(
                     servicer.GetState,
@@ -132,6 +167,33 @@ class Placer:
             _registered_method=True)
 
     @staticmethod
+    def PlaceBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hsched.v1.Placer/PlaceBatch',
+            hsched_dot_v1_dot_placer__pb2.PlaceBatchRequest.SerializeToString,
+            hsched_dot_v1_dot_placer__pb2.PlaceBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Release(request,
             target,
             options=(),
@@ -148,6 +210,33 @@ class Placer:
             '/hsched.v1.Placer/Release',
             hsched_dot_v1_dot_placer__pb2.PlacerReleaseRequest.SerializeToString,
             hsched_dot_v1_dot_placer__pb2.PlacerReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hsched.v1.Placer/ReleaseBatch',
+            hsched_dot_v1_dot_placer__pb2.PlacerReleaseBatchRequest.SerializeToString,
+            hsched_dot_v1_dot_placer__pb2.PlacerReleaseBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

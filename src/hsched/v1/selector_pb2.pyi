@@ -8,12 +8,41 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SelectRequest(_message.Message):
-    __slots__ = ("task", "method")
+    __slots__ = ("task", "method", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TASK_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     task: _common_pb2.TaskSpec
     method: str
-    def __init__(self, task: _Optional[_Union[_common_pb2.TaskSpec, _Mapping]] = ..., method: _Optional[str] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, task: _Optional[_Union[_common_pb2.TaskSpec, _Mapping]] = ..., method: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SelectBatchRequest(_message.Message):
+    __slots__ = ("calls",)
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[SelectRequest]
+    def __init__(self, calls: _Optional[_Iterable[_Union[SelectRequest, _Mapping]]] = ...) -> None: ...
+
+class SelectBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SelectBatchItem]
+    def __init__(self, results: _Optional[_Iterable[_Union[SelectBatchItem, _Mapping]]] = ...) -> None: ...
+
+class SelectBatchItem(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: SelectResponse
+    error: _common_pb2.BatchItemError
+    def __init__(self, response: _Optional[_Union[SelectResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.BatchItemError, _Mapping]] = ...) -> None: ...
 
 class SelectResponse(_message.Message):
     __slots__ = ("method", "candidates", "excluded")

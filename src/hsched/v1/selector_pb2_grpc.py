@@ -40,6 +40,11 @@ class SelectorStub:
                 request_serializer=hsched_dot_v1_dot_selector__pb2.SelectRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_selector__pb2.SelectResponse.FromString,
                 _registered_method=True)
+        self.SelectDataCenters = channel.unary_unary(
+                '/hsched.v1.Selector/SelectDataCenters',
+                request_serializer=hsched_dot_v1_dot_selector__pb2.SelectBatchRequest.SerializeToString,
+                response_deserializer=hsched_dot_v1_dot_selector__pb2.SelectBatchResponse.FromString,
+                _registered_method=True)
 
 
 class SelectorServicer:
@@ -52,6 +57,13 @@ class SelectorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SelectDataCenters(self, request, context):
+        """Several selections in one RPC, answered in order (the gateway coalesces its concurrent calls into these).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SelectorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +71,11 @@ def add_SelectorServicer_to_server(servicer, server):
                     servicer.SelectDataCenter,
                     request_deserializer=hsched_dot_v1_dot_selector__pb2.SelectRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_selector__pb2.SelectResponse.SerializeToString,
+            ),
+            'SelectDataCenters': grpc.unary_unary_rpc_method_handler(
+                    servicer.SelectDataCenters,
+                    request_deserializer=hsched_dot_v1_dot_selector__pb2.SelectBatchRequest.FromString,
+                    response_serializer=hsched_dot_v1_dot_selector__pb2.SelectBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,6 +106,33 @@ class Selector:
             '/hsched.v1.Selector/SelectDataCenter',
             hsched_dot_v1_dot_selector__pb2.SelectRequest.SerializeToString,
             hsched_dot_v1_dot_selector__pb2.SelectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SelectDataCenters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hsched.v1.Selector/SelectDataCenters',
+            hsched_dot_v1_dot_selector__pb2.SelectBatchRequest.SerializeToString,
+            hsched_dot_v1_dot_selector__pb2.SelectBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
