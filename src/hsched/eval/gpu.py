@@ -192,6 +192,7 @@ def evaluate(ctx: EvalContext, setting: Setting, with_optimum: bool) -> Rows:
             except ModelMismatch as exc:  # e.g. an SB3 MLP sized for another host count
                 if seed == ctx.seeds[0]:
                     rows.notes.append(f"{label} row skipped: {exc}")
+                ctx.progress(setting.name, done, total)
                 continue
             rows.add(label, run_policy(env, policy, seed=seed).metrics)
             ctx.progress(setting.name, done, total)
