@@ -5,7 +5,6 @@ alone — its own result, its own error, its own deadline, its own trace. Agains
 from __future__ import annotations
 
 import asyncio
-import socket
 from contextlib import asynccontextmanager
 
 import grpc
@@ -18,15 +17,10 @@ from opentelemetry.trace import SpanKind
 from hsched.batching import Coalescer, serve_batch
 from hsched.telemetry import BatchedCalls
 from hsched.v1 import common_pb2, placer_pb2, placer_pb2_grpc
+from tests import inprocess
 from tests.conftest import SMALL_FLEET
 
 PLACE = "hsched.v1.Placer/Place"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def place_request(task_id: str, cores: int) -> placer_pb2.PlaceRequest:
@@ -39,23 +33,10 @@ async def placer_service(redis_url: str, prefix: str, tmp_path, datacenter: str 
     """The placer service in-process (services/placer/server.serve) for one DC of the small fleet."""
     from services.placer import server
 
-    port_file = tmp_path / f"placer-{datacenter}.port"
-    args = server.parser().parse_args(["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix,
-                                       "--port-file", str(port_file), "--datacenter", datacenter])
-    stop = asyncio.Event()
-    task = asyncio.create_task(server.serve(args, stop))
-    for _ in range(200):
-        if port_file.exists() or task.done():
-            break
-        await asyncio.sleep(0.05)
-    assert port_file.exists(), task.exception() if task.done() else "placer did not start"
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port_file.read_text()}")
-    try:
+    argv = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix, "--datacenter", datacenter]
+    async with inprocess.service(server, argv, tmp_path / f"placer-{datacenter}.port") as target, \
+            grpc.aio.insecure_channel(target) as channel:
         yield placer_pb2_grpc.PlacerStub(channel)
-    finally:
-        await channel.close()
-        stop.set()
-        await task
 
 
 def coalescer(stub: placer_pb2_grpc.PlacerStub, **kwargs) -> Coalescer:
@@ -102,7 +83,7 @@ async def test_an_invalid_call_fails_alone_naming_the_field(redis_url, prefix, t
 
 
 async def test_a_batch_that_cannot_be_sent_fails_every_call_with_its_status():
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}")  # nothing listens there
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{inprocess.free_port()}")  # nothing listens there
     places = coalescer(placer_pb2_grpc.PlacerStub(channel))
     results = await asyncio.gather(*(places.call(place_request(f"t{i}", 1), 2) for i in range(5)),
                                    return_exceptions=True)

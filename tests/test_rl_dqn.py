@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import socket
 import urllib.request
 from contextlib import asynccontextmanager
 
@@ -39,6 +38,7 @@ from hsched.rl.training import TrainArgs
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.v1 import common_pb2, selector_pb2, selector_pb2_grpc
+from tests import inprocess
 from tests.conftest import SMALL_FLEET
 from tests.test_env_path import random_wans
 
@@ -233,12 +233,6 @@ def one_core_task():
     return TaskSpec(resources=Resources(cpu_milli=1000, memory_mib=1024), runtime_s=60.0, data_size_mb=100.0)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @asynccontextmanager
 async def selector_service(redis_url: str, prefix: str, tmp_path, *extra: str):
     """The selector service in-process (services/selector/server.serve) on the real Redis, with the small
@@ -249,23 +243,14 @@ async def selector_service(redis_url: str, prefix: str, tmp_path, *extra: str):
     redis = connect(redis_url)
     for dc in fleet.datacenters:
         await redis.xadd(Keys(prefix).summary(dc.name), {"s": json.dumps({"datacenter": dc.name})})
-    port_file, metrics_port = tmp_path / "selector.port", free_port()
-    args = server.parser().parse_args(["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix,
-                                       "--port-file", str(port_file), "--metrics-port", str(metrics_port), *extra])
-    stop = asyncio.Event()
-    task = asyncio.create_task(server.serve(args, stop))
-    for _ in range(200):
-        if port_file.exists() or task.done():
-            break
-        await asyncio.sleep(0.05)
-    assert port_file.exists(), task.exception() if task.done() else "selector did not start"
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port_file.read_text()}")
+    metrics_port = inprocess.free_port()
+    argv = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix, "--metrics-port", str(metrics_port),
+            *extra]
     try:
-        yield selector_pb2_grpc.SelectorStub(channel), f"http://127.0.0.1:{metrics_port}/metrics"
+        async with inprocess.service(server, argv, tmp_path / "selector.port") as target, \
+                grpc.aio.insecure_channel(target) as channel:
+            yield selector_pb2_grpc.SelectorStub(channel), f"http://127.0.0.1:{metrics_port}/metrics"
     finally:
-        await channel.close()
-        stop.set()
-        await task
         await redis.aclose()
 
 
