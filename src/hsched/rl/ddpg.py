@@ -23,10 +23,11 @@ that pool (`DualReplayBuffer`, β). The paper's expert deploys to the cluster wi
 after the placement (the largest eq.17 reward); it picks a cluster, so it says nothing about the host.
 Ours scores a host by its cluster's eq.16 Score (in [0, 1]) + `expert_fit_weight` × the Utilization
 heuristic's fit of the host (cosine of free and demanded shares, in [0, 1]): with a weight → 0 that is the
-paper's expert with ties broken by Utilization; the default 2.0 (chosen on validation seeds 40 000–40 049,
-never on the evaluation seeds: 181.1 tasks vs 180.0 for the paper's expert and 180.8 for Utilization) keeps
-the eq.16 score as a term but lets the host fit decide more often. Two additions from DDPGfD (Večerík et
-al. 2017), both ours, not the paper's: a behaviour-cloning term on the expert rows (cross-entropy of the
+paper's expert with ties broken by Utilization; the default 4.0 keeps the eq.16 score as a term but lets
+the host fit decide more often. It was chosen on validation seeds 40 000–40 049, never on the evaluation
+seeds, by the trained agent: EADE-DDPG with w = 4 deployed 180.86 tasks there (Utilization 180.80), with
+w = 2 180.30 (the expert alone: 181.1 at w = 4 or 2, 180.0 for the paper's expert). Two additions from
+DDPGfD (Večerík et al. 2017), both ours, not the paper's: a behaviour-cloning term on the expert rows (cross-entropy of the
 actor's masked softmax against the expert's action, weight `bc_weight`), so the demonstrations shape the
 actor directly and not only through the critic, and `pretrain_updates` updates on expert batches alone
 before the first interaction (the CPU budget allows ~1 150 online updates of 256 rows, too few to learn
@@ -114,7 +115,7 @@ class Config:
     steps: int = 10_000            # environment steps (training stops at the first episode end after)
     expert_ratio: float = 0.1      # β: share of each batch from the expert pool (0 = plain DDPG)
     expert_episodes: int = 20      # expert demonstrations pre-filled (EADE-DDPG)
-    expert_fit_weight: float = 2.0  # the expert's host term: eq.16 Score + w · Utilization fit (ScoreGreedyExpert)
+    expert_fit_weight: float = 4.0  # the expert's host term: eq.16 Score + w · Utilization fit (ScoreGreedyExpert)
     bc_weight: float = 1.0         # DDPGfD-style behaviour cloning on expert rows (0 = off)
     pretrain_updates: int = 1_500  # DDPGfD-style updates on expert batches only, before interacting
     batch_size: int = 256          # paper 000 table 5
@@ -437,24 +438,33 @@ def evaluate_policy(make: Callable[[MultiClusterState], Any], cfg: Config,
 PAIRED_SEEDS = range(50)  # held-out seeds of the paired comparison (contains EVAL_SEEDS, disjoint from training)
 
 
-def paired_comparison(actor: Actor, name: str, cfg: Config,
-                      seeds: Sequence[int] = PAIRED_SEEDS) -> dict[str, Any]:
-    """The actor against every heuristic of `hsched eval gpu` (and the paper's score-greedy expert) on the
-    same held-out episodes: per metric the means and the per-seed paired difference actor − other, mean ±
-    standard error, and the seeds the actor is better / equal / worse on (deployed: more is better;
-    fragmentation and GPU load variance: less is better)."""
-    from hsched.eval.gpu import HEURISTICS, policy_for
+def paired_comparison(make: Callable[[MultiClusterState], Any], cfg: Config, seeds: Sequence[int] = PAIRED_SEEDS,
+                      vs_shipped: bool = False) -> dict[str, Any]:
+    """A policy (`make(view)`) against every heuristic of `hsched eval gpu` and the paper's score-greedy expert
+    (with `vs_shipped`, also the shipped DDPG / EADE-DDPG) on the same held-out episodes: per metric the
+    means and the per-seed paired difference mine − other, mean ± standard error, and the seeds this policy is
+    better / equal / worse on (deployed: more is better; fragmentation and GPU load variance: less)."""
+    from hsched.eval import gpu
+    from hsched.policies.learned import ModelMismatch
 
     env = make_env(cfg)
     keys = ("deployed", "fragmentation", "gpu_load_variance")
 
-    def run(make: Callable[[int], Any]) -> dict[str, np.ndarray]:
-        ms = [run_policy(env, make(s), seed=s).metrics for s in seeds]
+    def run(policy_for_seed: Callable[[int], Any]) -> dict[str, np.ndarray]:
+        ms = [run_policy(env, policy_for_seed(s), seed=s).metrics for s in seeds]
         return {k: np.array([m[k] for m in ms]) for k in keys}
 
-    mine = run(lambda s: ActorPolicy(actor, name, env.view))
-    others = {label: run(lambda s, n=n: policy_for(n, env, s)) for n, label in HEURISTICS}
+    mine_policy = make(env.view)
+    mine = run(lambda s: mine_policy)
+    others = {label: run(lambda s, n=n: gpu.policy_for(n, env, s)) for n, label in gpu.HEURISTICS}
     others["score-greedy expert (paper 000 §3.2)"] = run(lambda s: ScoreGreedyExpert(env.view))
+    for label, _ in gpu.SHIPPED_MODELS if vs_shipped else ():
+        if label in gpu.LEARNED_POLICIES:
+            try:
+                learned = gpu.LEARNED_POLICIES[label](env, 0)
+            except ModelMismatch:
+                continue
+            others[label] = run(lambda s, p=learned: p)
     out: dict[str, Any] = {"seeds": f"{seeds[0]}..{seeds[-1]}", "mean": {k: float(mine[k].mean()) for k in keys},
                            "vs": {}}
     for label, theirs in others.items():
@@ -557,7 +567,7 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
     figures = evaluate(learner.actor, name, cfg)
     figures["train_seconds"] = round(seconds, 1)
     figures["train_cpu_seconds"] = round(time.process_time() - cpu0, 1)  # wall time counts a shared machine
-    paired = paired_comparison(learner.actor, name, cfg)
+    paired = paired_comparison(lambda view: ActorPolicy(learner.actor, name, view), cfg)
     state = policy_state(learner.actor, name, cfg)
     meta = {"agent": name, "environment": f"hsched/GpuCluster-v0, paper000_datacenters{cfg.fleet} (clusters × "
                                           "hosts of openb 2-GPU machines)",

@@ -30,7 +30,7 @@ import argparse
 import json
 import time
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from gymnasium import spaces
 
 from hsched.domain.cluster import ClusterState
 from hsched.domain.resources import Resources
-from hsched.envs.gpu import HINT_FEATURES, HOST_FEATURES, GpuClusterEnv, MultiClusterState, run_policy
+from hsched.envs.gpu import HINT_FEATURES, HOST_FEATURES, GpuClusterEnv, MultiClusterState
 from hsched.metrics import RESOURCES
 from hsched.rl import checkpoint
 from hsched.rl.ddpg import (
@@ -53,10 +53,10 @@ from hsched.rl.ddpg import (
     Codec,
     Config,
     PolicyInputs,
-    ScoreGreedyExpert,
     evaluate_policy,
     make_env,
     noisy_action,
+    paired_comparison,
     runs_dir,
 )
 
@@ -65,7 +65,6 @@ DEFAULT_STEPS = {"td3": 20_000, "sac": 12_000, "ppo": 40_000}
 NET = [128, 64]  # paper 000 table 5's hidden layers
 FORMAT = "hsched-sb3-policy/1"
 SERVED = {"td3": ("actor.",), "sac": ("actor.",), "ppo": ("mlp_extractor.policy_net.", "action_net.")}
-PAIRED_SEEDS = range(50)  # as hsched.rl.ddpg's paired comparison: held-out, contains EVAL_SEEDS
 
 
 class ScoreVectorActions(gymnasium.Wrapper):
@@ -194,48 +193,6 @@ def load(algo: str, path: str | Path, view: MultiClusterState) -> SB3Policy:
     return SB3Policy(policy, algo.upper(), view)
 
 
-def paired_comparison(make: Callable[[MultiClusterState], Any], cfg: Config,
-                      seeds: Sequence[int] = PAIRED_SEEDS) -> dict[str, Any]:
-    """As `hsched.rl.ddpg.paired_comparison`, for any policy `make(view)`: against every heuristic of
-    `hsched eval gpu`, the paper's score-greedy expert and the shipped DDPG / EADE-DDPG on the same held-out
-    episodes; per metric the other's mean, the paired difference mine − other (mean, standard error) and the
-    seeds this policy is better / equal / worse on (deployed: more is better; the others: less)."""
-    from hsched.eval import gpu
-    from hsched.policies.learned import ModelMismatch
-
-    env = make_env(cfg)
-    keys = ("deployed", "fragmentation", "gpu_load_variance")
-
-    def run(policy_for_seed: Callable[[int], Any]) -> dict[str, np.ndarray]:
-        ms = [run_policy(env, policy_for_seed(s), seed=s).metrics for s in seeds]
-        return {k: np.array([m[k] for m in ms]) for k in keys}
-
-    mine_policy = make(env.view)
-    mine = run(lambda s: mine_policy)
-    others = {label: run(lambda s, n=n: gpu.policy_for(n, env, s)) for n, label in gpu.HEURISTICS}
-    others["score-greedy expert (paper 000 §3.2)"] = run(lambda s: ScoreGreedyExpert(env.view))
-    for label, _ in gpu.SHIPPED_MODELS:
-        if label in gpu.LEARNED_POLICIES:
-            try:
-                learned = gpu.LEARNED_POLICIES[label](env, 0)
-            except ModelMismatch:
-                continue
-            others[label] = run(lambda s, p=learned: p)
-    out: dict[str, Any] = {"seeds": f"{seeds[0]}..{seeds[-1]}", "mean": {k: float(mine[k].mean()) for k in keys},
-                           "vs": {}}
-    for label, theirs in others.items():
-        row = {}
-        for k in keys:
-            d = mine[k] - theirs[k]
-            better = d > 0 if k == "deployed" else d < 0
-            row[k] = {"other": float(theirs[k].mean()), "diff": float(d.mean()),
-                      "se": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0,
-                      "better/equal/worse": [int(better.sum()), int((d == 0).sum()),
-                                             int(len(d) - better.sum() - (d == 0).sum())]}
-        out["vs"][label] = row
-    return out
-
-
 def _hyperparameters(model: Any, cfg: Config) -> dict[str, Any]:
     """What the SB3 model was built with (its attributes after construction, SB3's defaults included)."""
     out: dict[str, Any] = {"net_arch": NET, "deploy_bonus": cfg.deploy_bonus, "policy": type(model.policy).__name__,
@@ -308,7 +265,7 @@ def train(algo: str, steps: int | None = None, seed: int = 0, out: Path | None =
             "files": {"shipped": f"{out.name}: serving weights only ({FORMAT}, hsched.rl.sb3.load)",
                       "full_sb3_archive": str(full.relative_to(checkpoint.models_dir().parent))
                       if full.is_relative_to(checkpoint.models_dir().parent) else str(full)},
-            "evaluation": figures, "paired_comparison": paired_comparison(make, cfg),
+            "evaluation": figures, "paired_comparison": paired_comparison(make, cfg, vs_shipped=True),
             "train_seconds": figures["train_seconds"], "train_cpu_seconds": figures["train_cpu_seconds"],
             "torch": torch.__version__, "stable_baselines3": stable_baselines3.__version__}
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
