@@ -2,8 +2,8 @@
 (server side).
 
 Why: in this stack a gRPC call costs far more in grpc.aio's per-call machinery and the process wake-ups it
-causes than in the handler itself (a placer decides a Place in ~0.2 ms of the ~1.5 ms of CPU the call costs
-it under load, bench/stack_bench.py). The gateway has many Submits in flight at once; sending their selector
+causes than in the handler itself (a placer decides a Place in ~0.2 ms, bench/engine_cpu.py, of the ~1.4 ms
+of CPU a Place cost it under load with unary calls, bench/stack_bench.py). The gateway has many Submits in flight at once; sending their selector
 and placer calls as one RPC per peer pays that cost once per batch, and lets the placer decide the batch
 together (one ledger append). It is group commit, as the task stream's writes: a call that finds fewer than
 `max_inflight` batches on the way goes out at once (an idle stack answers as fast as with unary calls);
