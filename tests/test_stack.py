@@ -356,6 +356,12 @@ def test_metrics_endpoints_expose_paper_002_names(stack, gw):
     sel = urllib.request.urlopen(f"http://127.0.0.1:{stack.services['selector'].metrics_port}/metrics").read()
     assert 'UserToClusterLatency{datacenter="near",entry_vertex="s"} 0.5' in sel.decode()
     release(gw, t.task_id)
+    gateway = urllib.request.urlopen(f"http://127.0.0.1:{stack.services['gateway'].metrics_port}/metrics").read()
+    sent = {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in gateway.decode().splitlines()
+            if line.startswith("hsched_gateway_batch")}
+    for method, peer in (("Place", "gpu"), ("Release", "gpu"), ("SelectDataCenter", "selector")):
+        calls = sent[f'hsched_gateway_batched_calls{{method="{method}",peer="{peer}"}}']
+        assert calls >= 1 and 1 <= sent[f'hsched_gateway_batch_rpcs{{method="{method}",peer="{peer}"}}'] <= calls
 
 
 # -- invariants under random load -----------------------------------------------------------------------------

@@ -262,7 +262,7 @@ def parse_placers(spec: str) -> dict[str, str]:
     return out
 
 
-def register_metrics(metrics: MetricsServer, store: TaskStore) -> None:
+def register_metrics(metrics: MetricsServer, store: TaskStore, servicer: GatewayServicer) -> None:
     def by_state():
         counts: dict[tuple[str, str], int] = {}
         for t in list(store.tasks.values()):  # scraped on the metrics thread: iterate a copy
@@ -271,6 +271,19 @@ def register_metrics(metrics: MetricsServer, store: TaskStore) -> None:
         return [(k, float(v)) for k, v in counts.items()]
 
     metrics.register_gauge_family("hsched_tasks", "Tasks by state and data center", ["state", "datacenter"], by_state)
+
+    coalescers = [(("selector", "SelectDataCenter"), servicer.select),
+                  *(((dc, "Place"), c) for dc, c in servicer.place.items()),
+                  *(((dc, "Release"), c) for dc, c in servicer.release.items())]
+
+    def sent(attr: str):
+        return lambda: [(labels, float(getattr(c, attr))) for labels, c in coalescers]
+
+    labels = ["peer", "method"]
+    metrics.register_gauge_family("hsched_gateway_batched_calls", "Calls sent inside batch RPCs since start, by peer "
+                                  "and method", labels, sent("calls"))
+    metrics.register_gauge_family("hsched_gateway_batch_rpcs", "Batch RPCs sent since start (calls / RPCs = the "
+                                  "mean batch size)", labels, sent("batches"))
 
 
 async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
@@ -288,7 +301,7 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
                                args.select_timeout_s, args.place_timeout_s)
     metrics = metrics_server(args)
     if metrics:
-        register_metrics(metrics, store)
+        register_metrics(metrics, store, servicer)
     server, port, _ = await rpc.start_server(
         lambda s: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, s),
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics)
