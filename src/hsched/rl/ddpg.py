@@ -141,8 +141,9 @@ class Config:
 # networks and the action rule
 
 
-class Actor(nn.Module):
-    """items [B, H+1, ITEM_FEATURES], task [B, 5] → a score per host and for wait [B, H+1]."""
+class _PerAction(nn.Module):
+    """items [B, H+1, ITEM_FEATURES], task [B, 5] → one value per host and for wait [B, H+1] (paper 000's
+    self-attention scorer; actor and critic share the architecture, not the weights)."""
 
     def __init__(self, embed: int = 64, heads: int = 4) -> None:
         super().__init__()
@@ -152,15 +153,12 @@ class Actor(nn.Module):
         return self.scorer(items, task)
 
 
-class Critic(nn.Module):
+class Actor(_PerAction):
+    """A score per host and for wait: the action is their masked argmax (plus noise while training)."""
+
+
+class Critic(_PerAction):
     """q(s, i) per action [B, H+1]; Q(s, a) = Σ_i a_i q(s, i) for an action vector a on the simplex."""
-
-    def __init__(self, embed: int = 64, heads: int = 4) -> None:
-        super().__init__()
-        self.scorer = SelfAttentionScorer(ITEM_FEATURES, len(TASK_INPUTS), embed=embed, heads=heads)
-
-    def forward(self, items: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
-        return self.scorer(items, task)
 
 
 def masked_argmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

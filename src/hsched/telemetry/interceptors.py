@@ -384,12 +384,11 @@ class BatchedCalls:
     def client(self, carrier: MutableMapping[str, str]) -> Iterator[None]:
         """Around one call, from queueing to its answer; writes the context to send into `carrier`."""
         if not self._recording:
-            if trace.get_current_span().get_span_context().is_valid:
-                propagate.inject(carrier)
+            _inject(carrier, trace.get_current_span())
             yield
             return
         span = self._tracer.start_span(self.name, kind=SpanKind.CLIENT, attributes=self._attributes)
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
+        _inject(carrier, span)
         try:
             yield
         except BaseException as exc:
@@ -416,13 +415,17 @@ class BatchedCalls:
                 _finish(span, status[0], status[1], None)
 
 
+def _inject(carrier: MutableMapping[str, str], span: Span) -> None:
+    """The W3C headers of `span`'s context into `carrier` (nothing for an invalid span: no trace to continue)."""
+    if span.get_span_context().is_valid:
+        propagate.inject(carrier, context=trace.set_span_in_context(span))
+
+
 def _with_context(metadata: Any, span: Span) -> Any:
     """`metadata` plus the W3C headers of `span`'s context (a new tuple: the caller's object is left alone)."""
-    if not span.get_span_context().is_valid:
-        return metadata
     carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=trace.set_span_in_context(span))
-    return (*tuple(metadata or ()), *carrier.items())
+    _inject(carrier, span)
+    return (*tuple(metadata or ()), *carrier.items()) if carrier else metadata
 
 
 def instrumented(
