@@ -1,6 +1,7 @@
-"""Batch RPCs (hsched.batching): concurrent calls coalesced into one RPC per peer, each answered as if sent
-alone — its own result, its own error, its own deadline, its own trace. Against the real placer service
-(in-process, real Redis) and, where a batch must be held up on purpose, a real gRPC server that is slow."""
+"""Batch streams (hsched.batching): concurrent calls coalesced into batches on one stream per peer, each
+answered as if sent alone — its own result, its own error, its own deadline, its own trace. Against the real
+placer service (in-process, real Redis) and, where a batch must be held up on purpose or the peer must go
+away, a real gRPC server that is slow."""
 
 from __future__ import annotations
 
@@ -64,8 +65,12 @@ async def test_concurrent_calls_share_batch_rpcs_and_each_gets_its_own_answer(re
 
 async def test_an_invalid_call_fails_alone_naming_the_field(redis_url, prefix, tmp_path):
     async with placer_service(redis_url, prefix, tmp_path) as stub:
-        reply = await stub.PlaceBatch(placer_pb2.PlaceBatchRequest(calls=[
-            place_request("a", 1), place_request("", 1), place_request("c", 2)]), timeout=10)
+        stream = stub.PlaceBatch(timeout=10)
+        await stream.write(placer_pb2.PlaceBatchRequest(calls=[
+            place_request("a", 1), place_request("", 1), place_request("c", 2)]))
+        reply = await stream.read()
+        await stream.done_writing()
+        assert await stream.read() == grpc.aio.EOF and await stream.code() == grpc.StatusCode.OK
         kinds = [r.WhichOneof("result") for r in reply.results]
         assert kinds == ["response", "error", "response"]
         assert reply.results[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
@@ -92,35 +97,74 @@ async def test_a_batch_that_cannot_be_sent_fails_every_call_with_its_status():
 
 
 class SlowPlacer(placer_pb2_grpc.PlacerServicer):
-    """A real gRPC server whose PlaceBatch takes `delay_s`: it answers each call with its task id as the ledger
-    id, in the call's trace (serve_batch), and records the batches it got."""
+    """A real gRPC server whose PlaceBatch takes `delay_s` per batch: it answers each call with its task id as
+    the ledger id, in the call's trace (serve_batch), and records the batches and the streams it got."""
 
     def __init__(self, delay_s: float, tracer_provider: TracerProvider | None = None) -> None:
         self.delay_s = delay_s
         self.batches: list[list[str]] = []
+        self.streams = 0
         self.tracing = BatchedCalls(PLACE, tracer_provider)
 
-    async def PlaceBatch(self, request, context):
-        self.batches.append([c.task_id for c in request.calls])
-        await asyncio.sleep(self.delay_s)
+    async def PlaceBatch(self, batches, context):
+        self.streams += 1
 
         async def place(call):
             return placer_pb2.PlaceResponse(outcome=placer_pb2.PLACE_OUTCOME_PLACED, ledger_id=call.task_id)
 
-        return placer_pb2.PlaceBatchResponse(results=await serve_batch(request.calls, place, self.tracing,
-                                                                       placer_pb2.PlaceBatchItem))
+        async for batch in batches:
+            self.batches.append([c.task_id for c in batch.calls])
+            await asyncio.sleep(self.delay_s)
+            yield placer_pb2.PlaceBatchResponse(results=await serve_batch(batch.calls, place, self.tracing,
+                                                                          placer_pb2.PlaceBatchItem))
+
+
+async def start_server(servicer: SlowPlacer, port: int = 0) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    placer_pb2_grpc.add_PlacerServicer_to_server(servicer, server)
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server, port
 
 
 @asynccontextmanager
 async def slow_placer(servicer: SlowPlacer):
-    server = grpc.aio.server()
-    placer_pb2_grpc.add_PlacerServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await start_server(servicer)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         yield placer_pb2_grpc.PlacerStub(channel)
     finally:
+        await channel.close()
+        await server.stop(None)
+
+
+async def test_batches_travel_on_one_stream_and_a_broken_stream_is_replaced():
+    servicer = SlowPlacer(delay_s=0.0)
+    server, port = await start_server(servicer)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    places = coalescer(placer_pb2_grpc.PlacerStub(channel), wait_for_ready=True)
+    try:
+        for i in range(5):  # one after the other: five batches of one call
+            assert (await places.call(place_request(f"t{i}", 1), 5)).ledger_id == f"t{i}"
+        assert (places.batches, servicer.streams) == (5, 1)  # all on the stream the first call opened
+
+        await server.stop(None)  # the peer goes away: the stream ends while idle
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # wait_for_ready: the call waits, until its deadline
+            await places.call(place_request("lost", 1), 0.5)
+        assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+        again = SlowPlacer(delay_s=0.0)
+        server, _ = await start_server(again, port)  # back on the same address
+        assert (await places.call(place_request("back", 1), 10)).ledger_id == "back"
+        assert again.streams == 1 and again.batches == [["back"]]
+
+        await server.stop(None)  # and once more, now with a call sent only after the peer is back
+        await asyncio.sleep(0.2)
+        again = SlowPlacer(delay_s=0.0)
+        server, _ = await start_server(again, port)
+        assert (await places.call(place_request("later", 1), 10)).ledger_id == "later"  # not the dead stream's error
+    finally:
+        await places.close()
         await channel.close()
         await server.stop(None)
 

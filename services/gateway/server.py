@@ -45,8 +45,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                  place_timeout_s: float = 5.0, max_batch: int = 128) -> None:
         self.fleet = fleet
         self.store = store
-        # Concurrent Submits' selector and placer calls travel as batch RPCs, one stream of batches per peer
-        # (hsched.batching: the per-call gRPC cost, not the decision, is what limits throughput).
+        # Concurrent Submits' selector and placer calls travel in batches, on one long-lived stream per peer
+        # and method (hsched.batching: the per-call gRPC cost, not the decision, is what limits throughput).
         # wait_for_ready: ride out a selector restart.
         self.select = Coalescer(selector.SelectDataCenters, selector_pb2.SelectBatchRequest,
                                 "hsched.v1.Selector/SelectDataCenter", max_batch, wait_for_ready=True)
@@ -280,9 +280,9 @@ def register_metrics(metrics: MetricsServer, store: TaskStore, servicer: Gateway
         return lambda: [(labels, float(getattr(c, attr))) for labels, c in coalescers]
 
     labels = ["peer", "method"]
-    metrics.register_gauge_family("hsched_gateway_batched_calls", "Calls sent inside batch RPCs since start, by peer "
+    metrics.register_gauge_family("hsched_gateway_batched_calls", "Calls sent inside batches since start, by peer "
                                   "and method", labels, sent("calls"))
-    metrics.register_gauge_family("hsched_gateway_batch_rpcs", "Batch RPCs sent since start (calls / RPCs = the "
+    metrics.register_gauge_family("hsched_gateway_batches", "Batches sent since start (calls / batches = the "
                                   "mean batch size)", labels, sent("batches"))
 
 

@@ -67,11 +67,11 @@ def summary_to_pb(s: dict) -> common_pb2.DcSummary:
 
 
 class PlacerServicer(placer_pb2_grpc.PlacerServicer):
-    def __init__(self, engine: PlacerEngine) -> None:
+    def __init__(self, engine: PlacerEngine, metrics: MetricsServer | None = None) -> None:
         self.engine = engine
         self.table = engine.state.table
-        self._batched_place = BatchedCalls("hsched.v1.Placer/Place")
-        self._batched_release = BatchedCalls("hsched.v1.Placer/Release")
+        self._batched_place = BatchedCalls("hsched.v1.Placer/Place", metrics=metrics)
+        self._batched_release = BatchedCalls("hsched.v1.Placer/Release", metrics=metrics)
 
     def _place_reply(self, r: PlaceResult) -> placer_pb2.PlaceResponse:
         return placer_pb2.PlaceResponse(
@@ -84,11 +84,11 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
     async def Place(self, request: placer_pb2.PlaceRequest, context) -> placer_pb2.PlaceResponse:
         return await self._place(request)
 
-    @rpc.grpc_errors
-    async def PlaceBatch(self, request: placer_pb2.PlaceBatchRequest, context) -> placer_pb2.PlaceBatchResponse:
-        # all calls reach the engine's queue before it wakes: they are decided as one batch, one ledger append
-        return placer_pb2.PlaceBatchResponse(results=await serve_batch(
-            request.calls, self._place, self._batched_place, placer_pb2.PlaceBatchItem))
+    async def PlaceBatch(self, batches, context):
+        async for batch in batches:
+            # all calls reach the engine's queue before it wakes: they are decided as one batch, one ledger append
+            yield placer_pb2.PlaceBatchResponse(results=await serve_batch(
+                batch.calls, self._place, self._batched_place, placer_pb2.PlaceBatchItem))
 
     async def _place(self, request: placer_pb2.PlaceRequest) -> placer_pb2.PlaceResponse:
         if not request.task_id:
@@ -102,11 +102,10 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
     async def Release(self, request: placer_pb2.PlacerReleaseRequest, context) -> placer_pb2.PlacerReleaseResponse:
         return await self._release(request)
 
-    @rpc.grpc_errors
-    async def ReleaseBatch(self, request: placer_pb2.PlacerReleaseBatchRequest,
-                           context) -> placer_pb2.PlacerReleaseBatchResponse:
-        return placer_pb2.PlacerReleaseBatchResponse(results=await serve_batch(
-            request.calls, self._release, self._batched_release, placer_pb2.PlacerReleaseBatchItem))
+    async def ReleaseBatch(self, batches, context):
+        async for batch in batches:
+            yield placer_pb2.PlacerReleaseBatchResponse(results=await serve_batch(
+                batch.calls, self._release, self._batched_release, placer_pb2.PlacerReleaseBatchItem))
 
     async def _release(self, request: placer_pb2.PlacerReleaseRequest) -> placer_pb2.PlacerReleaseResponse:
         if not request.task_id:
@@ -213,7 +212,7 @@ async def serve(args, stop: asyncio.Event) -> None:
     if metrics:
         register_metrics(metrics, engine)
     server, port, _ = await rpc.start_server(
-        lambda s: placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(engine), s),
+        lambda s: placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(engine, metrics), s),
         [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name], args.listen, metrics)
     log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
     await serve_until_stopped(stop, server, port, args, metrics=metrics, cleanup=[engine.stop, redis.aclose])

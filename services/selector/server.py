@@ -36,19 +36,18 @@ def candidate_to_pb(c: Candidate) -> common_pb2.DcCandidate:
 
 
 class SelectorServicer(selector_pb2_grpc.SelectorServicer):
-    def __init__(self, selector: DcSelector) -> None:
+    def __init__(self, selector: DcSelector, metrics: MetricsServer | None = None) -> None:
         self.selector = selector
-        self._batched_select = BatchedCalls("hsched.v1.Selector/SelectDataCenter")
+        self._batched_select = BatchedCalls("hsched.v1.Selector/SelectDataCenter", metrics=metrics)
 
     @rpc.grpc_errors
     async def SelectDataCenter(self, request: selector_pb2.SelectRequest, context) -> selector_pb2.SelectResponse:
         return await self._select(request)
 
-    @rpc.grpc_errors
-    async def SelectDataCenters(self, request: selector_pb2.SelectBatchRequest,
-                                context) -> selector_pb2.SelectBatchResponse:
-        return selector_pb2.SelectBatchResponse(results=await serve_batch(
-            request.calls, self._select, self._batched_select, selector_pb2.SelectBatchItem))
+    async def SelectDataCenters(self, batches, context):
+        async for batch in batches:
+            yield selector_pb2.SelectBatchResponse(results=await serve_batch(
+                batch.calls, self._select, self._batched_select, selector_pb2.SelectBatchItem))
 
     async def _select(self, request: selector_pb2.SelectRequest) -> selector_pb2.SelectResponse:
         task = task_from_pb(request.task)
@@ -144,7 +143,7 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         register_metrics(metrics, selector)
         register_path_metrics(metrics, selector)
     server, port, _ = await rpc.start_server(
-        lambda s: selector_pb2_grpc.add_SelectorServicer_to_server(SelectorServicer(selector), s),
+        lambda s: selector_pb2_grpc.add_SelectorServicer_to_server(SelectorServicer(selector, metrics), s),
         [selector_pb2.DESCRIPTOR.services_by_name["Selector"].full_name], args.listen, metrics)
     log.info("selector serving %d DCs on port %d", len(fleet.datacenters), port)
     await serve_until_stopped(stop, server, port, args, tasks=tasks, metrics=metrics, cleanup=[redis.aclose])

@@ -1,22 +1,30 @@
-"""Batch RPCs: concurrent calls to one peer coalesced into one RPC (client side), and answered item by item
-(server side).
+"""Batch streams: concurrent calls to one peer coalesced into batches sent over one long-lived gRPC stream
+(client side), and answered item by item (server side).
 
 Why: in this stack a gRPC call costs far more in grpc.aio's per-call machinery and the process wake-ups it
-causes than in the handler itself (a placer decides a Place in ~0.2 ms, bench/engine_cpu.py, of the ~1.4 ms
-of CPU a Place cost it under load with unary calls, bench/stack_bench.py). The gateway has many Submits in flight at once; sending their selector
-and placer calls as one RPC per peer pays that cost once per batch, and lets the placer decide the batch
-together (one ledger append). It is group commit, as the task stream's writes: a call that finds fewer than
-`max_inflight` batches on the way goes out at once (an idle stack answers as fast as with unary calls);
-otherwise it joins the next batch, sent as soon as one returns, so batches grow only with the load.
+causes than in the handler itself (a placer decides a Place in ~0.2 ms, bench/engine_cpu.py). Two things cut
+that cost, both measured by bench/batch_transport.py:
+- batching: the gateway has many Submits in flight at once; sending their selector and placer calls together
+  pays the per-message cost once per batch and lets the placer decide the batch together (one ledger
+  append). It is group commit, as the task stream's writes: a call that finds no batch on the way goes out at
+  once (an idle stack answers as fast as with unary calls); otherwise it joins the next batch, sent as soon
+  as the previous one is answered, so batches grow only with the load;
+- one stream per peer instead of one RPC per batch: a message on an open bidirectional stream costs a
+  fraction of a new unary call (no call set-up, headers or per-call task on either side), which matters most
+  at moderate load, where batches are small.
 
 Each call keeps its own deadline, outcome and trace: the server answers every call in its own item — a
 result or a `BatchItemError` with the status the unary call would have had — and the client raises that
-status as the `grpc.aio.AioRpcError` a unary call would have raised.
+status as the `grpc.aio.AioRpcError` a unary call would have raised. A call whose deadline passes gets
+DEADLINE_EXCEEDED then, whether it is still queued (it is never sent) or on the way (its answer, if it comes,
+is dropped; a placer's decision for it stands, as for a unary call cancelled after the decision). A broken
+stream fails the calls it carried with its status, and the next batch opens a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -45,29 +53,34 @@ class _Waiting:
     deadline: float  # loop time
 
 
-class Coalescer(Generic[Req, Resp]):
-    """Coalesces concurrent calls of one method to one peer into batch RPCs.
+def _expire(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_exception(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"))
 
-    `batch_rpc` is the batch method of a stub (`PlacerStub.PlaceBatch`); its request has a repeated `calls`
-    field of `Req` and its reply a repeated `results` field, one item per call with a `response` (`Resp`) or
-    an `error` (`BatchItemError`). `method` names the single call ("hsched.v1.Placer/Place") in traces.
+
+class Coalescer(Generic[Req, Resp]):
+    """Coalesces concurrent calls of one method to one peer into batches on one stream, one batch in flight.
+
+    `batch_stream` is the batch method of a stub (`PlacerStub.PlaceBatch`), a bidirectional stream whose
+    request messages have a repeated `calls` field of `Req` and whose replies have a repeated `results` field,
+    one item per call with a `response` (`Resp`) or an `error` (`BatchItemError`). `method` names the single
+    call ("hsched.v1.Placer/Place") in traces.
     """
 
-    def __init__(self, batch_rpc: Callable[..., Awaitable[Any]], batch_request: Callable[..., Any], method: str,
-                 max_batch: int = 128, max_inflight: int = 1, wait_for_ready: bool = False,
+    def __init__(self, batch_stream: Callable[..., Any], batch_request: Callable[..., Any], method: str,
+                 max_batch: int = 128, wait_for_ready: bool = False,
                  tracer_provider: TracerProvider | None = None) -> None:
-        if max_batch < 1 or max_inflight < 1:
-            raise ValueError("max_batch and max_inflight must be >= 1")
-        self._rpc = batch_rpc
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self._open = batch_stream
         self._batch_request = batch_request
         self._tracing = BatchedCalls(method, tracer_provider)
         self.max_batch = max_batch
-        self.max_inflight = max_inflight
         self.wait_for_ready = wait_for_ready
         self._queue: list[_Waiting] = []
-        self._inflight = 0
-        self._senders: set[asyncio.Task] = set()
-        self.batches = 0  # RPCs sent, and calls they carried: calls / batches is the mean batch size
+        self._stream: Any = None  # the open grpc.aio.StreamStreamCall, or None
+        self._sender: asyncio.Task | None = None
+        self.batches = 0  # batches sent, and the calls they carried: calls / batches is the mean batch size
         self.calls = 0
 
     async def call(self, request: Req, timeout: float) -> Resp:
@@ -76,69 +89,101 @@ class Coalescer(Generic[Req, Resp]):
         with self._tracing.client(request.trace_context):  # type: ignore[attr-defined]
             waiting = _Waiting(request, loop.create_future(), loop.time() + timeout)
             self._queue.append(waiting)
-            self._send_what_fits()
-            return await waiting.future
+            if self._sender is None:
+                # The sender runs in an empty context: a batch belongs to no single caller's trace.
+                self._sender = asyncio.create_task(self._send_queued(), context=contextvars.Context())
+            timer = loop.call_at(waiting.deadline, _expire, waiting.future)
+            try:
+                return await waiting.future
+            finally:
+                timer.cancel()
 
-    def _send_what_fits(self) -> None:
-        while self._queue and self._inflight < self.max_inflight:
-            batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
-            self._inflight += 1
-            # The batch RPC runs in an empty context: it belongs to no single caller's trace.
-            sender = asyncio.create_task(self._send(batch), context=contextvars.Context())
-            self._senders.add(sender)
-            sender.add_done_callback(self._senders.discard)
+    async def _send_queued(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+                await self._send(batch)
+        finally:
+            self._sender = None
 
     async def _send(self, batch: list[_Waiting]) -> None:
+        live = [w for w in batch if not w.future.done()]  # expired or cancelled while queued: never sent
+        if not live:
+            return
+        self.batches += 1
+        self.calls += len(live)
         try:
-            now = asyncio.get_running_loop().time()
-            live = []
-            for w in batch:
-                if w.future.done():  # the caller went away while queued
-                    continue
-                if w.deadline <= now:
-                    w.future.set_exception(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed while "
-                                                     "waiting for the previous batch to return"))
-                    continue
-                live.append(w)
-            if not live:
-                return
-            self.batches += 1
-            self.calls += len(live)
-            try:
-                reply = await self._rpc(self._batch_request(calls=[w.request for w in live]),
-                                        timeout=min(w.deadline for w in live) - now,
-                                        wait_for_ready=self.wait_for_ready)
-                if len(reply.results) != len(live):
-                    raise rpc_error(grpc.StatusCode.INTERNAL, f"batch of {len(live)} calls answered with "
-                                    f"{len(reply.results)} results")
-            except BaseException as exc:
-                for w in live:
-                    if not w.future.done():
-                        w.future.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            for w, item in zip(live, reply.results, strict=True):
-                if w.future.done():
-                    continue
-                if item.WhichOneof("result") == "response":
-                    w.future.set_result(item.response)
-                else:
-                    w.future.set_exception(rpc_error(_STATUS.get(item.error.code, grpc.StatusCode.UNKNOWN),
-                                                     item.error.message))
-        finally:
-            self._inflight -= 1
-            self._send_what_fits()
+            async with asyncio.timeout_at(max(w.deadline for w in live)):  # every caller has given up by then
+                reply = await self._exchange(self._batch_request(calls=[w.request for w in live]))
+            if len(reply.results) != len(live):
+                raise rpc_error(grpc.StatusCode.INTERNAL, f"batch of {len(live)} calls answered with "
+                                f"{len(reply.results)} results")
+        except BaseException as exc:
+            error = await self._drop_stream(exc)
+            for w in live:
+                if not w.future.done():
+                    w.future.set_exception(error)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for w, item in zip(live, reply.results, strict=True):
+            if w.future.done():
+                continue
+            if item.WhichOneof("result") == "response":
+                w.future.set_result(item.response)
+            else:
+                w.future.set_exception(rpc_error(_STATUS.get(item.error.code, grpc.StatusCode.UNKNOWN),
+                                                 item.error.message))
+
+    async def _exchange(self, batch_request: Any) -> Any:
+        if self._stream is None or self._stream.done():  # none yet, or it ended while idle (the peer restarted)
+            self._stream = self._open(wait_for_ready=self.wait_for_ready)
+        try:
+            await self._stream.write(batch_request)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            # The stream was ending as this batch went out (a peer restart): it was not sent, so it goes on a new
+            # stream, which, like a unary call, waits for the peer (wait_for_ready) or fails fast with its status.
+            self._stream.cancel()
+            self._stream = self._open(wait_for_ready=self.wait_for_ready)
+            await self._stream.write(batch_request)
+        reply = await self._stream.read()
+        if reply is grpc.aio.EOF:
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, "the peer ended the batch stream")
+        return reply
+
+    async def _drop_stream(self, exc: BaseException) -> grpc.aio.AioRpcError:
+        """Cancel the stream after a failed exchange (the next batch opens a new one); the error its calls get."""
+        stream, self._stream = self._stream, None
+        if isinstance(exc, TimeoutError):
+            error = rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+        elif not isinstance(exc, Exception) or stream is None:
+            error = rpc_error(grpc.StatusCode.CANCELLED, f"batch not answered: {exc!r}")
+        else:
+            # A write on a stream the peer has broken fails with INTERNAL ("Failed execute_batch"); the stream's
+            # own status says why it ended (UNAVAILABLE when the peer went away).
+            error = exc if isinstance(exc, grpc.aio.AioRpcError) else None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    code = await stream.code()
+                    if code != grpc.StatusCode.OK:
+                        error = rpc_error(code, await stream.details())
+            error = error or rpc_error(grpc.StatusCode.UNAVAILABLE, f"batch stream failed: {exc!r}")
+        if stream is not None:
+            stream.cancel()
+        return error
 
     async def close(self) -> None:
-        for sender in list(self._senders):
-            sender.cancel()
-        await asyncio.gather(*self._senders, return_exceptions=True)
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
 
 
 async def serve_batch(calls: Sequence[Req], handle: Callable[[Req], Awaitable[Resp]], tracing: BatchedCalls,
                       item: Callable[..., Any]) -> list[Any]:
-    """Answer each call of a batch RPC with `handle` — all at once, so the service can decide them together —
+    """Answer each call of a batch with `handle` — all at once, so the service can decide them together —
     as `item(response=...)` or `item(error=BatchItemError)` in the calls' order, each in its caller's trace
     (`tracing`: `BatchedCalls` of the single call's method)."""
 

@@ -369,16 +369,19 @@ class _TracedUnaryUnary:
 
 
 class BatchedCalls:
-    """Tracing of calls that travel inside batch RPCs (`hsched.batching`) as if each were its own unary RPC:
+    """Tracing of calls that travel inside batches (`hsched.batching`) as if each were its own unary RPC:
     a CLIENT span per call at the caller and a SERVER span per call at the server, both named after the
     call's method, joined by the W3C context each request carries in its `trace_context` field (the batch
-    RPC's own metadata belongs to no single caller). With a tracer that records nothing, only the caller's
-    context is carried on, as for unary calls."""
+    stream's own metadata belongs to no single caller). With a tracer that records nothing, only the caller's
+    context is carried on, as for unary calls. With `metrics`, the server side also counts and times each
+    call as the server interceptor does a unary one (hsched_rpc_server_*, under the call's method)."""
 
-    def __init__(self, method: str, tracer_provider: TracerProvider | None = None) -> None:
+    def __init__(self, method: str, tracer_provider: TracerProvider | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.name, self._attributes = _method_info("/" + method.lstrip("/"))
         self._tracer = _tracer(tracer_provider)
         self._recording = not isinstance(self._tracer, trace.NoOpTracer)
+        self._metrics = _RpcMetrics(metrics) if metrics is not None else None
 
     @contextlib.contextmanager
     def client(self, carrier: MutableMapping[str, str]) -> Iterator[None]:
@@ -406,6 +409,7 @@ class BatchedCalls:
         ctx = trace.set_span_in_context(span, parent) if span is not None else parent
         token = attach(ctx) if ctx is not None else None
         status: list = [_OK, None]
+        t0 = time.perf_counter()
         try:
             yield status
         finally:
@@ -413,6 +417,8 @@ class BatchedCalls:
                 detach(token)
             if span is not None:
                 _finish(span, status[0], status[1], None)
+            if self._metrics is not None:
+                self._metrics.observe(self.name, status[0], time.perf_counter() - t0)
 
 
 def _inject(carrier: MutableMapping[str, str], span: Span) -> None:

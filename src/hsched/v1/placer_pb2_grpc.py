@@ -40,7 +40,7 @@ class PlacerStub:
                 request_serializer=hsched_dot_v1_dot_placer__pb2.PlaceRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_placer__pb2.PlaceResponse.FromString,
                 _registered_method=True)
-        self.PlaceBatch = channel.unary_unary(
+        self.PlaceBatch = channel.stream_stream(
                 '/hsched.v1.Placer/PlaceBatch',
                 request_serializer=hsched_dot_v1_dot_placer__pb2.PlaceBatchRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_placer__pb2.PlaceBatchResponse.FromString,
@@ -50,7 +50,7 @@ class PlacerStub:
                 request_serializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseResponse.FromString,
                 _registered_method=True)
-        self.ReleaseBatch = channel.unary_unary(
+        self.ReleaseBatch = channel.stream_stream(
                 '/hsched.v1.Placer/ReleaseBatch',
                 request_serializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseBatchRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseBatchResponse.FromString,
@@ -72,9 +72,10 @@ class PlacerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PlaceBatch(self, request, context):
-        """Several Place calls in one RPC, decided together and answered in order (the gateway coalesces the
-        concurrent calls it has for one placer into these). An invalid call fails alone, in its item.
+    def PlaceBatch(self, request_iterator, context):
+        """A long-lived stream of batches of Place calls: each request message is a batch, decided together and
+        answered by one response message, in order (the gateway coalesces the concurrent calls it has for one
+        placer into these). An invalid call fails alone, in its item.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -86,8 +87,8 @@ class PlacerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def ReleaseBatch(self, request, context):
-        """Several Release calls in one RPC, answered in order (coalesced by the gateway like PlaceBatch).
+    def ReleaseBatch(self, request_iterator, context):
+        """A stream of batches of Release calls, each answered in order (coalesced by the gateway like PlaceBatch).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -107,7 +108,7 @@ def add_PlacerServicer_to_server(servicer, server):
                     request_deserializer=hsched_dot_v1_dot_placer__pb2.PlaceRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_placer__pb2.PlaceResponse.SerializeToString,
             ),
-            'PlaceBatch': grpc.unary_unary_rpc_method_handler(
+            'PlaceBatch': grpc.stream_stream_rpc_method_handler(
                     servicer.PlaceBatch,
                     request_deserializer=hsched_dot_v1_dot_placer__pb2.PlaceBatchRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_placer__pb2.PlaceBatchResponse.SerializeToString,
@@ -117,7 +118,7 @@ def add_PlacerServicer_to_server(servicer, server):
                     request_deserializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseResponse.SerializeToString,
             ),
-            'ReleaseBatch': grpc.unary_unary_rpc_method_handler(
+            'ReleaseBatch': grpc.stream_stream_rpc_method_handler(
                     servicer.ReleaseBatch,
                     request_deserializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseBatchRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_placer__pb2.PlacerReleaseBatchResponse.SerializeToString,
@@ -167,7 +168,7 @@ class Placer:
             _registered_method=True)
 
     @staticmethod
-    def PlaceBatch(request,
+    def PlaceBatch(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -177,8 +178,8 @@ class Placer:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             '/hsched.v1.Placer/PlaceBatch',
             hsched_dot_v1_dot_placer__pb2.PlaceBatchRequest.SerializeToString,
@@ -221,7 +222,7 @@ class Placer:
             _registered_method=True)
 
     @staticmethod
-    def ReleaseBatch(request,
+    def ReleaseBatch(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -231,8 +232,8 @@ class Placer:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             '/hsched.v1.Placer/ReleaseBatch',
             hsched_dot_v1_dot_placer__pb2.PlacerReleaseBatchRequest.SerializeToString,

@@ -40,7 +40,7 @@ class SelectorStub:
                 request_serializer=hsched_dot_v1_dot_selector__pb2.SelectRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_selector__pb2.SelectResponse.FromString,
                 _registered_method=True)
-        self.SelectDataCenters = channel.unary_unary(
+        self.SelectDataCenters = channel.stream_stream(
                 '/hsched.v1.Selector/SelectDataCenters',
                 request_serializer=hsched_dot_v1_dot_selector__pb2.SelectBatchRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_selector__pb2.SelectBatchResponse.FromString,
@@ -57,8 +57,9 @@ class SelectorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def SelectDataCenters(self, request, context):
-        """Several selections in one RPC, answered in order (the gateway coalesces its concurrent calls into these).
+    def SelectDataCenters(self, request_iterator, context):
+        """A long-lived stream of batches of selections, each answered by one response message, in order (the
+        gateway coalesces its concurrent calls into these).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -72,7 +73,7 @@ def add_SelectorServicer_to_server(servicer, server):
                     request_deserializer=hsched_dot_v1_dot_selector__pb2.SelectRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_selector__pb2.SelectResponse.SerializeToString,
             ),
-            'SelectDataCenters': grpc.unary_unary_rpc_method_handler(
+            'SelectDataCenters': grpc.stream_stream_rpc_method_handler(
                     servicer.SelectDataCenters,
                     request_deserializer=hsched_dot_v1_dot_selector__pb2.SelectBatchRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_selector__pb2.SelectBatchResponse.SerializeToString,
@@ -117,7 +118,7 @@ class Selector:
             _registered_method=True)
 
     @staticmethod
-    def SelectDataCenters(request,
+    def SelectDataCenters(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -127,8 +128,8 @@ class Selector:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             '/hsched.v1.Selector/SelectDataCenters',
             hsched_dot_v1_dot_selector__pb2.SelectBatchRequest.SerializeToString,
