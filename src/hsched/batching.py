@@ -24,7 +24,6 @@ stream fails the calls it carried with its status, and the next batch opens a ne
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -154,20 +153,16 @@ class Coalescer(Generic[Req, Resp]):
     async def _drop_stream(self, exc: BaseException) -> grpc.aio.AioRpcError:
         """Cancel the stream after a failed exchange (the next batch opens a new one); the error its calls get."""
         stream, self._stream = self._stream, None
-        if isinstance(exc, TimeoutError):
+        if isinstance(exc, grpc.aio.AioRpcError):
+            error = exc
+        elif isinstance(exc, TimeoutError):
             error = rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
-        elif not isinstance(exc, Exception) or stream is None:
-            error = rpc_error(grpc.StatusCode.CANCELLED, f"batch not answered: {exc!r}")
+        elif isinstance(exc, Exception) and stream is not None and stream.done():  # a write on an ended stream
+            code = await stream.code()
+            error = rpc_error(grpc.StatusCode.UNAVAILABLE if code == grpc.StatusCode.OK else code,
+                              await stream.details() or repr(exc))
         else:
-            # A write on a stream the peer has broken fails with INTERNAL ("Failed execute_batch"); the stream's
-            # own status says why it ended (UNAVAILABLE when the peer went away).
-            error = exc if isinstance(exc, grpc.aio.AioRpcError) else None
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    code = await stream.code()
-                    if code != grpc.StatusCode.OK:
-                        error = rpc_error(code, await stream.details())
-            error = error or rpc_error(grpc.StatusCode.UNAVAILABLE, f"batch stream failed: {exc!r}")
+            error = rpc_error(grpc.StatusCode.CANCELLED, f"batch not answered: {exc!r}")
         if stream is not None:
             stream.cancel()
         return error
