@@ -428,7 +428,7 @@ def print_rpc_table(peak: StackPhase, half: StackPhase) -> None:
     if not keys:
         return
     submits = {id(p): p.rpc.get(("gateway", "Submit"), {}).get("count", 0.0) for p in (peak, half)}
-    print("\nServer-side time per RPC, from each service's hsched_rpc_server_duration_seconds histogram (phase "
+    print("\nServer-side time per call, from each service's hsched_rpc_server_duration_seconds histogram (phase "
           "incl. warmup; p50/p99 interpolated inside the histogram buckets):\n")
     print("| service | method | calls per Submit, peak | mean ms, peak | p99 ms, peak | calls per Submit, half "
           "| mean ms, half | p50 ms, half | p99 ms, half |")
