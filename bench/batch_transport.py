@@ -12,22 +12,23 @@ transports alternate for `--rounds` rounds, so drift of a shared machine hits bo
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a script: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import os
 import statistics
 import subprocess
-import sys
 import time
+
+from bench.echo_chain import cpu_seconds
 
 METHOD_UNARY = "/bench.Batch/Unary"
 METHOD_STREAM = "/bench.Batch/Stream"
 PAYLOAD = b"x" * 600  # about a PlaceRequest with its task spec
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def serve() -> None:

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from hsched.batching import Coalescer, serve_batch
+from hsched.state.redis import free_port
 from hsched.telemetry import BatchedCalls
 from hsched.v1 import common_pb2, placer_pb2, placer_pb2_grpc
 from tests import inprocess
@@ -88,7 +89,7 @@ async def test_an_invalid_call_fails_alone_naming_the_field(redis_url, prefix, t
 
 
 async def test_a_batch_that_cannot_be_sent_fails_every_call_with_its_status():
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{inprocess.free_port()}")  # nothing listens there
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}")  # nothing listens there
     places = coalescer(placer_pb2_grpc.PlacerStub(channel))
     results = await asyncio.gather(*(places.call(place_request(f"t{i}", 1), 2) for i in range(5)),
                                    return_exceptions=True)

@@ -36,7 +36,7 @@ from hsched.rl.dqn import (
 from hsched.rl.schedules import epsilon_greedy
 from hsched.rl.training import TrainArgs
 from hsched.state.keys import Keys
-from hsched.state.redis import connect
+from hsched.state.redis import connect, free_port
 from hsched.v1 import common_pb2, selector_pb2, selector_pb2_grpc
 from tests import inprocess
 from tests.conftest import SMALL_FLEET
@@ -243,7 +243,7 @@ async def selector_service(redis_url: str, prefix: str, tmp_path, *extra: str):
     redis = connect(redis_url)
     for dc in fleet.datacenters:
         await redis.xadd(Keys(prefix).summary(dc.name), {"s": json.dumps({"datacenter": dc.name})})
-    metrics_port = inprocess.free_port()
+    metrics_port = free_port()
     argv = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix, "--metrics-port", str(metrics_port),
             *extra]
     try:

@@ -60,6 +60,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.place_timeout_s = place_timeout_s
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
 
+    def coalescers(self) -> list[tuple[tuple[str, str], Coalescer]]:
+        """Every coalescer with its (peer, method) labels."""
+        return [(("selector", "SelectDataCenter"), self.select),
+                *(((dc, "Place"), c) for dc, c in self.place.items()),
+                *(((dc, "Release"), c) for dc, c in self.release.items())]
+
     # -- Submit ------------------------------------------------------------------------------------------------
 
     @rpc.grpc_errors
@@ -272,9 +278,7 @@ def register_metrics(metrics: MetricsServer, store: TaskStore, servicer: Gateway
 
     metrics.register_gauge_family("hsched_tasks", "Tasks by state and data center", ["state", "datacenter"], by_state)
 
-    coalescers = [(("selector", "SelectDataCenter"), servicer.select),
-                  *(((dc, "Place"), c) for dc, c in servicer.place.items()),
-                  *(((dc, "Release"), c) for dc, c in servicer.release.items())]
+    coalescers = servicer.coalescers()
 
     def sent(attr: str):
         return lambda: [(labels, float(getattr(c, attr))) for labels, c in coalescers]
@@ -307,9 +311,8 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics)
     log.info("gateway serving on port %d (%d task events replayed, %d tasks)", port, loaded, len(store.tasks))
     await serve_until_stopped(stop, server, port, args, metrics=metrics,
-                              cleanup=[servicer.select.close,
-                                       *(c.close for c in (*servicer.place.values(), *servicer.release.values())),
-                                       *(ch.close for ch in channels), redis.aclose])
+                              cleanup=[*(c.close for _, c in servicer.coalescers()), *(ch.close for ch in channels),
+                                       redis.aclose])
 
 
 def main(argv: list[str] | None = None) -> None:
