@@ -203,6 +203,23 @@ def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+def context_switches(pid: int) -> int:
+    """Voluntary + involuntary context switches of all a process's threads so far (/proc/<pid>/task)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/status") as f:
+            total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    return total
+
+
+def switches_snapshot(pids: dict[str, int]) -> dict[str, int]:
+    out = {}
+    for name, pid in pids.items():
+        with contextlib.suppress(OSError):
+            out[name] = context_switches(pid)
+    return out
+
+
 def _ppids() -> dict[int, int]:
     out = {}
     for entry in os.scandir("/proc"):
@@ -312,6 +329,7 @@ class StackPhase:
     label: str
     results: dict[str, LoadResult]
     cpu_ms_per_iter: dict[str, float]  # process -> CPU ms per Submit+Release iteration (estimate)
+    switches_per_iter: dict[str, float] = dataclasses.field(default_factory=dict)  # context switches, likewise
     foreign: float = 0.0  # share of a core used by other processes meanwhile
     rpc: dict = dataclasses.field(default_factory=dict)  # server-side latency histograms, this phase only
 
@@ -338,15 +356,16 @@ def run_stack_phase(label: str, stack, requests: list[bytes], pids: dict[str, in
                     concurrency: int, rate: float | None = None) -> StackPhase:
     log(f"stack, {label}: concurrency {concurrency}" + (f", rate {rate:.0f} iterations/s" if rate else "") + " ...")
     rpc0 = scrape_rpc_durations(stack)
-    cpu0, foreign = cpu_snapshot(pids), ForeignLoad()
+    cpu0, switches0, foreign = cpu_snapshot(pids), switches_snapshot(pids), ForeignLoad()
     res = run_closed_loop("bench.stack_bench:submit_release", (stack.gateway, requests), concurrency=concurrency,
                           duration_s=duration_s, processes=opts.client_processes, warmup_s=WARMUP_S, rate_rps=rate)
-    cpu1 = cpu_snapshot(pids)
-    phase = StackPhase(label, res, {}, foreign.stop(), rpc_delta(scrape_rpc_durations(stack), rpc0))
+    cpu1, switches1 = cpu_snapshot(pids), switches_snapshot(pids)
+    phase = StackPhase(label, res, {}, foreign=foreign.stop(), rpc=rpc_delta(scrape_rpc_durations(stack), rpc0))
     step = phase.step
     # CPU over warmup + measurement, per iteration at the measured rate (an estimate, as in echo_chain).
     iters = max(1.0, step.throughput_rps * (step.elapsed_s + WARMUP_S))
     phase.cpu_ms_per_iter = {n: (cpu1[n] - cpu0[n]) * 1e3 / iters for n in cpu1 if n in cpu0}
+    phase.switches_per_iter = {n: (switches1[n] - switches0[n]) / iters for n in switches1 if n in switches0}
     for name in ("Submit", "Release", STEP):
         log(f"  {name:9s} {phase.get(name).summary()}")
     log(f"  outcomes {phase.outcomes()}; other processes used {phase.foreign:.0%} of a core")
@@ -390,7 +409,7 @@ def run_submit_only(stack, requests: list[bytes], pids: dict[str, int], opts, du
     results["Release"] = LoadResult.combine(releases)
     n = max(1, results["Submit"].calls)
     phase = StackPhase("Submit only", results, {name: c * 1e3 / n for name, c in cpu.items()},
-                       foreign_s / max(1e-9, submit_s), rpc_delta(scrape_rpc_durations(stack), rpc0))
+                       foreign=foreign_s / max(1e-9, submit_s), rpc=rpc_delta(scrape_rpc_durations(stack), rpc0))
     log(f"  Submit    {results['Submit'].summary()}  ({len(submits.get('Submit', []))} rounds)")
     log(f"  Release   {results['Release'].summary()}  (separate rounds)")
     log(f"  outcomes {phase.outcomes()}; other processes used {phase.foreign:.0%} of a core")
@@ -588,20 +607,22 @@ def main() -> int:
               f"| {o.get('rejected', 0)} | {other} |")
 
     print("\n| process | RSS idle MiB | RSS after MiB | peak RSS MiB | PSS after MiB | CPU ms/iteration, peak "
-          "| CPU % of a core, peak | CPU ms/iteration, half peak | CPU ms/Submit, Submit only |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| CPU % of a core, peak | CPU ms/iteration, half peak | context switches/iteration, half peak "
+          "| CPU ms/Submit, Submit only |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     names = sorted(rss, key=lambda n: -peak.cpu_ms_per_iter.get(n, 0.0))
     rate = peak.step.throughput_rps
     for name in names:
         ms, ms_half = peak.cpu_ms_per_iter.get(name, 0.0), half.cpu_ms_per_iter.get(name, 0.0)
         print(f"| {name} | {idle_rss.get(name, 0.0):.0f} | {rss[name]:.0f} | {hwm.get(name, 0.0):.0f} "
               f"| {pss.get(name, 0.0):.0f} | {ms:.3f} | {ms * rate / 10:.0f} % | {ms_half:.3f} "
-              f"| {alone.cpu_ms_per_iter.get(name, 0.0):.3f} |")
+              f"| {half.switches_per_iter.get(name, 0.0):.1f} | {alone.cpu_ms_per_iter.get(name, 0.0):.3f} |")
     total_rss = sum(rss.values())
     total_ms = sum(peak.cpu_ms_per_iter.values())
     print(f"| **total** | {sum(idle_rss.values()):.0f} | **{total_rss:.0f}** | {sum(hwm.values()):.0f} "
           f"| {sum(pss.values()):.0f} | {total_ms:.3f} | {total_ms * rate / 10:.0f} % "
-          f"| {sum(half.cpu_ms_per_iter.values()):.3f} | {sum(alone.cpu_ms_per_iter.values()):.3f} |")
+          f"| {sum(half.cpu_ms_per_iter.values()):.3f} | {sum(half.switches_per_iter.values()):.1f} "
+          f"| {sum(alone.cpu_ms_per_iter.values()):.3f} |")
     if redis_url:
         print("\n(Redis is external (REDIS_URL): not in the memory and CPU columns.)")
     print_rpc_table(peak, half)
