@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -215,6 +216,22 @@ async def test_retried_place_of_a_queued_task_queues_nothing_more(redis, prefix)
         again = await e.place("q", spec(8))
         assert again.outcome == "deferred" and again.reason == "already waiting in the deferred queue"
         assert list(e.queue) == ["q"] and len(await ledger_events(redis, prefix)) == n_events
+
+
+async def test_place_after_the_callers_deadline_commits_nothing(redis, prefix) -> None:
+    async with running(new_engine(cheap(), redis, prefix)) as e:
+        late = await e.place("late", spec(8), not_after=time.time() - 0.001)
+        assert late.outcome == "expired" and "deadline passed" in late.reason and late.parts == ()
+        await fill(e)  # no room now: a late call with allow_defer queues nothing either
+        assert (await e.place("late-q", spec(8), allow_defer=True, not_after=time.time() - 0.001)).outcome == "expired"
+        assert "late" not in e.state.allocations and not e.queue
+        assert [ev["task"] for _, ev in await ledger_events(redis, prefix)] == ["f0", "f1", "f2", "f3"]
+        # in time: committed as usual; a retry after the deadline of a task already held gets that placement
+        await e.release("f0")
+        on_time = await e.place("t", spec(8), not_after=time.time() + 10)
+        assert on_time.outcome == "placed"
+        again = await e.place("t", spec(8), not_after=time.time() - 1)
+        assert again.outcome == "placed" and again.parts == on_time.parts
 
 
 async def test_release_of_an_unknown_task(redis, prefix) -> None:

@@ -50,8 +50,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         # wait_for_ready: ride out a selector restart.
         self.select = Coalescer(selector.SelectDataCenters, selector_pb2.SelectBatchRequest,
                                 "hsched.v1.Selector/SelectDataCenter", max_batch, wait_for_ready=True)
+        # Each Place carries its deadline: a placer commits nothing for it later (see _abandon).
         self.place = {dc: Coalescer(stub.PlaceBatch, placer_pb2.PlaceBatchRequest, "hsched.v1.Placer/Place",
-                                    max_batch) for dc, stub in placers.items()}
+                                    max_batch, deadline_field="not_after_unix_ms") for dc, stub in placers.items()}
         # wait_for_ready: a placer that is restarting gets until the deadline to come back
         self.release = {dc: Coalescer(stub.ReleaseBatch, placer_pb2.PlacerReleaseBatchRequest,
                                       "hsched.v1.Placer/Release", max_batch, wait_for_ready=True)
@@ -59,6 +60,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.select_timeout_s = select_timeout_s
         self.place_timeout_s = place_timeout_s
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
+        self._abandoned: set[asyncio.Task] = set()  # background releases of unanswered Places (_abandon)
 
     def coalescers(self) -> list[tuple[tuple[str, str], Coalescer]]:
         """Every coalescer with its (peer, method) labels."""
@@ -166,7 +168,58 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                                              allow_defer=allow_defer), self.place_timeout_s)
         except grpc.aio.AioRpcError as exc:
             notes.append(f"{dc}: placer unavailable ({exc.code().name}: {exc.details()})")
+            self._abandon(task.task_id, dc)
             return None
+
+    def _abandon(self, task_id: str, dc: str) -> None:
+        """A Place at `dc` ended without an answer, and the task may now go to another data center. The placer
+        commits nothing for the call after its deadline, but it may have done so before and the answer been
+        lost: release the task there, in the background until that placer confirms, so the task never holds
+        resources in two data centers. (A release of a task the placer does not hold changes nothing.)"""
+        job = asyncio.create_task(self._release_abandoned(task_id, dc), name=f"release {task_id} at {dc}")
+        self._abandoned.add(job)
+        job.add_done_callback(self._abandoned.discard)
+
+    async def _release_abandoned(self, task_id: str, dc: str, first_retry_s: float = 0.5) -> None:
+        delay = first_retry_s
+        while True:
+            try:
+                reply = await self.release[dc].call(placer_pb2.PlacerReleaseRequest(task_id=task_id),
+                                                    self.place_timeout_s)
+                break
+            except grpc.aio.AioRpcError as exc:
+                log.warning("placer %s: cannot yet release the unanswered placement of %s (%s); retrying in %g s",
+                            dc, task_id, exc.code().name, delay)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 30.0)
+        if reply.released:
+            log.warning("placer %s had placed %s before the gateway gave up on it; released there", dc, task_id)
+        await asyncio.gather(*self._placed_from_queue(dc, task_id, reply))
+
+    def _placed_from_queue(self, dc: str, released: str, reply: placer_pb2.PlacerReleaseResponse) -> list:
+        """Record the deferred tasks that a release at `dc` placed; the writes to await."""
+        writes = []
+        for queued in reply.placed_from_queue:
+            waiting = self.store.tasks.get(queued.task_id)
+            if waiting is None:  # queued by a gateway whose history this one lacks; the ledger still holds it
+                log.warning("placer %s placed unknown queued task %s", dc, queued.task_id)
+                continue
+            del waiting.assignments[:]
+            waiting.assignments.extend(queued.assignments)
+            waiting.reason = ""
+            waiting.explanation.notes.append(f"placed from the deferred queue when {released} was released")
+            writes.append(self.store.record("placed", waiting, f"{dc}: from the deferred queue"))
+        return writes
+
+    async def close(self) -> None:
+        """Stop the batch streams; say which unanswered placements are still to be released."""
+        for job in self._abandoned:
+            log.warning("gateway stopping before a placer confirmed releasing an unanswered placement (%s)",
+                        job.get_name())
+            job.cancel()
+        await asyncio.gather(*self._abandoned, return_exceptions=True)
+        for _, c in self.coalescers():
+            await c.close()
 
     def _explain(self, task: pb.Task, reply: placer_pb2.PlaceResponse) -> None:
         ex = task.explanation
@@ -199,17 +252,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         reply = await self.release[task.datacenter].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
                                                          self.place_timeout_s)
         writes = [self.store.record("released", task, f"freed {reply.freed.cpu_milli / 1000:g} cores, "
-                                    f"{reply.freed.gpu_count} GPU slices at {task.datacenter}")]
-        for queued in reply.placed_from_queue:
-            waiting = self.store.tasks.get(queued.task_id)
-            if waiting is None:  # queued by a gateway whose history this one lacks; the ledger still holds it
-                log.warning("placer %s placed unknown queued task %s", task.datacenter, queued.task_id)
-                continue
-            del waiting.assignments[:]
-            waiting.assignments.extend(queued.assignments)
-            waiting.reason = ""
-            waiting.explanation.notes.append(f"placed from the deferred queue when {task.task_id} was released")
-            writes.append(self.store.record("placed", waiting, f"{task.datacenter}: from the deferred queue"))
+                                    f"{reply.freed.gpu_count} GPU slices at {task.datacenter}"),
+                  *self._placed_from_queue(task.datacenter, task.task_id, reply)]
         await asyncio.gather(*writes)
         return gateway_pb2.ReleaseResponse(task=task)
 
@@ -311,16 +355,20 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics)
     log.info("gateway serving on port %d (%d task events replayed, %d tasks)", port, loaded, len(store.tasks))
     await serve_until_stopped(stop, server, port, args, metrics=metrics,
-                              cleanup=[*(c.close for _, c in servicer.coalescers()), *(ch.close for ch in channels),
+                              cleanup=[servicer.close, *(ch.close for ch in channels),
                                        redis.aclose])
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser():
     p = common_args("hsched gateway: the public task endpoint")
     p.add_argument("--selector", default=os.environ.get("HSCHED_SELECTOR", "127.0.0.1:50052"))
     p.add_argument("--placers", default=os.environ.get("HSCHED_PLACERS", ""),
                    help="dc=host:port,... for every data center's placer")
     p.add_argument("--select-timeout-s", type=float, default=2.0)
     p.add_argument("--place-timeout-s", type=float, default=5.0)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     run("gateway", args, lambda stop: serve(args, stop))

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 
 import numpy as np
 
@@ -82,6 +83,9 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
 
     @rpc.grpc_errors
     async def Place(self, request: placer_pb2.PlaceRequest, context) -> placer_pb2.PlaceResponse:
+        remaining = context.time_remaining()
+        if not request.not_after_unix_ms and remaining is not None:
+            request.not_after_unix_ms = int((time.time() + remaining) * 1000)
         return await self._place(request)
 
     async def PlaceBatch(self, batches, context):
@@ -95,7 +99,10 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
             raise rpc.ValidationError("task_id", "is required")
         spec = task_from_pb(request.task)
         spec.validate()
-        result = await self._engine_call(self.engine.place(request.task_id, spec, request.allow_defer))
+        not_after = request.not_after_unix_ms / 1000 if request.not_after_unix_ms else None
+        result = await self._engine_call(self.engine.place(request.task_id, spec, request.allow_defer, not_after))
+        if result.outcome == "expired":
+            raise rpc.DeadlinePassed(result.reason)
         return self._place_reply(result)
 
     @rpc.grpc_errors

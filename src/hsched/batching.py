@@ -17,14 +17,16 @@ Each call keeps its own deadline, outcome and trace: the server answers every ca
 result or a `BatchItemError` with the status the unary call would have had — and the client raises that
 status as the `grpc.aio.AioRpcError` a unary call would have raised. A call whose deadline passes gets
 DEADLINE_EXCEEDED then, whether it is still queued (it is never sent) or on the way (its answer, if it comes,
-is dropped; a placer's decision for it stands, as for a unary call cancelled after the decision). A broken
-stream fails the calls it carried with its status, and the next batch opens a new one.
+is dropped). The peer learns each call's deadline from the call itself (`deadline_field`): a placer decides
+nothing for a Place after it, and the gateway releases one it may have committed before (services/gateway).
+A broken stream fails the calls it carried with its status, and the next batch opens a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -63,12 +65,13 @@ class Coalescer(Generic[Req, Resp]):
     `batch_stream` is the batch method of a stub (`PlacerStub.PlaceBatch`), a bidirectional stream whose
     request messages have a repeated `calls` field of `Req` and whose replies have a repeated `results` field,
     one item per call with a `response` (`Resp`) or an `error` (`BatchItemError`). `method` names the single
-    call ("hsched.v1.Placer/Place") in traces.
+    call ("hsched.v1.Placer/Place") in traces. `deadline_field`, if given, is an int64 field of `Req` that is
+    set to the call's deadline in Unix ms, so the peer can tell a call whose caller has given up.
     """
 
     def __init__(self, batch_stream: Callable[..., Any], batch_request: Callable[..., Any], method: str,
                  max_batch: int = 128, wait_for_ready: bool = False,
-                 tracer_provider: TracerProvider | None = None) -> None:
+                 tracer_provider: TracerProvider | None = None, deadline_field: str | None = None) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self._open = batch_stream
@@ -76,6 +79,7 @@ class Coalescer(Generic[Req, Resp]):
         self._tracing = BatchedCalls(method, tracer_provider)
         self.max_batch = max_batch
         self.wait_for_ready = wait_for_ready
+        self.deadline_field = deadline_field
         self._queue: list[_Waiting] = []
         self._stream: Any = None  # the open grpc.aio.StreamStreamCall, or None
         self._sender: asyncio.Task | None = None
@@ -87,6 +91,8 @@ class Coalescer(Generic[Req, Resp]):
         loop = asyncio.get_running_loop()
         with self._tracing.client(request.trace_context):  # type: ignore[attr-defined]
             waiting = _Waiting(request, loop.create_future(), loop.time() + timeout)
+            if self.deadline_field:
+                setattr(request, self.deadline_field, int((time.time() + timeout) * 1000))
             self._queue.append(waiting)
             if self._sender is None:
                 # The sender runs in an empty context: a batch belongs to no single caller's trace.

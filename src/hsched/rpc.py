@@ -109,6 +109,8 @@ def status_of(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.UNAVAILABLE, f"downstream call failed: {exc.code().name}: {exc.details()}"
     if isinstance(exc, Unavailable):
         return grpc.StatusCode.UNAVAILABLE, str(exc)
+    if isinstance(exc, DeadlinePassed):
+        return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
     log.error("%s failed", where, exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error in {where}; see the server log"
 
@@ -126,6 +128,10 @@ def grpc_errors(fn: F) -> F:
             await context.abort(*status_of(exc, fn.__qualname__))
 
     return wrapper  # type: ignore[return-value]
+
+
+class DeadlinePassed(RuntimeError):
+    """The caller's deadline passed before the work was done, so it was not done."""
 
 
 class Unavailable(RuntimeError):

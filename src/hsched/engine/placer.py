@@ -62,7 +62,7 @@ class ThermalGuard(Protocol):
 
 @dataclass
 class PlaceResult:
-    outcome: str  # placed | deferred | no_room | unschedulable
+    outcome: str  # placed | deferred | no_room | unschedulable | expired (the caller's deadline had passed)
     parts: tuple[Part, ...] = ()
     alternatives: tuple[tuple[int, float], ...] = ()
     reason: str = ""
@@ -85,6 +85,7 @@ class _Op:
     task_id: str
     spec: TaskSpec | None = None
     allow_defer: bool = False
+    not_after: float | None = None  # Unix time after which the caller has given up (place only)
     future: asyncio.Future = None  # type: ignore[assignment]
     result: PlaceResult | ReleaseResult | None = None
     events: list[dict] = field(default_factory=list)
@@ -147,8 +148,11 @@ class PlacerEngine:
 
     # -- API -------------------------------------------------------------------------------------------------
 
-    async def place(self, task_id: str, spec: TaskSpec, allow_defer: bool = True) -> PlaceResult:
-        return await self._submit(_Op("place", task_id, spec, allow_defer))  # type: ignore[return-value]
+    async def place(self, task_id: str, spec: TaskSpec, allow_defer: bool = True,
+                    not_after: float | None = None) -> PlaceResult:
+        """Place (or queue) `task_id`; nothing is committed for it once Unix time `not_after` has passed: a
+        caller that gave up may have placed the task elsewhere (outcome "expired")."""
+        return await self._submit(_Op("place", task_id, spec, allow_defer, not_after))  # type: ignore[return-value]
 
     async def release(self, task_id: str) -> ReleaseResult:
         return await self._submit(_Op("release", task_id))  # type: ignore[return-value]
@@ -325,6 +329,9 @@ class PlacerEngine:
                                ledger_id=self.last_id)
         if op.task_id in self.queue:
             return PlaceResult("deferred", reason="already waiting in the deferred queue", ledger_id=self.last_id)
+        if op.not_after is not None and time.time() > op.not_after:
+            return PlaceResult("expired", reason="the caller's deadline passed before the decision: nothing was "
+                                                 "placed or queued")
         decision = plan(self.state, op.spec, self.policy, headroom)
         if decision.outcome is Outcome.PLACED:
             self._alloc(op, op.task_id, decision.parts, headroom)

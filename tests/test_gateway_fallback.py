@@ -1,0 +1,112 @@
+"""A placer that answers too late: the gateway places the task in the next data center, and the slow placer
+must not hold it too. The real services in-process (gateway, selector, the small fleet's three placers) on
+a real Redis; the placer of "cheap" (the selector's first choice for these tasks) is held up on purpose,
+before its decision or after it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import grpc
+import pytest
+
+from hsched.engine.placer import PlacerEngine
+from hsched.state.keys import Keys
+from hsched.state.redis import connect
+from hsched.v1 import common_pb2 as pb
+from hsched.v1 import gateway_pb2, gateway_pb2_grpc
+from services.placer.server import PlacerServicer
+from tests import inprocess
+from tests.conftest import SMALL_FLEET
+
+PLACE_TIMEOUT_S = 1.0
+HOLD_S = 2.0  # how long "cheap" is held up: past the gateway's Place deadline
+
+
+@asynccontextmanager
+async def gateway(redis_url: str, prefix: str, tmp_path):
+    from services.gateway import server as gateway_server
+    from services.placer import server as placer_server
+    from services.selector import server as selector_server
+
+    common = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix]
+    async with AsyncExitStack() as stack:
+        placers = {dc: await stack.enter_async_context(inprocess.service(
+            placer_server, [*common, "--datacenter", dc], tmp_path / f"placer-{dc}.port"))
+            for dc in ("cheap", "near", "gpu")}
+        selector = await stack.enter_async_context(inprocess.service(selector_server, common,
+                                                                     tmp_path / "selector.port"))
+        target = await stack.enter_async_context(inprocess.service(
+            gateway_server, [*common, "--selector", selector, "--place-timeout-s", str(PLACE_TIMEOUT_S),
+                             "--placers", ",".join(f"{dc}={t}" for dc, t in placers.items())],
+            tmp_path / "gateway.port"))
+        channel = await stack.enter_async_context(grpc.aio.insecure_channel(target))
+        yield gateway_pb2_grpc.GatewayStub(channel)
+
+
+def small_task(cores: int = 2) -> pb.TaskSpec:
+    return pb.TaskSpec(resources=pb.Resources(cpu_milli=cores * 1000, memory_mib=2048), runtime_s=60)
+
+
+async def cheap_ledger(redis_url: str, prefix: str) -> list[dict]:
+    redis = connect(redis_url)
+    try:
+        return [json.loads(f[b"e"]) for _, f in await redis.xrange(Keys(prefix).ledger("cheap"))]
+    finally:
+        await redis.aclose()
+
+
+async def submit_while_cheap_is_held(gw) -> pb.Task:
+    task = (await gw.Submit(gateway_pb2.SubmitRequest(task=small_task()), timeout=20)).task
+    assert task.state == pb.TASK_STATE_PLACED and task.datacenter != "cheap", list(task.explanation.notes)
+    assert any(n.startswith("cheap: placer unavailable (DEADLINE_EXCEEDED") for n in task.explanation.notes)
+    return task
+
+
+async def test_a_place_decided_after_its_deadline_is_not_committed(redis_url, prefix, tmp_path, monkeypatch):
+    held = {"on": False}
+    process = PlacerEngine._process
+
+    async def overloaded(self, batch):  # cheap's engine gets to the batch only after the caller gave up
+        if self.dc.name == "cheap" and held["on"]:
+            await asyncio.sleep(HOLD_S)
+        return await process(self, batch)
+
+    monkeypatch.setattr(PlacerEngine, "_process", overloaded)
+    async with gateway(redis_url, prefix, tmp_path) as gw:
+        first = (await gw.Submit(gateway_pb2.SubmitRequest(task=small_task()), timeout=20)).task
+        assert first.datacenter == "cheap"  # the selector's first choice, while cheap answers in time
+        held["on"] = True
+        task = await submit_while_cheap_is_held(gw)
+        await asyncio.sleep(HOLD_S + 0.5)  # cheap has decided the late call (and the gateway's release) by now
+        events = await cheap_ledger(redis_url, prefix)
+        assert [e["task"] for e in events] == [first.task_id]  # the late call placed and queued nothing
+        got = await gw.Get(gateway_pb2.GetRequest(task_id=task.task_id), timeout=5)
+        assert got.state == pb.TASK_STATE_PLACED and got.datacenter == task.datacenter
+
+
+async def test_a_place_committed_whose_answer_came_too_late_is_released(redis_url, prefix, tmp_path, monkeypatch):
+    held = {"on": False}
+    place = PlacerServicer._place
+
+    async def late_answer(self, request):  # committed at once, answered after the caller gave up
+        reply = await place(self, request)
+        if self.engine.dc.name == "cheap" and held["on"]:
+            await asyncio.sleep(HOLD_S)
+        return reply
+
+    monkeypatch.setattr(PlacerServicer, "_place", late_answer)
+    async with gateway(redis_url, prefix, tmp_path) as gw:
+        held["on"] = True
+        task = await submit_while_cheap_is_held(gw)
+        for _ in range(100):  # the gateway releases it at cheap in the background
+            events = await cheap_ledger(redis_url, prefix)
+            if [e["t"] for e in events if e["task"] == task.task_id] == ["alloc", "free"]:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail(f"cheap still holds {task.task_id}: {events}")
+        got = await gw.Get(gateway_pb2.GetRequest(task_id=task.task_id), timeout=5)
+        assert got.state == pb.TASK_STATE_PLACED and got.datacenter == task.datacenter
