@@ -60,6 +60,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.select_timeout_s = select_timeout_s
         self.place_timeout_s = place_timeout_s
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
+        self._jobs: set[asyncio.Task] = set()  # Submits being scheduled (_start)
         self._abandoned: set[asyncio.Task] = set()  # background releases of unanswered Places (_abandon)
 
     def coalescers(self) -> list[tuple[tuple[str, str], Coalescer]]:
@@ -83,24 +84,26 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             raise ValidationError("selector_method", f"must be one of {', '.join(METHODS)} or empty",
                                   request.selector_method)
         if not spec.request_id:
-            return gateway_pb2.SubmitResponse(task=await self._submit(spec, request.selector_method))
+            return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._start(spec, request.selector_method)))
         key = (spec.tenant, spec.request_id)
+        if key in self._inflight:  # a retry while the first call is still being scheduled: its final answer
+            return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._inflight[key]), duplicate=True)
         known = self.store.by_request.get(key)
         if known is not None:  # a retry: the first answer, as it stands now
             return gateway_pb2.SubmitResponse(task=self.store.tasks[known], duplicate=True)
-        if key in self._inflight:  # a retry racing the first call: wait for it
-            return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._inflight[key]), duplicate=True)
-        future = self._inflight[key] = asyncio.get_running_loop().create_future()
-        try:
-            task = await self._submit(spec, request.selector_method)
-            future.set_result(task)
-            return gateway_pb2.SubmitResponse(task=task)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: a failed first call must not log "never retrieved"
-            raise
-        finally:
-            del self._inflight[key]
+        job = self._inflight[key] = self._start(spec, request.selector_method)
+        job.add_done_callback(lambda _: self._inflight.pop(key, None))
+        return gateway_pb2.SubmitResponse(task=await asyncio.shield(job))
+
+    def _start(self, spec, method: str) -> asyncio.Task:
+        """A Submit's scheduling as a task of its own: once started it runs to its final record even if the
+        client goes away (deadline, cancel), so no placer holds a task that the task table does not show as
+        placed; the client finds the outcome with Get/List/Watch or by retrying its request_id."""
+        job = asyncio.ensure_future(self._submit(spec, method))
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+        job.add_done_callback(lambda j: j.cancelled() or j.exception())  # retrieved: its client may be gone
+        return job
 
     async def _submit(self, spec, method: str) -> pb.Task:
         task = pb.Task(task_id=new_task_id(), spec=task_to_pb(spec), created_unix_ms=now_ms())
@@ -212,7 +215,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return writes
 
     async def close(self) -> None:
-        """Stop the batch streams; say which unanswered placements are still to be released."""
+        """Let started Submits finish, stop the batch streams; say which unanswered placements are still to be
+        released."""
+        if self._jobs:
+            await asyncio.wait(self._jobs, timeout=self.select_timeout_s + 2 * self.place_timeout_s)
         for job in self._abandoned:
             log.warning("gateway stopping before a placer confirmed releasing an unanswered placement (%s)",
                         job.get_name())

@@ -1,7 +1,8 @@
-"""A placer that answers too late: the gateway places the task in the next data center, and the slow placer
-must not hold it too. The real services in-process (gateway, selector, the small fleet's three placers) on
-a real Redis; the placer of "cheap" (the selector's first choice for these tasks) is held up on purpose,
-before its decision or after it."""
+"""Partial failures around a Submit: a placer that answers too late (the gateway places the task in the next
+data center, and the slow placer must not hold it too) and a client that leaves before the answer (the
+Submit still ends in its final record). The real services in-process (gateway, selector, the small fleet's
+three placers) on a real Redis; the placer of "cheap" (the selector's first choice for these tasks) is held
+up on purpose, before its decision or after it."""
 
 from __future__ import annotations
 
@@ -110,3 +111,25 @@ async def test_a_place_committed_whose_answer_came_too_late_is_released(redis_ur
             pytest.fail(f"cheap still holds {task.task_id}: {events}")
         got = await gw.Get(gateway_pb2.GetRequest(task_id=task.task_id), timeout=5)
         assert got.state == pb.TASK_STATE_PLACED and got.datacenter == task.datacenter
+
+
+async def test_a_submit_whose_client_left_still_ends_in_its_final_record(redis_url, prefix, tmp_path, monkeypatch):
+    place = PlacerServicer._place
+
+    async def slow_answer(self, request):  # decided at once, answered 0.5 s later: within the gateway's deadline
+        reply = await place(self, request)
+        await asyncio.sleep(0.5)
+        return reply
+
+    monkeypatch.setattr(PlacerServicer, "_place", slow_answer)
+    async with gateway(redis_url, prefix, tmp_path) as gw:
+        spec = small_task()
+        spec.request_id = "client-left-early"
+        with pytest.raises(grpc.aio.AioRpcError) as gone:
+            await gw.Submit(gateway_pb2.SubmitRequest(task=spec), timeout=0.2)
+        assert gone.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        again = await gw.Submit(gateway_pb2.SubmitRequest(task=spec), timeout=5)  # the retry waits for the first
+        assert again.duplicate and again.task.state == pb.TASK_STATE_PLACED and again.task.datacenter == "cheap"
+        assert [e["task"] for e in await cheap_ledger(redis_url, prefix)] == [again.task.task_id]
+        later = await gw.Submit(gateway_pb2.SubmitRequest(task=spec), timeout=5)  # and after it: the same record
+        assert later.duplicate and later.task == again.task
