@@ -113,15 +113,16 @@ async def test_a_place_committed_whose_answer_came_too_late_is_released(redis_ur
         assert got.state == pb.TASK_STATE_PLACED and got.datacenter == task.datacenter
 
 
-async def test_a_submit_whose_client_left_still_ends_in_its_final_record(redis_url, prefix, tmp_path, monkeypatch):
-    place = PlacerServicer._place
+async def test_calls_whose_client_left_still_end_in_their_final_record(redis_url, prefix, tmp_path, monkeypatch):
+    def slow_answer(call):  # decided at once, answered 0.5 s later: within the gateway's deadline
+        async def slow(self, request):
+            reply = await call(self, request)
+            await asyncio.sleep(0.5)
+            return reply
+        return slow
 
-    async def slow_answer(self, request):  # decided at once, answered 0.5 s later: within the gateway's deadline
-        reply = await place(self, request)
-        await asyncio.sleep(0.5)
-        return reply
-
-    monkeypatch.setattr(PlacerServicer, "_place", slow_answer)
+    monkeypatch.setattr(PlacerServicer, "_place", slow_answer(PlacerServicer._place))
+    monkeypatch.setattr(PlacerServicer, "_release", slow_answer(PlacerServicer._release))
     async with gateway(redis_url, prefix, tmp_path) as gw:
         spec = small_task()
         spec.request_id = "client-left-early"
@@ -133,3 +134,13 @@ async def test_a_submit_whose_client_left_still_ends_in_its_final_record(redis_u
         assert [e["task"] for e in await cheap_ledger(redis_url, prefix)] == [again.task.task_id]
         later = await gw.Submit(gateway_pb2.SubmitRequest(task=spec), timeout=5)  # and after it: the same record
         assert later.duplicate and later.task == again.task
+        with pytest.raises(grpc.aio.AioRpcError) as gone:  # a Release whose client leaves is finished too
+            await gw.Release(gateway_pb2.ReleaseRequest(task_id=again.task.task_id), timeout=0.2)
+        assert gone.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        for _ in range(50):
+            got = await gw.Get(gateway_pb2.GetRequest(task_id=again.task.task_id), timeout=5)
+            if got.state == pb.TASK_STATE_RELEASED:
+                break
+            await asyncio.sleep(0.1)
+        assert got.state == pb.TASK_STATE_RELEASED
+        assert [e["t"] for e in await cheap_ledger(redis_url, prefix)] == ["alloc", "free"]

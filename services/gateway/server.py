@@ -6,6 +6,8 @@ import asyncio
 import logging
 import os
 import secrets
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import grpc
 
@@ -31,6 +33,7 @@ from hsched.v1 import (
 )
 
 log = logging.getLogger("hsched.gateway")
+T = TypeVar("T")
 LIST_DEFAULT, LIST_MAX = 100, 1000
 
 
@@ -60,7 +63,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.select_timeout_s = select_timeout_s
         self.place_timeout_s = place_timeout_s
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
-        self._jobs: set[asyncio.Task] = set()  # Submits being scheduled (_start)
+        self._jobs: set[asyncio.Task] = set()  # Submits and Releases under way (_start)
         self._abandoned: set[asyncio.Task] = set()  # background releases of unanswered Places (_abandon)
 
     def coalescers(self) -> list[tuple[tuple[str, str], Coalescer]]:
@@ -83,23 +86,24 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if request.selector_method and request.selector_method not in METHODS:
             raise ValidationError("selector_method", f"must be one of {', '.join(METHODS)} or empty",
                                   request.selector_method)
+        method = request.selector_method
         if not spec.request_id:
-            return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._start(spec, request.selector_method)))
+            return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._start(self._submit(spec, method))))
         key = (spec.tenant, spec.request_id)
         if key in self._inflight:  # a retry while the first call is still being scheduled: its final answer
             return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._inflight[key]), duplicate=True)
         known = self.store.by_request.get(key)
         if known is not None:  # a retry: the first answer, as it stands now
             return gateway_pb2.SubmitResponse(task=self.store.tasks[known], duplicate=True)
-        job = self._inflight[key] = self._start(spec, request.selector_method)
+        job = self._inflight[key] = self._start(self._submit(spec, method))
         job.add_done_callback(lambda _: self._inflight.pop(key, None))
         return gateway_pb2.SubmitResponse(task=await asyncio.shield(job))
 
-    def _start(self, spec, method: str) -> asyncio.Task:
-        """A Submit's scheduling as a task of its own: once started it runs to its final record even if the
-        client goes away (deadline, cancel), so no placer holds a task that the task table does not show as
-        placed; the client finds the outcome with Get/List/Watch or by retrying its request_id."""
-        job = asyncio.ensure_future(self._submit(spec, method))
+    def _start(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """A Submit's scheduling (or a Release) as a task of its own: once started it runs to its final record
+        even if the client goes away (deadline, cancel), so the task table never disagrees with what the
+        placers hold; the client finds the outcome with Get/List/Watch or by retrying (its request_id)."""
+        job = asyncio.ensure_future(work)
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)
         job.add_done_callback(lambda j: j.cancelled() or j.exception())  # retrieved: its client may be gone
@@ -215,8 +219,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return writes
 
     async def close(self) -> None:
-        """Let started Submits finish, stop the batch streams; say which unanswered placements are still to be
-        released."""
+        """Let started Submits and Releases finish, stop the batch streams; say which unanswered placements are
+        still to be released."""
         if self._jobs:
             await asyncio.wait(self._jobs, timeout=self.select_timeout_s + 2 * self.place_timeout_s)
         for job in self._abandoned:
@@ -255,13 +259,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if task.state == pb.TASK_STATE_SUBMITTED:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"task {task.task_id} is still being scheduled; release it once Submit returned")
+        await asyncio.shield(self._start(self._release(task)))  # like a Submit: finished once started
+        return gateway_pb2.ReleaseResponse(task=task)
+
+    async def _release(self, task: pb.Task) -> None:
         reply = await self.release[task.datacenter].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
                                                          self.place_timeout_s)
         writes = [self.store.record("released", task, f"freed {reply.freed.cpu_milli / 1000:g} cores, "
                                     f"{reply.freed.gpu_count} GPU slices at {task.datacenter}"),
                   *self._placed_from_queue(task.datacenter, task.task_id, reply)]
         await asyncio.gather(*writes)
-        return gateway_pb2.ReleaseResponse(task=task)
 
     # -- reads -------------------------------------------------------------------------------------------------
 
