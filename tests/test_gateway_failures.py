@@ -16,8 +16,9 @@ import pytest
 from hsched.engine.placer import PlacerEngine
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
+from hsched.state.tasks import TaskStore
 from hsched.v1 import common_pb2 as pb
-from hsched.v1 import gateway_pb2, gateway_pb2_grpc
+from hsched.v1 import gateway_pb2, gateway_pb2_grpc, placer_pb2, placer_pb2_grpc
 from services.placer.server import PlacerServicer
 from tests import inprocess
 from tests.conftest import SMALL_FLEET
@@ -39,12 +40,11 @@ async def gateway(redis_url: str, prefix: str, tmp_path):
             for dc in ("cheap", "near", "gpu")}
         selector = await stack.enter_async_context(inprocess.service(selector_server, common,
                                                                      tmp_path / "selector.port"))
-        target = await stack.enter_async_context(inprocess.service(
-            gateway_server, [*common, "--selector", selector, "--place-timeout-s", str(PLACE_TIMEOUT_S),
-                             "--placers", ",".join(f"{dc}={t}" for dc, t in placers.items())],
-            tmp_path / "gateway.port"))
+        argv = [*common, "--selector", selector, "--place-timeout-s", str(PLACE_TIMEOUT_S),
+                "--placers", ",".join(f"{dc}={t}" for dc, t in placers.items())]
+        target = await stack.enter_async_context(inprocess.service(gateway_server, argv, tmp_path / "gateway.port"))
         channel = await stack.enter_async_context(grpc.aio.insecure_channel(target))
-        yield gateway_pb2_grpc.GatewayStub(channel)
+        yield gateway_pb2_grpc.GatewayStub(channel), argv, placers
 
 
 def small_task(cores: int = 2) -> pb.TaskSpec:
@@ -76,7 +76,7 @@ async def test_a_place_decided_after_its_deadline_is_not_committed(redis_url, pr
         return await process(self, batch)
 
     monkeypatch.setattr(PlacerEngine, "_process", overloaded)
-    async with gateway(redis_url, prefix, tmp_path) as gw:
+    async with gateway(redis_url, prefix, tmp_path) as (gw, _, _):
         first = (await gw.Submit(gateway_pb2.SubmitRequest(task=small_task()), timeout=20)).task
         assert first.datacenter == "cheap"  # the selector's first choice, while cheap answers in time
         held["on"] = True
@@ -99,7 +99,7 @@ async def test_a_place_committed_whose_answer_came_too_late_is_released(redis_ur
         return reply
 
     monkeypatch.setattr(PlacerServicer, "_place", late_answer)
-    async with gateway(redis_url, prefix, tmp_path) as gw:
+    async with gateway(redis_url, prefix, tmp_path) as (gw, _, _):
         held["on"] = True
         task = await submit_while_cheap_is_held(gw)
         for _ in range(100):  # the gateway releases it at cheap in the background
@@ -123,7 +123,7 @@ async def test_calls_whose_client_left_still_end_in_their_final_record(redis_url
 
     monkeypatch.setattr(PlacerServicer, "_place", slow_answer(PlacerServicer._place))
     monkeypatch.setattr(PlacerServicer, "_release", slow_answer(PlacerServicer._release))
-    async with gateway(redis_url, prefix, tmp_path) as gw:
+    async with gateway(redis_url, prefix, tmp_path) as (gw, _, _):
         spec = small_task()
         spec.request_id = "client-left-early"
         with pytest.raises(grpc.aio.AioRpcError) as gone:
@@ -144,3 +144,32 @@ async def test_calls_whose_client_left_still_end_in_their_final_record(redis_url
             await asyncio.sleep(0.1)
         assert got.state == pb.TASK_STATE_RELEASED
         assert [e["t"] for e in await cheap_ledger(redis_url, prefix)] == ["alloc", "free"]
+
+
+async def test_a_restarted_gateway_settles_the_submits_it_left_half_done(redis_url, prefix, tmp_path):
+    from services.gateway import server as gateway_server
+
+    async with gateway(redis_url, prefix, tmp_path) as (_, argv, placers):
+        # what a gateway that died in the middle of a Submit leaves: the task recorded as submitted, with its
+        # ranking, and the first-ranked placer holding it
+        task = pb.Task(task_id="t-interrupted", spec=small_task(), datacenter="cheap")
+        task.explanation.ranking.add(datacenter="cheap")
+        task.explanation.ranking.add(datacenter="near")
+        redis = connect(redis_url)
+        await TaskStore(redis, Keys(prefix).tasks).record("dc_selected", task)
+        await redis.aclose()
+        async with grpc.aio.insecure_channel(placers["cheap"]) as channel:
+            held = await placer_pb2_grpc.PlacerStub(channel).Place(
+                placer_pb2.PlaceRequest(task_id=task.task_id, task=task.spec), timeout=5)
+        assert held.outcome == placer_pb2.PLACE_OUTCOME_PLACED
+        # a new gateway starts on that history
+        async with inprocess.service(gateway_server, argv, tmp_path / "gateway2.port") as target, \
+                grpc.aio.insecure_channel(target) as channel:
+            got = await gateway_pb2_grpc.GatewayStub(channel).Get(gateway_pb2.GetRequest(task_id=task.task_id),
+                                                                  timeout=5)
+            assert got.state == pb.TASK_STATE_REJECTED and "gateway stopped while scheduling it" in got.reason
+            for _ in range(50):  # released at cheap in the background
+                if [e["t"] for e in await cheap_ledger(redis_url, prefix)] == ["alloc", "free"]:
+                    break
+                await asyncio.sleep(0.1)
+            assert [e["t"] for e in await cheap_ledger(redis_url, prefix)] == ["alloc", "free"]

@@ -178,6 +178,21 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             self._abandon(task.task_id, dc)
             return None
 
+    async def settle_interrupted(self) -> int:
+        """At start: Submits that a previous gateway left half-done (recorded as submitted, never answered) are
+        rejected with a reason, and released at every data center they may have reached (`_abandon`), so no
+        placer keeps a task whose client was never told it was placed. Returns how many."""
+        interrupted = [t for t in self.store.tasks.values() if t.state == pb.TASK_STATE_SUBMITTED]
+        for task in interrupted:
+            for dc in dict.fromkeys([*(c.datacenter for c in task.explanation.ranking), task.datacenter]):
+                if dc in self.release:
+                    self._abandon(task.task_id, dc)
+            task.reason = ("the gateway stopped while scheduling it; released wherever it may have been placed: "
+                           "submit it again (with a new request_id)")
+            task.datacenter = ""
+        await asyncio.gather(*(self.store.record("rejected", t, t.reason) for t in interrupted))
+        return len(interrupted)
+
     def _abandon(self, task_id: str, dc: str) -> None:
         """A Place at `dc` ended without an answer, and the task may now go to another data center. The placer
         commits nothing for the call after its deadline, but it may have done so before and the answer been
@@ -360,13 +375,15 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     servicer = GatewayServicer(fleet, store, selector_pb2_grpc.SelectorStub(channels[0]),
                                {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
                                args.select_timeout_s, args.place_timeout_s)
+    interrupted = await servicer.settle_interrupted()
     metrics = metrics_server(args)
     if metrics:
         register_metrics(metrics, store, servicer)
     server, port, _ = await rpc.start_server(
         lambda s: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, s),
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics)
-    log.info("gateway serving on port %d (%d task events replayed, %d tasks)", port, loaded, len(store.tasks))
+    log.info("gateway serving on port %d (%d task events replayed, %d tasks, %d interrupted Submits settled)", port,
+             loaded, len(store.tasks), interrupted)
     await serve_until_stopped(stop, server, port, args, metrics=metrics,
                               cleanup=[servicer.close, *(ch.close for ch in channels),
                                        redis.aclose])
