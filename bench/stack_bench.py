@@ -195,11 +195,12 @@ def stack_pids(stack) -> dict[str, int]:
     return pids
 
 
-def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
+def per_process(pids: dict[str, int], read) -> dict[str, float]:
+    """`read(pid)` for each process still there (CPU seconds, context switches)."""
     out = {}
     for name, pid in pids.items():
         with contextlib.suppress(OSError):
-            out[name] = cpu_seconds(pid)
+            out[name] = read(pid)
     return out
 
 
@@ -210,14 +211,6 @@ def context_switches(pid: int) -> int:
         with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/status") as f:
             total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
     return total
-
-
-def switches_snapshot(pids: dict[str, int]) -> dict[str, int]:
-    out = {}
-    for name, pid in pids.items():
-        with contextlib.suppress(OSError):
-            out[name] = context_switches(pid)
-    return out
 
 
 def _ppids() -> dict[int, int]:
@@ -356,10 +349,10 @@ def run_stack_phase(label: str, stack, requests: list[bytes], pids: dict[str, in
                     concurrency: int, rate: float | None = None) -> StackPhase:
     log(f"stack, {label}: concurrency {concurrency}" + (f", rate {rate:.0f} iterations/s" if rate else "") + " ...")
     rpc0 = scrape_rpc_durations(stack)
-    cpu0, switches0, foreign = cpu_snapshot(pids), switches_snapshot(pids), ForeignLoad()
+    cpu0, switches0, foreign = per_process(pids, cpu_seconds), per_process(pids, context_switches), ForeignLoad()
     res = run_closed_loop("bench.stack_bench:submit_release", (stack.gateway, requests), concurrency=concurrency,
                           duration_s=duration_s, processes=opts.client_processes, warmup_s=WARMUP_S, rate_rps=rate)
-    cpu1, switches1 = cpu_snapshot(pids), switches_snapshot(pids)
+    cpu1, switches1 = per_process(pids, cpu_seconds), per_process(pids, context_switches)
     phase = StackPhase(label, res, {}, foreign=foreign.stop(), rpc=rpc_delta(scrape_rpc_durations(stack), rpc0))
     step = phase.step
     # CPU over warmup + measurement, per iteration at the measured rate (an estimate, as in echo_chain).
@@ -388,10 +381,10 @@ def run_submit_only(stack, requests: list[bytes], pids: dict[str, int], opts, du
     offset = 0
     while submit_s < duration_s:
         with tempfile.TemporaryDirectory(prefix="hsched-bench-") as ids_dir:
-            cpu0, foreign, t0 = cpu_snapshot(pids), ForeignLoad(), time.monotonic()
+            cpu0, foreign, t0 = per_process(pids, cpu_seconds), ForeignLoad(), time.monotonic()
             res = run_closed_loop("bench.stack_bench:submit_holding", (stack.gateway, requests, offset, ids_dir),
                                   concurrency=concurrency, total=burst, processes=opts.client_processes, warmup_s=0.0)
-            cpu1 = cpu_snapshot(pids)
+            cpu1 = per_process(pids, cpu_seconds)
             foreign_s += foreign.stop() * (time.monotonic() - t0)
             for name, r in res.items():
                 submits.setdefault(name, []).append(r)
