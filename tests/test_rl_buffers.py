@@ -16,7 +16,6 @@ from hsched.rl import (
     DualReplayBuffer,
     ExponentialSchedule,
     LinearSchedule,
-    NStepWriter,
     PrioritizedReplayBuffer,
     ReplayBuffer,
     SumTree,
@@ -65,25 +64,6 @@ def test_add_batch_larger_than_capacity_keeps_the_last_transitions():
     _fill(buf, 7)  # transitions 0..6 → slots 0,1,2,0,1,2,0 → slot contents 6,4,5
     np.testing.assert_array_equal(buf.rewards, [6, 4, 5])
     assert buf.pos == 1 and len(buf) == 3
-
-
-def test_n_step_writer_by_hand():
-    out: list[tuple] = []
-    writer = NStepWriter(lambda *t: out.append(t), n=3, gamma=0.5)
-    for t in range(5):  # rewards 1..5, the episode ends after s4
-        writer.push(f"s{t}", t, t + 1.0, f"s{t + 1}", t == 4)
-    assert out == [("s0", 0, 1 + 0.5 * 2 + 0.25 * 3, "s3", False),  # bootstraps from s3 with γ³
-                   ("s1", 1, 2 + 0.5 * 3 + 0.25 * 4, "s4", False),
-                   ("s2", 2, 3 + 0.5 * 4 + 0.25 * 5, "s5", True),  # the episode ended: nothing to bootstrap
-                   ("s3", 3, 4 + 0.5 * 5, "s5", True),
-                   ("s4", 4, 5.0, "s5", True)]
-    out.clear()
-    one = NStepWriter(lambda *t: out.append(t), n=1, gamma=0.9)  # n = 1: the 1-step transitions unchanged
-    one.push("a", 0, 2.0, "b", False)
-    one.push("b", 1, 3.0, "c", True)
-    assert out == [("a", 0, 2.0, "b", False), ("b", 1, 3.0, "c", True)]
-    with pytest.raises(ValueError, match="n must be >= 1"):
-        NStepWriter(out.append, n=0, gamma=0.9)
 
 
 def test_sampling_an_empty_buffer_is_an_error():
