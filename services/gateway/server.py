@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import secrets
+from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -15,10 +16,12 @@ from hsched import rpc
 from hsched.batching import Coalescer
 from hsched.convert import task_from_pb, task_to_pb
 from hsched.costs.selection import METHODS
+from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
+from hsched.state.ledger import replay
 from hsched.state.redis import connect
 from hsched.state.tasks import TaskStore, now_ms
 from hsched.telemetry import MetricsServer
@@ -178,20 +181,31 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             self._abandon(task.task_id, dc)
             return None
 
-    async def settle_interrupted(self) -> int:
-        """At start: Submits that a previous gateway left half-done (recorded as submitted, never answered) are
-        rejected with a reason, and released at every data center they may have reached (`_abandon`), so no
-        placer keeps a task whose client was never told it was placed. Returns how many."""
+    async def reconcile(self, redis, keys: Keys) -> tuple[int, int]:
+        """At start, make the task table and the placers' ledgers agree. Submits that a previous gateway left
+        half-done (recorded as submitted, never answered) are recorded as rejected, with the reason; then every
+        task a DC's ledger holds (placed or queued) that the table does not show as placed or deferred at that
+        DC — a half-done Submit, a Place whose answer was lost, a release the previous gateway did not see
+        confirmed — is released there (`_abandon`). Returns (Submits settled, releases started)."""
         interrupted = [t for t in self.store.tasks.values() if t.state == pb.TASK_STATE_SUBMITTED]
         for task in interrupted:
-            for dc in dict.fromkeys([*(c.datacenter for c in task.explanation.ranking), task.datacenter]):
-                if dc in self.release:
-                    self._abandon(task.task_id, dc)
-            task.reason = ("the gateway stopped while scheduling it; released wherever it may have been placed: "
+            task.reason = ("the gateway stopped while scheduling it; released wherever it had been placed: "
                            "submit it again (with a new request_id)")
             task.datacenter = ""
         await asyncio.gather(*(self.store.record("rejected", t, t.reason) for t in interrupted))
-        return len(interrupted)
+        releases = 0
+        for dc in self.fleet.datacenters:
+            if dc.name not in self.release:
+                continue
+            state, queue = ClusterState(dc), OrderedDict()
+            await replay(redis, keys.ledger(dc.name), state, queue)
+            for task_id in [*state.allocations, *queue]:
+                task = self.store.tasks.get(task_id)
+                if task is None or task.datacenter != dc.name or task.state not in (pb.TASK_STATE_PLACED,
+                                                                                  pb.TASK_STATE_DEFERRED):
+                    self._abandon(task_id, dc.name)
+                    releases += 1
+        return len(interrupted), releases
 
     def _abandon(self, task_id: str, dc: str) -> None:
         """A Place at `dc` ended without an answer, and the task may now go to another data center. The placer
@@ -375,15 +389,16 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     servicer = GatewayServicer(fleet, store, selector_pb2_grpc.SelectorStub(channels[0]),
                                {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
                                args.select_timeout_s, args.place_timeout_s)
-    interrupted = await servicer.settle_interrupted()
+    settled, released = await servicer.reconcile(redis, Keys(args.prefix))
     metrics = metrics_server(args)
     if metrics:
         register_metrics(metrics, store, servicer)
     server, port, _ = await rpc.start_server(
         lambda s: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, s),
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics)
-    log.info("gateway serving on port %d (%d task events replayed, %d tasks, %d interrupted Submits settled)", port,
-             loaded, len(store.tasks), interrupted)
+    log.info("gateway serving on port %d (%d task events replayed, %d tasks; %d interrupted Submits settled, %d "
+             "tasks held by a placer without a record to match released)", port, loaded, len(store.tasks), settled,
+             released)
     await serve_until_stopped(stop, server, port, args, metrics=metrics,
                               cleanup=[servicer.close, *(ch.close for ch in channels),
                                        redis.aclose])
