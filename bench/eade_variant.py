@@ -1,0 +1,66 @@
+"""Train one EADE-DDPG variant (the shipped seed and budget, some hyper-parameters changed) and compare it with
+the Utilization heuristic on the validation seeds (never the held-out evaluation seeds).
+
+    python bench/eade_variant.py deploy_bonus=30            # any field of hsched.rl.ddpg.Config
+    python bench/eade_variant.py --out /tmp/eade expert_fit_weight=6 bc_weight=0.5
+
+Prints a markdown row: tasks deployed on validation seeds 40 000-40 049, the paired difference to
+Utilization (mean ± standard error; seeds better / equal / worse) and the training time. The model and its
+metadata (with the held-out paired comparison that `hsched train` writes) go to --out. ~15-20 min on one
+core; two variants can run side by side on this 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hsched.envs.gpu import run_policy
+from hsched.policies.heuristics import Utilization
+from hsched.rl import ddpg
+from hsched.rl.training import TrainArgs
+
+
+def parse_overrides(items: list[str]) -> dict:
+    types = {f.name: f.type for f in dataclasses.fields(ddpg.Config)}
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in types:
+            raise SystemExit(f"{item!r}: expected field=value with a field of hsched.rl.ddpg.Config "
+                             f"({', '.join(types)})")
+        out[key] = int(value) if types[key] in ("int", int) else float(value)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("overrides", nargs="+", help="field=value of hsched.rl.ddpg.Config")
+    ap.add_argument("--out", default="runs/eade-variants", help="directory for the variant's model")
+    opts = ap.parse_args()
+    overrides = parse_overrides(opts.overrides)
+    cfg = dataclasses.replace(ddpg.Config(), **overrides)
+    name = "_".join(f"{k}{v:g}" for k, v in overrides.items())
+    out = Path(opts.out) / f"eade_{name}.pt"
+    t0 = time.perf_counter()
+    result = ddpg.train(cfg, TrainArgs(out=out, progress=True), "eade-ddpg", "eade_ddpg_gpu")
+    actor, _ = ddpg.load_actor(out)
+    env = ddpg.make_env(cfg)
+    policy = ddpg.ActorPolicy(actor, "eade-ddpg", env.view)
+    seeds = list(ddpg.VALIDATION_SEEDS)
+    mine = np.array([run_policy(env, policy, seed=s).metrics["deployed"] for s in seeds])
+    util = np.array([run_policy(env, Utilization(), seed=s).metrics["deployed"] for s in seeds])
+    d = mine - util
+    print("\n| variant | deployed (validation) | vs Utilization | better/equal/worse | train s (wall) | total s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| {' '.join(opts.overrides)} | {mine.mean():.2f} | {d.mean():+.2f} ± {d.std(ddof=1) / np.sqrt(len(d)):.2f} "
+          f"| {(d > 0).sum()}/{(d == 0).sum()}/{(d < 0).sum()} | {result['train_seconds']:.0f} "
+          f"| {time.perf_counter() - t0:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
