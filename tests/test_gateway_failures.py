@@ -153,12 +153,15 @@ async def test_a_restarted_gateway_reconciles_its_task_table_with_the_ledgers(re
         kept = (await gw.Submit(gateway_pb2.SubmitRequest(task=small_task()), timeout=20)).task  # placed at cheap
         # what a gateway that died in the middle of a Submit leaves: the task recorded as submitted and held by
         # cheap; and a task cheap holds that no record mentions (its Place went out before any record was durable)
+        # and a task recorded as deferred at cheap that cheap placed from its queue, unseen by the gateway
         interrupted = pb.Task(task_id="t-interrupted", spec=small_task(), datacenter="cheap")
+        queued = pb.Task(task_id="t-queued", spec=small_task(), datacenter="cheap")
         redis = connect(redis_url)
-        await TaskStore(redis, Keys(prefix).tasks).record("dc_selected", interrupted)
+        store = TaskStore(redis, Keys(prefix).tasks)
+        await asyncio.gather(store.record("dc_selected", interrupted), store.record("deferred", queued))
         await redis.aclose()
         async with grpc.aio.insecure_channel(placers["cheap"]) as channel:
-            for task_id in ("t-interrupted", "t-orphan"):
+            for task_id in ("t-interrupted", "t-orphan", "t-queued"):
                 held = await placer_pb2_grpc.PlacerStub(channel).Place(
                     placer_pb2.PlaceRequest(task_id=task_id, task=small_task()), timeout=5)
                 assert held.outcome == placer_pb2.PLACE_OUTCOME_PLACED
@@ -168,7 +171,11 @@ async def test_a_restarted_gateway_reconciles_its_task_table_with_the_ledgers(re
             gw2 = gateway_pb2_grpc.GatewayStub(channel)
             got = await gw2.Get(gateway_pb2.GetRequest(task_id="t-interrupted"), timeout=5)
             assert got.state == pb.TASK_STATE_REJECTED and "gateway stopped while scheduling it" in got.reason
-            expected = {kept.task_id: ["alloc"], "t-interrupted": ["alloc", "free"], "t-orphan": ["alloc", "free"]}
+            placed = await gw2.Get(gateway_pb2.GetRequest(task_id="t-queued"), timeout=5)
+            assert placed.state == pb.TASK_STATE_PLACED and placed.datacenter == "cheap"
+            assert sum(a.resources.cpu_milli for a in placed.assignments) == 2000
+            expected = {kept.task_id: ["alloc"], "t-interrupted": ["alloc", "free"], "t-orphan": ["alloc", "free"],
+                        "t-queued": ["alloc"]}
             for _ in range(50):  # released at cheap in the background; the task the table shows placed is kept
                 events: dict[str, list[str]] = {}
                 for e in await cheap_ledger(redis_url, prefix):

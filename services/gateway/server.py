@@ -14,7 +14,7 @@ import grpc
 
 from hsched import rpc
 from hsched.batching import Coalescer
-from hsched.convert import task_from_pb, task_to_pb
+from hsched.convert import parts_to_pb, task_from_pb, task_to_pb
 from hsched.costs.selection import METHODS
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
@@ -186,25 +186,33 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         half-done (recorded as submitted, never answered) are recorded as rejected, with the reason; then every
         task a DC's ledger holds (placed or queued) that the table does not show as placed or deferred at that
         DC — a half-done Submit, a Place whose answer was lost, a release the previous gateway did not see
-        confirmed — is released there (`_abandon`). Returns (Submits settled, releases started)."""
+        confirmed — is released there (`_abandon`), and a deferred task the ledger shows placed from the
+        queue is recorded as placed. Returns (Submits settled, releases started)."""
         interrupted = [t for t in self.store.tasks.values() if t.state == pb.TASK_STATE_SUBMITTED]
         for task in interrupted:
             task.reason = ("the gateway stopped while scheduling it; released wherever it had been placed: "
                            "submit it again (with a new request_id)")
             task.datacenter = ""
         await asyncio.gather(*(self.store.record("rejected", t, t.reason) for t in interrupted))
-        releases = 0
+        releases, writes = 0, []
         for dc in self.fleet.datacenters:
             if dc.name not in self.release:
                 continue
             state, queue = ClusterState(dc), OrderedDict()
             await replay(redis, keys.ledger(dc.name), state, queue)
-            for task_id in [*state.allocations, *queue]:
+            for task_id, parts in [*state.allocations.items(), *((t, None) for t in queue)]:
                 task = self.store.tasks.get(task_id)
                 if task is None or task.datacenter != dc.name or task.state not in (pb.TASK_STATE_PLACED,
                                                                                   pb.TASK_STATE_DEFERRED):
                     self._abandon(task_id, dc.name)
                     releases += 1
+                elif task.state == pb.TASK_STATE_DEFERRED and parts is not None:  # placed from the queue, unseen
+                    del task.assignments[:]
+                    task.assignments.extend(parts_to_pb(parts, state.table))
+                    task.reason = ""
+                    writes.append(self.store.record("placed", task, f"{dc.name}: from the deferred queue (found in "
+                                                                    "the ledger at start)"))
+        await asyncio.gather(*writes)
         return len(interrupted), releases
 
     def _abandon(self, task_id: str, dc: str) -> None:
