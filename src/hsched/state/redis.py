@@ -7,6 +7,7 @@ package ships (Redis 6.2 with streams) on a free loopback port, without persiste
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -26,7 +27,29 @@ def connect_sync(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, decode_responses=False)
 
 
+_PORTS = random.Random()  # its own generator: tests that seed `random` must not make two picks collide
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A loopback TCP port that is free now, for a server started later. Taken below the kernel's ephemeral
+    range when it can be: the OS hands ephemeral ports to every outgoing connection (a service's Redis or gRPC
+    client), which could take this port before its server binds it."""
+    low = _ephemeral_low()
+    for port in _PORTS.sample(range(10_000, low), k=min(20, max(0, low - 10_000))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
