@@ -40,6 +40,13 @@ T = TypeVar("T")
 LIST_DEFAULT, LIST_MAX = 100, 1000
 
 
+def _track(job: asyncio.Task, running: set[asyncio.Task]) -> asyncio.Task:
+    """Keep a reference to `job` in `running` until it is done (the event loop holds only a weak one)."""
+    running.add(job)
+    job.add_done_callback(running.discard)
+    return job
+
+
 def new_task_id() -> str:
     """Time-ordered (ms, hex) then random: ids sort by submission time, which List pages rely on."""
     return f"t{now_ms():012x}{secrets.token_hex(4)}"
@@ -106,9 +113,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         """A Submit's scheduling (or a Release) as a task of its own: once started it runs to its final record
         even if the client goes away (deadline, cancel), so the task table never disagrees with what the
         placers hold; the client finds the outcome with Get/List/Watch or by retrying (its request_id)."""
-        job = asyncio.ensure_future(work)
-        self._jobs.add(job)
-        job.add_done_callback(self._jobs.discard)
+        job = _track(asyncio.ensure_future(work), self._jobs)
         job.add_done_callback(lambda j: j.cancelled() or j.exception())  # retrieved: its client may be gone
         return job
 
@@ -220,9 +225,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         commits nothing for the call after its deadline, but it may have done so before and the answer been
         lost: release the task there, in the background until that placer confirms, so the task never holds
         resources in two data centers. (A release of a task the placer does not hold changes nothing.)"""
-        job = asyncio.create_task(self._release_abandoned(task_id, dc), name=f"release {task_id} at {dc}")
-        self._abandoned.add(job)
-        job.add_done_callback(self._abandoned.discard)
+        _track(asyncio.create_task(self._release_abandoned(task_id, dc), name=f"release {task_id} at {dc}"),
+               self._abandoned)
 
     async def _release_abandoned(self, task_id: str, dc: str, first_retry_s: float = 0.5) -> None:
         delay = first_retry_s

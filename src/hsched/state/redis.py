@@ -42,8 +42,8 @@ def free_port() -> int:
     """A loopback TCP port that is free now, for a server started later. Taken below the kernel's ephemeral
     range when it can be: the OS hands ephemeral ports to every outgoing connection (a service's Redis or gRPC
     client), which could take this port before its server binds it."""
-    low = _ephemeral_low()
-    for port in _PORTS.sample(range(10_000, low), k=min(20, max(0, low - 10_000))):
+    below_ephemeral = range(10_000, _ephemeral_low())
+    for port in _PORTS.sample(below_ephemeral, k=min(20, len(below_ephemeral))):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
