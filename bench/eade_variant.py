@@ -17,10 +17,6 @@ import dataclasses
 import time
 from pathlib import Path
 
-import numpy as np
-
-from hsched.envs.gpu import run_policy
-from hsched.policies.heuristics import Utilization
 from hsched.rl import ddpg
 from hsched.rl.training import TrainArgs
 
@@ -49,18 +45,14 @@ def main() -> None:
     t0 = time.perf_counter()
     result = ddpg.train(cfg, TrainArgs(out=out, progress=True), "eade-ddpg", "eade_ddpg_gpu")
     actor, _ = ddpg.load_actor(out)
-    env = ddpg.make_env(cfg)
-    policy = ddpg.ActorPolicy(actor, "eade-ddpg", env.view)
-    seeds = list(ddpg.VALIDATION_SEEDS)
-    mine = np.array([run_policy(env, policy, seed=s).metrics["deployed"] for s in seeds])
-    util = np.array([run_policy(env, Utilization(), seed=s).metrics["deployed"] for s in seeds])
-    d = mine - util
+    paired = ddpg.paired_comparison(lambda view: ddpg.ActorPolicy(actor, "eade-ddpg", view), cfg,
+                                    seeds=ddpg.VALIDATION_SEEDS)
+    vs = paired["vs"]["Utilization"]["deployed"]
+    b, e, w = vs["better/equal/worse"]
     print("\n| variant | deployed (validation) | vs Utilization | better/equal/worse | train s (wall) | total s |")
     print("|---|---:|---:|---:|---:|---:|")
-    print(f"| {' '.join(opts.overrides)} | {mine.mean():.2f} | {d.mean():+.2f} ± {d.std(ddof=1) / np.sqrt(len(d)):.2f} "
-          f"| {(d > 0).sum()}/{(d == 0).sum()}/{(d < 0).sum()} | {result['train_seconds']:.0f} "
-          f"| {time.perf_counter() - t0:.0f} |")
-
+    print(f"| {' '.join(opts.overrides)} | {paired['mean']['deployed']:.2f} | {vs['diff']:+.2f} ± {vs['se']:.2f} "
+          f"| {b}/{e}/{w} | {result['train_seconds']:.0f} | {time.perf_counter() - t0:.0f} |")
 
 if __name__ == "__main__":
     main()
