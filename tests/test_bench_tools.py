@@ -71,3 +71,28 @@ def test_errors_counted_by_status(target):
     bad = functools.partial(echo_request, method="/bench.Echo/Nope")
     r = run_load(target, bad, concurrency=2, duration_s=None, total=10, warmup_s=0)
     assert r.calls == 10 and r.errors == {"UNIMPLEMENTED": 10} and r.throughput_rps == 0
+
+
+def test_path_floor_moves_real_tasks_through_every_hop(redis_url, prefix):
+    """The Submit-path floor (bench/path_floor.py) must do what it stands for: the stack's own client gets
+    PLACED tasks back, every Place and Release reaches a placer's ledger, and every step the task stream."""
+    import redis
+
+    from bench.path_floor import Floor
+    from bench.stack_bench import build_requests
+
+    with Floor(placers=4, busy=2, redis_url=redis_url, prefix=prefix, redis_pid=None) as floor:
+        assert set(floor.procs) == {"placer-kansas-city", "placer-houston", "placer-indianapolis", "placer-dc-3",
+                                    "selector", "gateway"}
+        res = run_closed_loop("bench.stack_bench:submit_release", (floor.target, build_requests(None, 20)),
+                              concurrency=4, duration_s=None, total=40, warmup_s=0)
+    assert res["outcome:placed"].calls == 40
+    assert res["Submit"].errors == {} and res["Release"].calls == 40 and res["Release"].errors == {}
+    r = redis.Redis.from_url(redis_url)
+    ledgers = {dc: [e[b"k"] for _, e in r.xrange(f"{prefix}:ledger:{dc}")] for dc in ("kansas-city", "houston")}
+    assert [len(v) for v in ledgers.values()] == [40, 40]  # the selector alternates the two busy placers
+    assert all(v.count(b"alloc") == v.count(b"free") == 20 for v in ledgers.values())
+    assert r.xlen(f"{prefix}:ledger:indianapolis") == r.xlen(f"{prefix}:ledger:dc-3") == 0
+    kinds = [e[b"k"] for _, e in r.xrange(f"{prefix}:tasks")]
+    assert {k: kinds.count(k) for k in set(kinds)} == {b"submitted": 40, b"dc_selected": 40, b"placed": 40,
+                                                       b"released": 40}

@@ -1,0 +1,281 @@
+"""The floor of the Submit path on this machine: the stack's processes, hops and transports, none of its work.
+
+    client ─Submit / Release (unary)─► gateway ─SelectDataCenters stream──────► selector
+                                          ├─PlaceBatch / ReleaseBatch streams─► placer × --placers ─XADD─► redis
+                                          └─task stream (group commit)──────────────────────────────────► redis
+
+Every box is a process of its own on uvloop, as in `hsched up`. The gateway speaks the real Gateway contract
+and moves its calls with the stack's own transport and durability code (hsched.batching.Coalescer,
+hsched.state.tasks.TaskStore: three task-stream records per Submit, one per Release); the selector answers
+every call with a canned ranking (one of the first --busy placers, as the real selector sends the openb trace
+to three DCs); a placer appends one ledger entry per call (one pipelined XADD per batch) and answers
+PLACED / released. No validation, cost model, placement policy, thermal check, summary, metrics or tracing.
+What the stack spends beyond this floor, in CPU and in latency, is hsched's own work; what the floor itself
+spends is what this design costs in Python gRPC on this machine.
+
+    python bench/path_floor.py [--duration 10] [--concurrency 64] [--placers 11] [--busy 3]
+
+Same load and method as stack_bench.py: the same client (`stack_bench.submit_release`, real openb tasks), the
+closed-loop peak at --concurrency, then open-loop Poisson load at half that peak; CPU per iteration of every
+floor process from /proc. Exit status 0 when the floor's Submit p99 at half its peak is <= --target-ms.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a script: make `bench` importable here and in spawned children
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import asyncio
+import itertools
+import multiprocessing as mp
+import os
+import secrets
+
+from bench.echo_chain import WARMUP_S, cpu_seconds
+from bench.loadgen import STEP, run_closed_loop
+from bench.stack_bench import build_requests, context_switches
+from hsched.state.redis import EmbeddedRedis
+
+BUSY = ["kansas-city", "houston", "indianapolis"]  # where the real selector sends the openb trace
+
+
+async def _selector(port_pipe, busy: int) -> None:
+    from hsched.v1 import common_pb2, selector_pb2, selector_pb2_grpc
+
+    answers = [selector_pb2.SelectBatchItem(response=selector_pb2.SelectResponse(
+        method="min-cost", candidates=[common_pb2.DcCandidate(datacenter=_dc(k))])) for k in range(busy)]
+    turn = itertools.count()
+
+    class Selector(selector_pb2_grpc.SelectorServicer):
+        async def SelectDataCenters(self, batches, context):
+            async for batch in batches:
+                yield selector_pb2.SelectBatchResponse(results=[answers[next(turn) % busy] for _ in batch.calls])
+
+    await _serve(selector_pb2_grpc.add_SelectorServicer_to_server, Selector(), port_pipe)
+
+
+async def _placer(port_pipe, dc: str, redis_url: str, prefix: str) -> None:
+    import redis.asyncio as aioredis
+
+    from hsched.v1 import placer_pb2, placer_pb2_grpc
+
+    redis = aioredis.from_url(redis_url)
+    ledger = f"{prefix}:ledger:{dc}"
+    placed = placer_pb2.PlaceBatchItem(response=placer_pb2.PlaceResponse(outcome=placer_pb2.PLACE_OUTCOME_PLACED))
+    released = placer_pb2.PlacerReleaseBatchItem(response=placer_pb2.PlacerReleaseResponse(released=True))
+
+    async def append(kind: str, task_ids: list[str]) -> None:  # the ledger write before any answer
+        async with redis.pipeline(transaction=False) as pipe:
+            for task_id in task_ids:
+                pipe.xadd(ledger, {"k": kind, "t": task_id})
+            await pipe.execute()
+
+    class Placer(placer_pb2_grpc.PlacerServicer):
+        async def PlaceBatch(self, batches, context):
+            async for batch in batches:
+                await append("alloc", [c.task_id for c in batch.calls])
+                yield placer_pb2.PlaceBatchResponse(results=[placed] * len(batch.calls))
+
+        async def ReleaseBatch(self, batches, context):
+            async for batch in batches:
+                await append("free", [c.task_id for c in batch.calls])
+                yield placer_pb2.PlacerReleaseBatchResponse(results=[released] * len(batch.calls))
+
+    await _serve(placer_pb2_grpc.add_PlacerServicer_to_server, Placer(), port_pipe)
+
+
+async def _gateway(port_pipe, selector: str, placers: dict[str, str], redis_url: str, prefix: str) -> None:
+    import grpc
+    import redis.asyncio as aioredis
+
+    from hsched.batching import Coalescer
+    from hsched.state.tasks import TaskStore
+    from hsched.v1 import common_pb2 as pb
+    from hsched.v1 import (
+        gateway_pb2,
+        gateway_pb2_grpc,
+        placer_pb2,
+        placer_pb2_grpc,
+        selector_pb2,
+        selector_pb2_grpc,
+    )
+    from services.gateway.server import new_task_id
+
+    store = TaskStore(aioredis.from_url(redis_url), f"{prefix}:tasks")
+    select = Coalescer(selector_pb2_grpc.SelectorStub(grpc.aio.insecure_channel(selector)).SelectDataCenters,
+                       selector_pb2.SelectBatchRequest, "floor/Select")
+    stubs = {dc: placer_pb2_grpc.PlacerStub(grpc.aio.insecure_channel(t)) for dc, t in placers.items()}
+    place = {dc: Coalescer(s.PlaceBatch, placer_pb2.PlaceBatchRequest, "floor/Place",
+                           deadline_field="not_after_unix_ms") for dc, s in stubs.items()}
+    release = {dc: Coalescer(s.ReleaseBatch, placer_pb2.PlacerReleaseBatchRequest, "floor/Release")
+               for dc, s in stubs.items()}
+
+    class Gateway(gateway_pb2_grpc.GatewayServicer):
+        async def Submit(self, request, context):
+            task = pb.Task(task_id=new_task_id(), spec=request.task)
+            selection = await select.call(selector_pb2.SelectRequest(task=task.spec), 2.0)
+            writes = [store.record("submitted", task)]
+            task.datacenter = selection.candidates[0].datacenter
+            writes.append(store.record("dc_selected", task))
+            await place[task.datacenter].call(placer_pb2.PlaceRequest(task_id=task.task_id, task=task.spec), 5.0)
+            writes.append(store.record("placed", task))
+            await asyncio.gather(*writes)
+            return gateway_pb2.SubmitResponse(task=task)
+
+        async def Release(self, request, context):
+            task = store.tasks[request.task_id]
+            await release[task.datacenter].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id), 5.0)
+            await store.record("released", task)
+            return gateway_pb2.ReleaseResponse(task=task)
+
+    await _serve(gateway_pb2_grpc.add_GatewayServicer_to_server, Gateway(), port_pipe)
+
+
+def _dc(k: int) -> str:
+    return BUSY[k] if k < len(BUSY) else f"dc-{k}"
+
+
+async def _serve(add_servicer, servicer, port_pipe) -> None:
+    import grpc
+
+    server = grpc.aio.server()
+    add_servicer(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    port_pipe.send(port)
+    port_pipe.close()
+    parent = os.getppid()
+    while os.getppid() == parent:  # never outlive the benchmark
+        await asyncio.sleep(1)
+    await server.stop(None)
+
+
+def _run(role, *args) -> None:
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(role(*args))
+
+
+class Floor:
+    """The floor's processes, started leaf first; `target` is the gateway. Ledgers go to
+    `<prefix>:ledger:<dc>`, the task stream to `<prefix>:tasks`."""
+
+    def __init__(self, placers: int, busy: int, redis_url: str, prefix: str, redis_pid: int | None) -> None:
+        self.procs: dict[str, mp.Process] = {}
+        self.redis_pid = redis_pid  # the embedded redis-server's, counted with the floor's processes
+        try:
+            placer_targets = {_dc(k): self._start(f"placer-{_dc(k)}", _placer, _dc(k), redis_url, prefix)
+                              for k in range(placers)}
+            selector = self._start("selector", _selector, busy)
+            self.target = self._start("gateway", _gateway, selector, placer_targets, redis_url, prefix)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, name: str, role, *args, timeout_s: float = 30.0) -> str:
+        parent_end, child_end = mp.get_context("spawn").Pipe(duplex=False)
+        proc = mp.get_context("spawn").Process(target=_run, args=(role, child_end, *args), daemon=True,
+                                               name=f"floor-{name}")
+        proc.start()
+        child_end.close()
+        self.procs[name] = proc
+        if not parent_end.poll(timeout_s):
+            raise TimeoutError(f"floor process {name} did not start in {timeout_s} s")
+        return f"127.0.0.1:{parent_end.recv()}"
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            proc.join(5)
+
+    def __enter__(self) -> Floor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def sample(self, read) -> dict[str, float]:
+        pids = {name: p.pid for name, p in self.procs.items()} | ({"redis": self.redis_pid} if self.redis_pid else {})
+        return {name: read(pid) for name, pid in pids.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds per point (plus 1 s warmup)")
+    ap.add_argument("--concurrency", type=int, default=64, help="closed-loop clients for the peak")
+    ap.add_argument("--placers", type=int, default=11, help="placer processes (the default fleet has 11 DCs)")
+    ap.add_argument("--busy", type=int, default=3, help="placers the selector sends tasks to")
+    ap.add_argument("--tasks", type=int, default=2000, help="openb pods the client cycles through")
+    ap.add_argument("--target-ms", type=float, default=20.0, help="issue 2's Submit p99 target at half the peak")
+    opts = ap.parse_args()
+    if not 1 <= opts.busy <= opts.placers:
+        ap.error("--busy must be between 1 and --placers")
+
+    requests = build_requests(None, opts.tasks)
+    redis_url = os.environ.get("REDIS_URL")
+    prefix = f"floor-{os.getpid()}-{secrets.token_hex(3)}"
+    embedded = None if redis_url else EmbeddedRedis().start()
+    url = redis_url or embedded.url
+    floor = Floor(opts.placers, opts.busy, url, prefix, embedded.proc.pid if embedded else None)
+    rows = []
+    try:
+        def point(label: str, concurrency: int, rate: float | None = None):
+            print(f"{label}: concurrency {concurrency}" + (f", rate {rate:.0f}/s" if rate else "") + " ...",
+                  file=sys.stderr, flush=True)
+            cpu0, sw0 = floor.sample(cpu_seconds), floor.sample(context_switches)
+            res = run_closed_loop("bench.stack_bench:submit_release", (floor.target, requests),
+                                  concurrency=concurrency, duration_s=opts.duration, warmup_s=WARMUP_S,
+                                  rate_rps=rate)
+            cpu1, sw1 = floor.sample(cpu_seconds), floor.sample(context_switches)
+            step = res[STEP]
+            iters = max(1.0, step.throughput_rps * (step.elapsed_s + WARMUP_S))  # as stack_bench estimates it
+            cpu = {n: (cpu1[n] - cpu0[n]) * 1e3 / iters for n in cpu1}
+            switches = {n: (sw1[n] - sw0[n]) / iters for n in sw1}
+            rows.append((label, res, cpu, switches))
+            print(f"  Submit {res['Submit'].summary()}", file=sys.stderr, flush=True)
+            return res
+
+        peak = point("closed (peak)", opts.concurrency)
+        half = point("open, half peak", max(256, 4 * opts.concurrency), peak[STEP].throughput_rps / 2)
+    finally:
+        floor.stop()
+        if embedded:
+            embedded.stop()
+        else:
+            import redis
+
+            r = redis.Redis.from_url(url)
+            for key in r.scan_iter(f"{prefix}:*"):
+                r.delete(key)
+
+    print(f"\n### Submit-path floor: gateway + selector + {opts.placers} placers ({opts.busy} busy) + redis, "
+          f"{os.cpu_count()} CPUs, {opts.duration:g} s per point after {WARMUP_S:g} s warmup\n")
+    print("| load | call | done/s | p50 ms | p90 ms | p99 ms | max ms | errors | CPU ms/iteration, all processes "
+          "| context switches/iteration |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, res, cpu, switches in rows:
+        for call in ("Submit", "Release"):
+            r = res[call]
+            print(f"| {label} | {call} | {r.throughput_rps:.0f} | {r.p50_ms:.2f} | {r.p90_ms:.2f} | {r.p99_ms:.2f} "
+                  f"| {r.max_ms:.2f} | {sum(r.errors.values())} | {sum(cpu.values()):.2f} "
+                  f"| {sum(switches.values()):.0f} |")
+    (_, _, cpu_peak, _), (_, _, cpu_half, sw_half) = rows
+    print("\n| process | CPU ms/iteration, peak | CPU ms/iteration, half peak | context switches/iteration, half peak |")
+    print("|---|---:|---:|---:|")
+    for name in sorted(cpu_half, key=cpu_half.get, reverse=True):
+        print(f"| {name} | {cpu_peak[name]:.3f} | {cpu_half[name]:.3f} | {sw_half[name]:.1f} |")
+    p99 = half["Submit"].p99_ms
+    ok = p99 <= opts.target_ms
+    print(f"\n{'PASS' if ok else 'FAIL'}  floor Submit p99 at half its peak: {p99:.1f} ms at "
+          f"{half[STEP].offered_rps:.0f}/s offered (target <= {opts.target_ms:g} ms)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
