@@ -13,7 +13,7 @@ PLACED / released. No validation, cost model, placement policy, thermal check, s
 What the stack spends beyond this floor, in CPU and in latency, is hsched's own work; what the floor itself
 spends is what this design costs in Python gRPC on this machine.
 
-    python bench/path_floor.py [--duration 10] [--concurrency 64] [--placers 11] [--busy 3]
+    python bench/path_floor.py [--duration 10] [--concurrency 64] [--placers 11] [--busy 3] [--also-rates 25,50]
 
 Same load and method as stack_bench.py: the same client (`stack_bench.submit_release`, real openb tasks), the
 closed-loop peak at --concurrency, then open-loop Poisson load at half that peak; CPU per iteration of every
@@ -212,6 +212,7 @@ def main() -> int:
     ap.add_argument("--placers", type=int, default=11, help="placer processes (the default fleet has 11 DCs)")
     ap.add_argument("--busy", type=int, default=3, help="placers the selector sends tasks to")
     ap.add_argument("--tasks", type=int, default=2000, help="openb pods the client cycles through")
+    ap.add_argument("--also-rates", default="", help="further open-loop points, iterations/s (e.g. 25,50,100)")
     ap.add_argument("--target-ms", type=float, default=20.0, help="issue 2's Submit p99 target at half the peak")
     opts = ap.parse_args()
     if not 1 <= opts.busy <= opts.placers:
@@ -243,6 +244,8 @@ def main() -> int:
 
         peak = point("closed (peak)", opts.concurrency)
         half = point("open, half peak", max(256, 4 * opts.concurrency), peak[STEP].throughput_rps / 2)
+        for rate in (float(r) for r in opts.also_rates.split(",") if r.strip()):
+            point(f"open, {rate:g}/s", max(256, 4 * opts.concurrency), rate)
     finally:
         floor.stop()
         if embedded:
@@ -265,7 +268,7 @@ def main() -> int:
             print(f"| {label} | {call} | {r.throughput_rps:.0f} | {r.p50_ms:.2f} | {r.p90_ms:.2f} | {r.p99_ms:.2f} "
                   f"| {r.max_ms:.2f} | {sum(r.errors.values())} | {sum(cpu.values()):.2f} "
                   f"| {sum(switches.values()):.0f} |")
-    (_, _, cpu_peak, _), (_, _, cpu_half, sw_half) = rows
+    (_, _, cpu_peak, _), (_, _, cpu_half, sw_half) = rows[:2]
     print("\n| process | CPU ms/iteration, peak | CPU ms/iteration, half peak | context switches/iteration, half peak |")
     print("|---|---:|---:|---:|")
     for name in sorted(cpu_half, key=cpu_half.get, reverse=True):

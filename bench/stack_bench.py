@@ -472,6 +472,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the entry-vertex draw")
     ap.add_argument("--policy", default="bestfit", help="placer policy")
     ap.add_argument("--no-echo", action="store_true", help="skip the echo chain (no ratio target)")
+    ap.add_argument("--also-rates", default="",
+                    help="further open-loop points, Submit+Release iterations/s (e.g. 50,100): where the p99 target holds")
     ap.add_argument("--burst", type=int, default=800,
                     help="Submits per round of the Submit-only phase (the default fleet holds ~1000 openb tasks)")
     opts = ap.parse_args()
@@ -529,6 +531,8 @@ def main() -> int:
         peak = run_stack_phase("closed", stack, requests, pids, opts, closed_s, c)
         half = run_stack_phase("open, half peak", stack, requests, pids, opts, opts.duration, open_c,
                                max(1.0, peak.submit_rps / 2))
+        also = [run_stack_phase(f"open, {rate:g}/s", stack, requests, pids, opts, opts.duration, open_c, rate)
+                for rate in (float(r) for r in opts.also_rates.split(",") if r.strip())]
         alone = run_submit_only(stack, requests, pids, opts, closed_s, c, opts.burst)
         rss = stack.rss_mib()
         hwm = {}
@@ -558,7 +562,7 @@ def main() -> int:
                                  "their mean")
 
     # 3. report
-    warnings = [*echo_warnings, *warn_if_broken(peak), *warn_if_broken(half), *warn_if_broken(alone)]
+    warnings = [*echo_warnings, *(w for phase in (peak, half, *also, alone) for w in warn_if_broken(phase))]
     print(f"\n### hsched stack vs {'4-hop grpc.aio echo chain' if echo_points else '(no echo chain)'}: "
           f"{os.cpu_count()} CPUs, concurrency {c} (open loop: at most {open_c} in flight), "
           f"{opts.client_processes} client process(es), {opts.duration:g} s per point after {WARMUP_S:g} s warmup, "
@@ -577,7 +581,7 @@ def main() -> int:
 
     for label, r in echo_points.items():
         row("echo chain, 4 hops", "Echo", label, r, echo_cpu_ms[label], echo_foreign[label])
-    for phase, load in ((peak, "closed (peak)"), (half, "open, half peak")):
+    for phase, load in ((peak, "closed (peak)"), (half, "open, half peak"), *((p, p.label) for p in also)):
         total_cpu = sum(phase.cpu_ms_per_iter.values())
         row("stack", "Submit", load, phase.get("Submit"), None, phase.foreign)
         row("stack", "Release", load, phase.get("Release"), None, phase.foreign)
@@ -593,7 +597,7 @@ def main() -> int:
 
     print("\n| phase | Submits | placed | deferred | rejected | other |")
     print("|---|---:|---:|---:|---:|---:|")
-    for phase in (peak, half, alone):
+    for phase in (peak, half, *also, alone):
         o = phase.outcomes()
         other = sum(v for k, v in o.items() if k not in STATES)
         print(f"| {phase.label} | {sum(o.values())} | {o.get('placed', 0)} | {o.get('deferred', 0)} "
