@@ -54,7 +54,21 @@ async def echo_twice(target: str):
         yield step
 
 
-def _serve(downstream: str | None, conn, use_uvloop: bool):
+def spawn_server(name: str, target, *args, timeout_s: float = 30.0) -> tuple[mp.Process, int]:
+    """Run `target(conn, *args)` in a spawned daemon process that sends the port it serves on over `conn`;
+    returns (process, port). A server that does not report in `timeout_s` is terminated."""
+    ctx = mp.get_context("spawn")
+    parent_end, child_end = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target, args=(child_end, *args), daemon=True, name=name)
+    proc.start()
+    child_end.close()
+    if not parent_end.poll(timeout_s):
+        proc.terminate()
+        raise TimeoutError(f"{name} did not start in {timeout_s} s")
+    return proc, parent_end.recv()
+
+
+def _serve(conn, downstream: str | None, use_uvloop: bool):
     if use_uvloop:
         import uvloop
 
@@ -137,21 +151,14 @@ class EchoChain:
 
 def start_echo_chain(hops: int = 4, use_uvloop: bool = True, timeout_s: float = 30.0) -> EchoChain:
     """Start an echo server and `hops - 1` forwarders in front of it; the target is the first hop."""
-    ctx = mp.get_context("spawn")
     chain = EchoChain("")
     downstream = None
     try:
         for k in [0, *range(hops - 1, 0, -1)]:  # echo first, then f3, f2, f1
             name = f"f{k}" if k else "echo"
-            parent_end, child_end = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_serve, args=(downstream, child_end, use_uvloop), daemon=True,
-                               name=f"echo-chain-{name}")
-            proc.start()
-            child_end.close()
-            chain.procs[name] = proc
-            if not parent_end.poll(timeout_s):
-                raise TimeoutError(f"echo chain server {name} did not start in {timeout_s} s")
-            downstream = f"127.0.0.1:{parent_end.recv()}"
+            chain.procs[name], port = spawn_server(f"echo-chain-{name}", _serve, downstream, use_uvloop,
+                                                   timeout_s=timeout_s)
+            downstream = f"127.0.0.1:{port}"
     except BaseException:
         chain.stop()
         raise

@@ -31,11 +31,10 @@ if not __package__:  # run as a script: make `bench` importable here and in spaw
 import argparse
 import asyncio
 import itertools
-import multiprocessing as mp
 import os
 import secrets
 
-from bench.echo_chain import WARMUP_S, cpu_seconds
+from bench.echo_chain import WARMUP_S, cpu_seconds, spawn_server
 from bench.loadgen import STEP, run_closed_loop
 from bench.stack_bench import build_requests, context_switches
 from hsched.state.redis import EmbeddedRedis
@@ -154,11 +153,11 @@ async def _serve(add_servicer, servicer, port_pipe) -> None:
     await server.stop(None)
 
 
-def _run(role, *args) -> None:
+def _run(port_pipe, role, *args) -> None:
     import uvloop
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(role(*args))
+        runner.run(role(port_pipe, *args))
 
 
 class Floor:
@@ -166,7 +165,7 @@ class Floor:
     `<prefix>:ledger:<dc>`, the task stream to `<prefix>:tasks`."""
 
     def __init__(self, placers: int, busy: int, redis_url: str, prefix: str, redis_pid: int | None) -> None:
-        self.procs: dict[str, mp.Process] = {}
+        self.procs: dict = {}  # name -> multiprocessing.Process
         self.redis_pid = redis_pid  # the embedded redis-server's, counted with the floor's processes
         try:
             placer_targets = {_dc(k): self._start(f"placer-{_dc(k)}", _placer, _dc(k), redis_url, prefix)
@@ -177,16 +176,9 @@ class Floor:
             self.stop()
             raise
 
-    def _start(self, name: str, role, *args, timeout_s: float = 30.0) -> str:
-        parent_end, child_end = mp.get_context("spawn").Pipe(duplex=False)
-        proc = mp.get_context("spawn").Process(target=_run, args=(role, child_end, *args), daemon=True,
-                                               name=f"floor-{name}")
-        proc.start()
-        child_end.close()
-        self.procs[name] = proc
-        if not parent_end.poll(timeout_s):
-            raise TimeoutError(f"floor process {name} did not start in {timeout_s} s")
-        return f"127.0.0.1:{parent_end.recv()}"
+    def _start(self, name: str, role, *args) -> str:
+        self.procs[name], port = spawn_server(f"floor-{name}", _run, role, *args)
+        return f"127.0.0.1:{port}"
 
     def stop(self) -> None:
         for proc in self.procs.values():
