@@ -4,8 +4,9 @@ the Utilization heuristic on the validation seeds (never the held-out evaluation
     python bench/eade_variant.py deploy_bonus=30            # any field of hsched.rl.ddpg.Config
     python bench/eade_variant.py --out /tmp/eade expert_fit_weight=6 bc_weight=0.5
 
-Prints a markdown row: tasks deployed on validation seeds 40 000-40 049, the paired difference to
-Utilization (mean ± standard error; seeds better / equal / worse) and the training time. The model and its
+Prints a markdown row for the trained actor and one for its target actor (the Polyak average of its weights):
+tasks deployed on validation seeds 40 000-40 049, the paired difference to Utilization (mean ± standard
+error; seeds better / equal / worse) and the training time. The model and its
 metadata (with the held-out paired comparison that `hsched train` writes) go to --out. ~15-20 min on one
 core; two variants can run side by side on this 2-core machine.
 """
@@ -17,7 +18,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from hsched.rl import ddpg
+from hsched.rl import checkpoint, ddpg
 from hsched.rl.training import TrainArgs
 
 
@@ -45,14 +46,22 @@ def main() -> None:
     t0 = time.perf_counter()
     result = ddpg.train(cfg, TrainArgs(out=out, progress=True), "eade-ddpg", "eade_ddpg_gpu")
     actor, _ = ddpg.load_actor(out)
-    paired = ddpg.paired_comparison(lambda view: ddpg.ActorPolicy(actor, "eade-ddpg", view), cfg,
-                                    seeds=ddpg.VALIDATION_SEEDS)
-    vs = paired["vs"]["Utilization"]["deployed"]
-    b, e, w = vs["better/equal/worse"]
-    print("\n| variant | deployed (validation) | vs Utilization | better/equal/worse | train s (wall) | total s |")
-    print("|---|---:|---:|---:|---:|---:|")
-    print(f"| {' '.join(opts.overrides)} | {paired['mean']['deployed']:.2f} | {vs['diff']:+.2f} ± {vs['se']:.2f} "
-          f"| {b}/{e}/{w} | {result['train_seconds']:.0f} | {time.perf_counter() - t0:.0f} |")
+    # Also the target actor (the Polyak average of the actor's weights, eq.25): an average of recent policies
+    # sometimes serves better than the last one.
+    polyak = ddpg.Actor(cfg.embed, cfg.heads)
+    polyak.load_state_dict(checkpoint.load_state(ddpg.training_path(out))["actor_target"])
+    rows = []
+    for label, served in (("actor", actor), ("target actor", polyak)):
+        paired = ddpg.paired_comparison(lambda view, a=served: ddpg.ActorPolicy(a, "eade-ddpg", view), cfg,
+                                        seeds=ddpg.VALIDATION_SEEDS)
+        rows.append((label, paired["mean"]["deployed"], paired["vs"]["Utilization"]["deployed"]))
+    print("\n| variant | served | deployed (validation) | vs Utilization | better/equal/worse | train s (wall) "
+          "| total s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for label, deployed, vs in rows:
+        b, e, w = vs["better/equal/worse"]
+        print(f"| {' '.join(opts.overrides)} | {label} | {deployed:.2f} | {vs['diff']:+.2f} ± {vs['se']:.2f} "
+              f"| {b}/{e}/{w} | {result['train_seconds']:.0f} | {time.perf_counter() - t0:.0f} |")
 
 if __name__ == "__main__":
     main()
