@@ -4,7 +4,8 @@ The engine of one data center of the default fleet (its policy, its in-process t
 a real Redis, under a unique key prefix deleted at the end) gets the first openb trace tasks from
 `--concurrency` coroutines: rounds of `--hold` Places (the tasks kept, as in stack_bench's Submit-only
 rounds), each followed by their Releases. It prints CPU ms per Place and per Release of this process
-(Redis's own CPU is not counted). Against stack_bench's CPU per Place of the placer processes, the
+(Redis's own CPU is not counted) and the mean time from a Place call to its answer (with --concurrency 1,
+one Place's latency inside a placer). Against stack_bench's CPU per Place of the placer processes, the
 difference is what the gRPC call around a decision costs.
 
     python bench/engine_cpu.py [--dc kansas-city] [--places 2400] [--hold 800] [--concurrency 8]
@@ -45,7 +46,7 @@ async def measure(opts) -> dict[str, float]:
     prefix = f"bench-engine-{secrets.token_hex(3)}"
     engine = PlacerEngine(dc, redis, Keys(prefix), make_policy(opts.policy, 0, dc), "bench", room_for(dc))
     await engine.start()
-    place_cpu = release_cpu = 0.0
+    place_cpu = release_cpu = place_wall = 0.0
     placed = 0
     try:
         for r in range(opts.places // opts.hold):
@@ -60,9 +61,10 @@ async def measure(opts) -> dict[str, float]:
                         held.append(task_id)
                         placed += 1
 
-            c0 = time.process_time()
+            c0, w0 = time.process_time(), time.perf_counter()
             await asyncio.gather(*(place(k) for k in range(opts.concurrency)))
             c1 = time.process_time()
+            place_wall += time.perf_counter() - w0
             await asyncio.gather(*(engine.release(t) for t in held))
             place_cpu += c1 - c0
             release_cpu += time.process_time() - c1
@@ -74,6 +76,7 @@ async def measure(opts) -> dict[str, float]:
         await redis.aclose()
     n = opts.places // opts.hold * opts.hold
     return {"places": n, "placed": placed, "cpu_ms_per_place": 1e3 * place_cpu / n,
+            "wall_ms_per_place": 1e3 * place_wall * opts.concurrency / n,
             "cpu_ms_per_release": 1e3 * release_cpu / max(1, placed)}
 
 
@@ -92,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:  # pragma: no cover - uvloop is a dependency
         r = asyncio.run(measure(opts))
     print(f"{opts.dc} ({opts.policy}, in-process thermal guard): {r['places']} Places ({r['placed']} placed), "
-          f"{r['cpu_ms_per_place']:.3f} ms CPU per Place, {r['cpu_ms_per_release']:.3f} ms per Release")
+          f"{r['cpu_ms_per_place']:.3f} ms CPU per Place, {r['cpu_ms_per_release']:.3f} ms per Release; "
+          f"{r['wall_ms_per_place']:.3f} ms from a Place call to its answer (mean)")
 
 
 if __name__ == "__main__":
