@@ -215,31 +215,30 @@ def main() -> int:
     prefix = f"floor-{os.getpid()}-{secrets.token_hex(3)}"
     embedded = None if redis_url else EmbeddedRedis().start()
     url = redis_url or embedded.url
-    floor = Floor(opts.placers, opts.busy, url, prefix, embedded.proc.pid if embedded else None)
     rows = []
     try:
-        def point(label: str, concurrency: int, rate: float | None = None):
-            print(f"{label}: concurrency {concurrency}" + (f", rate {rate:.0f}/s" if rate else "") + " ...",
-                  file=sys.stderr, flush=True)
-            cpu0, sw0 = floor.sample(cpu_seconds), floor.sample(context_switches)
-            res = run_closed_loop("bench.stack_bench:submit_release", (floor.target, requests),
-                                  concurrency=concurrency, duration_s=opts.duration, warmup_s=WARMUP_S,
-                                  rate_rps=rate)
-            cpu1, sw1 = floor.sample(cpu_seconds), floor.sample(context_switches)
-            step = res[STEP]
-            iters = max(1.0, step.throughput_rps * (step.elapsed_s + WARMUP_S))  # as stack_bench estimates it
-            cpu = {n: (cpu1[n] - cpu0[n]) * 1e3 / iters for n in cpu1}
-            switches = {n: (sw1[n] - sw0[n]) / iters for n in sw1}
-            rows.append((label, res, cpu, switches))
-            print(f"  Submit {res['Submit'].summary()}", file=sys.stderr, flush=True)
-            return res
+        with Floor(opts.placers, opts.busy, url, prefix, embedded.proc.pid if embedded else None) as floor:
+            def point(label: str, concurrency: int, rate: float | None = None):
+                print(f"{label}: concurrency {concurrency}" + (f", rate {rate:.0f}/s" if rate else "") + " ...",
+                      file=sys.stderr, flush=True)
+                cpu0, sw0 = floor.sample(cpu_seconds), floor.sample(context_switches)
+                res = run_closed_loop("bench.stack_bench:submit_release", (floor.target, requests),
+                                      concurrency=concurrency, duration_s=opts.duration, warmup_s=WARMUP_S,
+                                      rate_rps=rate)
+                cpu1, sw1 = floor.sample(cpu_seconds), floor.sample(context_switches)
+                step = res[STEP]
+                iters = max(1.0, step.throughput_rps * (step.elapsed_s + WARMUP_S))  # as stack_bench estimates it
+                cpu = {n: (cpu1[n] - cpu0[n]) * 1e3 / iters for n in cpu1}
+                switches = {n: (sw1[n] - sw0[n]) / iters for n in sw1}
+                rows.append((label, res, cpu, switches))
+                print(f"  Submit {res['Submit'].summary()}", file=sys.stderr, flush=True)
+                return res
 
-        peak = point("closed (peak)", opts.concurrency)
-        half = point("open, half peak", max(256, 4 * opts.concurrency), peak[STEP].throughput_rps / 2)
-        for rate in (float(r) for r in opts.also_rates.split(",") if r.strip()):
-            point(f"open, {rate:g}/s", max(256, 4 * opts.concurrency), rate)
+            peak = point("closed (peak)", opts.concurrency)
+            half = point("open, half peak", max(256, 4 * opts.concurrency), peak[STEP].throughput_rps / 2)
+            for rate in (float(r) for r in opts.also_rates.split(",") if r.strip()):
+                point(f"open, {rate:g}/s", max(256, 4 * opts.concurrency), rate)
     finally:
-        floor.stop()
         if embedded:
             embedded.stop()
         else:
