@@ -43,24 +43,24 @@ BUSY = ["kansas-city", "houston", "indianapolis"]  # where the real selector sen
 
 
 async def _selector(port_pipe, busy: int) -> None:
-    from hsched.v1 import common_pb2, selector_pb2, selector_pb2_grpc
+    from hsched.v1 import common_pb2, selector_pb2
 
     answers = [selector_pb2.SelectBatchItem(response=selector_pb2.SelectResponse(
         method="min-cost", candidates=[common_pb2.DcCandidate(datacenter=_dc(k))])) for k in range(busy)]
     turn = itertools.count()
 
-    class Selector(selector_pb2_grpc.SelectorServicer):
-        async def SelectDataCenters(self, batches, context):
-            async for batch in batches:
-                yield selector_pb2.SelectBatchResponse(results=[answers[next(turn) % busy] for _ in batch.calls])
+    async def select_batches(batches, context):
+        async for batch in batches:
+            yield selector_pb2.SelectBatchResponse(results=[answers[next(turn) % busy] for _ in batch.calls])
 
-    await _serve(selector_pb2_grpc.add_SelectorServicer_to_server, Selector(), port_pipe)
+    await _serve("hsched.v1.Selector", {"SelectDataCenters": _stream(
+        select_batches, selector_pb2.SelectBatchRequest, selector_pb2.SelectBatchResponse)}, port_pipe)
 
 
 async def _placer(port_pipe, dc: str, redis_url: str, prefix: str) -> None:
     import redis.asyncio as aioredis
 
-    from hsched.v1 import placer_pb2, placer_pb2_grpc
+    from hsched.v1 import placer_pb2
 
     redis = aioredis.from_url(redis_url)
     ledger = f"{prefix}:ledger:{dc}"
@@ -73,18 +73,20 @@ async def _placer(port_pipe, dc: str, redis_url: str, prefix: str) -> None:
                 pipe.xadd(ledger, {"k": kind, "t": task_id})
             await pipe.execute()
 
-    class Placer(placer_pb2_grpc.PlacerServicer):
-        async def PlaceBatch(self, batches, context):
-            async for batch in batches:
-                await append("alloc", [c.task_id for c in batch.calls])
-                yield placer_pb2.PlaceBatchResponse(results=[placed] * len(batch.calls))
+    async def place_batches(batches, context):
+        async for batch in batches:
+            await append("alloc", [c.task_id for c in batch.calls])
+            yield placer_pb2.PlaceBatchResponse(results=[placed] * len(batch.calls))
 
-        async def ReleaseBatch(self, batches, context):
-            async for batch in batches:
-                await append("free", [c.task_id for c in batch.calls])
-                yield placer_pb2.PlacerReleaseBatchResponse(results=[released] * len(batch.calls))
+    async def release_batches(batches, context):
+        async for batch in batches:
+            await append("free", [c.task_id for c in batch.calls])
+            yield placer_pb2.PlacerReleaseBatchResponse(results=[released] * len(batch.calls))
 
-    await _serve(placer_pb2_grpc.add_PlacerServicer_to_server, Placer(), port_pipe)
+    await _serve("hsched.v1.Placer", {
+        "PlaceBatch": _stream(place_batches, placer_pb2.PlaceBatchRequest, placer_pb2.PlaceBatchResponse),
+        "ReleaseBatch": _stream(release_batches, placer_pb2.PlacerReleaseBatchRequest,
+                                placer_pb2.PlacerReleaseBatchResponse)}, port_pipe)
 
 
 async def _gateway(port_pipe, selector: str, placers: dict[str, str], redis_url: str, prefix: str) -> None:
@@ -94,14 +96,7 @@ async def _gateway(port_pipe, selector: str, placers: dict[str, str], redis_url:
     from hsched.batching import Coalescer
     from hsched.state.tasks import TaskStore
     from hsched.v1 import common_pb2 as pb
-    from hsched.v1 import (
-        gateway_pb2,
-        gateway_pb2_grpc,
-        placer_pb2,
-        placer_pb2_grpc,
-        selector_pb2,
-        selector_pb2_grpc,
-    )
+    from hsched.v1 import gateway_pb2, placer_pb2, placer_pb2_grpc, selector_pb2, selector_pb2_grpc
     from services.gateway.server import new_task_id
 
     store = TaskStore(aioredis.from_url(redis_url), f"{prefix}:tasks")
@@ -113,36 +108,51 @@ async def _gateway(port_pipe, selector: str, placers: dict[str, str], redis_url:
     release = {dc: Coalescer(s.ReleaseBatch, placer_pb2.PlacerReleaseBatchRequest, "floor/Release")
                for dc, s in stubs.items()}
 
-    class Gateway(gateway_pb2_grpc.GatewayServicer):
-        async def Submit(self, request, context):
-            task = pb.Task(task_id=new_task_id(), spec=request.task)
-            selection = await select.call(selector_pb2.SelectRequest(task=task.spec), 2.0)
-            writes = [store.record("submitted", task)]
-            task.datacenter = selection.candidates[0].datacenter
-            writes.append(store.record("dc_selected", task))
-            await place[task.datacenter].call(placer_pb2.PlaceRequest(task_id=task.task_id, task=task.spec), 5.0)
-            writes.append(store.record("placed", task))
-            await asyncio.gather(*writes)
-            return gateway_pb2.SubmitResponse(task=task)
+    async def submit(request, context):
+        task = pb.Task(task_id=new_task_id(), spec=request.task)
+        selection = await select.call(selector_pb2.SelectRequest(task=task.spec), 2.0)
+        writes = [store.record("submitted", task)]
+        task.datacenter = selection.candidates[0].datacenter
+        writes.append(store.record("dc_selected", task))
+        await place[task.datacenter].call(placer_pb2.PlaceRequest(task_id=task.task_id, task=task.spec), 5.0)
+        writes.append(store.record("placed", task))
+        await asyncio.gather(*writes)
+        return gateway_pb2.SubmitResponse(task=task)
 
-        async def Release(self, request, context):
-            task = store.tasks[request.task_id]
-            await release[task.datacenter].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id), 5.0)
-            await store.record("released", task)
-            return gateway_pb2.ReleaseResponse(task=task)
+    async def release_task(request, context):
+        task = store.tasks[request.task_id]
+        await release[task.datacenter].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id), 5.0)
+        await store.record("released", task)
+        return gateway_pb2.ReleaseResponse(task=task)
 
-    await _serve(gateway_pb2_grpc.add_GatewayServicer_to_server, Gateway(), port_pipe)
+    await _serve("hsched.v1.Gateway", {
+        "Submit": _unary(submit, gateway_pb2.SubmitRequest, gateway_pb2.SubmitResponse),
+        "Release": _unary(release_task, gateway_pb2.ReleaseRequest, gateway_pb2.ReleaseResponse)}, port_pipe)
 
 
 def _dc(k: int) -> str:
     return BUSY[k] if k < len(BUSY) else f"dc-{k}"
 
 
-async def _serve(add_servicer, servicer, port_pipe) -> None:
+def _stream(handler, request, response):
+    import grpc
+
+    return grpc.stream_stream_rpc_method_handler(handler, request.FromString, response.SerializeToString)
+
+
+def _unary(handler, request, response):
+    import grpc
+
+    return grpc.unary_unary_rpc_method_handler(handler, request.FromString, response.SerializeToString)
+
+
+async def _serve(service: str, methods: dict, port_pipe) -> None:
+    """Serve only `methods` of `service` (its real name and messages: the stack's stubs and client call it);
+    grpc answers any other method UNIMPLEMENTED."""
     import grpc
 
     server = grpc.aio.server()
-    add_servicer(servicer, server)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, methods)])
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     port_pipe.send(port)
