@@ -27,6 +27,8 @@ from hsched.policies.heuristics import (
     RandomPolicy,
     RoundRobin,
     Utilization,
+    card_tightness,
+    gpu_stranding,
     make_policy,
 )
 from hsched.policies.placement import Outcome, part_power_w, plan, split_task
@@ -301,6 +303,40 @@ def test_choose_cards_takes_the_fullest_cards_that_fit() -> None:
     assert s.choose_cards(0, Resources(1000, gpu_count=1, gpu_core_percent=60)) == (GpuShare(3, 60, 0),)
     with pytest.raises(OverAllocation):
         s.choose_cards(0, Resources(1000, gpu_count=3, gpu_core_percent=60))
+
+
+def test_card_tightness_is_best_fit_over_the_cards_choose_cards_takes() -> None:
+    s = ClusterState(gpu_dc(cards=4, count=2))
+    # node 0 free (core %, MiB) per card: (50, 8192), (20, 16384), (100, 16384), (70, 12288); node 1 all empty
+    occupy(s, "x", 0, 1000, 0, (GpuShare(0, 50, 8192), GpuShare(1, 80, 0), GpuShare(3, 30, 4096)))
+    one = Resources(1000, gpu_count=1, gpu_core_percent=40, gpu_memory_mib=4096)
+    # node 0: card 0 leaves 10 % -> 0.9; node 1: a fresh card leaves 60 % -> 0.4
+    assert card_tightness(s, one) == pytest.approx([0.9, 0.4])
+    # two slices: the emptier of the two fullest that fit (cards 0 and 3, 70 - 40 = 30 % left) -> 0.7; node 1 0.4
+    two = Resources(1000, gpu_count=2, gpu_core_percent=40, gpu_memory_mib=4096)
+    assert card_tightness(s, two) == pytest.approx([0.7, 0.4])
+    # 13 GiB: of node 0's cards with 40 %+ core only card 2 (100 %, 16 GiB) has the memory -> 0.4 like node 1
+    assert card_tightness(s, Resources(1000, gpu_count=1, gpu_core_percent=40, gpu_memory_mib=13 * 1024)) == \
+        pytest.approx([0.4, 0.4])
+    # five cards never fit a 4-card node; a CPU-only task has no card
+    assert card_tightness(s, Resources(1000, gpu_count=5, gpu_core_percent=10)).tolist() == [0.0, 0.0]
+    assert card_tightness(s, Resources(1000)).tolist() == [0.0, 0.0]
+
+
+def test_gpu_stranding_weighs_the_cpu_taken_by_the_gpu_share_left() -> None:
+    # gpu_dc: 8 cores, 64 GiB and 4 cards per node (400 % of GPU core)
+    s = ClusterState(gpu_dc(cards=4, count=2))
+    occupy(s, "x", 0, 4000, 16 * 1024, (GpuShare(0, 100, 16384), GpuShare(1, 100, 16384)))
+    # node 0: 4 of 8 cores, 48 GiB free, 200 % GPU core free; node 1 empty
+    cpu_task = Resources(2000, memory_mib=24 * 1024)
+    # node 0: max(2/4, 24/48) = 0.5 of its free CPU/memory, 200/400 of its GPU core stays free -> 0.25
+    # node 1: max(2/8, 24/64) = 0.375, 400/400 -> 0.375
+    assert gpu_stranding(s, cpu_task) == pytest.approx([0.25, 0.375])
+    gpu_task = Resources(2000, memory_mib=8 * 1024, gpu_count=1, gpu_core_percent=100, gpu_memory_mib=16384)
+    # node 0: max(2/4, 8/48) = 0.5, (200 - 100)/400 = 0.25 -> 0.125; node 1: max(2/8, 8/64) = 0.25, 300/400 -> 0.1875
+    assert gpu_stranding(s, gpu_task) == pytest.approx([0.125, 0.1875])
+    # a task that takes all of node 0's CPU strands what is left of its GPUs: min(6/4, 1) · 200/400
+    assert gpu_stranding(s, Resources(6000))[0] == pytest.approx(0.5)
 
 
 def test_gpu_slice_never_spans_cards() -> None:

@@ -104,6 +104,35 @@ class Utilization:
         pass
 
 
+def gpu_stranding(state: ClusterState, demand: Resources) -> np.ndarray:
+    """Per node, in [0, 1]: how much placing `demand` there would strand GPU capacity — the share of the node's
+    free CPU or memory (the larger) the demand takes, times the share of the node's GPU core still free after
+    it. A GPU is useless once its host's CPU or memory is gone; on fleets that mix 16- and 104-core 2-GPU
+    hosts (openb) that loses whole cards, so a packing policy should spend the small hosts' CPU on GPU work."""
+    t = state.table
+    core_cap = np.maximum(t.gpu_core_percent.sum(axis=1), 1)
+    gpu_free_after = np.maximum(state.gpu_free_core.sum(axis=1) - demand.gpu_count * demand.gpu_core_percent, 0)
+    taken = np.maximum(demand.cpu_milli / np.maximum(state.free_cpu, 1),
+                       demand.memory_mib / np.maximum(state.free_memory, 1))
+    return np.minimum(taken, 1.0) * gpu_free_after / core_cap
+
+
+def card_tightness(state: ClusterState, demand: Resources) -> np.ndarray:
+    """Per node, in [0, 1]: 1 − the core share left on the cards `ClusterState.choose_cards` would give the
+    demand (the fullest that fit; with several, the emptiest of them); 0 where the node cannot take it or the
+    demand has no GPU. Best fit at card level: a slice on a card that it fills leaves whole cards for
+    whole-card tasks."""
+    if not demand.gpu_count:
+        return np.zeros(state.n)
+    core, mem = state.gpu_free_core, state.gpu_free_memory
+    left = np.where((core >= demand.gpu_core_percent) & (mem >= demand.gpu_memory_mib),
+                    core - demand.gpu_core_percent, np.inf)
+    if left.shape[1] < demand.gpu_count:
+        return np.zeros(state.n)
+    kth = np.sort(left, axis=1)[:, demand.gpu_count - 1]
+    return np.where(np.isfinite(kth), 1.0 - kth / 100.0, 0.0)
+
+
 HEURISTICS = {cls.name: cls for cls in (RoundRobin, Greedy, BestFit, FirstFit, RandomPolicy, Utilization)}
 
 
