@@ -18,6 +18,8 @@ import dataclasses
 import time
 from pathlib import Path
 
+import torch
+
 from hsched.rl import checkpoint, ddpg
 from hsched.rl.training import TrainArgs
 
@@ -49,7 +51,8 @@ def main() -> None:
     # Also the target actor (the Polyak average of the actor's weights, eq.25): an average of recent policies
     # sometimes serves better than the last one.
     polyak = ddpg.Actor(cfg.embed, cfg.heads)
-    polyak.load_state_dict(checkpoint.load_state(ddpg.training_path(out))["actor_target"])
+    state = checkpoint.load_state(ddpg.training_path(out))
+    polyak.load_state_dict(state["actor_target"])
     rows = []
     for label, served in (("actor", actor), ("target actor", polyak)):
         paired = ddpg.paired_comparison(lambda view, a=served: ddpg.ActorPolicy(a, "eade-ddpg", view), cfg,
@@ -62,6 +65,26 @@ def main() -> None:
         b, e, w = vs["better/equal/worse"]
         print(f"| {' '.join(opts.overrides)} | {label} | {deployed:.2f} | {vs['diff']:+.2f} ± {vs['se']:.2f} "
               f"| {b}/{e}/{w} | {result['train_seconds']:.0f} | {time.perf_counter() - t0:.0f} |")
+    print(f"\nthe actor's critic term at the end, mean |Q(s, softmax π(s))| over {Q_ROWS} online rows: "
+          f"{critic_scale(state, cfg):.1f} (the actor loss divides by it; the BC term is a cross-entropy)")
+
+
+Q_ROWS = 1024
+
+
+def critic_scale(state: dict, cfg: ddpg.Config) -> float:
+    """Mean |Q| of the trained critic at the actor's softmax over rows of the online pool (its newest, until it wraps)."""
+    env = ddpg.make_env(cfg)
+    codec = ddpg.Codec(env.view.hosts, env.view.host_cluster)
+    actor, critic = ddpg.Actor(cfg.embed, cfg.heads), ddpg.Critic(cfg.embed, cfg.heads)
+    actor.load_state_dict(state["actor"])
+    critic.load_state_dict(state["critic"])
+    online = state["online"]
+    rows = torch.from_numpy(online["obs"][max(0, online["size"] - Q_ROWS):online["size"]])
+    items, task, mask = codec.decode(rows)
+    with torch.no_grad():
+        q = (ddpg.masked_softmax(actor(items, task), mask) * torch.where(mask, critic(items, task), 0.0)).sum(1)
+    return float(q.abs().mean())
 
 if __name__ == "__main__":
     main()

@@ -17,7 +17,7 @@ from hsched.domain.resources import Resources
 from hsched.envs.gpu import GpuClusterEnv, MultiClusterState, cluster_totals, host_hints, paper000_datacenters
 from hsched.metrics import reward_eq17, utilisation_matrix
 from hsched.policies.base import select
-from hsched.policies.heuristics import Utilization
+from hsched.policies.heuristics import Utilization, card_tightness, gpu_stranding
 from hsched.policies.learned import ModelMismatch
 from hsched.rl import checkpoint
 from hsched.rl.buffers import DualReplayBuffer, ReplayBuffer
@@ -45,7 +45,7 @@ GIB = 1024
 # a tiny fleet and episode: 2 clusters × 2 openb 2-GPU hosts, 40 tasks (fast enough for a unit test)
 TINY = Config(fleet=(3, 2), n_tasks=30, steps=1_200, batch_size=64, learning_starts=200, train_every=2,
               buffer_size=4_000, expert_episodes=4, noise_steps=600, checkpoint_every=400, embed=16, heads=2,
-              actor_lr=1e-3, pretrain_updates=100)
+              actor_lr=1e-3, pretrain_updates=200)
 
 
 @settings(max_examples=200, deadline=None)
@@ -111,8 +111,13 @@ def test_hints_are_the_heuristic_scores_and_the_expert_mixes_them():
     expert = ScoreGreedyExpert(view)
     np.testing.assert_allclose(hints[:, 0], fit, atol=1e-6)
     np.testing.assert_allclose(hints[:, 1], expert.cluster_rewards(demand)[view.host_cluster] / 10 + 1, atol=1e-6)
+    np.testing.assert_allclose(hints[:, 2], gpu_stranding(view.fleet, demand), atol=1e-6)
+    np.testing.assert_allclose(hints[:, 3], card_tightness(view.fleet, demand), atol=1e-6)
     mixed = ScoreGreedyExpert(view, fit_weight=2.0).scores(view.fleet, demand, mask)
     np.testing.assert_allclose(mixed, hints[:, 1] + 2.0 * fit, atol=1e-6)
+    packing = ScoreGreedyExpert(view, fit_weight=2.0, stranding_weight=0.5, tightness_weight=3.0)
+    np.testing.assert_allclose(packing.scores(view.fleet, demand, mask),
+                               hints[:, 1] + 2.0 * (fit - 0.5 * hints[:, 2] + 3.0 * hints[:, 3]), atol=1e-5)
 
 
 def test_critic_target_on_a_hand_made_batch():
@@ -145,7 +150,7 @@ def test_served_inputs_match_the_training_inputs():
 def _agreement(actor: Actor, cfg: Config, seeds=(0, 1, 2)) -> float:
     """Share of the actor's decisions (on the states its own greedy run visits) that the expert makes too."""
     env = make_env(cfg)
-    policy, expert = ActorPolicy(actor, "a", env.view), ScoreGreedyExpert(env.view, cfg.expert_fit_weight)
+    policy, expert = ActorPolicy(actor, "a", env.view), ScoreGreedyExpert.of(env.view, cfg)
     same = total = 0
     for seed in seeds:
         _, info = env.reset(seed=seed)

@@ -54,9 +54,10 @@ Observation (paper 000 eq.13, S = {R_a, Task}), a Dict of float32 arrays in [0, 
   (the paper's per-cluster state, its actor input "16×4"); 0 where a cluster lacks the resource.
 - "task" [7]: the head task's CPU, memory, GPU count, GPU core percent and GPU memory per slice (scaled by
   the largest host / card, clipped to 1), its delays so far ÷ (max_waits + 1), and the queue length ÷ n_tasks.
-- "hints" [H, 2]: heuristic scores of each host for the head task (`host_hints`): the Utilization
-  heuristic's fit and the eq.16 Score the host's cluster would get with the task (the score-greedy expert's
-  estimate, paper 000 §3.2). Not part of the paper's state: inputs a learned policy can start from.
+- "hints" [H, 4]: heuristic scores of each host for the head task (`host_hints`): the Utilization
+  heuristic's fit, the eq.16 Score the host's cluster would get with the task (the score-greedy expert's
+  estimate, paper 000 §3.2) and two packing terms (`hsched.policies.heuristics.gpu_stranding`,
+  `card_tightness`). Not part of the paper's state: inputs a learned policy can start from.
 
 `info["action_mask"]` (int8 [H + 1], a fresh array every step): 1 for every host where the head task fits
 now (`ClusterState.feasible` over all hosts, the placer's mask) and, last, 1 for "wait" only when no host
@@ -103,7 +104,7 @@ from hsched.metrics import (
 )
 from hsched.policies.base import NodePolicy, select
 from hsched.policies.fgd import openb_distribution, openb_tasks
-from hsched.policies.heuristics import Utilization
+from hsched.policies.heuristics import Utilization, card_tightness, gpu_stranding
 
 ENV_ID = "hsched/GpuCluster-v0"
 OPENB_NODE_LIST = "alibaba_openb_gpu_2023/openb_node_list_gpu_node.csv"
@@ -112,7 +113,7 @@ OPENB_CARD_MEMORY_GIB = {"T4": 16, "P100": 16, "V100M16": 16, "V100M32": 32, "G2
 HOST_FEATURES = ("free_cpu", "free_memory", "free_gpu_memory", "free_gpu_core", "best_card_core",
                  "best_card_memory")
 TASK_FEATURES = ("cpu", "memory", "gpu_count", "gpu_core_percent", "gpu_memory", "waits", "queue")
-HINT_FEATURES = ("fit", "cluster_score")
+HINT_FEATURES = ("fit", "cluster_score", "gpu_stranding", "card_tightness")
 _UTILIZATION = Utilization()
 EVENTS = ("placed", "failed", "delayed", "judged")
 
@@ -264,12 +265,14 @@ def placement_scores(u: np.ndarray, totals: np.ndarray, demand: Resources) -> np
 
 def host_hints(state: ClusterState, demand: Resources, u: np.ndarray, totals: np.ndarray,
                host_cluster: np.ndarray) -> np.ndarray:
-    """HINT_FEATURES [n, 2] float32 of `state`'s hosts for `demand`: the Utilization heuristic's fit (cosine
-    of the host's free and the task's demanded capacity shares, clipped to [0, 1]) and the eq.16 Score of
-    the host's cluster after the placement (`placement_scores`; hosts are in cluster `host_cluster[h]` of
-    the utilisation matrix `u`). Heuristic scores as inputs, so a learned policy can start from them."""
+    """HINT_FEATURES [n, 4] float32 of `state`'s hosts for `demand`: the Utilization heuristic's fit (cosine
+    of the host's free and the task's demanded capacity shares, clipped to [0, 1]), the eq.16 Score of the
+    host's cluster after the placement (`placement_scores`; hosts are in cluster `host_cluster[h]` of the
+    utilisation matrix `u`), and the expert's two packing terms (`gpu_stranding`, `card_tightness`, in
+    [0, 1]). Heuristic scores as inputs, so a learned policy can start from them."""
     fit = np.clip(_UTILIZATION.scores(state, demand, np.ones(state.n, dtype=bool)), 0.0, 1.0)
-    return np.stack([fit, placement_scores(u, totals, demand)[host_cluster]], axis=1).astype(np.float32)
+    return np.stack([fit, placement_scores(u, totals, demand)[host_cluster], gpu_stranding(state, demand),
+                     card_tightness(state, demand)], axis=1).astype(np.float32)
 
 
 # ------------------------------------------------------------------------------------------------------------

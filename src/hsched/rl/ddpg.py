@@ -21,18 +21,26 @@ EADE-DDPG (paper 000 §3.2) = the above + expert demonstrations: before training
 with episodes of the score-greedy expert (`ScoreGreedyExpert`), and every batch takes 10 % of its rows from
 that pool (`DualReplayBuffer`, β). The paper's expert deploys to the cluster with the highest eq.16 score
 after the placement (the largest eq.17 reward); it picks a cluster, so it says nothing about the host.
-Ours scores a host by its cluster's eq.16 Score (in [0, 1]) + `expert_fit_weight` × the Utilization
-heuristic's fit of the host (cosine of free and demanded shares, in [0, 1]): with a weight → 0 that is the
-paper's expert with ties broken by Utilization; the default 4.0 keeps the eq.16 score as a term but lets
-the host fit decide more often. It was chosen on validation seeds 40 000–40 049, never on the evaluation
-seeds, by the trained agent: EADE-DDPG with w = 4 deployed 180.86 tasks there (Utilization 180.80), with
-w = 2 180.30 (the expert alone: 181.1 at w = 4 or 2, 180.0 for the paper's expert). Two additions from
-DDPGfD (Večerík et al. 2017), both ours, not the paper's: a behaviour-cloning term on the expert rows (cross-entropy of the
-actor's masked softmax against the expert's action, weight `bc_weight`), so the demonstrations shape the
-actor directly and not only through the critic, and `pretrain_updates` updates on expert batches alone
-before the first interaction (the CPU budget allows ~1 150 online updates of 256 rows, too few to learn
-the expert's choices from 10 % of each batch). Plain DDPG: no expert pool, no BC, no pre-training
-(expert_ratio 0), the same inputs and networks.
+Ours scores a host by its cluster's eq.16 Score (in [0, 1]) + `expert_fit_weight` × (the Utilization
+heuristic's fit of the host − `expert_stranding_weight` × `gpu_stranding` + `expert_tightness_weight` ×
+`card_tightness`; hsched.policies.heuristics): with the weights → 0 that is the paper's expert with ties
+broken by Utilization. The two packing terms answer what limits the deployed count in this setting (GPU
+capacity): CPU-only and CPU-heavy tasks that use up a 16-core host's CPU strand its GPUs, and slices put
+on fresh cards leave fragments no later task fits. The weights (8, 1, 0.1) were chosen on validation seeds
+40 000–40 049 and checked on 41 000–41 049, never on the evaluation seeds (`bench/expert_weights.py`: the
+expert alone deploys +1.8 and +2.4 tasks more than Utilization there; the paper's expert −0.8).
+
+Two additions from DDPGfD (Večerík et al. 2017), both ours, not the paper's: a behaviour-cloning term on
+the expert rows (cross-entropy of the actor's masked softmax against the expert's action, weight
+`bc_weight`), so the demonstrations shape the actor directly and not only through the critic, and
+`pretrain_updates` updates on expert batches alone before the first interaction (the CPU budget allows
+~1 150 online updates of 256 rows, too few to learn the expert's choices from 10 % of each batch). The
+actor's critic term is divided by the batch's mean |Q| (as TD3+BC, Fujimoto & Gu 2021, does), so
+`bc_weight` is the balance of critic and demonstrations whatever the scale of Q; unscaled (|Q| ≈ 40-50 at
+the end of training, up to ~110) the critic term outweighed the BC term and the online phase undid what pre-training had learned (validation seeds, vs
+Utilization: +1.48 tasks scaled, +0.34 unscaled). Plain DDPG: no expert pool, no BC, no pre-training
+(expert_ratio 0), the same inputs and networks (the scaling of its actor loss is a constant factor per
+batch, which Adam's step size nearly ignores).
 
 Reward. The env's reward is paper 000's eq.15-17: ≤ 0 per placement, 0 for a correct delay, −50 for a
 wrong action. Under the feasibility mask no action is wrong, so that reward alone does not value deploying
@@ -87,7 +95,7 @@ from hsched.envs.gpu import (
     task_scale,
 )
 from hsched.metrics import RESOURCES, TAU, utilisation_matrix
-from hsched.policies.heuristics import Utilization
+from hsched.policies.heuristics import Utilization, card_tightness, gpu_stranding
 from hsched.rl import checkpoint
 from hsched.rl.buffers import DualReplayBuffer, ReplayBuffer
 from hsched.rl.nets import SelfAttentionScorer
@@ -115,7 +123,9 @@ class Config:
     steps: int = 10_000            # environment steps (training stops at the first episode end after)
     expert_ratio: float = 0.1      # β: share of each batch from the expert pool (0 = plain DDPG)
     expert_episodes: int = 20      # expert demonstrations pre-filled (EADE-DDPG)
-    expert_fit_weight: float = 4.0  # the expert's host term: eq.16 Score + w · Utilization fit (ScoreGreedyExpert)
+    expert_fit_weight: float = 8.0  # the expert's host term: eq.16 Score + w · (Utilization fit …
+    expert_stranding_weight: float = 1.0  # … − this · gpu_stranding …
+    expert_tightness_weight: float = 0.1  # … + this · card_tightness) (ScoreGreedyExpert)
     bc_weight: float = 1.0         # DDPGfD-style behaviour cloning on expert rows (0 = off)
     pretrain_updates: int = 1_500  # DDPGfD-style updates on expert batches only, before interacting
     batch_size: int = 256          # paper 000 table 5
@@ -231,11 +241,19 @@ class ScoreGreedyExpert:
 
     name = "score-greedy expert"
 
-    def __init__(self, view: MultiClusterState, fit_weight: float = 1e-6) -> None:
+    def __init__(self, view: MultiClusterState, fit_weight: float = 1e-6, stranding_weight: float = 0.0,
+                 tightness_weight: float = 0.0) -> None:
         self.view = view
         self.fit_weight = fit_weight
+        self.stranding_weight = stranding_weight
+        self.tightness_weight = tightness_weight
         self.totals = cluster_totals(view.clusters)
         self.tie = Utilization()
+
+    @classmethod
+    def of(cls, view: MultiClusterState, cfg: Config) -> ScoreGreedyExpert:
+        """The expert EADE-DDPG learns from (`cfg`'s host weights)."""
+        return cls(view, cfg.expert_fit_weight, cfg.expert_stranding_weight, cfg.expert_tightness_weight)
 
     def cluster_rewards(self, demand: Resources) -> np.ndarray:
         """eq.17 reward of deploying `demand` to each cluster (utilisation measured after the placement)."""
@@ -243,6 +261,10 @@ class ScoreGreedyExpert:
 
     def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
         fit = np.clip(self.tie.scores(state, demand, mask), 0.0, 1.0)  # cosine similarity in [0, 1]
+        if self.stranding_weight:
+            fit = fit - self.stranding_weight * gpu_stranding(state, demand)
+        if self.tightness_weight:
+            fit = fit + self.tightness_weight * card_tightness(state, demand)
         score = self.cluster_rewards(demand)[self.view.host_cluster] / TAU + 1.0  # eq.16's Score in [0, 1]
         return score + self.fit_weight * fit
 
@@ -338,7 +360,7 @@ def load_policy(path: str | Path, dc: Any) -> ActorPolicy:
 def expert_pool(env: GpuClusterEnv, codec: Codec, cfg: Config, rng: np.random.Generator) -> ReplayBuffer:
     """`cfg.expert_episodes` episodes of the score-greedy expert (seeds EXPERT_SEED0 + k), with the
     training reward."""
-    expert = ScoreGreedyExpert(env.view, cfg.expert_fit_weight)
+    expert = ScoreGreedyExpert.of(env.view, cfg)
     size = max(1, cfg.expert_episodes * cfg.n_tasks * 2)
     pool = ReplayBuffer(size, codec.dim, seed=rng)
     for k in range(cfg.expert_episodes):
@@ -396,7 +418,10 @@ class Learner:
 
         scores = self.actor(items, task)
         probs = masked_softmax(scores, mask)
-        actor_loss = -(probs * torch.where(mask, q_all.detach(), 0.0)).sum(dim=1).mean()
+        q = (probs * torch.where(mask, q_all.detach(), 0.0)).sum(dim=1)
+        # TD3+BC (Fujimoto & Gu 2021): Q over the batch's mean |Q|, so that bc_weight sets the balance between
+        # the critic and the demonstrations whatever the scale of Q (unscaled, |Q| ≈ 40-50 drowns the BC term)
+        actor_loss = -q.mean() / q.detach().abs().mean().clamp_min(1e-6)
         bc = torch.zeros(())
         expert = torch.from_numpy(batch.source) if batch.source is not None else torch.zeros(0, dtype=torch.bool)
         if cfg.bc_weight > 0 and expert.any():
@@ -433,13 +458,14 @@ def evaluate_policy(make: Callable[[MultiClusterState], Any], cfg: Config,
     return out
 
 
+EXPERT_LABEL = "EADE-DDPG's expert (its demonstrations, Config's host weights)"
 PAIRED_SEEDS = range(50)  # held-out seeds of the paired comparison (contains EVAL_SEEDS, disjoint from training)
 
 
 def paired_comparison(make: Callable[[MultiClusterState], Any], cfg: Config, seeds: Sequence[int] = PAIRED_SEEDS,
                       vs_shipped: bool = False) -> dict[str, Any]:
-    """A policy (`make(view)`) against every heuristic of `hsched eval gpu` and the paper's score-greedy expert
-    (with `vs_shipped`, also the shipped DDPG / EADE-DDPG) on the same held-out episodes: per metric the
+    """A policy (`make(view)`) against every heuristic of `hsched eval gpu`, the paper's score-greedy expert and
+    EADE-DDPG's (with `vs_shipped`, also every shipped learned model) on the same held-out episodes: per metric the
     means and the per-seed paired difference mine − other, mean ± standard error, and the seeds this policy is
     better / equal / worse on (deployed: more is better; fragmentation and GPU load variance: less)."""
     from hsched.eval import gpu
@@ -456,26 +482,28 @@ def paired_comparison(make: Callable[[MultiClusterState], Any], cfg: Config, see
     mine = run(lambda s: mine_policy)
     others = {label: run(lambda s, n=n: gpu.policy_for(n, env, s)) for n, label in gpu.HEURISTICS}
     others["score-greedy expert (paper 000 §3.2)"] = run(lambda s: ScoreGreedyExpert(env.view))
-    for label, _ in gpu.SHIPPED_MODELS if vs_shipped else ():
-        if label in gpu.LEARNED_POLICIES:
-            try:
-                learned = gpu.LEARNED_POLICIES[label](env, 0)
-            except ModelMismatch:
-                continue
-            others[label] = run(lambda s, p=learned: p)
+    others[EXPERT_LABEL] = run(lambda s: ScoreGreedyExpert.of(env.view, cfg))
+    for label, factory in gpu.LEARNED_POLICIES.items() if vs_shipped else ():
+        try:
+            learned = factory(env, 0)
+        except ModelMismatch:
+            continue
+        others[label] = run(lambda s, p=learned: p)
     out: dict[str, Any] = {"seeds": f"{seeds[0]}..{seeds[-1]}", "mean": {k: float(mine[k].mean()) for k in keys},
                            "vs": {}}
     for label, theirs in others.items():
-        row = {}
-        for k in keys:
-            d = mine[k] - theirs[k]
-            better = d > 0 if k == "deployed" else d < 0
-            row[k] = {"other": float(theirs[k].mean()), "diff": float(d.mean()),
-                      "se": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0,
-                      "better/equal/worse": [int(better.sum()), int((d == 0).sum()),
-                                             int(len(d) - better.sum() - (d == 0).sum())]}
-        out["vs"][label] = row
+        out["vs"][label] = {k: paired_difference(mine[k], theirs[k], more_is_better=k == "deployed") for k in keys}
     return out
+
+
+def paired_difference(mine: np.ndarray, theirs: np.ndarray, more_is_better: bool) -> dict[str, Any]:
+    """Per-seed paired difference mine − theirs: its mean ± standard error and the seeds mine is better / equal /
+    worse on."""
+    d = mine - theirs
+    better = d > 0 if more_is_better else d < 0
+    return {"other": float(theirs.mean()), "diff": float(d.mean()),
+            "se": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0,
+            "better/equal/worse": [int(better.sum()), int((d == 0).sum()), int(len(d) - better.sum() - (d == 0).sum())]}
 
 
 def runs_dir(out: Path) -> Path:
