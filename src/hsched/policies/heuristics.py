@@ -129,7 +129,7 @@ def card_tightness(state: ClusterState, demand: Resources) -> np.ndarray:
                     core - demand.gpu_core_percent, np.inf)
     if left.shape[1] < demand.gpu_count:
         return np.zeros(state.n)
-    kth = np.sort(left, axis=1)[:, demand.gpu_count - 1]
+    kth = left.min(axis=1) if demand.gpu_count == 1 else np.sort(left, axis=1)[:, demand.gpu_count - 1]
     return np.where(np.isfinite(kth), 1.0 - kth / 100.0, 0.0)
 
 
