@@ -32,9 +32,9 @@ def main() -> None:
             d = row["deployed"]
             b, e, w = d["better/equal/worse"]
             print(f"| {other} | {d['other']:.2f} | {d['diff']:+.2f} ± {d['se']:.2f} | {b}/{e}/{w} |", flush=True)
-        util = paired["vs"]["Utilization"]
-        print(f"\nvs Utilization: fragmentation {util['fragmentation']['diff']:+.4f} ± "
-              f"{util['fragmentation']['se']:.4f}, GPU load variance {util['gpu_load_variance']['diff']:+.5f} ± {util['gpu_load_variance']['se']:.5f}")
+        frag, var = (paired["vs"]["Utilization"][k] for k in ("fragmentation", "gpu_load_variance"))
+        print(f"\nvs Utilization: fragmentation {frag['diff']:+.4f} ± {frag['se']:.4f}, "
+              f"GPU load variance {var['diff']:+.5f} ± {var['se']:.5f}")
 
 
 if __name__ == "__main__":

@@ -36,9 +36,10 @@ the expert rows (cross-entropy of the actor's masked softmax against the expert'
 `pretrain_updates` updates on expert batches alone before the first interaction (the CPU budget allows
 ~1 150 online updates of 256 rows, too few to learn the expert's choices from 10 % of each batch). The
 actor's critic term is divided by the batch's mean |Q| (as TD3+BC, Fujimoto & Gu 2021, does), so
-`bc_weight` is the balance of critic and demonstrations whatever the scale of Q; unscaled (|Q| ≈ 40-50 at
-the end of training, up to ~110) the critic term outweighed the BC term and the online phase undid what pre-training had learned (validation seeds, vs
-Utilization: +1.48 tasks scaled, +0.34 unscaled). Plain DDPG: no expert pool, no BC, no pre-training
+`bc_weight` is the balance of critic and demonstrations whatever the scale of Q; unscaled (|Q| ≈ 40 at the
+end of training, printed by `bench/eade_variant.py`), the critic term outweighed the BC cross-entropy and
+the online phase undid what pre-training had learned (validation seeds, vs Utilization: +1.48 tasks
+scaled, +0.34 unscaled). Plain DDPG: no expert pool, no BC, no pre-training
 (expert_ratio 0), the same inputs and networks (the scaling of its actor loss is a constant factor per
 batch, which Adam's step size nearly ignores).
 
@@ -420,7 +421,7 @@ class Learner:
         probs = masked_softmax(scores, mask)
         q = (probs * torch.where(mask, q_all.detach(), 0.0)).sum(dim=1)
         # TD3+BC (Fujimoto & Gu 2021): Q over the batch's mean |Q|, so that bc_weight sets the balance between
-        # the critic and the demonstrations whatever the scale of Q (unscaled, |Q| ≈ 40-50 drowns the BC term)
+        # the critic and the demonstrations whatever the scale of Q (unscaled, |Q| ≈ 40 drowns the BC term)
         actor_loss = -q.mean() / q.detach().abs().mean().clamp_min(1e-6)
         bc = torch.zeros(())
         expert = torch.from_numpy(batch.source) if batch.source is not None else torch.zeros(0, dtype=torch.bool)
