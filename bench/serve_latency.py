@@ -78,9 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
-    import torch
-
-    torch.set_num_threads(1)
     dc = load_fleet().datacenter(args.dc)
     gpu = bool(dc.node_table().gpu_count.any())
     trace = args.trace if args.trace != "auto" else ("openb" if gpu else "thunder")

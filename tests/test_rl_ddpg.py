@@ -217,6 +217,21 @@ def test_load_policy_serves_a_gpu_dc_and_rejects_mismatches(tmp_path):
         load_policy(tmp_path / "ok.pt", cpu_dc)
 
 
+def test_served_learned_policies_hold_torch_to_one_thread(tmp_path):
+    # a placer's decision is a few small matmuls; torch's default intra-op threads spin on every core and,
+    # with 11 placers on a small host, cost the whole stack its tail latency
+    from hsched.policies.learned import learned_policy
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        policy = learned_policy("eade-ddpg", paper000_datacenters(1, 4)[0],
+                                model=str(_save_untrained(tmp_path / "m.pt")))
+        assert policy.name == "eade-ddpg" and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.slow
 def test_placer_serves_eade_ddpg_over_grpc(tmp_path, redis_url):
     from hsched.stack import Stack, StackConfig
