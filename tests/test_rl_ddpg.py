@@ -217,10 +217,13 @@ def test_load_policy_serves_a_gpu_dc_and_rejects_mismatches(tmp_path):
         load_policy(tmp_path / "ok.pt", cpu_dc)
 
 
-def test_served_learned_policies_hold_torch_to_one_thread(tmp_path):
-    # a placer's decision is a few small matmuls; torch's default intra-op threads spin on every core and,
-    # with 11 placers on a small host, cost the whole stack its tail latency
+def test_served_models_hold_torch_to_one_thread(tmp_path):
+    # a served decision is a few small matmuls; torch's default intra-op threads spin on every core and,
+    # with 11 placers and a selector on a small host, cost the whole stack its tail latency
+    from hsched.costs import WanGraph
+    from hsched.domain.fleet import load_fleet
     from hsched.policies.learned import learned_policy
+    from hsched.rl.path_serving import selector_path_finder
 
     before = torch.get_num_threads()
     try:
@@ -228,6 +231,9 @@ def test_served_learned_policies_hold_torch_to_one_thread(tmp_path):
         policy = learned_policy("eade-ddpg", paper000_datacenters(1, 4)[0],
                                 model=str(_save_untrained(tmp_path / "m.pt")))
         assert policy.name == "eade-ddpg" and torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        assert selector_path_finder("per-dqn", "per_dqn_path", WanGraph(load_fleet(None).wan)) is not None
+        assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from hsched.domain.cluster import ClusterState
 from hsched.domain.resources import Resources
-from hsched.rl.checkpoint import model_path
+from hsched.rl.checkpoint import model_path, serve_on_one_thread
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,9 @@ class Fallback:
 
 def learned_policy(name: str, dc: Any, seed: int = 0, model: str | None = None) -> Any:
     """The served policy `name` for `dc`, from `model` (a path) or the shipped model, else the fallback."""
-    import torch
-
     from hsched.policies.heuristics import make_policy
 
-    # One decision is a few small matmuls: a second intra-op thread saves nothing, and its OpenMP spin-waits
-    # take the cores the stack's other processes need (`hsched up --gpu-policy eade-ddpg --replay openb` on
-    # 2 cores: Submit p99 0.66 s with torch's default threads).
-    torch.set_num_threads(1)
+    serve_on_one_thread()
     module, shipped, fallback = MODELS[name]
     path = model_path(model or shipped)
     try:

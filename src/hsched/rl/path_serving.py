@@ -27,7 +27,9 @@ def selector_path_finder(kind: str, model: str, graph: WanGraph) -> PathFinder |
     if kind not in PATH_FINDERS:
         raise ValueError(f"path finder: must be one of {', '.join(PATH_FINDERS)}, got {kind!r}")
     from hsched.rl import dqn  # torch: only imported when a learned finder is asked for
+    from hsched.rl.checkpoint import serve_on_one_thread
 
+    serve_on_one_thread()
     try:
         finder = dqn.load_path_finder(model, graph, name=kind)
     except (FileNotFoundError, dqn.ModelMismatch) as exc:
