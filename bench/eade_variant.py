@@ -73,7 +73,8 @@ Q_ROWS = 1024
 
 
 def critic_scale(state: dict, cfg: ddpg.Config) -> float:
-    """Mean |Q| of the trained critic at the actor's softmax over rows of the online pool (its newest, until it wraps)."""
+    """Mean |Q| of the trained critic at the actor's action (`ddpg.policy_q`) over rows of the online pool (its
+    newest, until it wraps)."""
     env = ddpg.make_env(cfg)
     codec = ddpg.Codec(env.view.hosts, env.view.host_cluster)
     actor, critic = ddpg.Actor(cfg.embed, cfg.heads), ddpg.Critic(cfg.embed, cfg.heads)
@@ -83,8 +84,7 @@ def critic_scale(state: dict, cfg: ddpg.Config) -> float:
     rows = torch.from_numpy(online["obs"][max(0, online["size"] - Q_ROWS):online["size"]])
     items, task, mask = codec.decode(rows)
     with torch.no_grad():
-        q = (ddpg.masked_softmax(actor(items, task), mask) * torch.where(mask, critic(items, task), 0.0)).sum(1)
-    return float(q.abs().mean())
+        return float(ddpg.policy_q(actor(items, task), critic(items, task), mask).abs().mean())
 
 if __name__ == "__main__":
     main()

@@ -182,6 +182,12 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.softmax(torch.where(mask, scores, -torch.inf), dim=-1)
 
 
+def policy_q(scores: torch.Tensor, q_all: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Q(s, a) of the actor's action vector a = masked softmax of its scores: Σ_i a_i q(s, i) per row (eq.19's
+    critic term; differentiable in the scores)."""
+    return (masked_softmax(scores, mask) * torch.where(mask, q_all, 0.0)).sum(dim=1)
+
+
 def noisy_action(scores: np.ndarray, mask: np.ndarray, sigma: float, rng: np.random.Generator | None) -> int:
     """eq.18: the executed action, the allowed action of largest score + n₀ (n₀ ~ N(0, σ²) per action); a
     masked action is never returned."""
@@ -418,8 +424,7 @@ class Learner:
         self.critic_opt.step()
 
         scores = self.actor(items, task)
-        probs = masked_softmax(scores, mask)
-        q = (probs * torch.where(mask, q_all.detach(), 0.0)).sum(dim=1)
+        q = policy_q(scores, q_all.detach(), mask)
         # TD3+BC (Fujimoto & Gu 2021): Q over the batch's mean |Q|, so that bc_weight sets the balance between
         # the critic and the demonstrations whatever the scale of Q (unscaled, |Q| ≈ 40 drowns the BC term)
         actor_loss = -q.mean() / q.detach().abs().mean().clamp_min(1e-6)
