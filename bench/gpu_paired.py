@@ -11,8 +11,6 @@ JSON, in one table, so the README's figures can be rerun in one command.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from hsched.eval import gpu
 from hsched.rl.ddpg import Config, paired_comparison
 
@@ -22,8 +20,7 @@ def main() -> None:
         print(note)
     cfg = Config()
     for label, factory in gpu.LEARNED_POLICIES.items():
-        # the eval factories read only `env.view` (the fleet the policy scores)
-        paired = paired_comparison(lambda view, f=factory: f(SimpleNamespace(view=view), 0), cfg, vs_shipped=True)
+        paired = paired_comparison(lambda view, f=factory: f(view, 0), cfg, vs_shipped=True)
         print(f"\n{label}: deploys {paired['mean']['deployed']:.2f} of {cfg.n_tasks} on seeds {paired['seeds']}\n")
         print("| vs | theirs | Δ deployed | better/equal/worse |\n|---|---:|---:|---:|")
         for other, row in paired["vs"].items():

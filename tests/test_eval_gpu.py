@@ -48,7 +48,7 @@ def test_eval_gpu_quick(tmp_path):
 def test_eval_gpu_learned_hook(tmp_path, monkeypatch):
     from hsched.eval import gpu
 
-    stub = {"EADE-DDPG (stub)": lambda env, seed: make_policy("firstfit")}
+    stub = {"EADE-DDPG (stub)": lambda view, seed: make_policy("firstfit")}
     monkeypatch.setattr(gpu, "LEARNED_POLICIES", stub)
     monkeypatch.setattr(gpu, "HEURISTICS", (("bestfit", "BestFit"),))
     report = gpu.run(EvalContext(seeds=[0], out_dir=tmp_path, quick=True))

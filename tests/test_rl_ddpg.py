@@ -290,5 +290,5 @@ def test_eval_rows_come_from_shipped_models_or_say_why_not(tmp_path, monkeypatch
     _save_untrained(tmp_path / "eade_ddpg_gpu.pt")
     gpu.register_shipped_models()
     env = GpuClusterEnv(paper000_datacenters(3, 2), n_tasks=20)
-    result = run_policy(env, gpu.LEARNED_POLICIES["EADE-DDPG"](env, 0), seed=0)
+    result = run_policy(env, gpu.LEARNED_POLICIES["EADE-DDPG"](env.view, 0), seed=0)
     assert result.metrics["failed"] == 0 and result.metrics["deployed"] > 0

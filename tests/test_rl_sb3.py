@@ -35,7 +35,7 @@ def test_shipped_sb3_model_serves_through_the_eval_factory(algo, paper_env, monk
     gpu.register_shipped_models()
     label = f"{algo.upper()} (SB3)"
     assert label in gpu.LEARNED_POLICIES, gpu.LEARNED_NOTES
-    policy = gpu.LEARNED_POLICIES[label](paper_env, 0)
+    policy = gpu.LEARNED_POLICIES[label](paper_env.view, 0)
     assert isinstance(policy, hsb3.SB3Policy)
     runs = [run_policy(paper_env, policy, seed=s).metrics for s in meta["data"]["eval_seeds"]]
     assert all(m["failed"] == 0 and 150 <= m["deployed"] <= 220 for m in runs)
@@ -43,7 +43,7 @@ def test_shipped_sb3_model_serves_through_the_eval_factory(algo, paper_env, monk
     assert np.mean([m["deployed"] for m in runs]) == pytest.approx(meta["evaluation"]["deployed"])
     small = GpuClusterEnv(paper000_datacenters(3, 2), n_tasks=20)
     with pytest.raises(ModelMismatch, match="another size"):
-        gpu.LEARNED_POLICIES[label](small, 0)
+        gpu.LEARNED_POLICIES[label](small.view, 0)
 
 
 @pytest.mark.parametrize("algo", hsb3.ALGOS)

@@ -29,7 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from hsched.domain.fleet import DataCenter
-from hsched.envs.gpu import GpuClusterEnv, fleet_gpu_datacenters, paper000_datacenters, run_policy
+from hsched.envs.gpu import (
+    GpuClusterEnv,
+    MultiClusterState,
+    fleet_gpu_datacenters,
+    paper000_datacenters,
+    run_policy,
+)
 from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_bars
 from hsched.metrics import RESOURCES, deployed_count, paper_summary, utilisation_matrix
 from hsched.policies.base import NodePolicy
@@ -56,12 +62,12 @@ PAPER_LOAD_VARIANCE = {"BestFit": 0.0067, "Greedy": 0.0129, "Random": 0.0111, "U
                        "EADE-DDPG": 0.0020}
 
 # ---- LEARNED ROWS HOOK ------------------------------------------------------------------------------------
-# Paper 000's learned rows: label -> factory(env, seed) returning a NodePolicy whose scores(state, demand, mask)
+# Paper 000's learned rows: label -> factory(view, seed) returning a NodePolicy whose scores(state, demand, mask)
 # rank the flattened hosts of `env.view.fleet` (the actor's score per host). They run through the same
 # `run_policy` (same mask, same select) as the heuristics and get rows in every table and plot. The shipped
 # DDPG and EADE-DDPG models (models/*.pt, `hsched train ddpg|eade-ddpg`) register below when present;
 # LEARNED_NOTES says which rows were skipped and why.
-PolicyFactory = Callable[[GpuClusterEnv, int], NodePolicy]
+PolicyFactory = Callable[[MultiClusterState, int], NodePolicy]
 LEARNED_POLICIES: dict[str, PolicyFactory] = {}
 LEARNED_NOTES: list[str] = []
 SHIPPED_MODELS = (("DDPG", "ddpg_gpu"), ("EADE-DDPG", "eade_ddpg_gpu"))
@@ -69,20 +75,20 @@ SB3_ALGOS = ("td3", "sac", "ppo")
 
 
 def _shipped_factory(path: Path) -> PolicyFactory:
-    def factory(env: GpuClusterEnv, seed: int) -> NodePolicy:
+    def factory(view: MultiClusterState, seed: int) -> NodePolicy:
         from hsched.rl.ddpg import ActorPolicy, load_actor
 
         actor, state = load_actor(path)
-        return ActorPolicy(actor, state["policy"], env.view)  # hosts see their own cluster, as in training
+        return ActorPolicy(actor, state["policy"], view)  # hosts see their own cluster, as in training
 
     return factory
 
 
 def _sb3_factory(algo: str, path: Path) -> PolicyFactory:
-    def factory(env: GpuClusterEnv, seed: int) -> NodePolicy:
+    def factory(view: MultiClusterState, seed: int) -> NodePolicy:
         from hsched.rl.sb3 import load
 
-        return load(algo, path, env.view)
+        return load(algo, path, view)
 
     return factory
 
@@ -188,7 +194,7 @@ def evaluate(ctx: EvalContext, setting: Setting, with_optimum: bool) -> Rows:
         for label, factory in LEARNED_POLICIES.items():
             done += 1
             try:
-                policy = factory(env, seed)
+                policy = factory(env.view, seed)
             except ModelMismatch as exc:  # e.g. an SB3 MLP sized for another host count
                 if seed == ctx.seeds[0]:
                     rows.notes.append(f"{label} row skipped: {exc}")

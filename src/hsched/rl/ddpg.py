@@ -491,7 +491,7 @@ def paired_comparison(make: Callable[[MultiClusterState], Any], cfg: Config, see
     others[EXPERT_LABEL] = run(lambda s: ScoreGreedyExpert.of(env.view, cfg))
     for label, factory in gpu.LEARNED_POLICIES.items() if vs_shipped else ():
         try:
-            learned = factory(env, 0)
+            learned = factory(env.view, 0)
         except ModelMismatch:
             continue
         others[label] = run(lambda s, p=learned: p)
