@@ -221,7 +221,9 @@ def test_several_clusters_each_task_at_most_once_anywhere() -> None:
     tasks = [gpu_task(1, 100, models=("A100",)), gpu_task(1, 100), gpu_task(1, 100), gpu_task(1, 100)]
     r = max_deployed([a, b], tasks)
     assert r.optimal and r.deployed == 3  # three cards in all
-    assert r.placement(0) is not None and r.placement(0).cluster == 1
+    # Which task stays out is a tie (task 0 or any of the unconstrained ones): assert what every optimum holds.
+    if r.placement(0) is not None:
+        assert r.placement(0).cluster == 1  # the A100-only task never lands on the T4 cluster
     assert sorted(p.cluster for p in map(r.placement, range(4)) if p is not None) == [0, 1, 1]
     r.apply([a, b])
     assert_books_balance(a)
