@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import secrets
 from collections import OrderedDict
 from collections.abc import Coroutine
@@ -23,7 +24,7 @@ from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.ledger import replay
 from hsched.state.redis import connect
-from hsched.state.tasks import TaskStore, now_ms
+from hsched.state.tasks import TaskStore, keep_pruned, now_ms
 from hsched.telemetry import MetricsServer
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import (
@@ -38,6 +39,7 @@ from hsched.v1 import (
 log = logging.getLogger("hsched.gateway")
 T = TypeVar("T")
 LIST_DEFAULT, LIST_MAX = 100, 1000
+_STREAM_ID = re.compile(r"^(\$|\d{1,20}(-\d{1,20})?)?$")  # Watch's after_event_id: "", "$", "0", "<ms>-<seq>"
 
 
 def _track(job: asyncio.Task, running: set[asyncio.Task]) -> asyncio.Task:
@@ -345,6 +347,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return gateway_pb2.ListResponse(tasks=out, next_page_token=next_token)
 
     async def Watch(self, request: gateway_pb2.WatchRequest, context):
+        if not _STREAM_ID.match(request.after_event_id) or any(
+                int(n) >= 1 << 64 for n in request.after_event_id.split("-") if n.isdigit()):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "after_event_id: must be an event id "
+                                "(<ms>-<seq>), \"0\" for the start, or empty for new events only")
         if request.task_id and request.task_id not in self.store.tasks:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
         async for event in self.store.events(request.after_event_id):
@@ -402,6 +408,11 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
                                {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
                                args.select_timeout_s, args.place_timeout_s)
     settled, released = await servicer.reconcile(redis, Keys(args.prefix))
+    pruning = asyncio.create_task(keep_pruned(store, args.task_retention_s, args.task_prune_interval_s))
+
+    async def stop_pruning() -> None:
+        pruning.cancel()
+        await asyncio.gather(pruning, return_exceptions=True)
     metrics = metrics_server(args)
     if metrics:
         register_metrics(metrics, store, servicer)
@@ -412,7 +423,7 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
              "tasks held by a placer without a record to match released)", port, loaded, len(store.tasks), settled,
              released)
     await serve_until_stopped(stop, server, port, args, metrics=metrics,
-                              cleanup=[servicer.close, *(ch.close for ch in channels),
+                              cleanup=[stop_pruning, servicer.close, *(ch.close for ch in channels),
                                        redis.aclose])
 
 
@@ -423,6 +434,11 @@ def parser():
                    help="dc=host:port,... for every data center's placer")
     p.add_argument("--select-timeout-s", type=float, default=2.0)
     p.add_argument("--place-timeout-s", type=float, default=5.0)
+    p.add_argument("--task-retention-s", type=float, default=float(os.environ.get("HSCHED_TASK_RETENTION_S", 86400)),
+                   help="forget released and rejected tasks this long after their last change (docs/operations.md)")
+    p.add_argument("--task-prune-interval-s", type=float,
+                   default=float(os.environ.get("HSCHED_TASK_PRUNE_INTERVAL_S", 300)),
+                   help="how often finished tasks are forgotten and the task stream compacted")
     return p
 
 

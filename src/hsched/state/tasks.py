@@ -10,6 +10,7 @@ answers — nothing acknowledged is lost.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from hsched.v1 import common_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 STATE_OF_KIND = {"submitted": pb.TASK_STATE_SUBMITTED, "dc_selected": pb.TASK_STATE_SUBMITTED,
                  "placed": pb.TASK_STATE_PLACED, "deferred": pb.TASK_STATE_DEFERRED,
@@ -42,6 +45,7 @@ class TaskStore:
     last_id: str = "0-0"
     _pending: list[_Pending] = field(default_factory=list)
     _flusher: asyncio.Task | None = None
+    _kept: dict[str, int] = field(default_factory=dict)  # task id -> when `prune` last re-appended its record
 
     async def load(self, batch: int = 5000) -> int:
         """Rebuild the table from the stream; returns the number of entries read."""
@@ -106,6 +110,55 @@ class TaskStore:
             for entry_id, fields in reply[0][1]:
                 cursor = entry_id.decode()
                 yield event_of(cursor, fields)
+
+
+TERMINAL = (pb.TASK_STATE_REJECTED, pb.TASK_STATE_RELEASED)
+KIND_OF_STATE = {pb.TASK_STATE_SUBMITTED: "submitted", pb.TASK_STATE_PLACED: "placed",
+                 pb.TASK_STATE_DEFERRED: "deferred", pb.TASK_STATE_REJECTED: "rejected",
+                 pb.TASK_STATE_RELEASED: "released"}
+
+
+async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, now: int | None = None
+                ) -> tuple[int, int]:
+    """Retention of the task stream (docs/operations.md): forget terminal tasks (released, rejected) last
+    changed more than `retention_ms` ago, and compact the stream so it stays bounded — re-append the current
+    record of every task still in the table whose last entry may be older than the trim point (so a restarted
+    gateway rebuilds the same table), then trim everything older (XTRIM MINID). A live task is never lost:
+    its record is written again before any entry of it goes. Returns (tasks forgotten, entries trimmed)."""
+    now = now_ms() if now is None else now
+    cutoff = now - retention_ms
+    gone = [t for t in store.tasks.values() if t.state in TERMINAL and t.updated_unix_ms < cutoff]
+    for task in gone:
+        del store.tasks[task.task_id]
+        store._kept.pop(task.task_id, None)
+        key = (task.spec.tenant, task.spec.request_id)
+        if store.by_request.get(key) == task.task_id:
+            del store.by_request[key]
+    # `updated_unix_ms` is the gateway's clock, entry ids Redis's: `margin_ms` covers the difference
+    old = [t for t in store.tasks.values()
+           if max(t.updated_unix_ms, store._kept.get(t.task_id, 0)) < cutoff + margin_ms]
+    if old:
+        async with store.redis.pipeline(transaction=False) as pipe:
+            for task in old:
+                pipe.xadd(store.stream, {b"k": KIND_OF_STATE.get(task.state, "submitted").encode(),
+                                         b"t": task.SerializeToString(), b"d": b"kept by compaction"})
+            await pipe.execute()
+        for task in old:
+            store._kept[task.task_id] = now
+    trimmed = await store.redis.xtrim(store.stream, minid=f"{max(cutoff, 0)}-0") if cutoff > 0 else 0
+    return len(gone), int(trimmed)
+
+
+async def keep_pruned(store: TaskStore, retention_s: float, interval_s: float) -> None:
+    """`prune` every `interval_s` (the gateway runs it); a failed round is logged and tried again."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            gone, trimmed = await prune(store, int(retention_s * 1000))
+            if gone or trimmed:
+                log.info("task retention: %d finished tasks forgotten, %d stream entries trimmed", gone, trimmed)
+        except Exception:
+            log.warning("task retention round failed; retrying in %g s", interval_s, exc_info=True)
 
 
 def event_of(entry_id: str, fields: dict[bytes, bytes]) -> pb.TaskEvent:
