@@ -142,10 +142,15 @@ async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, no
             for task in old:
                 pipe.xadd(store.stream, {b"k": KIND_OF_STATE.get(task.state, "submitted").encode(),
                                          b"t": task.SerializeToString(), b"d": b"kept by compaction"})
-            await pipe.execute()
+            kept = await pipe.execute()
         for task in old:
             store._kept[task.task_id] = now
-    trimmed = await store.redis.xtrim(store.stream, minid=f"{max(cutoff, 0)}-0") if cutoff > 0 else 0
+        # never below the records just written again, whatever Redis's clock says
+        first = tuple(int(n) for n in kept[0].decode().split("-"))
+        trim_at = min((cutoff, 0), first)
+    else:
+        trim_at = (cutoff, 0)
+    trimmed = await store.redis.xtrim(store.stream, minid=f"{trim_at[0]}-{trim_at[1]}") if cutoff > 0 else 0
     return len(gone), int(trimmed)
 
 
