@@ -14,8 +14,14 @@ from hsched.state.keys import Keys
 from hsched.state.ledger import Fenced, replay, snapshot_and_trim, trimmed_past
 from hsched.state.tasks import TaskStore, now_ms, prune
 from hsched.v1 import common_pb2 as pb
-from tests.test_ledger import HISTORY, alloc, cheap, ledger, same_state  # noqa: F401 - fixtures below
-from tests.test_ledger import redis  # noqa: F401 - the fixture
+from tests.test_ledger import (  # noqa: F401 - fixtures below
+    HISTORY,
+    alloc,
+    cheap,
+    ledger,
+    redis,
+    same_state,
+)
 
 FIRST, REST = HISTORY[:5], HISTORY[5:]  # the trim falls mid-history: q1 waits in the queue, b runs
 
@@ -133,5 +139,9 @@ async def test_prune_forgets_old_finished_tasks_and_keeps_live_ones_across_a_rel
     assert {t: reloaded.tasks[t].state for t in reloaded.tasks} == {
         "placed": pb.TASK_STATE_PLACED, "deferred": pb.TASK_STATE_DEFERRED}
     assert reloaded.tasks["placed"] == store.tasks["placed"]
-    assert await prune(store, retention_ms=3_600_000, now=later) == (0, 0)  # not written again and again
+    # another round as old: the kept records are written again and the previous ones trimmed — bounded, not lost
+    assert await prune(store, retention_ms=3_600_000, now=later) == (0, 2)
     assert await redis.xlen(store.stream) == 2
+    again = TaskStore(redis, store.stream)
+    await again.load()
+    assert sorted(again.tasks) == ["deferred", "placed"]

@@ -45,7 +45,7 @@ class TaskStore:
     last_id: str = "0-0"
     _pending: list[_Pending] = field(default_factory=list)
     _flusher: asyncio.Task | None = None
-    _kept: dict[str, int] = field(default_factory=dict)  # task id -> when `prune` last re-appended its record
+    _kept: dict[str, tuple[int, int]] = field(default_factory=dict)  # task id -> its record `prune` re-appended
 
     async def load(self, batch: int = 5000) -> int:
         """Rebuild the table from the stream; returns the number of entries read."""
@@ -118,6 +118,11 @@ KIND_OF_STATE = {pb.TASK_STATE_SUBMITTED: "submitted", pb.TASK_STATE_PLACED: "pl
                  pb.TASK_STATE_RELEASED: "released"}
 
 
+def _entry_id(entry_id: bytes) -> tuple[int, int]:
+    ms, _, seq = entry_id.decode().partition("-")
+    return int(ms), int(seq or 0)
+
+
 async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, now: int | None = None
                 ) -> tuple[int, int]:
     """Retention of the task stream (docs/operations.md): forget terminal tasks (released, rejected) last
@@ -135,22 +140,20 @@ async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, no
         if store.by_request.get(key) == task.task_id:
             del store.by_request[key]
     # `updated_unix_ms` is the gateway's clock, entry ids Redis's: `margin_ms` covers the difference
-    old = [t for t in store.tasks.values()
-           if max(t.updated_unix_ms, store._kept.get(t.task_id, 0)) < cutoff + margin_ms]
+    old = [t for t in store.tasks.values() if max(t.updated_unix_ms, store._kept.get(t.task_id, (0, 0))[0])
+           < cutoff + margin_ms]
     if old:
         async with store.redis.pipeline(transaction=False) as pipe:
             for task in old:
                 pipe.xadd(store.stream, {b"k": KIND_OF_STATE.get(task.state, "submitted").encode(),
                                          b"t": task.SerializeToString(), b"d": b"kept by compaction"})
             kept = await pipe.execute()
-        for task in old:
-            store._kept[task.task_id] = now
-        # never below the records just written again, whatever Redis's clock says
-        first = tuple(int(n) for n in kept[0].decode().split("-"))
-        trim_at = min((cutoff, 0), first)
-    else:
-        trim_at = (cutoff, 0)
-    trimmed = await store.redis.xtrim(store.stream, minid=f"{trim_at[0]}-{trim_at[1]}") if cutoff > 0 else 0
+        for task, entry_id in zip(old, kept, strict=True):
+            store._kept[task.task_id] = _entry_id(entry_id)
+    # never trim a record written again that is still its task's latest, whatever the clocks say
+    trim_at = min([(cutoff, 0), *(k for t, k in store._kept.items() if store.tasks[t].updated_unix_ms <= k[0])])
+    trimmed = await store.redis.xtrim(store.stream, minid=f"{trim_at[0]}-{trim_at[1]}", approximate=False) \
+        if cutoff > 0 else 0
     return len(gone), int(trimmed)
 
 
