@@ -293,6 +293,50 @@ def test_fuzzed_gateway_answers_only_allowed_codes_and_returns_to_its_footprint(
         assert end[1] <= 1.1 * start[1], f"gateway RSS grew: {start[1]:.1f} -> {end[1]:.1f} MiB"
         for dc in stack.fleet.datacenters:  # the summary streams stayed at their cap (MAXLEN ~100 per DC)
             assert redis_client.xlen(f"{prefix}:dc:{dc.name}:summary") <= 300
+        log = (stack.log_dir / "gateway.log").read_text(errors="replace")
+        assert "Traceback" not in log and "Exception deserializing" not in log
     finally:
         client.close()
         redis_client.close()
+
+
+@pytest.mark.slow
+def test_garbage_bytes_get_invalid_argument_on_every_method_of_every_service(redis_url) -> None:
+    from hsched.v1 import placer_pb2, selector_pb2, thermal_pb2
+
+    prefix = f"test-garbage-{uuid.uuid4().hex[:8]}"
+    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0)
+    garbage = [b"\xff\xff\xff\xff", b"\x0a\x05ab", b"\x12\x80\x80\x80\x80\x10"]
+    try:
+        with Stack(config) as stack:
+            targets = {"gateway": stack.gateway, "selector": stack.services["selector"].target,
+                       "placer-cheap": stack.placer_target("cheap"), "thermal": stack.services["thermal"].target}
+            services = {"gateway": gateway_pb2.DESCRIPTOR.services_by_name["Gateway"],
+                        "selector": selector_pb2.DESCRIPTOR.services_by_name["Selector"],
+                        "placer-cheap": placer_pb2.DESCRIPTOR.services_by_name["Placer"],
+                        "thermal": thermal_pb2.DESCRIPTOR.services_by_name["Thermal"]}
+            checked = 0
+            for name, service in services.items():
+                with grpc.insecure_channel(targets[name]) as channel:
+                    for method in service.methods:
+                        path = f"/{service.full_name}/{method.name}"
+                        kind = ("stream_stream" if method.client_streaming else
+                                "unary_stream" if method.server_streaming else "unary_unary")
+                        call = getattr(channel, kind)(path)
+                        for data in garbage:
+                            with pytest.raises(grpc.RpcError) as err:
+                                if kind == "stream_stream":
+                                    list(call(iter([data]), timeout=30))
+                                elif kind == "unary_stream":
+                                    list(call(data, timeout=30))
+                                else:
+                                    call(data, timeout=30)
+                            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (path, err.value)
+                            assert err.value.details() == f"request is not a valid {method.input_type.full_name}"
+                            checked += 1
+            assert checked == 3 * sum(len(s.methods) for s in services.values())
+            for name in targets:
+                log = (stack.log_dir / f"{name}.log").read_text(errors="replace")
+                assert "Traceback" not in log and "Exception deserializing" not in log, name
+    finally:
+        delete_prefix(redis_url, prefix)
