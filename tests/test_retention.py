@@ -145,3 +145,37 @@ async def test_prune_forgets_old_finished_tasks_and_keeps_live_ones_across_a_rel
     again = TaskStore(redis, store.stream)
     await again.load()
     assert sorted(again.tasks) == ["deferred", "placed"]
+
+
+async def test_placer_engine_snapshots_and_trims_and_a_restart_rebuilds_the_same_state(redis, prefix) -> None:  # noqa: F811
+    from hsched.engine.placer import PlacerEngine
+    from hsched.policies.heuristics import make_policy
+    from hsched.state.ledger import Retention, snapshot_id
+    from tests.test_engine import spec
+
+    dc = cheap()
+    retention = Retention(snapshot_entries=3, snapshot_interval_s=0.2, trim_margin_s=0)
+    first = PlacerEngine(dc, redis, Keys(prefix), make_policy("bestfit"), "p1", retention=retention)
+    await first.start()
+    try:
+        for i in range(4):
+            assert (await first.place(f"f{i}", spec(20))).outcome == "placed"
+        assert (await first.place("q", spec(20))).outcome == "deferred"
+        await first.release("f0")  # q runs from the queue
+        await first.place("q2", spec(20))  # waits
+        stream = Keys(prefix).ledger("cheap")
+        for _ in range(300):  # the engine snapshots between batches, in the background
+            if await snapshot_id(redis, stream) == first.last_id and await redis.xlen(stream) <= 1:
+                break
+            await asyncio.sleep(0.1)
+        assert await snapshot_id(redis, stream) == first.last_id and await redis.xlen(stream) <= 1
+        want_state, want_queue, last = first.state, OrderedDict(first.queue), first.last_id
+    finally:
+        await first.stop()
+    second = PlacerEngine(dc, redis, Keys(prefix), make_policy("bestfit"), "p2", retention=retention)
+    await second.start(wait_for_lease_s=0)
+    try:
+        assert same_state(second.state, want_state) and second.queue == want_queue and second.last_id == last
+        assert sorted(second.state.allocations) == ["f1", "f2", "f3", "q"] and list(second.queue) == ["q2"]
+    finally:
+        await second.stop()
