@@ -27,6 +27,7 @@ from redis.exceptions import ResponseError
 from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.task import TaskSpec, task_from_dict
 from hsched.state.keys import Keys
+from hsched.state.redis import NotReplicated, check_replicated
 
 _ACQUIRE = """
 local holder = redis.call('GET', KEYS[1])
@@ -40,16 +41,27 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[
 return 0
 """
 
+# ARGV: token, epoch ('' = unchecked), events...; the epoch is checked first: a wiped Redis has no fence either
 _APPEND = """
+if ARGV[2] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[2] then return redis.error_reply('EPOCH') end
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCED') end
 local id
-for i = 2, #ARGV do id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[i]) end
+for i = 3, #ARGV do id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[i]) end
 return id
 """
 
 
 class Fenced(RuntimeError):
     """This writer's fencing token is no longer current: another placer owns the DC."""
+
+
+class StateLost(Fenced):
+    """Redis no longer holds the state this writer started on (hsched.state.epoch): it must not write again."""
+
+
+class AppendNotReplicated(Fenced, NotReplicated):
+    """The append is on the master but not on enough replicas: the placer's in-memory state may now differ
+    from what survives a failover, so it stops writing as if fenced (and re-folds before it writes again)."""
 
 
 class LeaseHeld(RuntimeError):
@@ -79,6 +91,9 @@ class Ledger:
     owner: str
     lease_ms: int = 3000
     token: int | None = None
+    epoch: str | None = None  # checked by every append (hsched.state.epoch); None = unchecked
+    min_replicas: int = 0  # replicas that must hold an append before it counts (Redis WAIT)
+    wait_timeout_ms: int = 1000
 
     def __post_init__(self) -> None:
         self._acquire = self.redis.register_script(_ACQUIRE)
@@ -113,15 +128,32 @@ class Ledger:
                               " return 0", 1, self.keys.lease(self.dc), self.owner)
 
     async def append(self, events: Iterable[dict]) -> str:
-        """Append events atomically behind the fencing check; returns the last stream id."""
+        """Append events atomically behind the epoch and fencing checks; returns the last stream id. With
+        `min_replicas`, the append counts only once that many replicas hold it (WAIT on the same connection):
+        else NotReplicated, and the caller must not answer as if it were durable."""
         payload = [json.dumps(e, separators=(",", ":")) for e in events]
         if not payload:
             raise ValueError("events: nothing to append")
         if self.token is None:
             raise Fenced(f"placer for {self.dc} has no fencing token (acquire() first)")
+        keys = [self.stream, self.keys.fence(self.dc), self.keys.epoch]
+        args = [self.token, self.epoch or "", *payload]
         try:
-            last = await self._append(keys=[self.stream, self.keys.fence(self.dc)], args=[self.token, *payload])
+            if self.min_replicas:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    await self._append(keys=keys, args=args, client=pipe)
+                    pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
+                    last, acked = await pipe.execute()
+                try:
+                    check_replicated(acked, self.min_replicas, f"the ledger append of {self.dc}")
+                except NotReplicated as exc:
+                    raise AppendNotReplicated(str(exc)) from None
+            else:
+                last = await self._append(keys=keys, args=args)
         except ResponseError as exc:
+            if "EPOCH" in str(exc):
+                raise StateLost(f"placer for {self.dc}: Redis no longer holds epoch {self.epoch} "
+                                f"({self.keys.epoch}); its ledger cannot be trusted") from None
             if "FENCED" in str(exc):
                 raise Fenced(f"placer for {self.dc} was fenced out (token {self.token} is stale)") from None
             raise

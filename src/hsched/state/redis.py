@@ -178,6 +178,9 @@ class EmbeddedRedis:
         if self.running:
             self.proc.send_signal(signal.SIGCONT)
 
+    def pids(self) -> dict[str, int]:
+        return {"redis": self.proc.pid} if self.running else {}
+
     def stop(self) -> None:
         """Shut down cleanly (SIGTERM: the AOF is fsynced); a temporary data dir is removed, a given one kept."""
         if self.running:
@@ -204,11 +207,7 @@ class ReplicaSet:
         self.dir = Path(tempfile.mkdtemp(prefix="hsched-redis-")) if data_dir is None else Path(data_dir)
         self.master_name = master_name
         self.down_after_ms, self.failover_timeout_ms = down_after_ms, failover_timeout_ms
-        master_port = free_port()
-        self.nodes = [EmbeddedRedis(master_port, self.dir / "node-0", appendfsync)]
-        for i in range(1, replicas + 1):
-            self.nodes.append(EmbeddedRedis(None, self.dir / f"node-{i}", appendfsync,
-                                            ["--replicaof", "127.0.0.1", str(master_port)]))
+        self.nodes = [EmbeddedRedis(None, self.dir / f"node-{i}", appendfsync) for i in range(replicas + 1)]
         self.sentinel_port = free_port()
         self.sentinel: subprocess.Popen | None = None
 
@@ -224,8 +223,20 @@ class ReplicaSet:
     def sentinel_dir(self) -> Path:
         return self.dir / "sentinel"
 
+    @property
+    def _master_file(self) -> Path:
+        """Which node was master when the set last stopped: it starts as master again (its data is newest)."""
+        return self.dir / "master"
+
     def start(self, timeout_s: float = 30.0) -> ReplicaSet:
         try:
+            if self.sentinel is None:  # first start: roles from the last run (node-0 on a new dir)
+                self.dir.mkdir(parents=True, exist_ok=True)
+                first = int(self._master_file.read_text()) if self._master_file.exists() else 0
+                self._first_master = self.nodes[first]
+                for node in self.nodes:
+                    node.extra_args = [] if node is self._first_master else \
+                        ["--replicaof", "127.0.0.1", str(self._first_master.port)]
             for node in self.nodes:
                 if not node.running:
                     node.start(timeout_s)
@@ -249,8 +260,8 @@ class ReplicaSet:
     def _start_sentinel(self, timeout_s: float) -> None:
         self.sentinel_dir.mkdir(parents=True, exist_ok=True)
         conf = self.sentinel_dir / "sentinel.conf"  # Sentinel rewrites it with what it learns (the current master)
-        if not conf.exists():
-            master = self.nodes[0]
+        if self.sentinel is None:  # ports are new on every run: what an old run's Sentinel learnt is stale
+            master = self._first_master
             conf.write_text(
                 f"port {self.sentinel_port}\nbind 127.0.0.1\ndir {self.sentinel_dir}\n"
                 f"logfile {self.sentinel_dir / 'sentinel.log'}\n"
@@ -273,22 +284,32 @@ class ReplicaSet:
             client.close()
 
     def master(self) -> EmbeddedRedis:
-        if self.sentinel is None:  # before the Sentinel runs, the master is the one started as master
-            return self.nodes[0]
+        if self.sentinel is None or self.sentinel.poll() is not None:  # before the Sentinel runs: the first one
+            return getattr(self, "_first_master", self.nodes[0])
         port = self.master_address()[1]
         return next(n for n in self.nodes if n.port == port)
 
-    def kill_master(self, wait_failover_s: float | None = None) -> EmbeddedRedis:
-        """SIGKILL the current master; with `wait_failover_s`, wait until the Sentinel names another one."""
+    def kill_master(self, wait_failover_s: float | None = 30.0, rejoin: bool = True) -> EmbeddedRedis:
+        """SIGKILL the current master (a crash). With `wait_failover_s`, wait until the Sentinel has promoted a
+        replica; with `rejoin` too, restart the killed node as a replica of the new master (as a supervisor
+        would), so writes that WAIT for every replica succeed again once it has synced."""
         old = self.master()
         old.kill()
-        if wait_failover_s is not None:
-            deadline = time.monotonic() + wait_failover_s
-            while self.master_address()[1] == old.port:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"Sentinel did not promote a replica within {wait_failover_s:.0f} s")
-                time.sleep(0.1)
+        if wait_failover_s is None:
+            return old
+        deadline = time.monotonic() + wait_failover_s
+        while self.master_address()[1] == old.port:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Sentinel did not promote a replica within {wait_failover_s:.0f} s")
+            time.sleep(0.1)
+        if rejoin:
+            self.rejoin(old)
         return old
+
+    def rejoin(self, node: EmbeddedRedis) -> None:
+        """Start a dead node again as a replica of the current master (it resyncs from it)."""
+        node.extra_args = ["--replicaof", *map(str, self.master_address())]
+        node.start()
 
     def pids(self) -> dict[str, int]:
         out = {f"redis-{i}": n.proc.pid for i, n in enumerate(self.nodes) if n.running}
@@ -298,6 +319,10 @@ class ReplicaSet:
 
     def stop(self) -> None:
         if self.sentinel is not None and self.sentinel.poll() is None:
+            try:
+                self._master_file.write_text(str(self.nodes.index(self.master())))
+            except (redis.RedisError, OSError, StopIteration):
+                pass
             self.sentinel.terminate()
             try:
                 self.sentinel.wait(10)
