@@ -19,7 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -33,19 +32,19 @@ SENTINEL_SCHEME = "redis+sentinel"
 
 def _sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int] | None:
     """(sentinels, master name, db) of a redis+sentinel:// URL; None for any other URL."""
-    parts = urlsplit(url)
-    if parts.scheme != SENTINEL_SCHEME:
+    if not url.startswith(f"{SENTINEL_SCHEME}://"):
         return None
+    netloc, _, path = url[len(SENTINEL_SCHEME) + 3:].partition("/")
     hosts = []
-    for hp in parts.netloc.rsplit("@", 1)[-1].split(","):
+    for hp in netloc.rsplit("@", 1)[-1].split(","):
         host, _, port = hp.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"redis url {url!r}: each sentinel must be host:port, got {hp!r}")
         hosts.append((host, int(port)))
-    path = [p for p in parts.path.split("/") if p]
-    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+    names = [p for p in path.split("/") if p]
+    if not names or len(names) > 2 or (len(names) == 2 and not names[1].isdigit()):
         raise ValueError(f"redis url {url!r}: the path must be /<master-name>[/<db>]")
-    return hosts, path[0], int(path[1]) if len(path) == 2 else 0
+    return hosts, names[0], int(names[1]) if len(names) == 2 else 0
 
 
 def connect(url: str) -> aioredis.Redis:
@@ -298,13 +297,23 @@ class ReplicaSet:
         if wait_failover_s is None:
             return old
         deadline = time.monotonic() + wait_failover_s
-        while self.master_address()[1] == old.port:
+        while self.master_address()[1] == old.port or not self._master_reachable():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Sentinel did not promote a replica within {wait_failover_s:.0f} s")
             time.sleep(0.1)
         if rejoin:
             self.rejoin(old)
         return old
+
+    def _master_reachable(self) -> bool:
+        """A client that follows the Sentinel (as the services do) reaches a master that takes writes."""
+        client = connect_sync(self.url)
+        try:
+            return client.info("replication").get("role") == "master"
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
 
     def rejoin(self, node: EmbeddedRedis) -> None:
         """Start a dead node again as a replica of the current master (it resyncs from it)."""
