@@ -225,7 +225,8 @@ async def serve(args, stop: asyncio.Event) -> None:
         lambda s: placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(engine, metrics), s),
         [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name], args.listen, metrics)
     log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
-    await serve_until_stopped(stop, server, port, args, tasks=[epoch_watch], metrics=metrics,
+    settle = asyncio.create_task(engine.ledger.settle_forever(), name="ledger-settle")
+    await serve_until_stopped(stop, server, port, args, tasks=[epoch_watch, settle], metrics=metrics,
                               cleanup=[engine.stop, redis.aclose])
     exit_if_lost(guard)
 
