@@ -236,9 +236,12 @@ class ReplicaSet:
                 for node in self.nodes:
                     node.extra_args = [] if node is self._first_master else \
                         ["--replicaof", "127.0.0.1", str(self._first_master.port)]
-            for node in self.nodes:
-                if not node.running:
+                for node in self.nodes:
                     node.start(timeout_s)
+            else:  # a restart: dead nodes come back as replicas of the master the Sentinel names now
+                for node in self.nodes:
+                    if not node.running:
+                        self.rejoin(node)
             self._wait_replicas_online(timeout_s)
             if self.sentinel is None or self.sentinel.poll() is not None:
                 self._start_sentinel(timeout_s)
@@ -319,6 +322,14 @@ class ReplicaSet:
         """Start a dead node again as a replica of the current master (it resyncs from it)."""
         node.extra_args = ["--replicaof", *map(str, self.master_address())]
         node.start()
+
+    def pause(self, seconds: float | None = None) -> None:
+        """SIGSTOP the current master (past down-after-milliseconds, the Sentinel fails over)."""
+        self.master().pause(seconds)
+
+    def resume(self) -> None:
+        for node in self.nodes:
+            node.resume()
 
     def pids(self) -> dict[str, int]:
         out = {f"redis-{i}": n.proc.pid for i, n in enumerate(self.nodes) if n.running}
