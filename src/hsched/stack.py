@@ -55,7 +55,7 @@ class StackConfig:
     state_dir: str | None = None
     fresh: bool = False  # wipe <state_dir> first (a new deployment)
     redis_appendfsync: str = "everysec"  # or "always": fsync every write before it is acknowledged
-    redis_replicas: int = 0  # > 0: a master, this many replicas and a Sentinel; writes WAIT for the replicas
+    redis_replicas: int = 0  # > 0 (embedded only): a master, this many replicas and a Sentinel; writes WAIT for all
 
 
 def default_state_dir(prefix: str) -> Path:
@@ -84,8 +84,8 @@ class Stack:
         args = ["--redis-url", self.redis_url, "--prefix", c.prefix, "--traces", c.traces,
                 "--port-file", str(self.run_dir / f"{name}.port"), "--log-level", c.log_level,
                 "--expect-epoch", self.epoch]
-        if c.redis_replicas:
-            args += ["--redis-min-replicas", str(c.redis_replicas)]
+        if isinstance(self.redis, ReplicaSet):  # an external REDIS_URL's replicas: HSCHED_REDIS_MIN_REPLICAS
+            args += ["--redis-min-replicas", str(self.redis.replicas)]
         if c.fleet_path:
             args += ["--fleet", str(c.fleet_path)]
         if c.metrics:

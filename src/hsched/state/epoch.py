@@ -47,7 +47,7 @@ def lost_message(url: str, keys: Keys, found: str | None, expected: str) -> str:
     what = "is missing" if found is None else f"holds {found}"
     return (f"Redis at {_public(url)} has lost hsched's state: key {keys.epoch} {what} (expected {expected}); "
             f"the ledgers {keys.prefix}:dc:*:ledger, fences {keys.prefix}:dc:*:fence and the task stream "
-            f"{keys.tasks} cannot be trusted, so this service refuses to serve. Restore Redis' data dir (its "
+            f"{keys.tasks} cannot be trusted, so hsched refuses to serve from it. Restore Redis' data dir (its "
             "appendonly.aof) or start afresh with `hsched up --fresh`")
 
 
