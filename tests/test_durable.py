@@ -17,6 +17,7 @@ import pytest
 
 from hsched.domain.cluster import ClusterState
 from hsched.stack import Stack, StackConfig
+from hsched.state.epoch import EXIT_STATE_LOST
 from hsched.state.keys import Keys
 from hsched.state.ledger import replay
 from hsched.state.redis import connect, connect_sync
@@ -136,13 +137,13 @@ def test_lost_redis_state_is_refused_until_fresh(tmp_path):
         stack.redis.start()
         writers = ["gateway", *(f"placer-{dc.name}" for dc in stack.fleet.datacenters)]
         for name in writers:  # running writers notice the marker is gone and stop, non-zero, with one line
-            assert wait_exit(stack, name) != 0, name
+            assert wait_exit(stack, name) == EXIT_STATE_LOST, name
             log = (stack.log_dir / f"{name}.log").read_text()
             assert LOST in log and Keys(cfg.prefix).epoch in log and epoch in log and "hsched up --fresh" in log
             assert "Traceback" not in log, log
         assert not any(k.startswith(b"hsched:dc:") for k in connect_sync(stack.redis_url).keys("*")), \
             "a writer wrote into the wiped Redis"
-        with pytest.raises(RuntimeError, match="exited with 1"):  # a restarted placer refuses too
+        with pytest.raises(RuntimeError, match=f"exited with {EXIT_STATE_LOST}"):  # a restarted placer refuses too
             stack.restart(f"placer-{stack.fleet.datacenters[0].name}", timeout_s=60)
         assert LOST in (stack.log_dir / f"placer-{stack.fleet.datacenters[0].name}.log").read_text()
 

@@ -9,7 +9,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 
-from hsched.state.epoch import EpochGuard, StateLost
+from hsched.state.epoch import EXIT_STATE_LOST, EpochGuard, StateLost
 from hsched.telemetry import MetricsServer, setup_tracing
 
 
@@ -78,20 +78,20 @@ async def serve_until_stopped(stop: asyncio.Event, server, port: int, args: argp
 
 async def guard_epoch(redis, keys, args: argparse.Namespace, stop: asyncio.Event) -> tuple[EpochGuard, asyncio.Task]:
     """Claim the deployment's epoch (--expect-epoch) before serving and watch it while serving; on a Redis
-    that lost hsched's state, log one line and exit 1 (no traceback). The caller adds the task to its
+    that lost hsched's state, log one line and exit with EXIT_STATE_LOST (3; no traceback). The caller adds the task to its
     background tasks and calls `exit_if_lost` once stopped."""
     guard = EpochGuard(redis, keys, args.redis_url)
     try:
         await guard.claim(args.expect_epoch)
     except StateLost as exc:
         logging.getLogger("hsched").error("%s", exc)
-        raise SystemExit(1) from None
+        raise SystemExit(EXIT_STATE_LOST) from None
     return guard, asyncio.create_task(guard.watch(stop), name="epoch-watch")
 
 
 def exit_if_lost(guard: EpochGuard) -> None:
     if guard.lost:
-        raise SystemExit(1)
+        raise SystemExit(EXIT_STATE_LOST)
 
 
 def write_port_file(path: str, port: int) -> None:

@@ -24,7 +24,9 @@ from hsched.state.ledger import StateLost
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EpochGuard", "StateLost", "claim_sync", "lost_message", "new_epoch"]
+__all__ = ["EXIT_STATE_LOST", "EpochGuard", "StateLost", "claim_sync", "lost_message", "new_epoch"]
+
+EXIT_STATE_LOST = 3  # a service's exit status when Redis lost hsched's state: restarting it cannot help
 
 
 def new_epoch() -> str:
