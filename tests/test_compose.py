@@ -224,11 +224,16 @@ def test_services_are_redis_thermal_selector_gateway_and_one_placer_per_fleet_dc
     assert len(fleet_dcs) == 11  # the default fleet the file is written for
 
 
-def test_redis_is_the_official_image_without_persistence(services):
+def test_redis_is_the_official_image_persisting_to_a_named_volume(raw, compose, services):
     redis = services["redis"]
     assert redis["image"] == "redis:7-alpine"
     cmd = redis["command"]
-    assert cmd[0] == "redis-server" and flag(cmd, "--save") == "" and flag(cmd, "--appendonly") == "no"
+    assert cmd[0] == "redis-server" and flag(cmd, "--save") == "" and flag(cmd, "--appendonly") == "yes"
+    assert flag(cmd, "--appendfsync") == "everysec" and flag(cmd, "--dir") == "/data"
+    volume, _, target = redis["volumes"][0].partition(":")
+    assert target == "/data" and volume in compose["volumes"], "the AOF must live on a named volume"
+    always = interpolate(raw, {"HSCHED_REDIS_APPENDFSYNC": "always"})["services"]["redis"]["command"]
+    assert flag(always, "--appendfsync") == "always"
     assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
 
 

@@ -19,7 +19,7 @@ from hsched.costs.selection import METHODS
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
-from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
+from hsched.runtime import common_args, exit_if_lost, guard_epoch, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.ledger import replay
 from hsched.state.redis import connect
@@ -395,7 +395,9 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     if unknown:
         raise SystemExit(f"--placers names data centers not in the fleet: {sorted(unknown)}")
     redis = connect(args.redis_url)
-    store = TaskStore(redis, Keys(args.prefix).tasks)
+    guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the table is rebuilt
+    store = TaskStore(redis, Keys(args.prefix).tasks, epoch_key=Keys(args.prefix).epoch, epoch=guard.epoch,
+                      min_replicas=args.redis_min_replicas, wait_timeout_ms=args.redis_wait_ms)
     loaded = await store.load()
     channels = [rpc.channel(args.selector), *(rpc.channel(t) for t in targets.values())]
     servicer = GatewayServicer(fleet, store, selector_pb2_grpc.SelectorStub(channels[0]),
@@ -411,9 +413,10 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     log.info("gateway serving on port %d (%d task events replayed, %d tasks; %d interrupted Submits settled, %d "
              "tasks held by a placer without a record to match released)", port, loaded, len(store.tasks), settled,
              released)
-    await serve_until_stopped(stop, server, port, args, metrics=metrics,
+    await serve_until_stopped(stop, server, port, args, tasks=[epoch_watch], metrics=metrics,
                               cleanup=[servicer.close, *(ch.close for ch in channels),
                                        redis.aclose])
+    exit_if_lost(guard)
 
 
 def parser():

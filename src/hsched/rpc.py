@@ -15,6 +15,8 @@ from grpc_reflection.v1alpha._async import ReflectionServicer
 from grpc_reflection.v1alpha._base import _file_descriptor_response, _not_found_error
 
 from hsched.domain.errors import ValidationError
+from hsched.state.ledger import StateLost
+from hsched.state.redis import NotReplicated
 from hsched.telemetry import Metrics, client_interceptors, instrumented, traced_channel
 
 log = logging.getLogger(__name__)
@@ -107,7 +109,7 @@ def status_of(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
         if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
             return exc.code(), exc.details() or ""
         return grpc.StatusCode.UNAVAILABLE, f"downstream call failed: {exc.code().name}: {exc.details()}"
-    if isinstance(exc, Unavailable):
+    if isinstance(exc, (Unavailable, NotReplicated, StateLost)):  # retry later / elsewhere
         return grpc.StatusCode.UNAVAILABLE, str(exc)
     if isinstance(exc, DeadlinePassed):
         return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)

@@ -4,6 +4,7 @@ per data center, gateway. Used by `hsched up`, the integration tests and the ben
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hsched.domain.fleet import Fleet, load_fleet
-from hsched.state.redis import EmbeddedRedis, free_port
+from hsched.state.epoch import claim_sync
+from hsched.state.keys import Keys
+from hsched.state.redis import EmbeddedRedis, ReplicaSet, connect_sync, free_port
 
 
 @dataclass
@@ -47,14 +50,28 @@ class StackConfig:
     log_dir: str | None = None
     log_level: str = "WARNING"
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Durability (embedded Redis): AOF in <state_dir>/redis, reused by the next start unless `fresh`;
+    # state_dir None = a temporary data dir removed on stop (tests). The epoch marker goes to <state_dir>/epoch.
+    state_dir: str | None = None
+    fresh: bool = False  # wipe <state_dir> first (a new deployment)
+    redis_appendfsync: str = "everysec"  # or "always": fsync every write before it is acknowledged
+    redis_replicas: int = 0  # > 0 (embedded only): a master, this many replicas and a Sentinel; writes WAIT for all
+
+
+def default_state_dir(prefix: str) -> Path:
+    """$XDG_STATE_HOME/hsched/<prefix>, else ~/.local/state/hsched/<prefix>."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "hsched" / prefix
 
 
 class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         self.fleet: Fleet = load_fleet(config.fleet_path)
-        self.redis: EmbeddedRedis | None = None
+        self.redis: EmbeddedRedis | ReplicaSet | None = None
         self.redis_url = config.redis_url or ""
+        self.epoch = ""
+        self.state_dir = Path(config.state_dir).expanduser() if config.state_dir else None
         self.services: dict[str, Service] = {}
         self.run_dir = Path(tempfile.mkdtemp(prefix="hsched-stack-"))
         self.log_dir = Path(config.log_dir) if config.log_dir else self.run_dir
@@ -65,7 +82,10 @@ class Stack:
     def _common(self, name: str) -> list[str]:
         c = self.config
         args = ["--redis-url", self.redis_url, "--prefix", c.prefix, "--traces", c.traces,
-                "--port-file", str(self.run_dir / f"{name}.port"), "--log-level", c.log_level]
+                "--port-file", str(self.run_dir / f"{name}.port"), "--log-level", c.log_level,
+                "--expect-epoch", self.epoch]
+        if isinstance(self.redis, ReplicaSet):  # an external REDIS_URL's replicas: HSCHED_REDIS_MIN_REPLICAS
+            args += ["--redis-min-replicas", str(self.redis.replicas)]
         if c.fleet_path:
             args += ["--fleet", str(c.fleet_path)]
         if c.metrics:
@@ -101,9 +121,7 @@ class Stack:
 
     def start(self, timeout_s: float = 120.0) -> Stack:
         try:
-            if not self.redis_url:
-                self.redis = EmbeddedRedis().start()
-                self.redis_url = self.redis.url
+            self._start_redis()
             thermal = []
             if self.config.thermal:
                 self._spawn("thermal", "services.thermal", [*self._common("thermal"), "--listen", "127.0.0.1:0"])
@@ -132,6 +150,32 @@ class Stack:
         except BaseException:
             self.stop()
             raise
+
+    def _start_redis(self) -> None:
+        """The embedded Redis (unless a URL was given), then the epoch marker: StateLost when Redis lacks the
+        epoch this state dir recorded, before any service could fold an empty ledger."""
+        c = self.config
+        redis_dir = None
+        if self.state_dir:
+            if c.fresh and self.state_dir.exists():
+                shutil.rmtree(self.state_dir)
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            redis_dir = self.state_dir / "redis"
+        if not self.redis_url:
+            if c.redis_replicas:
+                self.redis = ReplicaSet(c.redis_replicas, redis_dir, c.redis_appendfsync).start()
+            else:
+                self.redis = EmbeddedRedis(data_dir=redis_dir, appendfsync=c.redis_appendfsync).start()
+            self.redis_url = self.redis.url
+        epoch_file = self.state_dir / "epoch" if self.state_dir else None
+        expected = epoch_file.read_text().strip() if epoch_file and epoch_file.exists() else None
+        client = connect_sync(self.redis_url)
+        try:
+            self.epoch = claim_sync(client, Keys(c.prefix), expected, self.redis_url)
+        finally:
+            client.close()
+        if epoch_file and not expected:
+            epoch_file.write_text(self.epoch + "\n")
 
     @property
     def gateway(self) -> str:
@@ -166,8 +210,8 @@ class Stack:
         for name, svc in self.services.items():
             if svc.proc and svc.proc.poll() is None:
                 out[name] = _rss_mib(svc.proc.pid)
-        if self.redis and self.redis.proc:
-            out["redis"] = _rss_mib(self.redis.proc.pid)
+        if self.redis:
+            out.update({name: _rss_mib(pid) for name, pid in self.redis.pids().items()})
         return out
 
     def stop(self) -> None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
+from hsched.state.ledger import StateLost
+from hsched.state.redis import check_replicated
 from hsched.v1 import common_pb2 as pb
 
 STATE_OF_KIND = {"submitted": pb.TASK_STATE_SUBMITTED, "dc_selected": pb.TASK_STATE_SUBMITTED,
@@ -42,6 +44,10 @@ class TaskStore:
     last_id: str = "0-0"
     _pending: list[_Pending] = field(default_factory=list)
     _flusher: asyncio.Task | None = None
+    epoch_key: str = ""  # with `epoch`: every flush first checks that Redis still holds it (hsched.state.epoch)
+    epoch: str | None = None
+    min_replicas: int = 0  # replicas that must hold a flush before its callers hear it is durable (WAIT)
+    wait_timeout_ms: int = 1000
 
     async def load(self, batch: int = 5000) -> int:
         """Rebuild the table from the stream; returns the number of entries read."""
@@ -76,19 +82,33 @@ class TaskStore:
         return pending.future
 
     async def _flush(self) -> None:
+        # One pipeline, one connection: [GET epoch,] XADD..., [WAIT n]. Redis runs a connection's commands in
+        # order, so the epoch read is of the same dataset the XADDs land in, and WAIT counts exactly these writes.
         while self._pending:
             batch, self._pending = self._pending, []
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
+                    if self.epoch:
+                        pipe.get(self.epoch_key)
                     for p in batch:
                         pipe.xadd(self.stream, p.fields)
-                    ids = await pipe.execute()
+                    if self.min_replicas:
+                        pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
+                    replies = await pipe.execute()
+                if self.epoch:
+                    found, replies = replies[0], replies[1:]
+                    if (found.decode() if isinstance(found, bytes) else found) != self.epoch:
+                        raise StateLost(f"Redis no longer holds epoch {self.epoch} ({self.epoch_key}); the task "
+                                        "stream cannot be trusted")
+                if self.min_replicas:
+                    replies, acked = replies[:-1], replies[-1]
+                    check_replicated(acked, self.min_replicas, "the task stream write")
             except Exception as exc:  # noqa: BLE001 - every waiting caller hears about it
                 for p in batch:
                     if not p.future.done():
                         p.future.set_exception(exc)
                 continue
-            for p, entry_id in zip(batch, ids, strict=True):
+            for p, entry_id in zip(batch, replies, strict=True):
                 self.last_id = entry_id.decode()
                 if not p.future.done():
                     p.future.set_result(self.last_id)
