@@ -68,7 +68,10 @@ def cmd_up(args) -> int:
     config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
                          policy=args.policy, gpu_policy=args.gpu_policy, path_finder=args.path_finder,
                          thermal=not args.no_thermal, traces=args.traces,
-                         gateway_port=args.port, log_dir=args.log_dir, log_level=args.log_level)
+                         gateway_port=args.port, log_dir=args.log_dir, log_level=args.log_level,
+                         supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
+                         supervisor_metrics_port=args.supervisor_metrics_port)
+    _log_supervision_to(console)
     stack = Stack(config)
     with console.status(f"starting Redis, thermal, selector, {len(stack.fleet.datacenters)} placers and the gateway"):
         stack.start()
@@ -82,6 +85,8 @@ def cmd_up(args) -> int:
         table.add_row(name, svc.target, f"http://127.0.0.1:{svc.metrics_port}/metrics" if svc.metrics_port else "-",
                       f"{rss.get(name, 0):.0f}")
     table.add_row("redis", stack.redis_url, "-", f"{rss.get('redis', 0):.0f}")
+    if stack.supervisor_metrics:
+        table.add_row("supervisor", "-", stack.supervisor_metrics.url, "-")
     console.print(table)
     console.print(f"logs: {stack.log_dir}")
     stop = threading.Event()
@@ -103,6 +108,19 @@ def cmd_up(args) -> int:
         if _running_stack().get("pid") == os.getpid():
             os.remove(_running_stack_file())
     return 0
+
+
+def _log_supervision_to(console) -> None:
+    """Show the stack supervisor's deaths and restarts on the `hsched up` console (they also go to
+    supervisor.log in the log dir)."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    log = logging.getLogger("hsched.supervisor")
+    log.addHandler(RichHandler(console=console, show_path=False, markup=False))
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 # -- replay -----------------------------------------------------------------------------------------------------
@@ -274,6 +292,16 @@ def cmd_link(args) -> int:
     return 0
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hsched", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -308,6 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-level", default="INFO")
     up.add_argument("--replay", default="", help="replay a trace once the stack is up: openb, thunder, kth, ...")
     up.add_argument("--keep-running", action="store_true", help="keep the stack up after the replay")
+    up.add_argument("--no-supervise", action="store_true",
+                    help="do not restart dead or hung services (default: restart them with back-off)")
+    up.add_argument("--unhealthy-restart-s", type=_positive_float, default=60.0,
+                    help="restart a service whose gRPC health is NOT_SERVING or unanswered this long (seconds)")
+    up.add_argument("--supervisor-metrics-port", type=int, default=0,
+                    help="port of the supervisor's Prometheus /metrics (0: a free port, shown in the table)")
     replay_flags(up)
     up.set_defaults(fn=cmd_up)
 
