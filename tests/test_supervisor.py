@@ -17,7 +17,7 @@ import grpc
 import pytest
 import redis as redis_sync
 
-from hsched.stack import Stack, StackConfig, _health
+from hsched.stack import Stack, StackConfig, _health, _redis_answers
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.conftest import SMALL_FLEET, delete_prefix
@@ -183,3 +183,20 @@ def test_a_restarted_selector_routes_by_a_link_update_it_did_not_see_live(stack,
     finally:
         client.xadd(links, {"m": json.dumps({"a": "a", "b": "b", "latency_ms": 0.5})})
     wait_for(lambda: cheap_path() == ["s", "a", "b"], "the route back once the link recovered")
+
+
+def test_a_dead_embedded_redis_is_started_again_on_its_port():
+    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=None, prefix="sup", gateway_port=0, thermal=False,
+                         supervise=True, backoff_initial_s=0.2, probe_interval_s=0.5)
+    with Stack(config) as stack:
+        old = stack.redis.proc
+        os.killpg(old.pid, signal.SIGKILL)
+        old.wait(10)
+        wait_for(lambda: stack.redis.proc is not old and _redis_answers(stack.redis.url),
+                 "redis answering again")
+        assert re.search(rf"redis \(pid {old.pid}, port {stack.redis.port}\) died: killed by SIGKILL",
+                         supervisor_log(stack))
+        metrics = wait_for(lambda: (m := scrape(stack))[("hsched_supervisor_service_up", "redis")] == 1 and m,
+                           "redis up on the supervisor's /metrics")
+        assert metrics[("hsched_supervisor_restarts_total", "redis")] == 1
+        assert metrics[("hsched_supervisor_last_exit_code", "redis")] == -signal.SIGKILL

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hsched.domain.fleet import Fleet, load_fleet
@@ -39,6 +40,10 @@ from hsched.telemetry.metrics import (
 )
 
 log = logging.getLogger("hsched.supervisor")
+
+# A service's exit status when Redis lost hsched's state (the durable-state work defines it with the epoch
+# marker, hsched.state.epoch.EXIT_STATE_LOST): restarting cannot help, so the supervisor leaves it down.
+EXIT_STATE_LOST = 3
 
 
 @dataclass
@@ -292,21 +297,26 @@ class Stack:
         if self.config.metrics:
             m = self.supervisor_metrics = MetricsServer(self.config.supervisor_metrics_port)
             self._restarts = m.counter(*HSCHED_SUPERVISOR_RESTARTS)
-            for name in [*self.services, *(["redis"] if self.redis else [])]:
+            for name in [*self.services, *(["redis"] if self._supervises_redis else [])]:
                 self._restarts.labels(name)  # every service's series exists from the start, at 0
             m.register_gauge_family(*HSCHED_SUPERVISOR_SERVICE_UP, callback=self._up_rows)
             m.register_gauge_family(*HSCHED_SUPERVISOR_LAST_EXIT_CODE, callback=lambda: [
                 ((s.name,), float(s.last_exit_code)) for s in self._records() if s.last_exit_code is not None])
         self._supervisor = threading.Thread(target=self._supervise, name="hsched-supervisor", daemon=True)
         self._supervisor.start()
-        self._event(logging.INFO, f"supervising {', '.join(self.services)}{' and redis' if self.redis else ''}")
+        self._event(logging.INFO, f"supervising {', '.join(self.services)}"
+                                  f"{' and redis' if self._supervises_redis else ''}")
+
+    @property
+    def _supervises_redis(self) -> bool:
+        return isinstance(self.redis, EmbeddedRedis)
 
     def _records(self) -> list[Service]:
-        return [*list(self.services.values()), *([self._redis_record] if self.redis else [])]
+        return [*list(self.services.values()), *([self._redis_record] if self._supervises_redis else [])]
 
     def _up_rows(self) -> list[tuple[tuple[str, ...], float]]:
         rows = [((s.name,), float(s.alive and s.serving_since is not None)) for s in list(self.services.values())]
-        if self.redis:
+        if self._supervises_redis:
             rows.append((("redis",), float(self.redis.proc is not None and self.redis.proc.poll() is None)))
         return rows
 
@@ -331,6 +341,11 @@ class Stack:
             if svc.proc.poll() is not None:
                 if svc.restart_at is None:
                     self._note_exit(svc)
+                    if svc.last_exit_code == EXIT_STATE_LOST:
+                        svc.stopped = True
+                        self._event(logging.ERROR, f"{svc.name}: not restarted: it exited because Redis lost "
+                                                   "hsched's state, which a restart cannot bring back")
+                        return
                     delay = self._backoff(svc)
                     svc.restart_at = now + delay
                     self._event(logging.INFO, f"{svc.name}: restarting in {delay:g} s")
@@ -393,7 +408,7 @@ class Stack:
     def _supervise_redis(self) -> None:
         """The embedded Redis: if it died, start it again on the same port and directory (its own start())."""
         r, rec, now = self.redis, self._redis_record, time.monotonic()
-        if r is None or r.proc is None or self._halt.is_set():
+        if not isinstance(r, EmbeddedRedis) or r.proc is None or self._halt.is_set():
             return
         if r.proc.poll() is None:
             if rec.started_at and now - rec.started_at >= self.config.healthy_reset_s:
@@ -407,6 +422,9 @@ class Stack:
                                          f"{_exit_text(r.proc.returncode)}; restarting in {delay:g} s")
             return
         if now < (rec.restart_at or 0.0):
+            return
+        if _redis_answers(r.url):  # someone restarted it meanwhile (a bench calling start()): not a second one
+            rec.restart_at = now + rec.backoff_s
             return
         try:
             r.start()
@@ -462,6 +480,17 @@ def _health(target: str, timeout_s: float = 1.0) -> str:
             return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     except grpc.RpcError as exc:
         return f"unanswered ({exc.code().name})"
+
+
+def _redis_answers(url: str) -> bool:
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except redis.RedisError:
+        return False
 
 
 def _serving(target: str) -> bool:
