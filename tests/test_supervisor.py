@@ -6,6 +6,7 @@ Nothing here asserts a duration: every wait polls for a condition under a genero
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -16,8 +17,10 @@ import urllib.request
 import grpc
 import pytest
 import redis as redis_sync
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from hsched.stack import Stack, StackConfig, _health, _redis_answers
+from hsched.stack import Service, Stack, StackConfig, _health, _redis_answers
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.conftest import SMALL_FLEET, delete_prefix
@@ -200,3 +203,32 @@ def test_a_dead_embedded_redis_is_started_again_on_its_port():
                            "redis up on the supervisor's /metrics")
         assert metrics[("hsched_supervisor_restarts_total", "redis")] == 1
         assert metrics[("hsched_supervisor_last_exit_code", "redis")] == -signal.SIGKILL
+
+
+@functools.cache
+def unstarted_stack(initial: float, cap: float) -> Stack:
+    return Stack(StackConfig(fleet_path=SMALL_FLEET, backoff_initial_s=initial, backoff_max_s=cap,
+                             healthy_reset_s=60.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.just("death"), st.floats(0, 200)), max_size=30),
+       st.sampled_from([0.1, 0.5, 1.0]), st.sampled_from([2.0, 30.0]))
+def test_backoff_doubles_to_its_cap_and_resets_after_a_healthy_stretch(events, initial, cap):
+    """Deaths and SERVING stretches (seconds) in any order: each delay doubles the previous one up to the cap,
+    and is back to the initial one once the child had served `healthy_reset_s` in a row since its last death."""
+    stack = unstarted_stack(initial, cap)
+    svc = Service("x", "services.x", [], backoff_s=initial)
+    now, expected = 0.0, initial
+    for event in events:
+        if event == "death":
+            assert stack._backoff(svc) == expected
+            expected = min(expected * 2, cap)
+            svc.serving_since = None  # a new process: its serving stretch starts again
+        else:
+            stack._judge(svc, "SERVING", now)
+            now += event
+            stack._judge(svc, "SERVING", now)
+            if now - svc.serving_since >= 60.0:
+                expected = initial
+    assert svc.delays == [d for d in svc.delays if initial <= d <= cap]

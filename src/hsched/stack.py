@@ -29,6 +29,7 @@ from pathlib import Path
 import grpc
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import Counter
 
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.state.redis import EmbeddedRedis, free_port
@@ -118,7 +119,7 @@ class Stack:
         self._halt = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._redis_record = Service("redis", "", [], backoff_s=config.backoff_initial_s)
-        self._restarts = None  # the restarts Counter, with the supervisor's metrics
+        self._restarts: Counter | None = None  # hsched_supervisor_restarts_total, with the supervisor's metrics
 
     # -- start -------------------------------------------------------------------------------------------------
 
