@@ -67,17 +67,28 @@ def restarted(stack: Stack, name: str, old_pid: int):
     return svc.proc.pid != old_pid and svc.alive and _health(svc.target) == "SERVING"
 
 
-def placed_in(stack: Stack, dc: str, spec: pb.TaskSpec) -> pb.Task | None:
-    """Submit through the gateway; the task if it was PLACED in `dc` (released again), else None."""
+def placed_in(stack: Stack, dc: str, spec: pb.TaskSpec, release: bool = True) -> pb.Task | None:
+    """Submit through the gateway; the task if it was PLACED in `dc`, else None. Released again unless it is
+    wanted (`release=False` and placed in `dc`)."""
     try:
         with grpc.insecure_channel(stack.gateway) as ch:
             gw = gateway_pb2_grpc.GatewayStub(ch)
             t = gw.Submit(gateway_pb2.SubmitRequest(task=spec), timeout=10).task
-            if t.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED):
+            ok = t.state == pb.TASK_STATE_PLACED and t.datacenter == dc
+            if t.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED) and (release or not ok):
                 gw.Release(gateway_pb2.ReleaseRequest(task_id=t.task_id), timeout=10)
     except grpc.RpcError:
         return None
-    return t if t.state == pb.TASK_STATE_PLACED and t.datacenter == dc else None
+    return t if ok else None
+
+
+def _get(gw: gateway_pb2_grpc.GatewayStub, task_id: str) -> pb.Task | None:
+    try:
+        return gw.Get(gateway_pb2.GetRequest(task_id=task_id), timeout=10)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            raise  # lost: fail at once rather than wait
+        return None  # the gateway is still coming back
 
 
 def small_task() -> pb.TaskSpec:
@@ -93,9 +104,16 @@ def test_a_killed_service_is_restarted_on_its_port_and_serves(stack, name):
     svc = stack.services[name]
     old_pid, port, metrics_port = svc.proc.pid, svc.port, svc.metrics_port
     before = scrape(stack)[("hsched_supervisor_restarts_total", name)]
+    held = wait_for(lambda: placed_in(stack, "cheap", small_task(), release=False), "a task held in cheap")
     stack.kill(name)  # a crash: nobody calls restart()
     wait_for(lambda: restarted(stack, name, old_pid), f"{name} restarted by the supervisor")
     assert (svc.port, svc.metrics_port) == (port, metrics_port)
+    # nothing acknowledged is lost: the task held before the crash is still held, where it was
+    with grpc.insecure_channel(stack.gateway) as ch:
+        gw = gateway_pb2_grpc.GatewayStub(ch)
+        again = wait_for(lambda: _get(gw, held.task_id), f"Get {held.task_id} after the restart")
+        assert again.state == pb.TASK_STATE_PLACED and list(again.assignments) == list(held.assignments)
+        gw.Release(gateway_pb2.ReleaseRequest(task_id=held.task_id), timeout=10)
     # cheap is everyone's first choice: a task placed there went through gateway, selector and cheap's placer
     assert wait_for(lambda: placed_in(stack, "cheap", small_task()), "a Submit placed in cheap")
     metrics = wait_for(lambda: (m := scrape(stack))[("hsched_supervisor_service_up", name)] == 1 and m,
