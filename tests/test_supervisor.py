@@ -13,6 +13,7 @@ import re
 import signal
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -250,3 +251,48 @@ def test_backoff_doubles_to_its_cap_and_resets_after_a_healthy_stretch(events, i
             if now - svc.serving_since >= 60.0:
                 expected = initial
     assert svc.delays == [d for d in svc.delays if initial <= d <= cap]
+
+
+def child_pids(pid: int) -> set[int]:
+    """The children of every thread of `pid` (a child spawned by a thread is listed under that thread)."""
+    out = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:  # a thread that just ended
+            pass
+    return out
+
+
+def test_hsched_up_supervises_by_default(redis_url, tmp_path):
+    """`hsched up` itself: the supervisor's /metrics in its table, a killed child restarted and said on the
+    console and in supervisor.log, and a clean stop."""
+    import subprocess
+    import sys
+
+    prefix = f"test-up-{int(time.time() * 1000)}"
+    env = {**os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}  # its running-stack file
+    out = tmp_path / "up.out"
+    with open(out, "wb") as f:
+        up = subprocess.Popen([sys.executable, "-m", "hsched.cli", "up", "--fleet", SMALL_FLEET, "--port", "0",
+                               "--no-thermal", "--prefix", prefix, "--log-dir", str(tmp_path / "logs")],
+                              stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        url = wait_for(lambda: (m := re.search(r"supervisor\s+│\s+-\s+│\s+(http://\S+/metrics)", out.read_text()))
+                       and m[1], "the supervisor's /metrics in the table")
+        children = child_pids(up.pid)
+        gateway = next(p for p in children if "services.gateway" in Path(f"/proc/{p}/cmdline").read_text())
+        os.killpg(gateway, signal.SIGKILL)
+        wait_for(lambda: re.search(r'hsched_supervisor_restarts_total\{service="gateway"\} 1\.0',
+                                   urllib.request.urlopen(url, timeout=10).read().decode()), "a restart counted")
+        assert f"gateway (pid {gateway}) died: killed by SIGKILL" in out.read_text()
+        assert f"gateway (pid {gateway}) died: killed by SIGKILL" in (tmp_path / "logs" / "supervisor.log").read_text()
+        children = child_pids(up.pid)  # with the restarted gateway (a child of the supervisor's thread)
+        assert len(children) == 5  # selector, 3 placers, gateway
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0
+        assert not [p for p in children if Path(f"/proc/{p}").exists()], "children left behind"
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+        delete_prefix(redis_url, prefix)
