@@ -323,6 +323,12 @@ def test_health_checks_probe_the_port_each_service_listens_on(services):
         assert test[4] == f"127.0.0.1:{listen_port(svc)}", name
 
 
+def test_every_service_is_restarted_when_it_exits(services):
+    # Docker restarts on exit only (never on unhealthy): a placer fenced for good exits to be restarted
+    for name, svc in services.items():
+        assert svc.get("restart") in ("always", "unless-stopped"), name
+
+
 def test_only_the_gateway_is_published_on_its_listen_port(services):
     published = {name: svc["ports"] for name, svc in services.items() if "ports" in svc}
     assert set(published) == {"gateway"}, "the gateway is the only public endpoint (DESIGN §2)"

@@ -74,7 +74,10 @@ def cmd_up(args) -> int:
                          thermal=not args.no_thermal, traces=args.traces,
                          gateway_port=args.port, log_dir=args.log_dir, log_level=args.log_level,
                          state_dir=str(args.state_dir or default_state_dir(args.prefix)), fresh=args.fresh,
-                         redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas)
+                         redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
+                         supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
+                         supervisor_metrics_port=args.supervisor_metrics_port)
+    _log_supervision_to(console)
     stack = Stack(config)
     try:
         with console.status(f"starting Redis, thermal, selector, {len(stack.fleet.datacenters)} placers and the "
@@ -94,6 +97,8 @@ def cmd_up(args) -> int:
                       f"{rss.get(name, 0):.0f}")
     redis_rss = sum(v for k, v in rss.items() if k.startswith("redis"))
     table.add_row("redis", stack.redis_url, "-", f"{redis_rss:.0f}")
+    if stack.supervisor_metrics:
+        table.add_row("supervisor", "-", stack.supervisor_metrics.url, "-")
     console.print(table)
     console.print(f"logs: {stack.log_dir}; state (Redis AOF, epoch {stack.epoch}): {stack.state_dir}")
     stop = threading.Event()
@@ -115,6 +120,19 @@ def cmd_up(args) -> int:
         if _running_stack().get("pid") == os.getpid():
             os.remove(_running_stack_file())
     return 0
+
+
+def _log_supervision_to(console) -> None:
+    """Show the stack supervisor's deaths and restarts on the `hsched up` console (they also go to
+    supervisor.log in the log dir)."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    log = logging.getLogger("hsched.supervisor")
+    log.addHandler(RichHandler(console=console, show_path=False, markup=False))
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 # -- replay -----------------------------------------------------------------------------------------------------
@@ -286,6 +304,16 @@ def cmd_link(args) -> int:
     return 0
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hsched", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -330,6 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-level", default="INFO")
     up.add_argument("--replay", default="", help="replay a trace once the stack is up: openb, thunder, kth, ...")
     up.add_argument("--keep-running", action="store_true", help="keep the stack up after the replay")
+    up.add_argument("--no-supervise", action="store_true",
+                    help="do not restart dead or hung services (default: restart them with back-off)")
+    up.add_argument("--unhealthy-restart-s", type=_positive_float, default=60.0,
+                    help="restart a service whose gRPC health is NOT_SERVING or unanswered this long (seconds)")
+    up.add_argument("--supervisor-metrics-port", type=int, default=0,
+                    help="port of the supervisor's Prometheus /metrics (0: a free port, shown in the table)")
     replay_flags(up)
     up.set_defaults(fn=cmd_up)
 
