@@ -10,8 +10,10 @@ tasks of every phase: those are held until the end of the run, so every later fa
 all) is tried against tasks acknowledged before it.
 
 One phase per fault: `--pre-s` seconds of load, the fault, `--post-s` seconds of load, the load drained,
-a health check (every service alive, every DC's lease held; what is not is reported and repaired so the
-next phase starts from a healthy stack), then the audit. The faults, in this order:
+a health check (every service alive, every DC's lease held; what is not is reported and repaired, and
+the repaired stack is loaded for `--after-repair-s` more, so what the repair leads to — placers rebuilt from a
+wiped ledger handing out held resources again — is charged to this fault), then the audit. "First good
+Submit" is the first PLACED/DEFERRED answer to a Submit sent after the fault and before any such repair. The faults, in this order:
 
   kill-gateway, kill-selector, kill-thermal, kill-placer   SIGKILL; restarted by the stack's supervisor if it
                                                            has one (`StackConfig.supervise`), else by the bench
@@ -462,22 +464,25 @@ async def audit(stack: Stack, records: list[Record]) -> Audit:
         await redis.aclose()
     result = Audit(len(acked), {}, {}, {})
     missing: dict[str, dict[str, tuple[Part, ...]]] = {dc: {} for dc in ledgers}  # acknowledged, lost by the ledger
+    def lose(task_id: str, why: str) -> None:
+        result.lost[task_id] = f"{result.lost[task_id]}; {why}" if task_id in result.lost else why
+
     for rec in acked:
         ok = allowed_states(rec)
         g = got.get(rec.task_id)
         if isinstance(g, str):
             if g == "NOT_FOUND":
-                result.lost[rec.task_id] = "gateway Get: NOT_FOUND"
+                lose(rec.task_id, "gateway Get: NOT_FOUND")
             else:
                 result.unreachable += 1
         elif g.state not in ok:
-            result.lost[rec.task_id] = f"gateway Get: {state_name(g.state)}, acknowledged {state_name(rec.state)}" + (
-                ", released" if rec.release_acked else "")
+            lose(rec.task_id, f"gateway Get: {state_name(g.state)}, acknowledged {state_name(rec.state)}"
+                 + (", released" if rec.release_acked else ""))
         s = stream.tasks.get(rec.task_id)
         if s is None:
-            result.lost.setdefault(rec.task_id, "task stream: missing")
+            lose(rec.task_id, "task stream: missing")
         elif s.state not in ok:
-            result.lost.setdefault(rec.task_id, f"task stream: {state_name(s.state)}, acknowledged "
+            lose(rec.task_id, f"task stream: {state_name(s.state)}, acknowledged "
                                                 f"{state_name(rec.state)}")
         # the ledger must hold what the client was told is placed and has not released
         now = g if not isinstance(g, str) else s
@@ -491,13 +496,13 @@ async def audit(stack: Stack, records: list[Record]) -> Audit:
         dc = rec.datacenter if rec.state == pb.TASK_STATE_PLACED else (now.datacenter if now else rec.datacenter)
         view = ledgers.get(dc)
         if view is None:
-            result.lost.setdefault(rec.task_id, f"placed at {dc!r}, which is not a data center of the fleet")
+            lose(rec.task_id, f"placed at {dc!r}, which is not a data center of the fleet")
         elif placed and rec.task_id not in view.live:
-            result.lost.setdefault(rec.task_id, f"ledger: {dc} does not hold it (acknowledged PLACED, not released)")
+            lose(rec.task_id, f"ledger: {dc} does not hold it (acknowledged PLACED, not released)")
             assignments = rec.assignments if rec.state == pb.TASK_STATE_PLACED else list(now.assignments)
             missing[dc][rec.task_id] = parts_from_pb(assignments)
         elif not placed and rec.task_id not in view.live and rec.task_id not in view.queue:
-            result.lost.setdefault(rec.task_id, f"ledger: {dc} neither queues nor holds it (acknowledged DEFERRED)")
+            lose(rec.task_id, f"ledger: {dc} neither queues nor holds it (acknowledged DEFERRED)")
     holders: dict[str, list[str]] = {}
     for dc_name, view in ledgers.items():
         for task_id in view.live:
@@ -534,6 +539,10 @@ class Phase:
     submits_before: int = 0
     unhealed: list[str] = dataclasses.field(default_factory=list)
     errors_after: dict[str, int] = dataclasses.field(default_factory=dict)
+    after_repair: tuple[int, int] = (0, 0)  # (Submits, of which PLACED or DEFERRED) in the load after a repair
+
+
+REPAIRED = "+repaired"  # phase label suffix of the load that runs after the bench repaired the stack
 
 
 class Auditor:
@@ -555,8 +564,12 @@ class Auditor:
 
 
 def summarize(phase: Phase, records: list[Record]) -> None:
+    labels = (phase.fault, phase.fault + REPAIRED)
+    phase.acknowledged = (sum(1 for r in records if r.phase in labels and r.task_id)
+                          + sum(1 for r in records if r.release_phase in labels))
+    repaired = [r for r in records if r.phase == phase.fault + REPAIRED]
+    phase.after_repair = (len(repaired), sum(1 for r in repaired if r.state in HOLDING))
     mine = [r for r in records if r.phase == phase.fault]
-    phase.acknowledged = sum(1 for r in mine if r.task_id) + sum(1 for r in records if r.release_phase == phase.fault)
     inj = phase.injected
     if inj is None:
         return
@@ -600,6 +613,15 @@ async def run_phase(stack: Stack, client: Client, auditor: Auditor, fault: str, 
         stop.set()
         await load
     phase.unhealed = await asyncio.to_thread(check_and_repair, stack)
+    if phase.unhealed and opts.after_repair_s > 0:
+        # what the repaired stack does next is this fault's consequence too (e.g. placers rebuilt from a wiped
+        # ledger handing out held resources again): load it before the audit, not in the next phase
+        log(f"[{fault}] not healed: {phase.unhealed}; repaired; load for {opts.after_repair_s:g} s")
+        stop = asyncio.Event()
+        load = asyncio.create_task(client.run(fault + REPAIRED, stop))
+        await asyncio.sleep(opts.after_repair_s)
+        stop.set()
+        await load
     await asyncio.sleep(opts.settle_s)  # background releases of abandoned placements, group commits
     summarize(phase, client.records)
     await auditor.charge(stack, client.records, phase)
@@ -648,15 +670,25 @@ def report(phases: list[Phase], final: Phase, records: list[Record], auditor: Au
     print(f"\nacknowledged = Submits that returned a task + acknowledged Releases; {len(auditor.leaked)} tasks still "
           "held by a ledger after an acknowledged Release (leaks, not counted as lost).")
     for p in [*phases, final]:
-        notes = (p.injected.notes if p.injected else [])
-        findings = [*(f"lost {k}: {v}" for k, v in p.lost.items()), *p.double.values(),
-                    *(f"leaked {k}: {v}" for k, v in p.leaked.items())]
-        if notes or findings:
+        notes = list(p.injected.notes if p.injected else [])
+        if p.after_repair[0]:
+            notes.append(f"after the bench's repair: {p.after_repair[1]} of {p.after_repair[0]} Submits placed or "
+                         "deferred")
+        if p.lost:
+            by_check: dict[str, int] = {}
+            for why in p.lost.values():
+                for check in {part.split(":")[0].strip() for part in why.split("; ")}:
+                    by_check[check] = by_check.get(check, 0) + 1
+            notes.append("lost by check: " + ", ".join(f"{k} {v}" for k, v in sorted(by_check.items())))
+        groups = ([f"lost {k}: {v}" for k, v in p.lost.items()], list(p.double.values()),
+                  [f"leaked {k}: {v}" for k, v in p.leaked.items()])
+        if notes or any(groups):
             print(f"\n**{p.fault}**: " + "; ".join(notes))
-            for f in findings[:opts.show]:
-                print(f"- {f}")
-            if len(findings) > opts.show:
-                print(f"- ... and {len(findings) - opts.show} more")
+            for findings in groups:  # the first few of each kind
+                for f in findings[:opts.show]:
+                    print(f"- {f}")
+                if len(findings) > opts.show:
+                    print(f"- ... and {len(findings) - opts.show} more like it")
     bad = bool(auditor.lost or auditor.double)
     print(f"\n{'FAIL' if bad else 'PASS'}: {len(auditor.lost)} acknowledged tasks lost, {len(auditor.double)} "
           "double allocations")
@@ -677,6 +709,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pre-s", type=float, help="load before each fault, s (default 5; --quick 3)")
     p.add_argument("--post-s", type=float, help="load after each fault, s (default 20; --quick 10)")
     p.add_argument("--settle-s", type=float, default=2.0, help="quiet time before each audit, s")
+    p.add_argument("--after-repair-s", type=float, default=5.0,
+                   help="load after the bench repaired what a fault left broken, before the audit, s")
     p.add_argument("--keepers", type=int, help="placed tasks per phase held to the end (default 10; --quick 5)")
     p.add_argument("--tasks", type=int, default=2000, help="openb trace tasks to cycle through")
     p.add_argument("--budget-s", type=float, default=30.0, help="a Submit's or Release's retries end after this")
@@ -688,7 +722,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-supervise", action="store_true", help="do not turn on the stack's supervisor")
     p.add_argument("--policy", default="bestfit")
     p.add_argument("--log-dir", help="service logs (default: a temporary directory, printed)")
-    p.add_argument("--show", type=int, default=8, help="findings printed per phase")
+    p.add_argument("--show", type=int, default=8, help="findings of each kind printed per phase")
     opts = p.parse_args(argv)
     faults = [f.strip() for f in opts.faults.split(",") if f.strip()]
     unknown = [f for f in faults if f not in FAULTS]
