@@ -254,7 +254,10 @@ def kill_service(stack: Stack, name: str, opts) -> Injected:
     """SIGKILL `name`; wait for the supervisor (if any) to bring it back, else restart it after a few seconds."""
     old_pid = stack.services[name].proc.pid
     out = Injected(time.monotonic(), name)
-    stack.kill(name)
+    if supervised(stack):  # a crash as the supervisor sees one (Stack.kill may be taken as a deliberate stop)
+        os.killpg(old_pid, signal.SIGKILL)
+    else:
+        stack.kill(name)
     wait = max(opts.restart_after, 15.0) if supervised(stack) else opts.restart_after
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
@@ -338,14 +341,18 @@ def check_and_repair(stack: Stack) -> list[str]:
     """Say what did not heal after a phase (dead services, DCs whose lease nobody holds), and repair it so the
     next phase starts from a healthy stack."""
     problems = []
-    for name in list(stack.services):
-        if not _alive(stack, name):
-            problems.append(f"{name} dead")
-            stack.restart(name)
-    for dc in fenced_dcs(stack):
-        problems.append(f"placer-{dc} holds no lease (fenced)")
+    dead = [name for name in stack.services if not _alive(stack, name)]
+    for name in dead:
+        stack.restart(name)
+    if dead:
+        problems.append(f"dead: {', '.join(dead)}")
+    fenced = fenced_dcs(stack)
+    for dc in fenced:
         stack.kill(f"placer-{dc}")
         stack.restart(f"placer-{dc}")
+    if fenced:
+        which = f"all {len(fenced)}" if len(fenced) == len(stack.fleet.datacenters) else ", ".join(fenced)
+        problems.append(f"placers fenced for good (no lease holder): {which}")
     return problems
 
 

@@ -101,3 +101,20 @@ def test_bad_flags_name_the_flag(capsys):
     with pytest.raises(SystemExit):
         chaos.parse_args(["--rate", "0"])
     assert "--rate: must be > 0" in capsys.readouterr().err
+
+
+def test_report_prints_a_row_per_fault_and_fails_on_any_loss(bench_stack, capsys):
+    stack, opts = bench_stack
+    phase = chaos.Phase("kill-placer", chaos.Injected(0.0, "placer-gpu", "bench: Stack.restart (3.5 s)"),
+                        acknowledged=7, first_ok_s=0.4, submits_after=5)
+    skipped = chaos.Phase("kill-redis-master", skipped="needs --redis-replicas 1")
+    final = chaos.Phase("final: kept tasks released")
+    auditor = chaos.Auditor()
+    assert chaos.report([phase, skipped], final, [], auditor, opts, stack) == 0
+    out = capsys.readouterr().out
+    assert "| kill-placer | placer-gpu | bench: Stack.restart (3.5 s) | 7 | 0 | 0 | 0.40 | 0 of 5 |" in out
+    assert "| kill-redis-master | - |" in out and "skipped: needs --redis-replicas 1" in out
+    assert "PASS" in out
+    phase.double["gpu/n0: cpu_milli 2 > capacity 1"] = auditor.double["gpu/n0: cpu_milli 2 > capacity 1"] = "x"
+    assert chaos.report([phase], final, [], auditor, opts, stack) == 1
+    assert "| kill-placer | placer-gpu | bench: Stack.restart (3.5 s) | 7 | 0 | 1 |" in capsys.readouterr().out
