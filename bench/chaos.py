@@ -756,6 +756,8 @@ def make_stack(opts) -> Stack:
     extra = {}
     if "supervise" in fields and not opts.no_supervise:
         extra["supervise"] = True
+    if "fresh" in fields:  # a stack that keeps its Redis data between runs: this run's audit starts from nothing
+        extra["fresh"] = True
     if opts.redis_replicas:
         if "redis_replicas" in fields:
             extra["redis_replicas"] = opts.redis_replicas
