@@ -404,7 +404,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         """Release at the placer, then record it. If the record is not taken, the table still shows the task
         placed and the client gets UNAVAILABLE: its retry releases again (a no-op at the placer) and records it."""
         task = self.store.copy(task_id)
-        assert task is not None  # Release found it in the table, and nothing removes a placed task
+        if task is None:  # Release found it in the table; only an `abandoned` record removes a task
+            raise LookupError(f"task {task_id} not found")
         reply = await self.release[task.datacenter].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
                                                          self.place_timeout_s)
         try:

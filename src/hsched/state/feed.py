@@ -28,7 +28,7 @@ from hsched.v1 import common_pb2 as pb
 log = logging.getLogger(__name__)
 
 StreamId = tuple[int, int]
-_ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?")
+_ID = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?")
 _U64 = 2**64
 
 
