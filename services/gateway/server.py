@@ -489,6 +489,12 @@ def register_metrics(metrics: MetricsServer, store: TaskStore, servicer: Gateway
     def sent(attr: str):
         return lambda: [(labels, float(getattr(c, attr))) for labels, c in coalescers]
 
+    if servicer.feed is not None:
+        feed = servicer.feed
+        metrics.register_gauge_family("hsched_gateway_watches", "Watch streams open, by the tenant watched ('' = "
+                                      "every tenant)", ["tenant"],
+                                      lambda: [((t,), float(n)) for t, n in list(feed.open.items())])
+
     labels = ["peer", "method"]
     metrics.register_gauge_family("hsched_gateway_batched_calls", "Calls sent inside batches since start, by peer "
                                   "and method", labels, sent("calls"))
