@@ -22,9 +22,9 @@ from hsched.state.keys import Keys
 from hsched.state.ledger import replay
 from hsched.state.redis import EmbeddedRedis, connect
 from hsched.v1 import common_pb2 as pb
-from hsched.v1 import gateway_pb2, gateway_pb2_grpc
+from hsched.v1 import gateway_pb2, gateway_pb2_grpc, placer_pb2, placer_pb2_grpc
 from tests.conftest import SMALL_FLEET, delete_prefix
-from tests.test_gateway_failures import gateway, small_task
+from tests.test_gateway_failures import backends, gateway, gateway_at, small_task
 
 
 async def held(redis_url: str, prefix: str) -> dict[str, list[str]]:
@@ -225,3 +225,20 @@ async def test_a_gateway_killed_mid_submit_lets_the_retry_place_it_once(redis_ur
                 await until(settled, "the ledgers hold the retry once and nothing else")
     finally:
         delete_prefix(redis_url, prefix)
+
+
+async def test_a_place_the_previous_gateway_sent_that_commits_after_the_restart_is_released(redis_url, prefix,
+                                                                                            tmp_path):
+    async with backends(redis_url, prefix, tmp_path) as (argv, placers):
+        argv = [*argv, "--place-timeout-s", "6"]  # a later flag wins: its late orphan check runs at +7 s
+        async with gateway_at(argv, tmp_path / "gateway.port") as gw:
+            # what a dead gateway's last Place does: committed at cheap after this gateway's start-up reconcile
+            async with grpc.aio.insecure_channel(placers["cheap"]) as placer_channel:
+                late = await placer_pb2_grpc.PlacerStub(placer_channel).Place(
+                    placer_pb2.PlaceRequest(task_id="t-late", task=small_task()), timeout=5)
+            assert late.outcome == placer_pb2.PLACE_OUTCOME_PLACED
+            mine = (await gw.Submit(gateway_pb2.SubmitRequest(task=small_task()), timeout=20)).task
+
+            async def only_mine() -> bool:
+                return await held(redis_url, prefix) == {mine.task_id: [mine.datacenter]}
+            await until(only_mine, "t-late released by the late orphan check, this gateway's task kept")

@@ -267,8 +267,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         request_id is a fresh attempt. Then `release_orphans`. Returns (Submits settled, releases started)."""
         interrupted = [self.store.copy(t.task_id) for t in list(self.store.tasks.values())
                        if t.state == pb.TASK_STATE_SUBMITTED]
-        await self.store.write(*(step(ABANDONED, t, "the gateway stopped while scheduling it; released wherever "
-                                                    "it had been placed") for t in interrupted if t is not None))
+        if interrupted:
+            await self.store.write(*(step(ABANDONED, t, "the gateway stopped while scheduling it; released "
+                                                        "wherever it had been placed") for t in interrupted if t))
         return len(interrupted), await self.release_orphans(redis, keys)
 
     async def release_orphans(self, redis, keys: Keys) -> int:
