@@ -16,7 +16,7 @@ from hsched.convert import parts_to_pb, resources_to_pb, task_from_pb
 from hsched.domain.fleet import load_fleet
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
 from hsched.policies.heuristics import POLICY_NAMES, make_policy
-from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
+from hsched.runtime import common_args, exit_if_lost, guard_epoch, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.ledger import Retention
 from hsched.state.redis import connect
@@ -212,11 +212,14 @@ async def serve(args, stop: asyncio.Event) -> None:
     thermal = None  # the pre-commit redline guard
     if args.thermal:
         thermal = room_for(dc) if args.thermal_guard == "local" else ThermalClient(args.thermal, dc.name)
+    guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
     owner = f"{socket.gethostname()}:{os.getpid()}"
     engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
                           lease_ms=args.lease_ms, retention=Retention(args.ledger_snapshot_entries,
                                                                       args.ledger_snapshot_interval_s,
                                                                       args.ledger_trim_margin_s))
+    engine.ledger.epoch = guard.epoch  # every append re-checks it, atomically with the fencing token
+    engine.ledger.min_replicas, engine.ledger.wait_timeout_ms = args.redis_min_replicas, args.redis_wait_ms
     await engine.start(wait_for_lease_s=args.lease_wait_s)
     metrics = metrics_server(args)
     if metrics:
@@ -225,7 +228,10 @@ async def serve(args, stop: asyncio.Event) -> None:
         lambda s: placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(engine, metrics), s),
         [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name], args.listen, metrics)
     log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
-    await serve_until_stopped(stop, server, port, args, metrics=metrics, cleanup=[engine.stop, redis.aclose])
+    settle = asyncio.create_task(engine.ledger.settle_forever(), name="ledger-settle")
+    await serve_until_stopped(stop, server, port, args, tasks=[epoch_watch, settle], metrics=metrics,
+                              cleanup=[engine.stop, redis.aclose])
+    exit_if_lost(guard)
 
 
 def parser():
