@@ -236,11 +236,11 @@ async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, no
     old = [t for t in store.tasks.values() if max(t.updated_unix_ms, store._kept.get(t.task_id, (0, 0))[0])
            < cutoff + margin_ms]
     if old:
-        async with store.redis.pipeline(transaction=False) as pipe:
-            for task in old:
-                pipe.xadd(store.stream, {b"k": KIND_OF_STATE.get(task.state, "submitted").encode(),
-                                         b"t": task.SerializeToString(), b"d": b"kept by compaction"})
-            kept = await pipe.execute()
+        # through the store's own append script: the same epoch check as every task-stream write
+        args = [store.epoch or ""]
+        for task in old:
+            args += [KIND_OF_STATE.get(task.state, "submitted"), task.SerializeToString(), "kept by compaction"]
+        kept = await store._append(keys=[store.stream, store.epoch_key or store.stream], args=args)
         for task, entry_id in zip(old, kept, strict=True):
             store._kept[task.task_id] = _entry_id(entry_id)
     # never trim a record written again that is still its task's latest, whatever the clocks say
