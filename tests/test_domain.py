@@ -123,11 +123,11 @@ def test_valid_spec_passes() -> None:
 
 @pytest.mark.parametrize(("overrides", "field", "fragment"), [
     ({"request_id": "has space"}, "request_id", "1-128 characters"),
-    ({"request_id": "a" * 129}, "request_id", "1-128 characters"),
+    ({"request_id": "a" * 129}, "request_id", "at most 128 characters"),
     ({"tenant": "Team"}, "tenant", "DNS-1123 label"),
     ({"tenant": "-a"}, "tenant", "DNS-1123 label"),
     ({"tenant": ""}, "tenant", "DNS-1123 label"),
-    ({"tenant": "a" * 64}, "tenant", "1-63 characters"),
+    ({"tenant": "a" * 64}, "tenant", "at most 63 characters"),
     ({"name": "n" * 254}, "name", "at most 253"),
     ({"priority": 1001}, "priority", "-1000..1000"),
     ({"priority": -1001}, "priority", "-1000..1000"),
@@ -146,7 +146,10 @@ def test_valid_spec_passes() -> None:
     ({"resources": Resources(cpu_milli=1000, gpu_count=1, gpu_core_percent=10), "gpu_models": ("T4", "")},
      "gpu_models[1]", "non-empty model name"),
     ({"resources": Resources(cpu_milli=1000, gpu_count=1, gpu_core_percent=10), "gpu_models": ("x" * 65,)},
-     "gpu_models[0]", "<= 64 characters"),
+     "gpu_models[0]", "at most 64 characters"),
+    ({"resources": Resources(cpu_milli=1000, gpu_count=1, gpu_core_percent=10), "gpu_models": ("T4",) * 17},
+     "gpu_models", "at most 16 entries"),
+    ({"entry_vertex": "v" * 129}, "entry_vertex", "at most 128 characters"),
     ({"gpu_models": ("T4",)}, "gpu_models", "only allowed when resources.gpu_count > 0"),
 ])
 def test_spec_rule_names_its_field(overrides: dict, field: str, fragment: str) -> None:

@@ -24,7 +24,7 @@ from hsched.state.feed import TaskFeed, parse_after
 from hsched.state.keys import Keys
 from hsched.state.ledger import replay
 from hsched.state.redis import connect
-from hsched.state.tasks import ABANDONED, Record, TaskStore, now_ms, step
+from hsched.state.tasks import ABANDONED, Record, TaskStore, keep_pruned, now_ms, step
 from hsched.telemetry import MetricsServer
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import (
@@ -531,6 +531,8 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
             log.warning("released %d tasks placed by the previous gateway's last calls", count)
 
     late = asyncio.create_task(late_orphans(), name="late orphan check")
+    pruning = asyncio.create_task(keep_pruned(store, args.task_retention_s, args.task_prune_interval_s),
+                                  name="task retention")
     metrics = metrics_server(args)
     if metrics:
         register_metrics(metrics, store, servicer)
@@ -540,7 +542,7 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     log.info("gateway serving on port %d (%d task events replayed, %d tasks; %d interrupted Submits settled, %d "
              "tasks held by a placer without a record to match released)", port, loaded, len(store.tasks), settled,
              released)
-    await serve_until_stopped(stop, server, port, args, metrics=metrics, tasks=[epoch_watch, late],
+    await serve_until_stopped(stop, server, port, args, metrics=metrics, tasks=[epoch_watch, late, pruning],
                               cleanup=[servicer.feed.close, servicer.close, *(ch.close for ch in channels),
                                        feed_redis.aclose, redis.aclose])
     exit_if_lost(guard)
@@ -553,6 +555,11 @@ def parser():
                    help="dc=host:port,... for every data center's placer")
     p.add_argument("--select-timeout-s", type=float, default=2.0)
     p.add_argument("--place-timeout-s", type=float, default=5.0)
+    p.add_argument("--task-retention-s", type=float, default=float(os.environ.get("HSCHED_TASK_RETENTION_S", 86400)),
+                   help="forget released and rejected tasks this long after their last change (docs/operations.md)")
+    p.add_argument("--task-prune-interval-s", type=float,
+                   default=float(os.environ.get("HSCHED_TASK_PRUNE_INTERVAL_S", 300)),
+                   help="how often finished tasks are forgotten and the task stream compacted")
     p.add_argument("--max-watches", type=int, default=int(os.environ.get("HSCHED_MAX_WATCHES", "1000")),
                    help="Watch streams open at once on this gateway; more answer RESOURCE_EXHAUSTED")
     p.add_argument("--max-watches-per-tenant", type=int,

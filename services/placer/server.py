@@ -18,6 +18,7 @@ from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCh
 from hsched.policies.heuristics import POLICY_NAMES, make_policy
 from hsched.runtime import common_args, exit_if_lost, guard_epoch, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
+from hsched.state.ledger import Retention
 from hsched.state.redis import connect
 from hsched.telemetry import BatchedCalls, MetricsServer
 from hsched.thermal.datacenter import room_for
@@ -214,7 +215,9 @@ async def serve(args, stop: asyncio.Event) -> None:
     guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
     owner = f"{socket.gethostname()}:{os.getpid()}"
     engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
-                          lease_ms=args.lease_ms)
+                          lease_ms=args.lease_ms, retention=Retention(args.ledger_snapshot_entries,
+                                                                      args.ledger_snapshot_interval_s,
+                                                                      args.ledger_trim_margin_s))
     engine.ledger.epoch = guard.epoch  # every append re-checks it, atomically with the fencing token
     engine.ledger.min_replicas, engine.ledger.wait_timeout_ms = args.redis_min_replicas, args.redis_wait_ms
     await engine.start(wait_for_lease_s=args.lease_wait_s)
@@ -245,6 +248,14 @@ def parser():
     p.add_argument("--lease-ms", type=int, default=3000)
     p.add_argument("--lease-wait-s", type=float, default=15.0,
                    help="how long to wait for a previous placer's lease to lapse")
+    env = os.environ.get
+    p.add_argument("--ledger-snapshot-entries", type=int, default=int(env("HSCHED_LEDGER_SNAPSHOT_ENTRIES", 10_000)),
+                   help="snapshot the ledger's fold and trim the stream after this many new entries")
+    p.add_argument("--ledger-snapshot-interval-s", type=float,
+                   default=float(env("HSCHED_LEDGER_SNAPSHOT_INTERVAL_S", 60)),
+                   help="... or this long after the last snapshot, when there is anything new")
+    p.add_argument("--ledger-trim-margin-s", type=float, default=float(env("HSCHED_LEDGER_TRIM_MARGIN_S", 300)),
+                   help="never trim ledger entries younger than this (readers lagging less never reload)")
     return p
 
 

@@ -34,6 +34,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 from opentelemetry.trace import TracerProvider
 
+from hsched.domain.limits import check_message
 from hsched.rpc import status_of
 from hsched.telemetry import BatchedCalls
 from hsched.v1 import common_pb2
@@ -191,6 +192,7 @@ async def serve_batch(calls: Sequence[Req], handle: Callable[[Req], Awaitable[Re
     async def one(call: Req) -> Any:
         with tracing.server(call.trace_context) as status:  # type: ignore[attr-defined]
             try:
+                check_message(call)  # the batch's deserializer checked only its size, not each call's fields
                 return item(response=await handle(call))
             except Exception as exc:  # noqa: BLE001 - status_of maps it (and logs the unexpected)
                 status[:] = status_of(exc, tracing.name)

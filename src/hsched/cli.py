@@ -34,6 +34,7 @@ def _running_stack() -> dict:
 
 
 DEFAULT_GATEWAY = os.environ.get("HSCHED_GATEWAY") or _running_stack().get("gateway", "127.0.0.1:50051")
+LINKS_MAXLEN = 10_000  # link metric updates kept on the links stream (approximately; probes re-publish)
 
 
 def _redis_url() -> str | None:
@@ -300,7 +301,8 @@ def cmd_link(args) -> int:
         if getattr(args, name) is not None:
             update[name] = getattr(args, name)
     redis = connect_sync(_redis_url() or "redis://127.0.0.1:6379/0")
-    print(redis.xadd(Keys(args.prefix).links, {"m": json.dumps(update)}).decode())
+    # bounded (docs/operations.md, Retention): the selector folds the stream, only recent updates matter
+    print(redis.xadd(Keys(args.prefix).links, {"m": json.dumps(update)}, maxlen=LINKS_MAXLEN, approximate=True).decode())
     return 0
 
 

@@ -10,12 +10,14 @@ from typing import Any, TypeVar
 
 import grpc
 import redis.exceptions as redis_errors
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
 from grpc_reflection.v1alpha._base import _file_descriptor_response, _not_found_error
 
 from hsched.domain.errors import ResourceExhausted, ValidationError
+from hsched.domain.limits import check_message
 from hsched.state.ledger import StateLost
 from hsched.state.redis import NotReplicated
 from hsched.telemetry import Metrics, client_interceptors, instrumented, traced_channel
@@ -76,7 +78,8 @@ async def start_server(register: Callable[[grpc.aio.Server], None], service_name
     """Start an aio server with the given servicers, gRPC health (SERVING) and reflection; returns the port.
     With `metrics`, every call is counted and timed (hsched_rpc_server_requests_total / _duration_seconds)."""
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    register(instrumented(server, metrics=metrics))  # traced and timed, wrapped at registration
+    # checked (garbage and over-limit requests answered INVALID_ARGUMENT), traced and timed: wrapped at registration
+    register(checked(instrumented(server, metrics=metrics)))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     add_reflection(server, [*service_names, health.SERVICE_NAME])
@@ -87,6 +90,122 @@ async def start_server(register: Callable[[grpc.aio.Server], None], service_name
     for name in ("", *service_names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port, health_servicer
+
+
+class Rejected:
+    """What a request deserializer returns instead of a message for bytes that are not a valid request (not
+    protobuf, or a field over its limit): the handler answers INVALID_ARGUMENT with `message`. A deserializer
+    that raised would make grpc log a traceback per message and answer INTERNAL."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def checked_deserializer(cls: Any) -> Callable[[bytes], Any]:
+    """`cls.FromString` that returns `Rejected` for bytes that do not parse as `cls` or a message with a field
+    over its limit (`hsched.domain.limits`) — checked before any handler code sees the request."""
+    invalid = f"request is not a valid {cls.DESCRIPTOR.full_name}"
+    parse = cls.FromString
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            message = parse(data)
+        except DecodeError:
+            return Rejected(invalid)
+        try:
+            check_message(message)
+        except ValidationError as exc:
+            return Rejected(str(exc))
+        return message
+
+    return deserialize
+
+
+async def _reject(context: grpc.aio.ServicerContext, request: Rejected) -> None:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+
+
+def checked_handler(handler: Any) -> Any:
+    """`handler` with a `checked_deserializer` and a behaviour that answers a `Rejected` request with
+    INVALID_ARGUMENT (for request streams: ends the stream at the first rejected message)."""
+    cls = getattr(handler.request_deserializer, "__self__", None)
+    if cls is None or not hasattr(cls, "DESCRIPTOR"):
+        return handler  # not a generated protobuf handler: left as it is
+    handler = handler._replace(request_deserializer=checked_deserializer(cls))
+    if handler.request_streaming and handler.response_streaming:
+        behavior = handler.stream_stream
+
+        async def stream_stream(requests, context):
+            async def valid():
+                async for request in requests:
+                    if type(request) is Rejected:
+                        await _reject(context, request)
+                    yield request
+
+            async for response in behavior(valid(), context):
+                yield response
+
+        return handler._replace(stream_stream=stream_stream)
+    if handler.request_streaming:
+        return handler  # no client-streaming methods in hsched
+    if handler.response_streaming:
+        behavior = handler.unary_stream
+
+        async def unary_stream(request, context):
+            if type(request) is Rejected:
+                await _reject(context, request)
+            async for response in behavior(request, context):
+                yield response
+
+        return handler._replace(unary_stream=unary_stream)
+    behavior = handler.unary_unary
+
+    async def unary_unary(request, context):
+        if type(request) is Rejected:
+            await _reject(context, request)
+        return await behavior(request, context)
+
+    return handler._replace(unary_unary=unary_unary)
+
+
+class _CheckedGeneric(grpc.GenericRpcHandler):
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self._inner = inner
+        self._checked: dict[str, tuple[Any, Any]] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        method: str = handler_call_details.method  # type: ignore[attr-defined]
+        cached = self._checked.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = self._checked[method] = (handler, checked_handler(handler))
+        return cached[1]
+
+
+class _Checked:
+    """What ``add_*Servicer_to_server`` sees instead of the server: every handler `checked_handler`ed."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self._server.add_registered_method_handlers(service, {m: checked_handler(h) for m, h in handlers.items()})
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_CheckedGeneric(h) for h in handlers))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+
+def checked(server: Any) -> Any:
+    """Register servicers on the returned object instead of `server` to have every request deserialized by
+    `checked_deserializer`: garbage bytes and over-limit fields get INVALID_ARGUMENT, with no traceback."""
+    return _Checked(server)
 
 
 def channel(target: str) -> grpc.aio.Channel:

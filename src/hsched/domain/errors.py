@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+MAX_ECHO = 64  # characters of a bad value an error message repeats: a huge value must not become a huge error
+
+
+def shown(value: object) -> str:
+    """`value` as an error message repeats it: its repr, cut to MAX_ECHO characters."""
+    text = repr(value)
+    return text if len(text) <= MAX_ECHO else f"{text[:MAX_ECHO]}... ({len(text)} characters)"
+
 
 class ValidationError(ValueError):
-    """Bad input. `field` is the dotted path of the offending field, `rule` what it must satisfy."""
+    """Bad input. `field` is the dotted path of the offending field, `rule` what it must satisfy. The message
+    repeats at most MAX_ECHO characters of the value (it travels in gRPC trailers and is logged)."""
 
     def __init__(self, field: str, rule: str, value: object = None) -> None:
         self.field = field
         self.rule = rule
         self.value = value
-        shown = "" if value is None else f" (got {value!r})"
-        super().__init__(f"{field}: {rule}{shown}")
+        got = "" if value is None else f" (got {shown(value)})"
+        super().__init__(f"{field[:2 * MAX_ECHO]}: {rule}{got}")
 
 
 class FleetError(ValidationError):

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from hsched.domain.errors import ValidationError
+from hsched.domain.limits import check_count, check_string
 from hsched.domain.resources import Resources
 
 MAX_REPLICAS = 256
@@ -51,14 +52,17 @@ class TaskSpec:
         return self.resources.scaled(self.replicas)
 
     def validate(self) -> None:
-        """Raise ValidationError naming the first field that breaks a rule (checked in wire order)."""
+        """Raise ValidationError naming the first field that breaks a rule (sizes first, then in wire order)."""
+        for name in ("request_id", "tenant", "name", "entry_vertex"):
+            check_string(name, getattr(self, name))
+        check_count("gpu_models", len(self.gpu_models))
+        for i, model in enumerate(self.gpu_models):
+            check_string(f"gpu_models[{i}]", model, "gpu_models")
         if self.request_id and not _REQUEST_ID_RE.match(self.request_id):
             raise ValidationError("request_id", "must be 1-128 characters of [A-Za-z0-9._:-]", self.request_id)
         if not _NAME_RE.match(self.tenant):
             raise ValidationError("tenant", "must be a DNS-1123 label: lowercase alphanumerics, '-', '.', '_', "
                                   "1-63 characters, starting and ending alphanumeric", self.tenant)
-        if self.name and len(self.name) > 253:
-            raise ValidationError("name", "must be at most 253 characters", len(self.name))
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             raise ValidationError("priority", "must be an integer", self.priority)
         if not -1000 <= self.priority <= 1000:
@@ -74,8 +78,8 @@ class TaskSpec:
             raise ValidationError("data_size_mb", "must be a finite number >= 0", self.data_size_mb)
         self.network.validate("network")
         for i, model in enumerate(self.gpu_models):
-            if not model or len(model) > 64:
-                raise ValidationError(f"gpu_models[{i}]", "must be a non-empty model name of <= 64 characters", model)
+            if not model:
+                raise ValidationError(f"gpu_models[{i}]", "must be a non-empty model name", model)
         if self.gpu_models and self.resources.gpu_count == 0:
             raise ValidationError("gpu_models", "only allowed when resources.gpu_count > 0", list(self.gpu_models))
 

@@ -16,6 +16,7 @@ The gRPC service (services/placer) only translates protobuf to these calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -35,7 +36,7 @@ from hsched.domain.task import TaskSpec, task_to_dict
 from hsched.policies.base import NodePolicy
 from hsched.policies.placement import Outcome, Plan, part_power_w, plan
 from hsched.state.keys import Keys
-from hsched.state.ledger import Fenced, Ledger, fold_event, replay
+from hsched.state.ledger import Fenced, Ledger, Retention, fold_event, replay, snapshot_and_trim
 from hsched.telemetry.tracing import traceparent
 from hsched.thermal.guard import LoadDelta, RoomGuard, ThermalCheck
 from hsched.thermal.room import RoomModel
@@ -103,7 +104,8 @@ def freed_total(parts: tuple[Part, ...]) -> Resources:
 
 class PlacerEngine:
     def __init__(self, dc: DataCenter, redis: aioredis.Redis, keys: Keys, policy: NodePolicy, owner: str,
-                 thermal: ThermalGuard | RoomModel | None = None, lease_ms: int = 3000) -> None:
+                 thermal: ThermalGuard | RoomModel | None = None, lease_ms: int = 3000,
+                 retention: Retention | None = None) -> None:
         """`thermal`: the DC's room model (checked in-process over this engine's state), another ThermalGuard,
         or None for no thermal guard."""
         self.dc = dc
@@ -124,6 +126,11 @@ class PlacerEngine:
         self._ops: asyncio.Queue[_Op] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
         self._dirty = asyncio.Event()
+        self.retention = retention or Retention()
+        self._batch_lock = asyncio.Lock()  # a snapshot is taken between batches: the fold is then the ledger's
+        self._since_snapshot = 0  # ledger entries appended since the last snapshot
+        self._held_back = False  # the last trim kept entries younger than the margin
+        self._snapshot_due = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -134,7 +141,8 @@ class PlacerEngine:
                  self.dc.name, self.ledger.token, len(self.state.allocations), len(self.queue), self.last_id)
         self._tasks = [asyncio.create_task(self._run(), name=f"placer-{self.dc.name}"),
                        asyncio.create_task(self._keep_lease(), name=f"lease-{self.dc.name}"),
-                       asyncio.create_task(self._publish_summaries(), name=f"summary-{self.dc.name}")]
+                       asyncio.create_task(self._publish_summaries(), name=f"summary-{self.dc.name}"),
+                       asyncio.create_task(self._retain(), name=f"retain-{self.dc.name}")]
         self._dirty.set()
 
     async def stop(self) -> None:
@@ -175,7 +183,8 @@ class PlacerEngine:
             # The batch's thermal calls join the trace of its first call (one Submit, one trace).
             token = otel_context.attach(batch[0].trace_context) if batch[0].trace_context else None
             try:
-                await self._process(batch)
+                async with self._batch_lock:
+                    await self._process(batch)
             except Exception as exc:
                 if isinstance(exc, Fenced):
                     self.fenced = True
@@ -197,6 +206,9 @@ class PlacerEngine:
             events = [{k: v for k, v in e.items() if not k.startswith("_")} for op in batch for e in op.events]
             if events:
                 self.last_id = await self.ledger.append(events)
+                self._since_snapshot += len(events)
+                if self._since_snapshot >= self.retention.snapshot_entries:
+                    self._snapshot_due.set()
         except BaseException:
             self._undo(batch, queue_before)  # memory must stay the fold of the ledger
             raise
@@ -384,6 +396,28 @@ class PlacerEngine:
                 result.placed_from_queue.append((task_id, decision.parts))
 
     # -- background ------------------------------------------------------------------------------------------
+
+    async def _retain(self) -> None:
+        """Snapshot the fold and trim the ledger (hsched.state.ledger.Retention) between batches."""
+        r = self.retention
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(r.snapshot_interval_s):
+                    await self._snapshot_due.wait()
+            self._snapshot_due.clear()
+            if not (self._since_snapshot or self._held_back) or self.fenced:
+                continue
+            try:
+                async with self._batch_lock:
+                    trimmed, self._held_back = await snapshot_and_trim(self.ledger, self.state, self.queue,
+                                                                       self.last_id, r.trim_margin_s)
+                    self._since_snapshot = 0
+                log.info("placer %s: ledger snapshot at %s, %d entries trimmed", self.dc.name, self.last_id, trimmed)
+            except Fenced as exc:
+                self.fenced = True
+                log.error("%s", exc)
+            except Exception:
+                log.warning("placer %s: ledger snapshot failed; retrying later", self.dc.name, exc_info=True)
 
     async def _keep_lease(self) -> None:
         while True:

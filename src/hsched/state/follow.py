@@ -14,7 +14,7 @@ from opentelemetry import propagate, trace
 from hsched.domain.cluster import ClusterState
 from hsched.domain.fleet import DataCenter
 from hsched.domain.task import TaskSpec
-from hsched.state.ledger import fold_event, replay
+from hsched.state.ledger import fold_event, replay, trimmed_past
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -42,6 +42,24 @@ class LedgerFollower:
     async def load(self) -> None:
         """Fold the ledger as it stands (before `follow` tails it)."""
         self.last_id = await replay(self.redis, self.stream, self.state, self.queue)
+
+    async def resync_if_trimmed(self) -> bool:
+        """Reload from the snapshot when the placer trimmed entries this follower had not read (it lagged
+        behind the trim margin, e.g. while Redis was away); True when it did."""
+        if not await trimmed_past(self.redis, self.stream, self.last_id):
+            return False
+        log.warning("%s was trimmed past this reader's position %s; reloading from its snapshot", self.stream,
+                    self.last_id)
+        await self._reload()
+        return True
+
+    async def _reload(self) -> None:
+        self.state = ClusterState(self.state.dc, self.state.table)
+        self.queue.clear()
+        await self.load()
+        self.version += 1
+        async with self._advanced:
+            self._advanced.notify_all()
 
     async def _fold(self, entries: list) -> None:
         try:
@@ -78,7 +96,8 @@ class LedgerFollower:
             await asyncio.wait_for(self._advanced.wait_for(lambda: stream_id_tuple(self.last_id) >= target), timeout_s)
 
 
-async def follow(redis: aioredis.Redis, followers: list[LedgerFollower], batch_s: float = 0.05) -> None:
+async def follow(redis: aioredis.Redis, followers: list[LedgerFollower], batch_s: float = 0.05,
+                 trim_check_s: float = 1.0) -> None:
     """Tail every follower's ledger with one blocking XREAD for all streams, then gather entries for up to
     `batch_s` before the next read (at once when a `wait_for` is pending): a reader off the placement path
     pays one Redis round trip per batch of writes, not one per placer write. Runs until cancelled."""
@@ -86,8 +105,14 @@ async def follow(redis: aioredis.Redis, followers: list[LedgerFollower], batch_s
     wake = asyncio.Event()
     for f in followers:
         f._wake = wake
+    checked = float("-inf")
+    loop = asyncio.get_running_loop()
     while True:
         try:
+            if loop.time() - checked >= trim_check_s:  # a trim past a cursor is rare: looked for now and then
+                checked = loop.time()
+                for f in followers:
+                    await f.resync_if_trimmed()
             reply = await redis.xread({f.stream: f.last_id for f in followers}, count=1000, block=1000)
         except (aioredis.ConnectionError, aioredis.TimeoutError):
             log.warning("lost Redis while following %d ledgers; retrying", len(followers))

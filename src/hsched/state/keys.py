@@ -13,6 +13,10 @@ class Keys:
         """Stream of alloc/free/defer events; writer: that DC's placer (fenced)."""
         return f"{self.prefix}:dc:{dc}:ledger"
 
+    def snapshot(self, dc: str) -> str:
+        """Hash {id, s}: the ledger's fold up to entry `id` (JSON `s`); the stream is trimmed below it (fenced)."""
+        return f"{self.prefix}:dc:{dc}:snapshot"
+
     def fence(self, dc: str) -> str:
         return f"{self.prefix}:dc:{dc}:fence"
 

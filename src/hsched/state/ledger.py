@@ -11,6 +11,12 @@ Events (field `e`, JSON):
   {"t": "free",  "task": id}
   {"t": "defer", "task": id, "spec": task_to_dict(...)}   queued (paper 000's delay action)
   {"t": "drop",  "task": id}                               a deferred task released before it ran
+
+Retention: the placer periodically writes a snapshot of its fold (allocations and deferred queue, with the
+ledger id it covers) to `{prefix}:dc:{dc}:snapshot` and trims the stream below it (XTRIM MINID), in one
+fenced script, so the ledger stays bounded while the fold — every live task's state — is never lost.
+`replay` starts from the snapshot; a reader whose cursor is older than the snapshot may have missed trimmed
+entries and reloads (`trimmed_past`). Entries younger than a safety margin are never trimmed.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,7 +35,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hsched.domain.cluster import ClusterState, Part
-from hsched.domain.task import TaskSpec, task_from_dict
+from hsched.domain.task import TaskSpec, task_from_dict, task_to_dict
 from hsched.state.keys import Keys
 from hsched.state.redis import NotReplicated, check_replicated
 
@@ -53,6 +60,16 @@ if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCED')
 local id
 for i = 3, #ARGV do id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[i]) end
 return id
+"""
+
+
+# KEYS: stream, fence, snapshot, epoch; ARGV: token, snapshot id, snapshot JSON, trim id (entries below it go),
+# epoch ('' = unchecked)
+_SNAPSHOT = """
+if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then return redis.error_reply('EPOCH') end
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCED') end
+redis.call('HSET', KEYS[3], 'id', ARGV[2], 's', ARGV[3], 'trim', ARGV[4])
+return redis.call('XTRIM', KEYS[1], 'MINID', ARGV[4])
 """
 
 
@@ -201,16 +218,109 @@ class Ledger:
         return last.decode() if isinstance(last, bytes) else last
 
 
+def snapshot_key(stream: str) -> str:
+    """The snapshot key of a ledger stream (Keys.snapshot of the same DC)."""
+    return stream.removesuffix(":ledger") + ":snapshot"
+
+
+def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
+    """The fold as JSON: allocations and the deferred queue in its order."""
+    return json.dumps({"alloc": {t: [p.to_json() for p in parts] for t, parts in state.allocations.items()},
+                       "queue": [[t, task_to_dict(spec)] for t, spec in queue.items()]}, separators=(",", ":"))
+
+
+def load_snapshot(data: bytes | str, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
+    """Fold a `snapshot_of` into an empty state/queue."""
+    snap = json.loads(data)
+    for task, parts in snap["alloc"].items():
+        state.apply(task, tuple(Part.from_json(p) for p in parts))
+    for task, spec in snap["queue"]:
+        queue[task] = task_from_dict(spec)
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms or 0), int(seq or 0)
+
+
+async def snapshot_id(redis: aioredis.Redis, stream: str) -> str | None:
+    """The ledger id the stream's snapshot covers, or None when it has none."""
+    got = await redis.hget(snapshot_key(stream), "id")
+    return got.decode() if isinstance(got, bytes) else got
+
+
+async def trimmed_past(redis: aioredis.Redis, stream: str, cursor: str) -> bool:
+    """True when entries after `cursor` that it has not read may have been trimmed (the trim point is newer
+    than it): a reader at `cursor` must reload (`replay`, from the snapshot) instead of reading on."""
+    trim = await redis.hget(snapshot_key(stream), "trim")
+    return trim is not None and _id(cursor) < _id(trim.decode() if isinstance(trim, bytes) else trim)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """When a placer snapshots its ledger and trims it: after `snapshot_entries` new entries, or
+    `snapshot_interval_s` after the last snapshot when there is anything new (or held back by the margin);
+    entries younger than `trim_margin_s` stay (a reader lagging less than that never needs the snapshot)."""
+
+    snapshot_entries: int = 10_000
+    snapshot_interval_s: float = 60.0
+    trim_margin_s: float = 300.0
+
+
+async def snapshot_and_trim(ledger: Ledger, state: ClusterState, queue: OrderedDict[str, TaskSpec],
+                            last_id: str, margin_s: float, now_s: float | None = None) -> tuple[int, bool]:
+    """Write the fold (`state`/`queue`, which must be exactly the ledger up to `last_id`) as the DC's snapshot
+    and trim the stream below it — but never entries younger than `margin_s` — behind the fencing check, in
+    one script. Returns (entries trimmed, whether the margin held some of the snapshot's entries back); raises
+    Fenced when this writer is no longer current."""
+    if ledger.token is None:
+        raise Fenced(f"placer for {ledger.dc} has no fencing token (acquire() first)")
+    floor_ms = int(((time.time() if now_s is None else now_s) - margin_s) * 1000)
+    trim = min(_id(last_id), (max(floor_ms, 0), 0))
+    async with ledger._lock:  # no append in between (the fold must be the ledger's up to last_id)
+        if ledger.pending_undo:  # the fold lacks events whose write is in doubt: snapshot once they are settled
+            return 0, True
+        try:
+            trimmed = await ledger.redis.eval(
+                _SNAPSHOT, 4, ledger.stream, ledger.keys.fence(ledger.dc), ledger.keys.snapshot(ledger.dc),
+                ledger.keys.epoch, ledger.token, last_id, snapshot_of(state, queue), f"{trim[0]}-{trim[1]}",
+                ledger.epoch or "")
+        except ResponseError as exc:
+            if "EPOCH" in str(exc):
+                raise StateLost(f"placer for {ledger.dc}: Redis no longer holds epoch {ledger.epoch}") from None
+            if "FENCED" in str(exc):
+                raise Fenced(f"placer for {ledger.dc} was fenced out (token {ledger.token} is stale)") from None
+            raise
+    return int(trimmed), trim < _id(last_id)
+
+
 async def replay(redis: aioredis.Redis, stream: str, state: ClusterState, queue: OrderedDict[str, TaskSpec],
                  after: str = "-", batch: int = 2000) -> str:
-    """Fold every event after `after` into state/queue; returns the last id folded ("0-0" if none)."""
+    """Fold every event after `after` into state/queue; returns the last id folded ("0-0" if none). From the
+    start ("-"), the fold begins at the stream's snapshot when it has one (read with the first entries in
+    one transaction, so no trim falls between them)."""
     last = "0-0" if after == "-" else after
     start = after if after == "-" else f"({after}"
+    entries = None
+    if after == "-":
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.hmget(snapshot_key(stream), "id", "s")
+            pipe.xrange(stream, min="-", max="+", count=batch)
+            (snap_id, snap), entries = await pipe.execute()
+        if snap_id is not None:
+            load_snapshot(snap, state, queue)
+            last = snap_id.decode()
+    covered = _id(last)  # entries up to here are in the snapshot (the trim keeps a margin of them)
     while True:
-        entries = await redis.xrange(stream, min=start, max="+", count=batch)
+        if entries is None:
+            entries = await redis.xrange(stream, min=start, max="+", count=batch)
         for entry_id, fields in entries:
+            entry = entry_id.decode()
+            if _id(entry) <= covered:
+                continue
             fold_event(json.loads(fields[b"e"]), state, queue)
-            last = entry_id.decode()
+            last = entry
         if len(entries) < batch:
             return last
-        start = f"({last}"
+        start = f"({entries[-1][0].decode()}"
+        entries = None

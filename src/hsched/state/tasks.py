@@ -19,6 +19,7 @@ the client was told had failed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from hsched.state.ledger import StateLost
 from hsched.state.redis import check_replicated
 from hsched.v1 import common_pb2 as pb
 
+log = logging.getLogger(__name__)
 ABANDONED = "abandoned"  # an attempt that never reached a final answer: not in the table, its request id free
 STATE_OF_KIND = {"submitted": pb.TASK_STATE_SUBMITTED, "dc_selected": pb.TASK_STATE_SUBMITTED,
                  "placed": pb.TASK_STATE_PLACED, "deferred": pb.TASK_STATE_DEFERRED,
@@ -84,6 +86,7 @@ class TaskStore:
     abandoned: set[str] = field(default_factory=set)  # task ids whose records are all ignored (ABANDONED)
     _pending: list[_Pending] = field(default_factory=list)
     _flusher: asyncio.Task | None = None
+    _kept: dict[str, tuple[int, int]] = field(default_factory=dict)  # task id -> its record `prune` re-appended
     epoch_key: str = ""  # with `epoch`: every flush first checks that Redis still holds it (hsched.state.epoch)
     epoch: str | None = None
     min_replicas: int = 0  # replicas that must hold a flush before its callers hear it is durable (WAIT)
@@ -200,6 +203,63 @@ def _fail_batch(batch: list[_Pending], exc: BaseException) -> None:
     for p in batch:
         if not p.future.done():
             p.future.set_exception(exc)
+
+
+TERMINAL = (pb.TASK_STATE_REJECTED, pb.TASK_STATE_RELEASED)
+KIND_OF_STATE = {pb.TASK_STATE_SUBMITTED: "submitted", pb.TASK_STATE_PLACED: "placed",
+                 pb.TASK_STATE_DEFERRED: "deferred", pb.TASK_STATE_REJECTED: "rejected",
+                 pb.TASK_STATE_RELEASED: "released"}
+
+
+def _entry_id(entry_id: bytes) -> tuple[int, int]:
+    ms, _, seq = entry_id.decode().partition("-")
+    return int(ms), int(seq or 0)
+
+
+async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, now: int | None = None
+                ) -> tuple[int, int]:
+    """Retention of the task stream (docs/operations.md): forget terminal tasks (released, rejected) last
+    changed more than `retention_ms` ago, and compact the stream so it stays bounded — re-append the current
+    record of every task still in the table whose last entry may be older than the trim point (so a restarted
+    gateway rebuilds the same table), then trim everything older (XTRIM MINID). A live task is never lost:
+    its record is written again before any entry of it goes. Returns (tasks forgotten, entries trimmed)."""
+    now = now_ms() if now is None else now
+    cutoff = now - retention_ms
+    gone = [t for t in store.tasks.values() if t.state in TERMINAL and t.updated_unix_ms < cutoff]
+    for task in gone:
+        del store.tasks[task.task_id]
+        store._kept.pop(task.task_id, None)
+        key = (task.spec.tenant, task.spec.request_id)
+        if store.by_request.get(key) == task.task_id:
+            del store.by_request[key]
+    # `updated_unix_ms` is the gateway's clock, entry ids Redis's: `margin_ms` covers the difference
+    old = [t for t in store.tasks.values() if max(t.updated_unix_ms, store._kept.get(t.task_id, (0, 0))[0])
+           < cutoff + margin_ms]
+    if old:
+        # through the store's own append script: the same epoch check as every task-stream write
+        args = [store.epoch or ""]
+        for task in old:
+            args += [KIND_OF_STATE.get(task.state, "submitted"), task.SerializeToString(), "kept by compaction"]
+        kept = await store._append(keys=[store.stream, store.epoch_key or store.stream], args=args)
+        for task, entry_id in zip(old, kept, strict=True):
+            store._kept[task.task_id] = _entry_id(entry_id)
+    # never trim a record written again that is still its task's latest, whatever the clocks say
+    trim_at = min([(cutoff, 0), *(k for t, k in store._kept.items() if store.tasks[t].updated_unix_ms <= k[0])])
+    trimmed = await store.redis.xtrim(store.stream, minid=f"{trim_at[0]}-{trim_at[1]}", approximate=False) \
+        if cutoff > 0 else 0
+    return len(gone), int(trimmed)
+
+
+async def keep_pruned(store: TaskStore, retention_s: float, interval_s: float) -> None:
+    """`prune` every `interval_s` (the gateway runs it); a failed round is logged and tried again."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            gone, trimmed = await prune(store, int(retention_s * 1000))
+            if gone or trimmed:
+                log.info("task retention: %d finished tasks forgotten, %d stream entries trimmed", gone, trimmed)
+        except Exception:
+            log.warning("task retention round failed; retrying in %g s", interval_s, exc_info=True)
 
 
 def event_of(entry_id: str, fields: dict[bytes, bytes]) -> pb.TaskEvent:
