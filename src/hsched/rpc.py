@@ -68,9 +68,10 @@ def add_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> Non
 
 
 async def start_server(register: Callable[[grpc.aio.Server], None], service_names: list[str],
-                       bind: str = "127.0.0.1:0", metrics: Metrics | None = None,
+                       bind: str = "127.0.0.1:0", metrics: Metrics | None = None, serving: bool = True,
                        ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    """Start an aio server with the given servicers, gRPC health (SERVING) and reflection; returns the port.
+    """Start an aio server with the given servicers, gRPC health (SERVING, or NOT_SERVING if not `serving`:
+    a standby placer) and reflection; returns the port and the health servicer (to change the status later).
     With `metrics`, every call is counted and timed (hsched_rpc_server_requests_total / _duration_seconds)."""
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     register(instrumented(server, metrics=metrics))  # traced and timed, wrapped at registration
@@ -81,9 +82,15 @@ async def start_server(register: Callable[[grpc.aio.Server], None], service_name
     if port == 0:
         raise RuntimeError(f"could not bind {bind}")
     await server.start()
-    for name in ("", *service_names):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await set_health(health_servicer, service_names, serving)
     return server, port, health_servicer
+
+
+async def set_health(health_servicer: health.aio.HealthServicer, service_names: list[str], serving: bool) -> None:
+    """SERVING or NOT_SERVING for the server as a whole ("") and for each of `service_names`."""
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ("", *service_names):
+        await health_servicer.set(name, status)
 
 
 def channel(target: str) -> grpc.aio.Channel:
