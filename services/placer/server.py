@@ -269,19 +269,24 @@ def parser():
                    choices=["local", "service"],
                    help="check a batch against the redline with the room model in-process, on the placer's own "
                         "state (local), or by asking the thermal service (service: one more hop per batch)")
-    p.add_argument("--lease-ms", type=int, default=3000,
+    p.add_argument("--lease-ms", type=int, default=os.environ.get("HSCHED_LEASE_MS", "3000"),
                    help="lease period: another placer may take the DC over this long after this one stops renewing")
     p.add_argument("--standby", action=argparse.BooleanOptionalAction, default=True,
                    help="if another placer holds the DC's lease, run as a NOT_SERVING standby and take over when "
                         "its lease lapses (--no-standby: exit with an error after --lease-wait-s instead)")
     p.add_argument("--lease-wait-s", type=float, default=0.0,
                    help="with --no-standby: how long to wait for the holder's lease to lapse before exiting")
-    p.add_argument("--fenced-exit-s", type=float, default=120.0,
+    p.add_argument("--fenced-exit-s", type=float, default=os.environ.get("HSCHED_FENCED_EXIT_S", "120"),
                    help="exit (non-zero) after losing the lease and failing to take it back for this long, so a "
                         "restart policy acts (0 = never)")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.lease_ms < 100:
+        p.error(f"--lease-ms must be at least 100 (renewals run every third of it), got {args.lease_ms}")
+    if args.fenced_exit_s < 0 or args.lease_wait_s < 0:
+        p.error("--fenced-exit-s and --lease-wait-s must be >= 0")
     run(f"placer-{args.datacenter}", args, lambda stop: serve(args, stop))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from hsched import rpc
 from hsched.batching import serve_batch
@@ -59,12 +60,14 @@ class SelectorServicer(selector_pb2_grpc.SelectorServicer):
 
 
 async def follow_summaries(redis, keys: Keys, selector: DcSelector) -> None:
-    """Keep the latest capacity summary of every DC (written by its placer)."""
+    """Keep the latest capacity summary of every DC (written by its placer; `update_summary` drops those of a
+    superseded placer, by fencing token)."""
     streams = {keys.summary(dc.name): "0-0" for dc in selector.fleet.datacenters}
-    for stream in streams:  # start from each DC's latest summary
+    for stream in streams:  # start from each DC's latest summary, as old as its placer stamped it
         latest = await redis.xrevrange(stream, count=1)
         if latest:
-            selector.update_summary(json.loads(latest[0][1][b"s"]))
+            summary = json.loads(latest[0][1][b"s"])
+            selector.update_summary(summary, age_s=max(0.0, time.time() - summary.get("unix_ms", 0) / 1000))
             streams[stream] = latest[0][0].decode()
     while True:
         try:

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 MAX_BATCH = 256
+SUMMARY_HEARTBEAT_S = 5.0  # a serving placer publishes its summary at least this often (readers judge staleness)
 MAX_QUEUE_TRIES_PER_RELEASE = 64
 
 
@@ -559,9 +560,10 @@ class PlacerEngine:
             "gpu_models": sorted({m for m in t.gpu_model if m}),
         }
 
-    async def _publish_summaries(self, period_s: float = 0.1, heartbeat_s: float = 5.0) -> None:
+    async def _publish_summaries(self, period_s: float = 0.1, heartbeat_s: float = SUMMARY_HEARTBEAT_S) -> None:
         """Capacity summaries for the selector: at most every `period_s` when something changed, and a
-        heartbeat every `heartbeat_s` so the selector can tell a quiet placer from a dead one."""
+        heartbeat every `heartbeat_s` so the selector can tell a quiet placer from a dead one; nothing while not
+        serving (fenced or standby), so the selector drops the DC after a few missed heartbeats."""
         while True:
             try:  # not asyncio.wait_for: in 3.11 it swallows a cancel that lands as the event fires (stop() hangs)
                 async with asyncio.timeout(heartbeat_s):

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import redis
 import redis.asyncio as aioredis
 
-from hsched.state.ledger import RENEW_SCRIPT, Ledger
+from hsched.state.ledger import RENEW_REFUSED, RENEW_SCRIPT, Ledger
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class LeaseKeeper:
                 continue
             keys, args = self.ledger.renew_args(token)
             try:
-                ok = bool(self._renew(keys=keys, args=args))
+                answer = int(self._renew(keys=keys, args=args))
             except redis.RedisError as exc:
                 if failing_since is None:
                     failing_since = now
@@ -141,10 +141,9 @@ class LeaseKeeper:
                 log.warning("placer %s: renewing works again after %.1f s", self.ledger.dc,
                             time.monotonic() - failing_since)
                 failing_since = None
-            if ok:
+            if answer == 1:
                 with self._lock:
                     if self._token == token:
                         self._last_ok = now
             else:
-                self._lost(token, "the lease renewal was refused: another placer holds the lease or a newer "
-                                  "fencing token was issued")
+                self._lost(token, f"renewal refused: {RENEW_REFUSED.get(answer, answer)}")

@@ -37,12 +37,16 @@ return redis.call('INCR', KEYS[2])
 
 # Renewal also checks the fencing token: a holder whose token was superseded (an operator bumped the fence, or
 # a new instance with the same owner name acquired) learns it at its next renewal, not at its next write.
+# 1 = renewed; the other answers say why not (RENEW_REFUSED).
 RENEW_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('GET', KEYS[2]) == ARGV[3] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
+local holder = redis.call('GET', KEYS[1])
+if not holder then return -1 end
+if holder ~= ARGV[1] then return -2 end
+if redis.call('GET', KEYS[2]) ~= ARGV[3] then return -3 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 """
+RENEW_REFUSED = {-1: "the lease had lapsed", -2: "another placer holds the lease",
+                 -3: "a newer fencing token was issued", 0: "the lease had lapsed"}
 
 _APPEND = """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCED') end
@@ -126,7 +130,7 @@ class Ledger:
     async def renew(self) -> bool:
         """Extend the lease by `lease_ms`; False if this owner no longer holds it or its token is stale."""
         keys, args = self.renew_args(self.token)
-        return bool(await self._renew(keys=keys, args=args))
+        return await self._renew(keys=keys, args=args) == 1
 
     async def release_lease(self) -> None:
         await self.redis.eval("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end"
