@@ -20,7 +20,7 @@ from hsched.policies.heuristics import POLICY_NAMES, make_policy
 from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.ledger import Fenced, LeaseHeld
-from hsched.state.redis import connect
+from hsched.state.redis import connect, connect_sync
 from hsched.telemetry import BatchedCalls, MetricsServer
 from hsched.thermal.datacenter import room_for
 from hsched.v1 import common_pb2, placer_pb2, placer_pb2_grpc, thermal_pb2, thermal_pb2_grpc
@@ -221,7 +221,8 @@ async def serve(args, stop: asyncio.Event) -> None:
         thermal = room_for(dc) if args.thermal_guard == "local" else ThermalClient(args.thermal, dc.name)
     owner = f"{socket.gethostname()}:{os.getpid()}"
     engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
-                          lease_ms=args.lease_ms, fenced_exit_s=args.fenced_exit_s)
+                          lease_ms=args.lease_ms, fenced_exit_s=args.fenced_exit_s,
+                          lease_client=connect_sync(args.redis_url))
     try:
         await engine.start(wait_for_lease_s=args.lease_wait_s, standby=args.standby)
     except LeaseHeld as exc:

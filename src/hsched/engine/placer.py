@@ -36,8 +36,7 @@ import numpy as np
 import redis.asyncio as aioredis
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis import Redis as SyncRedis
 
 from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.fleet import DataCenter
@@ -117,10 +116,11 @@ def freed_total(parts: tuple[Part, ...]) -> Resources:
 class PlacerEngine:
     def __init__(self, dc: DataCenter, redis: aioredis.Redis, keys: Keys, policy: NodePolicy, owner: str,
                  thermal: ThermalGuard | RoomModel | None = None, lease_ms: int = 3000, fenced_exit_s: float = 0.0,
-                 max_loop_stall_s: float = 30.0) -> None:
+                 max_loop_stall_s: float = 30.0, lease_client: SyncRedis | None = None) -> None:
         """`thermal`: the DC's room model (checked in-process over this engine's state), another ThermalGuard,
         or None for no thermal guard. `fenced_exit_s` (0 = never): after losing its lease, give up (`gave_up` is
-        set) if it cannot take it back for that long, so a supervisor restarts the process."""
+        set) if it cannot take it back for that long, so a supervisor restarts the process. `lease_client`: a
+        synchronous client for the renewal thread (hsched.state.lease; default: one like `redis`)."""
         self.dc = dc
         self.redis = redis
         self.keys = keys
@@ -145,6 +145,7 @@ class PlacerEngine:
         self.max_loop_stall_s = max_loop_stall_s
         self.gave_up = asyncio.Event()  # set after fenced_exit_s without the lease
         self._keeper: LeaseKeeper | None = None
+        self._lease_client = lease_client
         self._lost = asyncio.Event()  # set when `holding` turns False; _keep_lease steps down and re-acquires
         self._writing = asyncio.Lock()  # held by a batch in flight, and by a take-over (never both)
         self._watchers: list[Callable[[bool], Awaitable[None]]] = []
@@ -168,7 +169,7 @@ class PlacerEngine:
         run anyway without serving and take over once that lease lapses; without, wait up to
         `wait_for_lease_s` for it to lapse, then raise LeaseHeld."""
         loop = asyncio.get_running_loop()
-        self._keeper = LeaseKeeper(self.ledger, loop, self._lease_lost, self.max_loop_stall_s)
+        self._keeper = LeaseKeeper(self.ledger, loop, self._lease_lost, self.max_loop_stall_s, self._lease_client)
         deadline = loop.time() + wait_for_lease_s
         try:
             while not await self._take_over():
@@ -327,10 +328,6 @@ class PlacerEngine:
             if isinstance(exc, Fenced):
                 log.error("%s", exc)
                 self._lease_lost(lease_token, str(exc))
-            elif isinstance(exc, RedisConnectionError | RedisTimeoutError):
-                # the append may or may not have landed: memory may differ from the ledger, so fold it afresh
-                log.error("placer %s: a ledger write failed (%s); re-reading the ledger", self.dc.name, exc)
-                self._lease_lost(lease_token, f"a ledger write failed ({exc}); its outcome is unknown")
             else:
                 log.exception("placer %s: batch failed", self.dc.name)
             for op in batch:

@@ -33,18 +33,26 @@ from hsched.state.ledger import RENEW_REFUSED, RENEW_SCRIPT, Ledger
 log = logging.getLogger(__name__)
 
 
-def sync_twin(client: aioredis.Redis, timeout_s: float) -> redis.Redis:
-    """A synchronous client to the same server as the asyncio `client` (same host, db, credentials), with
-    socket timeouts of `timeout_s` so a stalled Redis delays one renewal, never the thread forever."""
-    kwargs = dict(client.connection_pool.connection_kwargs)
-    kwargs.update(socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=0)
-    for async_only in ("retry_on_timeout", "retry", "redis_connect_func"):  # let redis-py pick sync defaults
-        kwargs.pop(async_only, None)
+def sync_twin(client: aioredis.Redis) -> redis.Redis:
+    """A synchronous client to the same server as the asyncio `client` (same host or socket, db, credentials).
+    Only for a plain connection pool: a client that follows a Sentinel must be given to LeaseKeeper as such."""
+    pool = client.connection_pool
+    if type(pool) is not aioredis.ConnectionPool:
+        raise ValueError(f"cannot derive a synchronous Redis client from a {type(pool).__name__}: pass one "
+                         "(hsched.state.redis.connect_sync) as the lease client")
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k not in ("retry", "redis_connect_func")}
     if "path" in kwargs:
-        pool = redis.ConnectionPool(connection_class=redis.UnixDomainSocketConnection, **kwargs)
-    else:
-        pool = redis.ConnectionPool(**kwargs)
-    return redis.Redis(connection_pool=pool)
+        return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=redis.UnixDomainSocketConnection,
+                                                                **kwargs))
+    return redis.Redis(connection_pool=redis.ConnectionPool(**kwargs))
+
+
+def bound_timeouts(client: redis.Redis, timeout_s: float) -> redis.Redis:
+    """Socket timeouts of `timeout_s` on the client's (new) connections, so a stalled Redis delays one renewal,
+    never the renewal thread for good (works for plain and Sentinel-managed pools alike)."""
+    client.connection_pool.connection_kwargs.update(socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                                    health_check_interval=0)
+    return client
 
 
 class LeaseKeeper:
@@ -53,13 +61,14 @@ class LeaseKeeper:
     next `hold`."""
 
     def __init__(self, ledger: Ledger, loop: asyncio.AbstractEventLoop, on_lost: Callable[[int, str], None],
-                 max_loop_stall_s: float = 30.0) -> None:
+                 max_loop_stall_s: float = 30.0, client: redis.Redis | None = None) -> None:
+        """`client`: the thread's own synchronous Redis client (default: `sync_twin` of the ledger's)."""
         self.ledger = ledger
         self.loop = loop
         self.on_lost = on_lost
         self.max_loop_stall_s = max_loop_stall_s
         self.period_s = ledger.lease_ms / 3000
-        self.client = sync_twin(ledger.redis, timeout_s=min(2.0, max(0.2, self.period_s)))
+        self.client = bound_timeouts(client or sync_twin(ledger.redis), min(2.0, max(0.2, self.period_s)))
         self._renew = self.client.register_script(RENEW_SCRIPT)
         self._token: int | None = None
         self._last_ok = 0.0  # monotonic time the last successful renewal was *sent*: the lease lasts until +lease
