@@ -404,6 +404,46 @@ async def test_standby_engine_takes_over_when_the_holder_stops_renewing(redis, p
         await standby.stop()
 
 
+class SlowPolicy:
+    """FirstFit that burns `seconds` of CPU per decision on the event loop (a plan of one huge task)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.inner, self.seconds, self.name = make_policy("firstfit"), seconds, "slow-firstfit"
+
+    def scores(self, state, demand, mask):
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:  # holds the GIL and the loop (CPython still switches threads)
+            pass
+        return self.inner.scores(state, demand, mask)
+
+    def placed(self, node: int) -> None:
+        self.inner.placed(node)
+
+
+async def test_a_plan_that_blocks_the_loop_for_several_leases_keeps_the_lease(redis, prefix) -> None:
+    dc = cheap()
+    e = PlacerEngine(dc, redis, Keys(prefix), SlowPolicy(1.5), "p1", lease_ms=300)  # 5 lease periods per plan
+    async with running(e):
+        token = e.ledger.token
+        assert (await e.place("big", spec(4))).outcome == "placed"
+        assert (await e.place("big2", spec(4))).outcome == "placed"
+        assert e.holding and e.ledger.token == token  # renewed from its own thread all along: never lost
+        assert await redis.get(Keys(prefix).lease(dc.name)) == b"p1"
+
+
+async def test_a_loop_stalled_past_the_bound_lets_the_lease_go_and_takes_it_back(redis, prefix) -> None:
+    """The renewal thread keeps the lease only while the loop runs: a loop stuck past `max_loop_stall_s` (wedged)
+    gives the DC up; once it runs again the engine takes the lease back with a new token."""
+    dc = cheap()
+    e = PlacerEngine(dc, redis, Keys(prefix), SlowPolicy(1.5), "p1", lease_ms=300, max_loop_stall_s=0.5)
+    async with running(e):
+        token = e.ledger.token
+        assert (await e.place("big", spec(4))).outcome == "placed"  # nobody took the DC: the append went through
+        await wait_until(lambda: e.holding and e.ledger.token > token, "the lease taken back")
+        assert "event loop has not run" in e.lost_reason
+        assert list(e.state.allocations) == ["big"]
+
+
 async def test_a_bumped_fence_is_seen_at_the_next_renewal(redis, prefix) -> None:
     """An operator (or a thief) moves the fencing token on: the holder stops serving without waiting for a
     write, and takes the lease back with a newer token (nobody else holds the lease)."""
