@@ -449,3 +449,33 @@ def test_a_dc_whose_summaries_stopped_is_excluded_with_a_reason(fleet):
     assert "cheap" not in {c.datacenter for c in ranked} and {"near", "gpu"} <= {c.datacenter for c in ranked}
     reason = dict(excluded)["cheap"]
     assert reason.startswith("its placer's last summary is 10 s old") and "fenced" in reason
+
+
+async def test_follow_summaries_keeps_the_current_placers_summaries(redis_url, prefix, fleet):
+    from services.selector.server import follow_summaries
+
+    client = connect(redis_url)
+    keys = Keys(prefix)
+    sel = DcSelector(fleet, graph=WanGraph(fleet.wan))
+
+    async def publish(s: dict) -> None:
+        await client.xadd(keys.summary(s["datacenter"]), {"s": json.dumps({**s, "unix_ms": int(time.time() * 1000)})})
+
+    async def until(condition) -> None:
+        async with asyncio.timeout(30):
+            while not condition():
+                await asyncio.sleep(0.02)
+
+    await publish(summary("cheap", 3, free_cpu=30))
+    follower = asyncio.create_task(follow_summaries(client, keys, sel))
+    try:
+        await until(lambda: "cheap" in sel.summaries)  # the latest one, read at start
+        await publish(summary("cheap", 2, free_cpu=20))  # the fenced placer's late summary
+        await publish(summary("cheap", 4, free_cpu=40))  # the new holder's
+        await until(lambda: sel.fencing_tokens.get("cheap") == 4)
+        assert sel.superseded == 1 and sel.summaries["cheap"]["free"][0] == 40
+    finally:
+        while not follower.done():  # cancel again until done: redis-py can swallow a cancel mid-command
+            follower.cancel()
+            await asyncio.wait({follower}, timeout=0.5)
+        await client.aclose()
