@@ -479,3 +479,29 @@ async def test_follow_summaries_keeps_the_current_placers_summaries(redis_url, p
             follower.cancel()
             await asyncio.wait({follower}, timeout=0.5)
         await client.aclose()
+
+
+async def test_a_selector_started_after_a_placer_died_leaves_its_dc_out_at_once(redis_url, prefix, fleet):
+    from hsched.domain.resources import Resources
+    from hsched.domain.task import TaskSpec
+    from services.selector.server import follow_summaries
+
+    client = connect(redis_url)
+    keys = Keys(prefix)
+    now_ms = int(time.time() * 1000)
+    for dc, published_ms in (("cheap", now_ms), ("near", now_ms - 60_000), ("gpu", now_ms)):
+        await client.xadd(keys.summary(dc), {"s": json.dumps({**summary(dc, 1), "unix_ms": published_ms})})
+    sel = DcSelector(fleet, graph=WanGraph(fleet.wan))
+    follower = asyncio.create_task(follow_summaries(client, keys, sel))
+    try:
+        async with asyncio.timeout(30):
+            while len(sel.summaries) < 3:
+                await asyncio.sleep(0.02)
+        ranked, excluded = sel.select(TaskSpec(Resources(1000, 512), runtime_s=60))
+        assert {c.datacenter for c in ranked} == {"cheap", "gpu"}
+        assert dict(excluded)["near"].startswith("its placer's last summary is 60 s old")
+    finally:
+        while not follower.done():
+            follower.cancel()
+            await asyncio.wait({follower}, timeout=0.5)
+        await client.aclose()

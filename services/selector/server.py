@@ -67,7 +67,8 @@ async def follow_summaries(redis, keys: Keys, selector: DcSelector) -> None:
         latest = await redis.xrevrange(stream, count=1)
         if latest:
             summary = json.loads(latest[0][1][b"s"])
-            selector.update_summary(summary, age_s=max(0.0, time.time() - summary.get("unix_ms", 0) / 1000))
+            age_s = max(0.0, time.time() - summary["unix_ms"] / 1000) if "unix_ms" in summary else 0.0
+            selector.update_summary(summary, age_s=age_s)
             streams[stream] = latest[0][0].decode()
     while True:
         try:
