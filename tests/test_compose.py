@@ -224,11 +224,16 @@ def test_services_are_redis_thermal_selector_gateway_and_one_placer_per_fleet_dc
     assert len(fleet_dcs) == 11  # the default fleet the file is written for
 
 
-def test_redis_is_the_official_image_without_persistence(services):
+def test_redis_is_the_official_image_persisting_to_a_named_volume(raw, compose, services):
     redis = services["redis"]
     assert redis["image"] == "redis:7-alpine"
     cmd = redis["command"]
-    assert cmd[0] == "redis-server" and flag(cmd, "--save") == "" and flag(cmd, "--appendonly") == "no"
+    assert cmd[0] == "redis-server" and flag(cmd, "--save") == "" and flag(cmd, "--appendonly") == "yes"
+    assert flag(cmd, "--appendfsync") == "everysec" and flag(cmd, "--dir") == "/data"
+    volume, _, target = redis["volumes"][0].partition(":")
+    assert target == "/data" and volume in compose["volumes"], "the AOF must live on a named volume"
+    always = interpolate(raw, {"HSCHED_REDIS_APPENDFSYNC": "always"})["services"]["redis"]["command"]
+    assert flag(always, "--appendfsync") == "always"
     assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
 
 
@@ -316,6 +321,12 @@ def test_health_checks_probe_the_port_each_service_listens_on(services):
         assert test[:3] == ["CMD", "python", "-c"], name
         compile(test[3], f"{name} healthcheck", "exec")
         assert test[4] == f"127.0.0.1:{listen_port(svc)}", name
+
+
+def test_every_service_is_restarted_when_it_exits(services):
+    # Docker restarts on exit only (never on unhealthy): a placer fenced for good exits to be restarted
+    for name, svc in services.items():
+        assert svc.get("restart") in ("always", "unless-stopped"), name
 
 
 def test_only_the_gateway_is_published_on_its_listen_port(services):

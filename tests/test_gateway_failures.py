@@ -28,8 +28,8 @@ HOLD_S = 2.0  # how long "cheap" is held up: past the gateway's Place deadline
 
 
 @asynccontextmanager
-async def gateway(redis_url: str, prefix: str, tmp_path):
-    from services.gateway import server as gateway_server
+async def backends(redis_url: str, prefix: str, tmp_path):
+    """The small fleet's placers and the selector; yields (a gateway's argv, {dc: placer address})."""
     from services.placer import server as placer_server
     from services.selector import server as selector_server
 
@@ -42,9 +42,24 @@ async def gateway(redis_url: str, prefix: str, tmp_path):
                                                                      tmp_path / "selector.port"))
         argv = [*common, "--selector", selector, "--place-timeout-s", str(PLACE_TIMEOUT_S),
                 "--placers", ",".join(f"{dc}={t}" for dc, t in placers.items())]
-        target = await stack.enter_async_context(inprocess.service(gateway_server, argv, tmp_path / "gateway.port"))
-        channel = await stack.enter_async_context(grpc.aio.insecure_channel(target))
-        yield gateway_pb2_grpc.GatewayStub(channel), argv, placers
+        yield argv, placers
+
+
+@asynccontextmanager
+async def gateway_at(argv: list[str], port_file):
+    """A gateway with `argv` (one at a time per prefix: the task stream has one writer); yields its stub."""
+    from services.gateway import server as gateway_server
+
+    async with inprocess.service(gateway_server, argv, port_file) as target, \
+            grpc.aio.insecure_channel(target) as channel:
+        yield gateway_pb2_grpc.GatewayStub(channel)
+
+
+@asynccontextmanager
+async def gateway(redis_url: str, prefix: str, tmp_path):
+    async with backends(redis_url, prefix, tmp_path) as (argv, placers), \
+            gateway_at(argv, tmp_path / "gateway.port") as gw:
+        yield gw, argv, placers
 
 
 def small_task(cores: int = 2) -> pb.TaskSpec:
@@ -147,14 +162,14 @@ async def test_calls_whose_client_left_still_end_in_their_final_record(redis_url
 
 
 async def test_a_restarted_gateway_reconciles_its_task_table_with_the_ledgers(redis_url, prefix, tmp_path):
-    from services.gateway import server as gateway_server
-
-    async with gateway(redis_url, prefix, tmp_path) as (gw, argv, placers):
-        kept = (await gw.Submit(gateway_pb2.SubmitRequest(task=small_task()), timeout=20)).task  # placed at cheap
+    async with backends(redis_url, prefix, tmp_path) as (argv, placers):
+        async with gateway_at(argv, tmp_path / "gateway.port") as gw:
+            kept = (await gw.Submit(gateway_pb2.SubmitRequest(task=small_task()), timeout=20)).task  # at cheap
         # what a gateway that died in the middle of a Submit leaves: the task recorded as submitted and held by
         # cheap; and a task cheap holds that no record mentions (its Place went out before any record was durable)
         # and a task recorded as deferred at cheap that cheap placed from its queue, unseen by the gateway
         interrupted = pb.Task(task_id="t-interrupted", spec=small_task(), datacenter="cheap")
+        interrupted.spec.request_id = "interrupted-by-a-crash"
         queued = pb.Task(task_id="t-queued", spec=small_task(), datacenter="cheap")
         redis = connect(redis_url)
         store = TaskStore(redis, Keys(prefix).tasks)
@@ -166,16 +181,20 @@ async def test_a_restarted_gateway_reconciles_its_task_table_with_the_ledgers(re
                     placer_pb2.PlaceRequest(task_id=task_id, task=small_task()), timeout=5)
                 assert held.outcome == placer_pb2.PLACE_OUTCOME_PLACED
         # a new gateway starts on that history
-        async with inprocess.service(gateway_server, argv, tmp_path / "gateway2.port") as target, \
-                grpc.aio.insecure_channel(target) as channel:
-            gw2 = gateway_pb2_grpc.GatewayStub(channel)
-            got = await gw2.Get(gateway_pb2.GetRequest(task_id="t-interrupted"), timeout=5)
-            assert got.state == pb.TASK_STATE_REJECTED and "gateway stopped while scheduling it" in got.reason
+        async with gateway_at(argv, tmp_path / "gateway2.port") as gw2:
+            with pytest.raises(grpc.aio.AioRpcError) as gone:  # abandoned: no trace left, its request_id is free
+                await gw2.Get(gateway_pb2.GetRequest(task_id="t-interrupted"), timeout=5)
+            assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+            retry = await gw2.Submit(gateway_pb2.SubmitRequest(task=interrupted.spec), timeout=20)
+            assert not retry.duplicate and retry.task.state == pb.TASK_STATE_PLACED
+            kept2 = retry.task
             placed = await gw2.Get(gateway_pb2.GetRequest(task_id="t-queued"), timeout=5)
             assert placed.state == pb.TASK_STATE_PLACED and placed.datacenter == "cheap"
             assert sum(a.resources.cpu_milli for a in placed.assignments) == 2000
             expected = {kept.task_id: ["alloc"], "t-interrupted": ["alloc", "free"], "t-orphan": ["alloc", "free"],
                         "t-queued": ["alloc"]}
+            if kept2.datacenter == "cheap":
+                expected[kept2.task_id] = ["alloc"]
             for _ in range(50):  # released at cheap in the background; the task the table shows placed is kept
                 events: dict[str, list[str]] = {}
                 for e in await cheap_ledger(redis_url, prefix):

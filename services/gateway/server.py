@@ -7,7 +7,7 @@ import logging
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
@@ -19,11 +19,12 @@ from hsched.costs.selection import METHODS
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
-from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
+from hsched.runtime import common_args, exit_if_lost, guard_epoch, metrics_server, run, serve_until_stopped
+from hsched.state.feed import TaskFeed, parse_after
 from hsched.state.keys import Keys
 from hsched.state.ledger import replay
 from hsched.state.redis import connect
-from hsched.state.tasks import TaskStore, now_ms
+from hsched.state.tasks import ABANDONED, Record, TaskStore, now_ms, step
 from hsched.telemetry import MetricsServer
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import (
@@ -53,11 +54,21 @@ def new_task_id() -> str:
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    """The public endpoint.
+
+    Idempotency: a Submit with a `request_id` is bound to it (per tenant) once its records are durable; a retry
+    then gets that record (`duplicate`). A Submit that ends without durable records — the task-stream write
+    failed (the client got UNAVAILABLE) or the gateway crashed while scheduling it — binds nothing: whatever a
+    placer holds for it is released (`_abandon`, or `reconcile` at the next start), an `abandoned` record
+    drops any trace of it, and a retry with the same request_id is a fresh attempt (it first waits for the
+    failed attempt's placement to be released, so the request never holds two allocations)."""
+
     def __init__(self, fleet: Fleet, store: TaskStore, selector: selector_pb2_grpc.SelectorStub,
                  placers: dict[str, placer_pb2_grpc.PlacerStub], select_timeout_s: float = 2.0,
-                 place_timeout_s: float = 5.0, max_batch: int = 128) -> None:
+                 place_timeout_s: float = 5.0, max_batch: int = 128, feed: TaskFeed | None = None) -> None:
         self.fleet = fleet
         self.store = store
+        self.feed = feed
         # Concurrent Submits' selector and placer calls travel in batches, on one long-lived stream per peer
         # and method (hsched.batching: the per-call gRPC cost, not the decision, is what limits throughput).
         # wait_for_ready: ride out a selector restart.
@@ -74,7 +85,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.place_timeout_s = place_timeout_s
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
         self._jobs: set[asyncio.Task] = set()  # Submits and Releases under way (_start)
-        self._abandoned: set[asyncio.Task] = set()  # background releases of unanswered Places (_abandon)
+        self._abandoned: set[asyncio.Task] = set()  # background releases and record writes (_abandon, _durably)
+        self._releasing: dict[str, set[asyncio.Task]] = {}  # task id -> its background releases under way
+        self._failed: dict[tuple[str, str], asyncio.Future] = {}  # request key -> release of its failed attempt
+        self._scheduling: set[str] = set()  # task ids placed or being placed whose records are not durable yet
 
     def coalescers(self) -> list[tuple[tuple[str, str], Coalescer]]:
         """Every coalescer with its (peer, method) labels."""
@@ -100,11 +114,20 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if not spec.request_id:
             return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._start(self._submit(spec, method))))
         key = (spec.tenant, spec.request_id)
-        if key in self._inflight:  # a retry while the first call is still being scheduled: its final answer
-            return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._inflight[key]), duplicate=True)
-        known = self.store.by_request.get(key)
-        if known is not None:  # a retry: the first answer, as it stands now
-            return gateway_pb2.SubmitResponse(task=self.store.tasks[known], duplicate=True)
+        while True:
+            if key in self._inflight:  # a retry while the first call is still being scheduled: its final answer
+                return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._inflight[key]), duplicate=True)
+            known = self.store.by_request.get(key)
+            if known is not None:  # a retry: the first answer, as it stands now
+                return gateway_pb2.SubmitResponse(task=self.store.tasks[known], duplicate=True)
+            failed = self._failed.get(key)
+            if failed is None:
+                break
+            try:  # an earlier attempt failed after placing: its placement goes first, then this one starts
+                await asyncio.wait_for(asyncio.shield(failed), self.place_timeout_s)
+            except TimeoutError:
+                raise rpc.Unavailable(f"the previous attempt of request_id {spec.request_id!r} still holds a "
+                                      "placement that a placer has not yet confirmed releasing; retry later") from None
         job = self._inflight[key] = self._start(self._submit(spec, method))
         job.add_done_callback(lambda _: self._inflight.pop(key, None))
         return gateway_pb2.SubmitResponse(task=await asyncio.shield(job))
@@ -118,12 +141,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return job
 
     async def _submit(self, spec, method: str) -> pb.Task:
+        """Select, place, then write the Submit's records in one unit (`_commit`): the table and every reader see
+        the task only once its final record is durable. A crash before that leaves no record; the placement it
+        may have made is released by the next gateway's `reconcile`."""
         task = pb.Task(task_id=new_task_id(), spec=task_to_pb(spec), created_unix_ms=now_ms())
-        # Ask the selector before writing anything: it has no side effects, so if it is down the client
+        # Ask the selector before anything else: it has no side effects, so if it is down the client
         # gets UNAVAILABLE, nothing is recorded, and a retry with the same request_id starts afresh.
         selection = await self.select.call(selector_pb2.SelectRequest(task=task.spec, method=method),
                                            self.select_timeout_s)
-        writes = [self.store.record("submitted", task)]  # durable before any placer is asked; awaited below
+        records = [step("submitted", task)]
         ex = task.explanation
         ex.selector_method = selection.method
         ex.ranking.extend(selection.candidates)
@@ -131,17 +157,65 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if not selection.candidates:
             task.reason = "no data center can hold this task: " + "; ".join(
                 f"{e.datacenter}: {e.reason}" for e in selection.excluded)
-            writes.append(self.store.record("rejected", task, task.reason))
-            await asyncio.gather(*writes)
+            records.append(step("rejected", task, task.reason))
+            await self._commit(task, records)
             return task
         best = selection.candidates[0]
         task.datacenter = best.datacenter
-        writes.append(self.store.record("dc_selected", task, f"{best.datacenter} at total cost {best.total_cost:.4f}"))
-        await self._place(task, selection.candidates, writes)
-        await asyncio.gather(*writes)
+        records.append(step("dc_selected", task, f"{best.datacenter} at total cost {best.total_cost:.4f}"))
+        self._scheduling.add(task.task_id)  # a late `reconcile` pass leaves what this gateway is placing alone
+        try:
+            await self._place(task, selection.candidates, records)
+            await self._commit(task, records)
+        finally:
+            self._scheduling.discard(task.task_id)
         return task
 
-    async def _place(self, task: pb.Task, candidates, writes: list) -> None:
+    async def _commit(self, task: pb.Task, records: list[Record]) -> None:
+        """Make the Submit's records durable. If the task stream does not take them, nothing of the task is kept:
+        release what it holds at a placer, write `abandoned` for it in the background (the write may have
+        reached Redis without its reply), and answer UNAVAILABLE; a retry with the same request_id starts afresh
+        once that release is confirmed."""
+        try:
+            await self.store.write(*records)
+        except Exception as exc:
+            if task.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED):
+                self._abandon(task.task_id, task.datacenter)
+            releases = self._releasing.get(task.task_id)
+            if releases and task.spec.request_id:
+                key = (task.spec.tenant, task.spec.request_id)
+                waiter = self._failed[key] = asyncio.ensure_future(asyncio.wait(set(releases)))
+                waiter.add_done_callback(lambda w: self._failed.pop(key, None) if self._failed.get(key) is w else None)
+            reason = f"the task stream did not take its record ({type(exc).__name__}: {exc})"
+            abandoned = step(ABANDONED, task, reason)
+
+            async def record() -> Record:
+                return abandoned
+
+            self._durably(record, f"abandoned record of {task.task_id}")
+            log.warning("Submit of %s failed: %s; released wherever it was placed", task.task_id, reason)
+            raise rpc.Unavailable(f"the task store could not record the task ({type(exc).__name__}: {exc}); nothing "
+                                  "was kept and any placement is released: retry (with the same request_id)") from exc
+
+    def _durably(self, make: Callable[[], Awaitable[Record | None]], what: str, first_retry_s: float = 0.5
+                 ) -> asyncio.Task:
+        """Write the record `make` returns (None: nothing to write any more) until the task stream takes it, in
+        the background: for facts that already hold at a placer whatever the stream says."""
+        async def write() -> None:
+            delay = first_retry_s
+            while (record := await make()) is not None:
+                try:
+                    await self.store.write(record)
+                    return
+                except Exception as exc:  # noqa: BLE001 - retried until Redis takes it
+                    log.warning("cannot yet write the %s (%s: %s); retrying in %g s", what, type(exc).__name__, exc,
+                                delay)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 30.0)
+
+        return _track(asyncio.create_task(write(), name=what), self._abandoned)
+
+    async def _place(self, task: pb.Task, candidates, writes: list[Record]) -> None:
         """Try the DCs in rank order; if all are full now, queue at the best one that could hold it."""
         notes = task.explanation.notes
         full: list[str] = []
@@ -167,11 +241,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             if reply is not None and reply.outcome == placer_pb2.PLACE_OUTCOME_DEFERRED:
                 task.datacenter, task.reason = dc, reply.reason
                 self._explain(task, reply)
-                writes.append(self.store.record("deferred", task, f"queued at {dc}: {reply.reason}"))
+                writes.append(step("deferred", task, f"queued at {dc}: {reply.reason}"))
                 return
         task.datacenter = ""
         task.reason = "no data center could place it: " + "; ".join(notes)
-        writes.append(self.store.record("rejected", task, task.reason))
+        writes.append(step("rejected", task, task.reason))
 
     async def _call_place(self, task: pb.Task, dc: str, allow_defer: bool, notes) -> placer_pb2.PlaceResponse | None:
         placer = self.place.get(dc)
@@ -187,46 +261,60 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             return None
 
     async def reconcile(self, redis, keys: Keys) -> tuple[int, int]:
-        """At start, make the task table and the placers' ledgers agree. Submits that a previous gateway left
-        half-done (recorded as submitted, never answered) are recorded as rejected, with the reason; then every
-        task a DC's ledger holds (placed or queued) that the table does not show as placed or deferred at that
-        DC — a half-done Submit, a Place whose answer was lost, a release the previous gateway did not see
-        confirmed — is released there (`_abandon`), and a deferred task the ledger shows placed from the
-        queue is recorded as placed. Returns (Submits settled, releases started)."""
-        interrupted = [t for t in self.store.tasks.values() if t.state == pb.TASK_STATE_SUBMITTED]
-        for task in interrupted:
-            task.reason = ("the gateway stopped while scheduling it; released wherever it had been placed: "
-                           "submit it again (with a new request_id)")
-            task.datacenter = ""
-        await asyncio.gather(*(self.store.record("rejected", t, t.reason) for t in interrupted))
-        releases, writes = 0, []
+        """At start, make the task table and the placers' ledgers agree. A Submit that a previous gateway left
+        half-done (a record still `submitted`, written by a gateway that recorded steps one by one) is recorded
+        `abandoned`: it leaves the table and its request_id is free, so the client's retry with the same
+        request_id is a fresh attempt. Then `release_orphans`. Returns (Submits settled, releases started)."""
+        interrupted = [self.store.copy(t.task_id) for t in list(self.store.tasks.values())
+                       if t.state == pb.TASK_STATE_SUBMITTED]
+        if interrupted:
+            await self.store.write(*(step(ABANDONED, t, "the gateway stopped while scheduling it; released "
+                                                        "wherever it had been placed") for t in interrupted if t))
+        return len(interrupted), await self.release_orphans(redis, keys)
+
+    async def release_orphans(self, redis, keys: Keys) -> int:
+        """Release every task a DC's ledger holds (placed or queued) that the table does not show as placed or
+        deferred at that DC and this gateway is not placing now — a Submit that ended without a durable record,
+        a Place whose answer was lost, a release not seen confirmed — there (`_abandon`); record a deferred task
+        the ledger shows placed from the queue as placed. Run at start and once more after the last Place a
+        previous gateway sent can have been committed (its deadline). Returns the releases started."""
+        releases = 0
         for dc in self.fleet.datacenters:
             if dc.name not in self.release:
                 continue
             state, queue = ClusterState(dc), OrderedDict()
             await replay(redis, keys.ledger(dc.name), state, queue)
             for task_id, parts in [*state.allocations.items(), *((t, None) for t in queue)]:
+                if task_id in self._scheduling or task_id in self._releasing:
+                    continue
                 task = self.store.tasks.get(task_id)
                 if task is None or task.datacenter != dc.name or task.state not in (pb.TASK_STATE_PLACED,
                                                                                   pb.TASK_STATE_DEFERRED):
                     self._abandon(task_id, dc.name)
                     releases += 1
                 elif task.state == pb.TASK_STATE_DEFERRED and parts is not None:  # placed from the queue, unseen
-                    del task.assignments[:]
-                    task.assignments.extend(parts_to_pb(parts, state.table))
-                    task.reason = ""
-                    writes.append(self.store.record("placed", task, f"{dc.name}: from the deferred queue (found in "
-                                                                    "the ledger at start)"))
-        await asyncio.gather(*writes)
-        return len(interrupted), releases
+                    await self._placed_from_queue(dc.name, [(task_id, parts_to_pb(parts, state.table))],
+                                                  "found in the ledger at start")
+        return releases
 
-    def _abandon(self, task_id: str, dc: str) -> None:
-        """A Place at `dc` ended without an answer, and the task may now go to another data center. The placer
-        commits nothing for the call after its deadline, but it may have done so before and the answer been
-        lost: release the task there, in the background until that placer confirms, so the task never holds
-        resources in two data centers. (A release of a task the placer does not hold changes nothing.)"""
-        _track(asyncio.create_task(self._release_abandoned(task_id, dc), name=f"release {task_id} at {dc}"),
-               self._abandoned)
+    def _abandon(self, task_id: str, dc: str) -> asyncio.Task:
+        """A Place at `dc` ended without an answer (or without a durable record), and the task may now go to
+        another data center or be retried. The placer commits nothing for the call after its deadline, but it
+        may have done so before and the answer been lost: release the task there, in the background until that
+        placer confirms, so the task never holds resources in two data centers. (A release of a task the placer
+        does not hold changes nothing.)"""
+        job = _track(asyncio.create_task(self._release_abandoned(task_id, dc), name=f"release {task_id} at {dc}"),
+                     self._abandoned)
+        self._releasing.setdefault(task_id, set()).add(job)
+
+        def done(_: asyncio.Task) -> None:
+            jobs = self._releasing.get(task_id, set())
+            jobs.discard(job)
+            if not jobs:
+                self._releasing.pop(task_id, None)
+
+        job.add_done_callback(done)
+        return job
 
     async def _release_abandoned(self, task_id: str, dc: str, first_retry_s: float = 0.5) -> None:
         delay = first_retry_s
@@ -242,22 +330,32 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             delay = min(2 * delay, 30.0)
         if reply.released:
             log.warning("placer %s had placed %s before the gateway gave up on it; released there", dc, task_id)
-        await asyncio.gather(*self._placed_from_queue(dc, task_id, reply))
+        await self._placed_from_queue(dc, [(q.task_id, q.assignments) for q in reply.placed_from_queue],
+                                      f"when {task_id} was released")
 
-    def _placed_from_queue(self, dc: str, released: str, reply: placer_pb2.PlacerReleaseResponse) -> list:
-        """Record the deferred tasks that a release at `dc` placed; the writes to await."""
-        writes = []
-        for queued in reply.placed_from_queue:
-            waiting = self.store.tasks.get(queued.task_id)
-            if waiting is None:  # queued by a gateway whose history this one lacks; the ledger still holds it
-                log.warning("placer %s placed unknown queued task %s", dc, queued.task_id)
-                continue
-            del waiting.assignments[:]
-            waiting.assignments.extend(queued.assignments)
-            waiting.reason = ""
-            waiting.explanation.notes.append(f"placed from the deferred queue when {released} was released")
-            writes.append(self.store.record("placed", waiting, f"{dc}: from the deferred queue"))
-        return writes
+    async def _placed_from_queue(self, dc: str, placed: list[tuple[str, Any]], why: str) -> None:
+        """Record the deferred tasks `placed` (task id, assignments) that `dc` placed from its queue. The placer has
+        placed them whatever the stream says, so each record is written until durable (`_durably`); this waits
+        for the first attempts only (a Release is not held up by an outage of the task stream)."""
+        def placed_record(task_id: str, assignments) -> Callable[[], Awaitable[Record | None]]:
+            async def make() -> Record | None:
+                await self.store.settled(task_id)  # its deferred record may still be on its way
+                waiting = self.store.copy(task_id)
+                if waiting is None:  # queued by a gateway whose history this one lacks; the ledger still holds it
+                    log.warning("placer %s placed unknown queued task %s", dc, task_id)
+                    return None
+                if waiting.state != pb.TASK_STATE_DEFERRED or waiting.datacenter != dc:
+                    return None  # already recorded placed (or released) by now
+                del waiting.assignments[:]
+                waiting.assignments.extend(assignments)
+                waiting.reason = ""
+                waiting.explanation.notes.append(f"placed from the deferred queue {why}")
+                return step("placed", waiting, f"{dc}: from the deferred queue")
+            return make
+
+        jobs = [self._durably(placed_record(t, a), f"placed record of {t} (from {dc}'s queue)") for t, a in placed]
+        if jobs:
+            await asyncio.wait(jobs, timeout=self.place_timeout_s)
 
     async def close(self) -> None:
         """Let started Submits and Releases finish, stop the batch streams; say which unanswered placements are
@@ -265,7 +363,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if self._jobs:
             await asyncio.wait(self._jobs, timeout=self.select_timeout_s + 2 * self.place_timeout_s)
         for job in self._abandoned:
-            log.warning("gateway stopping before a placer confirmed releasing an unanswered placement (%s)",
+            log.warning("gateway stopping before this was done: %s (the next gateway's reconcile finishes it)",
                         job.get_name())
             job.cancel()
         await asyncio.gather(*self._abandoned, return_exceptions=True)
@@ -281,14 +379,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             ex.thermal.CopyFrom(reply.thermal)
         ex.notes.extend(reply.notes)
 
-    def _placed(self, task: pb.Task, dc: str, reply: placer_pb2.PlaceResponse, writes: list) -> None:
+    def _placed(self, task: pb.Task, dc: str, reply: placer_pb2.PlaceResponse, writes: list[Record]) -> None:
         task.datacenter, task.reason = dc, ""
         del task.assignments[:]
         task.assignments.extend(reply.assignments)
         self._explain(task, reply)
         nodes = sorted({a.node for a in reply.assignments})
-        writes.append(self.store.record("placed", task, f"{dc}: {', '.join(nodes[:4])}"
-                                        + (f" (+{len(nodes) - 4} more)" if len(nodes) > 4 else "")))
+        writes.append(step("placed", task, f"{dc}: {', '.join(nodes[:4])}"
+                           + (f" (+{len(nodes) - 4} more)" if len(nodes) > 4 else "")))
 
     # -- Release -----------------------------------------------------------------------------------------------
 
@@ -300,16 +398,28 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if task.state == pb.TASK_STATE_SUBMITTED:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"task {task.task_id} is still being scheduled; release it once Submit returned")
-        await asyncio.shield(self._start(self._release(task)))  # like a Submit: finished once started
-        return gateway_pb2.ReleaseResponse(task=task)
+        # like a Submit: finished once started
+        return gateway_pb2.ReleaseResponse(task=await asyncio.shield(self._start(self._release(task.task_id))))
 
-    async def _release(self, task: pb.Task) -> None:
+    async def _release(self, task_id: str) -> pb.Task:
+        """Release at the placer, then record it. If the record is not taken, the table still shows the task
+        placed and the client gets UNAVAILABLE: its retry releases again (a no-op at the placer) and records it."""
+        task = self.store.copy(task_id)
+        if task is None:  # Release found it in the table; only an `abandoned` record removes a task
+            raise LookupError(f"task {task_id} not found")
         reply = await self.release[task.datacenter].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
                                                          self.place_timeout_s)
-        writes = [self.store.record("released", task, f"freed {reply.freed.cpu_milli / 1000:g} cores, "
-                                    f"{reply.freed.gpu_count} GPU slices at {task.datacenter}"),
-                  *self._placed_from_queue(task.datacenter, task.task_id, reply)]
-        await asyncio.gather(*writes)
+        try:
+            await self.store.record("released", task, f"freed {reply.freed.cpu_milli / 1000:g} cores, "
+                                    f"{reply.freed.gpu_count} GPU slices at {task.datacenter}")
+        except Exception as exc:
+            raise rpc.Unavailable(f"released at {task.datacenter}, but the task store could not record it "
+                                  f"({type(exc).__name__}: {exc}); retry the Release") from exc
+        finally:
+            await self._placed_from_queue(task.datacenter, [(q.task_id, q.assignments)
+                                                            for q in reply.placed_from_queue],
+                                          f"when {task.task_id} was released")
+        return task
 
     # -- reads -------------------------------------------------------------------------------------------------
 
@@ -344,14 +454,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         next_token = out[-1].task_id if len(out) == limit else ""
         return gateway_pb2.ListResponse(tasks=out, next_page_token=next_token)
 
+    @rpc.grpc_stream_errors
     async def Watch(self, request: gateway_pb2.WatchRequest, context):
-        if request.task_id and request.task_id not in self.store.tasks:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"task {request.task_id} not found")
-        async for event in self.store.events(request.after_event_id):
-            if request.task_id and event.task_id != request.task_id:
-                continue
-            if request.tenant and event.tenant != request.tenant:
-                continue
+        after = parse_after(request.after_event_id)
+        if request.task_id:
+            self._task(request.task_id)  # NOT_FOUND for a task this gateway does not know
+        assert self.feed is not None, "serve() gives the servicer its feed"
+        async for event in self.feed.watch(after, request.task_id, request.tenant):
             yield event
 
 
@@ -381,6 +490,12 @@ def register_metrics(metrics: MetricsServer, store: TaskStore, servicer: Gateway
     def sent(attr: str):
         return lambda: [(labels, float(getattr(c, attr))) for labels, c in coalescers]
 
+    if servicer.feed is not None:
+        feed = servicer.feed
+        metrics.register_gauge_family("hsched_gateway_watches", "Watch streams open, by the tenant watched ('' = "
+                                      "every tenant)", ["tenant"],
+                                      lambda: [((t,), float(n)) for t, n in list(feed.open.items())])
+
     labels = ["peer", "method"]
     metrics.register_gauge_family("hsched_gateway_batched_calls", "Calls sent inside batches since start, by peer "
                                   "and method", labels, sent("calls"))
@@ -395,13 +510,27 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     if unknown:
         raise SystemExit(f"--placers names data centers not in the fleet: {sorted(unknown)}")
     redis = connect(args.redis_url)
-    store = TaskStore(redis, Keys(args.prefix).tasks)
+    guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the table is rebuilt
+    store = TaskStore(redis, Keys(args.prefix).tasks, epoch_key=Keys(args.prefix).epoch, epoch=guard.epoch,
+                      min_replicas=args.redis_min_replicas, wait_timeout_ms=args.redis_wait_ms)
     loaded = await store.load()
     channels = [rpc.channel(args.selector), *(rpc.channel(t) for t in targets.values())]
     servicer = GatewayServicer(fleet, store, selector_pb2_grpc.SelectorStub(channels[0]),
                                {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
                                args.select_timeout_s, args.place_timeout_s)
     settled, released = await servicer.reconcile(redis, Keys(args.prefix))
+    # Watches read through a client of their own (one reader + a few catch-up pages), never the shared pool
+    feed_redis = connect(args.redis_url)
+    servicer.feed = TaskFeed(feed_redis, store.stream, store.last_id, args.max_watches, args.max_watches_per_tenant,
+                             args.watch_buffer).start()
+
+    async def late_orphans() -> None:
+        """A Place the previous gateway sent just before it died can still be committed until its deadline."""
+        await asyncio.sleep(args.place_timeout_s + 1.0)
+        if count := await servicer.release_orphans(redis, Keys(args.prefix)):
+            log.warning("released %d tasks placed by the previous gateway's last calls", count)
+
+    late = asyncio.create_task(late_orphans(), name="late orphan check")
     metrics = metrics_server(args)
     if metrics:
         register_metrics(metrics, store, servicer)
@@ -411,9 +540,10 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     log.info("gateway serving on port %d (%d task events replayed, %d tasks; %d interrupted Submits settled, %d "
              "tasks held by a placer without a record to match released)", port, loaded, len(store.tasks), settled,
              released)
-    await serve_until_stopped(stop, server, port, args, metrics=metrics,
-                              cleanup=[servicer.close, *(ch.close for ch in channels),
-                                       redis.aclose])
+    await serve_until_stopped(stop, server, port, args, metrics=metrics, tasks=[epoch_watch, late],
+                              cleanup=[servicer.feed.close, servicer.close, *(ch.close for ch in channels),
+                                       feed_redis.aclose, redis.aclose])
+    exit_if_lost(guard)
 
 
 def parser():
@@ -423,6 +553,13 @@ def parser():
                    help="dc=host:port,... for every data center's placer")
     p.add_argument("--select-timeout-s", type=float, default=2.0)
     p.add_argument("--place-timeout-s", type=float, default=5.0)
+    p.add_argument("--max-watches", type=int, default=int(os.environ.get("HSCHED_MAX_WATCHES", "1000")),
+                   help="Watch streams open at once on this gateway; more answer RESOURCE_EXHAUSTED")
+    p.add_argument("--max-watches-per-tenant", type=int,
+                   default=int(os.environ.get("HSCHED_MAX_WATCHES_PER_TENANT", "200")),
+                   help="Watch streams open at once per tenant watched (a Watch of every tenant counts as tenant '')")
+    p.add_argument("--watch-buffer", type=int, default=1000,
+                   help="events a Watch may fall behind before it is ended with RESOURCE_EXHAUSTED")
     return p
 
 

@@ -17,7 +17,7 @@ from hsched.convert import parts_to_pb, resources_to_pb, task_from_pb
 from hsched.domain.fleet import load_fleet
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
 from hsched.policies.heuristics import POLICY_NAMES, make_policy
-from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
+from hsched.runtime import common_args, exit_if_lost, guard_epoch, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
 from hsched.state.ledger import Fenced, LeaseHeld
 from hsched.state.redis import connect, connect_sync
@@ -219,10 +219,13 @@ async def serve(args, stop: asyncio.Event) -> None:
     thermal = None  # the pre-commit redline guard
     if args.thermal:
         thermal = room_for(dc) if args.thermal_guard == "local" else ThermalClient(args.thermal, dc.name)
+    guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
     owner = f"{socket.gethostname()}:{os.getpid()}"
     engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
                           lease_ms=args.lease_ms, fenced_exit_s=args.fenced_exit_s,
                           lease_client=connect_sync(args.redis_url))
+    engine.ledger.epoch = guard.epoch  # every append re-checks it, atomically with the fencing token
+    engine.ledger.min_replicas, engine.ledger.wait_timeout_ms = args.redis_min_replicas, args.redis_wait_ms
     try:
         await engine.start(wait_for_lease_s=args.lease_wait_s, standby=args.standby)
     except LeaseHeld as exc:
@@ -252,8 +255,11 @@ async def serve(args, stop: asyncio.Event) -> None:
         log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
     else:
         log.warning("placer %s on port %d: %s", dc.name, port, engine.unavailable_reason())
-    await serve_until_stopped(stop, server, port, args, tasks=[asyncio.create_task(exit_when_given_up())],
+    settle = asyncio.create_task(engine.ledger.settle_forever(), name="ledger-settle")
+    await serve_until_stopped(stop, server, port, args,
+                              tasks=[epoch_watch, settle, asyncio.create_task(exit_when_given_up())],
                               metrics=metrics, cleanup=[engine.stop, redis.aclose])
+    exit_if_lost(guard)
     if engine.gave_up.is_set():
         raise SystemExit(f"placer {dc.name}: could not take its lease back for {args.fenced_exit_s:g} s "
                          f"({engine.unavailable_reason()}); exiting so that a supervisor restarts it")

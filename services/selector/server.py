@@ -59,17 +59,24 @@ class SelectorServicer(selector_pb2_grpc.SelectorServicer):
             excluded=[common_pb2.Exclusion(datacenter=d, reason=r) for d, r in excluded])
 
 
-async def follow_summaries(redis, keys: Keys, selector: DcSelector) -> None:
-    """Keep the latest capacity summary of every DC (written by its placer; `update_summary` drops those of a
-    superseded placer, by fencing token)."""
+async def load_summaries(redis, keys: Keys, selector: DcSelector) -> dict[str, str]:
+    """Apply every DC's latest capacity summary; returns the stream cursors `follow_summaries` tails from.
+    Awaited before the server starts, so a (re)started selector never answers from an empty view."""
     streams = {keys.summary(dc.name): "0-0" for dc in selector.fleet.datacenters}
-    for stream in streams:  # start from each DC's latest summary, as old as its placer stamped it
+    for stream in streams:  # each DC's latest summary, as old as its placer stamped it
         latest = await redis.xrevrange(stream, count=1)
         if latest:
             summary = json.loads(latest[0][1][b"s"])
             age_s = max(0.0, time.time() - summary["unix_ms"] / 1000) if "unix_ms" in summary else 0.0
             selector.update_summary(summary, age_s=age_s)
             streams[stream] = latest[0][0].decode()
+    return streams
+
+
+async def follow_summaries(redis, keys: Keys, selector: DcSelector, streams: dict[str, str] | None = None) -> None:
+    """Keep the latest capacity summary of every DC (written by its placer), from `load_summaries`' cursors;
+    `update_summary` drops those of a superseded placer (lower fencing token)."""
+    streams = dict(streams) if streams is not None else await load_summaries(redis, keys, selector)
     while True:
         try:
             reply = await redis.xread(streams, count=100, block=1000)
@@ -83,13 +90,37 @@ async def follow_summaries(redis, keys: Keys, selector: DcSelector) -> None:
                 streams[stream.decode()] = entry_id.decode()
 
 
-async def follow_links(redis, keys: Keys, selector: DcSelector) -> None:
+def _apply_links(selector: DcSelector, entries) -> str | None:
+    """Apply link-metric entries in order; returns the last entry id (None if there were none)."""
+    cursor = None
+    for entry_id, fields in entries:
+        cursor = entry_id.decode()
+        try:
+            update = json.loads(fields[b"m"])
+            selector.graph.update_link(update.pop("a"), update.pop("b"), **update)
+        except Exception as exc:  # noqa: BLE001 - a bad probe record must not stop the follower
+            log.warning("ignoring link update %s: %s", cursor, exc)
+    return cursor
+
+
+async def load_links(redis, keys: Keys, selector: DcSelector) -> str:
+    """Replay the whole links stream as it stands (so every selector, and a restarted one, agrees on the
+    WAN weights before it serves); returns the cursor `follow_links` tails from."""
+    cursor = "0-0"
+    while True:
+        entries = await redis.xrange(keys.links, min=f"({cursor}" if cursor != "0-0" else "-", count=500)
+        last = _apply_links(selector, entries)
+        if last is None:
+            return cursor
+        cursor = last
+
+
+async def follow_links(redis, keys: Keys, selector: DcSelector, cursor: str = "0-0") -> None:
     """Apply WAN link metric updates (latency/jitter/loss/bandwidth, paper 002) from the links stream.
 
     Entries: {"a": vertex, "b": vertex, "latency_ms": .., "jitter_ms": .., "loss_percent": .., "bandwidth_mbps": ..}
-    (any subset of the metrics). The whole history is replayed at start, so every selector agrees.
+    (any subset of the metrics), after `cursor` ("0-0": the whole history).
     """
-    cursor = "0-0"
     while True:
         try:
             reply = await redis.xread({keys.links: cursor}, count=500, block=1000)
@@ -98,13 +129,7 @@ async def follow_links(redis, keys: Keys, selector: DcSelector) -> None:
             await asyncio.sleep(1)
             continue
         for _, entries in reply or []:
-            for entry_id, fields in entries:
-                cursor = entry_id.decode()
-                try:
-                    update = json.loads(fields[b"m"])
-                    selector.graph.update_link(update.pop("a"), update.pop("b"), **update)
-                except Exception as exc:  # noqa: BLE001 - a bad probe record must not stop the follower
-                    log.warning("ignoring link update %s: %s", cursor, exc)
+            cursor = _apply_links(selector, entries) or cursor
 
 
 def register_metrics(metrics: MetricsServer, selector: DcSelector) -> None:
@@ -140,8 +165,10 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     graph = WanGraph(fleet.wan)
     selector = DcSelector(fleet, graph=graph, path_finder=selector_path_finder(
         getattr(args, "path_finder", "dijkstra"), getattr(args, "path_model", DEFAULT_MODEL), graph))
-    tasks = [asyncio.create_task(follow_summaries(redis, keys, selector)),
-             asyncio.create_task(follow_links(redis, keys, selector))]
+    # state first, then serve: a restarted selector ranks with every link update and summary at once
+    summaries, links = await load_summaries(redis, keys, selector), await load_links(redis, keys, selector)
+    tasks = [asyncio.create_task(follow_summaries(redis, keys, selector, summaries)),
+             asyncio.create_task(follow_links(redis, keys, selector, links))]
     metrics = metrics_server(args)
     if metrics:
         register_metrics(metrics, selector)

@@ -62,16 +62,30 @@ def cmd_up(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from hsched.stack import Stack, StackConfig
+    from hsched.stack import Stack, StackConfig, default_state_dir
+    from hsched.state.epoch import StateLost
 
     console = Console(width=max(Console().width, 112))  # the summary table needs ~110 columns
+    if args.redis_replicas < 0:
+        print("--redis-replicas must be >= 0", file=sys.stderr)
+        return 2
     config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
                          policy=args.policy, gpu_policy=args.gpu_policy, path_finder=args.path_finder,
                          thermal=not args.no_thermal, traces=args.traces,
-                         gateway_port=args.port, log_dir=args.log_dir, log_level=args.log_level)
+                         gateway_port=args.port, log_dir=args.log_dir, log_level=args.log_level,
+                         state_dir=str(args.state_dir or default_state_dir(args.prefix)), fresh=args.fresh,
+                         redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
+                         supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
+                         supervisor_metrics_port=args.supervisor_metrics_port)
+    _log_supervision_to(console)
     stack = Stack(config)
-    with console.status(f"starting Redis, thermal, selector, {len(stack.fleet.datacenters)} placers and the gateway"):
-        stack.start()
+    try:
+        with console.status(f"starting Redis, thermal, selector, {len(stack.fleet.datacenters)} placers and the "
+                            "gateway"):
+            stack.start()
+    except StateLost as exc:
+        print(f"hsched up: {exc}", file=sys.stderr)
+        return 1
     with open(_running_stack_file(), "w") as f:
         json.dump({"gateway": stack.gateway, "redis_url": stack.redis_url, "prefix": args.prefix, "pid": os.getpid()}, f)
     table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
@@ -81,9 +95,12 @@ def cmd_up(args) -> int:
     for name, svc in stack.services.items():
         table.add_row(name, svc.target, f"http://127.0.0.1:{svc.metrics_port}/metrics" if svc.metrics_port else "-",
                       f"{rss.get(name, 0):.0f}")
-    table.add_row("redis", stack.redis_url, "-", f"{rss.get('redis', 0):.0f}")
+    redis_rss = sum(v for k, v in rss.items() if k.startswith("redis"))
+    table.add_row("redis", stack.redis_url, "-", f"{redis_rss:.0f}")
+    if stack.supervisor_metrics:
+        table.add_row("supervisor", "-", stack.supervisor_metrics.url, "-")
     console.print(table)
-    console.print(f"logs: {stack.log_dir}")
+    console.print(f"logs: {stack.log_dir}; state (Redis AOF, epoch {stack.epoch}): {stack.state_dir}")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -103,6 +120,19 @@ def cmd_up(args) -> int:
         if _running_stack().get("pid") == os.getpid():
             os.remove(_running_stack_file())
     return 0
+
+
+def _log_supervision_to(console) -> None:
+    """Show the stack supervisor's deaths and restarts on the `hsched up` console (they also go to
+    supervisor.log in the log dir)."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    log = logging.getLogger("hsched.supervisor")
+    log.addHandler(RichHandler(console=console, show_path=False, markup=False))
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 # -- replay -----------------------------------------------------------------------------------------------------
@@ -274,6 +304,16 @@ def cmd_link(args) -> int:
     return 0
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hsched", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -305,9 +345,25 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--prefix", default="hsched", help="Redis key prefix")
     up.add_argument("--traces", default="none", choices=["none", "console", "otlp"])
     up.add_argument("--log-dir", default=None)
+    up.add_argument("--state-dir", default=None,
+                    help="where the embedded Redis keeps its append-only file (redis/) and the epoch marker; reused "
+                         "by the next `hsched up` (default: $XDG_STATE_HOME/hsched/<prefix>, else "
+                         "~/.local/state/hsched/<prefix>)")
+    up.add_argument("--fresh", action="store_true", help="wipe the state dir first: a new, empty deployment")
+    up.add_argument("--redis-appendfsync", default="everysec", choices=["everysec", "always"],
+                    help="fsync the AOF once a second (a crash of the machine may lose ~1 s) or before every reply")
+    up.add_argument("--redis-replicas", type=int, default=0,
+                    help="run this many Redis replicas and a Sentinel; services follow the Sentinel's master and "
+                         "ledger/task writes wait (WAIT) for every replica before they are acknowledged")
     up.add_argument("--log-level", default="INFO")
     up.add_argument("--replay", default="", help="replay a trace once the stack is up: openb, thunder, kth, ...")
     up.add_argument("--keep-running", action="store_true", help="keep the stack up after the replay")
+    up.add_argument("--no-supervise", action="store_true",
+                    help="do not restart dead or hung services (default: restart them with back-off)")
+    up.add_argument("--unhealthy-restart-s", type=_positive_float, default=60.0,
+                    help="restart a service whose gRPC health is NOT_SERVING or unanswered this long (seconds)")
+    up.add_argument("--supervisor-metrics-port", type=int, default=0,
+                    help="port of the supervisor's Prometheus /metrics (0: a free port, shown in the table)")
     replay_flags(up)
     up.set_defaults(fn=cmd_up)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hsched.domain.cluster import Part
+from hsched.domain.cluster import GpuShare, Part
 from hsched.domain.fleet import NodeTable
 from hsched.domain.resources import Resources
 from hsched.domain.task import NetworkRequirements, TaskSpec
@@ -54,3 +54,11 @@ def parts_to_pb(parts: Sequence[Part], table: NodeTable) -> list[pb.Assignment]:
         gpus=[pb.GpuSlice(card=g.card, core_percent=g.core_percent, memory_mib=g.memory_mib,
                           model=table.gpu_model[p.node]) for g in p.gpus],
     ) for p in parts]
+
+
+def parts_from_pb(assignments: Sequence[pb.Assignment]) -> tuple[Part, ...]:
+    """The ledger's parts of a task as a gateway reply shows them (the inverse of `parts_to_pb`)."""
+    return tuple(Part(a.replica, a.part, a.node_index, a.resources.cpu_milli, a.resources.memory_mib,
+                      a.resources.disk_mib, a.resources.bandwidth_mbps,
+                      tuple(GpuShare(g.card, g.core_percent, g.memory_mib) for g in a.gpus))
+                 for a in assignments)

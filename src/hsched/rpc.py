@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
+import redis.exceptions as redis_errors
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
 from grpc_reflection.v1alpha._base import _file_descriptor_response, _not_found_error
 
-from hsched.domain.errors import ValidationError
+from hsched.domain.errors import ResourceExhausted, ValidationError
+from hsched.state.ledger import StateLost
+from hsched.state.redis import NotReplicated
 from hsched.telemetry import Metrics, client_interceptors, instrumented, traced_channel
 
 log = logging.getLogger(__name__)
@@ -108,18 +111,36 @@ def status_of(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
     traceback); unexpected errors are logged here with their traceback."""
     if isinstance(exc, ValidationError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, ResourceExhausted):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+    if redis_outage(exc):
+        log.warning("%s: Redis unavailable (%s: %s)", where, type(exc).__name__, exc)
+        return grpc.StatusCode.UNAVAILABLE, f"the state store (Redis) is unavailable ({type(exc).__name__}: {exc}); " \
+                                            "retry later"
     if isinstance(exc, LookupError):
         return grpc.StatusCode.NOT_FOUND, str(exc.args[0]) if exc.args else "not found"
     if isinstance(exc, grpc.aio.AioRpcError):  # a downstream hop failed: pass its status on, say which hop
         if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
             return exc.code(), exc.details() or ""
         return grpc.StatusCode.UNAVAILABLE, f"downstream call failed: {exc.code().name}: {exc.details()}"
-    if isinstance(exc, Unavailable):
+    if isinstance(exc, (Unavailable, NotReplicated, StateLost)):  # retry later / elsewhere
         return grpc.StatusCode.UNAVAILABLE, str(exc)
     if isinstance(exc, DeadlinePassed):
         return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
     log.error("%s failed", where, exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error in {where}; see the server log"
+
+
+# Replies of a Redis that is up but cannot serve writes now (out of memory, a replica, loading, failing over)
+_OUTAGE_REPLIES = ("OOM", "READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "BUSY")
+
+
+def redis_outage(exc: BaseException) -> bool:
+    """Whether `exc` says Redis is away or cannot serve right now (a retry later may succeed), as opposed to a
+    command this code got wrong."""
+    if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ReadOnlyError)):
+        return True
+    return isinstance(exc, redis_errors.ResponseError) and str(exc).startswith(_OUTAGE_REPLIES)
 
 
 def grpc_errors(fn: F) -> F:
@@ -129,6 +150,26 @@ def grpc_errors(fn: F) -> F:
     async def wrapper(self, request, context: grpc.aio.ServicerContext):
         try:
             return await fn(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - status_of maps it (and logs the unexpected)
+            await context.abort(*status_of(exc, fn.__qualname__))
+
+    return wrapper  # type: ignore[return-value]
+
+
+S = TypeVar("S", bound=Callable[..., AsyncIterator[Any]])
+
+
+def grpc_stream_errors(fn: S) -> S:
+    """`grpc_errors` for a server-streaming handler (an async generator): an error mid-stream ends the stream
+    with its mapped status."""
+
+    @functools.wraps(fn)
+    async def wrapper(self, request, context: grpc.aio.ServicerContext):
+        try:
+            async for item in fn(self, request, context):
+                yield item
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # noqa: BLE001 - status_of maps it (and logs the unexpected)

@@ -9,6 +9,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 
+from hsched.state.epoch import EXIT_STATE_LOST, EpochGuard, StateLost
 from hsched.telemetry import MetricsServer, setup_tracing
 
 
@@ -18,6 +19,14 @@ def common_args(description: str) -> argparse.ArgumentParser:
                    help="fleet YAML (default: the embedded Abilene 11-DC fleet)")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--prefix", default=os.environ.get("HSCHED_PREFIX", "hsched"), help="Redis key prefix")
+    p.add_argument("--expect-epoch", default=os.environ.get("HSCHED_EPOCH") or None,
+                   help="refuse to serve unless Redis holds this epoch marker (set by `hsched up`); without it, "
+                        "adopt the marker Redis holds or create one")
+    p.add_argument("--redis-min-replicas", type=int, default=int(os.environ.get("HSCHED_REDIS_MIN_REPLICAS", "0")),
+                   help="Redis replicas that must hold a ledger append / task event before it is acknowledged "
+                        "(WAIT); fewer in time answers UNAVAILABLE")
+    p.add_argument("--redis-wait-ms", type=int, default=int(os.environ.get("HSCHED_REDIS_WAIT_MS", "1000")),
+                   help="how long a write waits for --redis-min-replicas")
     p.add_argument("--listen", default="127.0.0.1:0", help="gRPC address (port 0 = any free port)")
     p.add_argument("--metrics-port", type=int, default=-1, help="Prometheus /metrics port (0 = any, -1 = off)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics binds (0.0.0.0 in containers)")
@@ -65,6 +74,24 @@ async def serve_until_stopped(stop: asyncio.Event, server, port: int, args: argp
         await close()
     if metrics:
         metrics.close()
+
+
+async def guard_epoch(redis, keys, args: argparse.Namespace, stop: asyncio.Event) -> tuple[EpochGuard, asyncio.Task]:
+    """Claim the deployment's epoch (--expect-epoch) before serving and watch it while serving; on a Redis
+    that lost hsched's state, log one line and exit with EXIT_STATE_LOST (3; no traceback). The caller adds the task to its
+    background tasks and calls `exit_if_lost` once stopped."""
+    guard = EpochGuard(redis, keys, args.redis_url)
+    try:
+        await guard.claim(args.expect_epoch)
+    except StateLost as exc:
+        logging.getLogger("hsched").error("%s", exc)
+        raise SystemExit(EXIT_STATE_LOST) from None
+    return guard, asyncio.create_task(guard.watch(stop), name="epoch-watch")
+
+
+def exit_if_lost(guard: EpochGuard) -> None:
+    if guard.lost:
+        raise SystemExit(EXIT_STATE_LOST)
 
 
 def write_port_file(path: str, port: int) -> None:

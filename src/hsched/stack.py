@@ -1,35 +1,80 @@
 """Run the whole stack as local processes: Redis (embedded unless given), thermal, selector, one placer
-per data center, gateway. Used by `hsched up`, the integration tests and the benchmarks."""
+per data center, gateway. Used by `hsched up`, the integration tests and the benchmarks.
+
+Supervision (`StackConfig.supervise`, on in `hsched up`): a background thread restarts a child that exited,
+on the same gRPC and metrics ports (the gateway and the placers were given those addresses), after an
+exponential back-off — a child that dies at once must not become a fork loop, and one that stayed healthy for
+`healthy_reset_s` starts the schedule afresh. A child whose gRPC health is NOT_SERVING or unanswered for
+longer than `unhealthy_restart_s` (hung, or a placer fenced for good) is SIGKILLed and restarted the same way.
+Restarting is safe because no service keeps state a restart loses: placers re-fold their ledgers, the
+gateway its task stream, the selector its summaries and link updates. `kill()` is a crash (the supervisor
+restarts it), `stop_service()` a deliberate stop (left down until `restart()`). Every death (exit code or
+signal, the child's last log lines) and restart goes to the `hsched.supervisor` logger and to
+supervisor.log in the log dir; counts and states to the supervisor's own /metrics (`supervisor_metrics`).
+A dead embedded Redis is started again by its own `start()` (same port and directory)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import Counter
 
 from hsched.domain.fleet import Fleet, load_fleet
-from hsched.state.redis import EmbeddedRedis, free_port
+from hsched.state.epoch import EXIT_STATE_LOST, claim_sync
+from hsched.state.keys import Keys
+from hsched.state.redis import EmbeddedRedis, ReplicaSet, connect_sync, free_port
+from hsched.telemetry.metrics import (
+    HSCHED_SUPERVISOR_LAST_EXIT_CODE,
+    HSCHED_SUPERVISOR_RESTARTS,
+    HSCHED_SUPERVISOR_SERVICE_UP,
+    MetricsServer,
+)
+
+log = logging.getLogger("hsched.supervisor")
 
 
 @dataclass
 class Service:
     name: str
+    module: str
     args: list[str]
     proc: subprocess.Popen | None = None
     port: int = 0
     metrics_port: int = 0
+    # supervision state (read and written under Stack._lock)
+    stopped: bool = False  # stopped on purpose (stop_service): the supervisor leaves it down
+    restarts: int = 0
+    last_exit_code: int | None = None  # Popen.returncode of the last death (negative: killed by that signal)
+    started_at: float = 0.0  # time.monotonic() of the last spawn
+    serving_since: float | None = None  # since when every probe said SERVING (None: the last one did not)
+    unhealthy_since: float | None = None  # since when no probe said SERVING
+    ever_served: bool = False  # SERVING at least once since the last spawn
+    backoff_s: float = 0.0  # the delay before the next restart
+    restart_at: float | None = None  # when the supervisor restarts this dead child
+    kill_reason: str = ""  # why it was killed on purpose (said in the death's log line)
+    delays: list[float] = field(default_factory=list)  # every back-off delay taken, in order
+    reaped: subprocess.Popen | None = None  # the process whose death is already recorded
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
 
 @dataclass
@@ -47,25 +92,57 @@ class StackConfig:
     log_dir: str | None = None
     log_level: str = "WARNING"
     extra_env: dict[str, str] = field(default_factory=dict)
+    # supervision (module docstring); off by default so a test's kill() stays dead until it restarts it
+    supervise: bool = False
+    unhealthy_restart_s: float = 60.0  # NOT_SERVING / unanswered this long (after having served): SIGKILL
+    start_timeout_s: float = 120.0  # a restarted child not SERVING within this (or unhealthy_restart_s): SIGKILL
+    backoff_initial_s: float = 0.5  # restart delays: initial, doubling up to max ...
+    backoff_max_s: float = 30.0
+    healthy_reset_s: float = 60.0  # ... and back to initial once the child stayed SERVING this long
+    probe_interval_s: float = 1.0  # gRPC health probe period per child
+    supervisor_metrics_port: int = 0  # the supervisor's /metrics (0: a free port; needs `metrics`)
+    # Durability (embedded Redis): AOF in <state_dir>/redis, reused by the next start unless `fresh`;
+    # state_dir None = a temporary data dir removed on stop (tests). The epoch marker goes to <state_dir>/epoch.
+    state_dir: str | None = None
+    fresh: bool = False  # wipe <state_dir> first (a new deployment)
+    redis_appendfsync: str = "everysec"  # or "always": fsync every write before it is acknowledged
+    redis_replicas: int = 0  # > 0 (embedded only): a master, this many replicas and a Sentinel; writes WAIT for all
+
+
+def default_state_dir(prefix: str) -> Path:
+    """$XDG_STATE_HOME/hsched/<prefix>, else ~/.local/state/hsched/<prefix>."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "hsched" / prefix
 
 
 class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         self.fleet: Fleet = load_fleet(config.fleet_path)
-        self.redis: EmbeddedRedis | None = None
+        self.redis: EmbeddedRedis | ReplicaSet | None = None
         self.redis_url = config.redis_url or ""
+        self.epoch = ""
+        self.state_dir = Path(config.state_dir).expanduser() if config.state_dir else None
         self.services: dict[str, Service] = {}
         self.run_dir = Path(tempfile.mkdtemp(prefix="hsched-stack-"))
         self.log_dir = Path(config.log_dir) if config.log_dir else self.run_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.supervisor_metrics: MetricsServer | None = None
+        self._lock = threading.RLock()  # services' processes and supervision state: supervisor vs kill/restart
+        self._halt = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self._redis_record = Service("redis", "", [], backoff_s=config.backoff_initial_s)
+        self._restarts: Counter | None = None  # hsched_supervisor_restarts_total, with the supervisor's metrics
 
     # -- start -------------------------------------------------------------------------------------------------
 
     def _common(self, name: str) -> list[str]:
         c = self.config
         args = ["--redis-url", self.redis_url, "--prefix", c.prefix, "--traces", c.traces,
-                "--port-file", str(self.run_dir / f"{name}.port"), "--log-level", c.log_level]
+                "--port-file", str(self.run_dir / f"{name}.port"), "--log-level", c.log_level,
+                "--expect-epoch", self.epoch]
+        if isinstance(self.redis, ReplicaSet):  # an external REDIS_URL's replicas: HSCHED_REDIS_MIN_REPLICAS
+            args += ["--redis-min-replicas", str(self.redis.replicas)]
         if c.fleet_path:
             args += ["--fleet", str(c.fleet_path)]
         if c.metrics:
@@ -73,14 +150,18 @@ class Stack:
         return args
 
     def _spawn(self, name: str, module: str, args: list[str]) -> Service:
-        log = open(self.log_dir / f"{name}.log", "ab")
         env = {**os.environ, **self.config.extra_env, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
-        metrics = int(args[args.index("--metrics-port") + 1]) if "--metrics-port" in args else 0
-        svc = Service(name, args, proc, metrics_port=metrics)
-        self.services[name] = svc
-        return svc
+        with self._lock, open(self.log_dir / f"{name}.log", "ab") as log_file:
+            proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log_file,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            svc = self.services.get(name)
+            if svc is None:
+                metrics = int(args[args.index("--metrics-port") + 1]) if "--metrics-port" in args else 0
+                svc = self.services[name] = Service(name, module, args, metrics_port=metrics,
+                                                    backoff_s=self.config.backoff_initial_s)
+            svc.proc, svc.started_at, svc.restart_at, svc.kill_reason = proc, time.monotonic(), None, ""
+            svc.serving_since, svc.unhealthy_since, svc.ever_served = None, svc.started_at, False
+            return svc
 
     def _wait_ready(self, names: list[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -93,7 +174,9 @@ class Stack:
                     raise RuntimeError(f"{name} exited with {svc.proc.returncode} while starting:\n{tail}")
                 port_file = self.run_dir / f"{name}.port"
                 if port_file.exists() and _serving(f"127.0.0.1:{port_file.read_text().strip()}"):
-                    svc.port = int(port_file.read_text())
+                    with self._lock:
+                        svc.port = int(port_file.read_text())
+                        self._judge(svc, "SERVING", time.monotonic())
                     pending.discard(name)
             if pending and time.monotonic() > deadline:
                 raise RuntimeError(f"not ready after {timeout_s:.0f} s: {sorted(pending)} (logs in {self.log_dir})")
@@ -101,9 +184,7 @@ class Stack:
 
     def start(self, timeout_s: float = 120.0) -> Stack:
         try:
-            if not self.redis_url:
-                self.redis = EmbeddedRedis().start()
-                self.redis_url = self.redis.url
+            self._start_redis()
             thermal = []
             if self.config.thermal:
                 self._spawn("thermal", "services.thermal", [*self._common("thermal"), "--listen", "127.0.0.1:0"])
@@ -128,10 +209,38 @@ class Stack:
                         [*self._common("gateway"), "--listen", f"127.0.0.1:{self.config.gateway_port}",
                          "--selector", self.services["selector"].target, "--placers", placer_map])
             self._wait_ready(["gateway"], timeout_s)
+            if self.config.supervise:
+                self._start_supervisor()
             return self
         except BaseException:
             self.stop()
             raise
+
+    def _start_redis(self) -> None:
+        """The embedded Redis (unless a URL was given), then the epoch marker: StateLost when Redis lacks the
+        epoch this state dir recorded, before any service could fold an empty ledger."""
+        c = self.config
+        redis_dir = None
+        if self.state_dir:
+            if c.fresh and self.state_dir.exists():
+                shutil.rmtree(self.state_dir)
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            redis_dir = self.state_dir / "redis"
+        if not self.redis_url:
+            if c.redis_replicas:
+                self.redis = ReplicaSet(c.redis_replicas, redis_dir, c.redis_appendfsync).start()
+            else:
+                self.redis = EmbeddedRedis(data_dir=redis_dir, appendfsync=c.redis_appendfsync).start()
+            self.redis_url = self.redis.url
+        epoch_file = self.state_dir / "epoch" if self.state_dir else None
+        expected = epoch_file.read_text().strip() if epoch_file and epoch_file.exists() else None
+        client = connect_sync(self.redis_url)
+        try:
+            self.epoch = claim_sync(client, Keys(c.prefix), expected, self.redis_url)
+        finally:
+            client.close()
+        if epoch_file and not expected:
+            epoch_file.write_text(self.epoch + "\n")
 
     @property
     def gateway(self) -> str:
@@ -140,50 +249,80 @@ class Stack:
     def placer_target(self, dc: str) -> str:
         return self.services[f"placer-{dc}"].target
 
-    # -- stop / restart ----------------------------------------------------------------------------------------
+    # -- stop / kill / restart ---------------------------------------------------------------------------------
 
     def kill(self, name: str) -> None:
-        """SIGKILL one service (a crash, for recovery tests)."""
-        svc = self.services[name]
-        if svc.proc and svc.proc.poll() is None:
-            os.killpg(svc.proc.pid, signal.SIGKILL)
-            svc.proc.wait(10)
+        """SIGKILL one service: a crash, for recovery tests. With supervision on, the supervisor restarts it."""
+        with self._lock:
+            svc = self.services[name]
+            if svc.alive:
+                svc.kill_reason = "SIGKILL by Stack.kill"
+                os.killpg(svc.proc.pid, signal.SIGKILL)
+                svc.proc.wait(10)
+
+    def stop_service(self, name: str, timeout_s: float = 10.0) -> None:
+        """Stop one service on purpose (SIGTERM, then SIGKILL after `timeout_s`): the supervisor leaves it down
+        until `restart(name)`."""
+        with self._lock:
+            svc = self.services[name]
+            svc.stopped = True
+            if svc.alive:
+                svc.proc.send_signal(signal.SIGTERM)
+                _reap(svc.proc, timeout_s)
+            self._note_exit(svc)
 
     def restart(self, name: str, timeout_s: float = 60.0) -> Service:
-        """Start a stopped/killed service again with the same arguments (and the same gRPC port)."""
-        old = self.services[name]
-        args = list(old.args)
-        if "--listen" in args:
-            args[args.index("--listen") + 1] = f"127.0.0.1:{old.port}"
-        (self.run_dir / f"{name}.port").unlink(missing_ok=True)
-        module = "services." + ("placer" if name.startswith("placer-") else name)
-        self._spawn(name, module, args)
+        """Start a killed or stopped service again with the same arguments and the same gRPC and metrics ports,
+        and wait until it serves. If the supervisor already restarted it, this only waits."""
+        with self._lock:
+            svc = self.services[name]
+            svc.stopped = False
+            if not svc.alive:
+                self._respawn(svc, "Stack.restart")
         self._wait_ready([name], timeout_s)
-        return self.services[name]
+        return svc
+
+    def _respawn(self, svc: Service, by: str) -> None:
+        """The one restart path (Stack.restart and the supervisor); the caller holds the lock."""
+        self._note_exit(svc)
+        args = list(svc.args)
+        if "--listen" in args and svc.port:  # the same port: the gateway and the placers were given it
+            args[args.index("--listen") + 1] = f"127.0.0.1:{svc.port}"
+        (self.run_dir / f"{svc.name}.port").unlink(missing_ok=True)
+        self._spawn(svc.name, svc.module, args)
+        svc.restarts += 1
+        if self._restarts is not None:
+            self._restarts.labels(svc.name).inc()
+        self._event(logging.WARNING, f"{svc.name}: restarted by {by} as pid {svc.proc.pid} on port {svc.port} "
+                                     f"(restart {svc.restarts})")
 
     def rss_mib(self) -> dict[str, float]:
         out = {}
         for name, svc in self.services.items():
             if svc.proc and svc.proc.poll() is None:
                 out[name] = _rss_mib(svc.proc.pid)
-        if self.redis and self.redis.proc:
-            out["redis"] = _rss_mib(self.redis.proc.pid)
+        if self.redis:
+            out.update({name: _rss_mib(pid) for name, pid in self.redis.pids().items()})
         return out
 
     def stop(self) -> None:
-        order = ["gateway", *[n for n in self.services if n.startswith("placer-")], "selector", "thermal"]
-        for name in order:
-            svc = self.services.get(name)
-            if svc and svc.proc and svc.proc.poll() is None:
-                svc.proc.send_signal(signal.SIGTERM)
-        for name in order:
-            svc = self.services.get(name)
-            if svc and svc.proc:
-                try:
-                    svc.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(svc.proc.pid, signal.SIGKILL)
-                    svc.proc.wait(5)
+        self._halt.set()  # the supervisor first: nothing may be restarted while the stack goes down
+        if self._supervisor:
+            self._supervisor.join(30)
+        with self._lock:
+            order = ["gateway", *[n for n in self.services if n.startswith("placer-")], "selector", "thermal"]
+            for name in order:
+                svc = self.services.get(name)
+                if svc:
+                    svc.stopped = True
+                    if svc.alive:
+                        svc.proc.send_signal(signal.SIGTERM)
+            for name in order:
+                svc = self.services.get(name)
+                if svc and svc.proc:
+                    _reap(svc.proc, 10)
+        if self.supervisor_metrics:
+            self.supervisor_metrics.close()
         if self.redis:
             self.redis.stop()
 
@@ -193,14 +332,210 @@ class Stack:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    # -- supervision -------------------------------------------------------------------------------------------
 
-def _serving(target: str) -> bool:
+    def _start_supervisor(self) -> None:
+        if self.config.metrics:
+            m = self.supervisor_metrics = MetricsServer(self.config.supervisor_metrics_port)
+            self._restarts = m.counter(*HSCHED_SUPERVISOR_RESTARTS)
+            for name in [*self.services, *(["redis"] if self._supervises_redis else [])]:
+                self._restarts.labels(name)  # every service's series exists from the start, at 0
+            m.register_gauge_family(*HSCHED_SUPERVISOR_SERVICE_UP, callback=self._up_rows)
+            m.register_gauge_family(*HSCHED_SUPERVISOR_LAST_EXIT_CODE, callback=lambda: [
+                ((s.name,), float(s.last_exit_code)) for s in self._records() if s.last_exit_code is not None])
+        self._supervisor = threading.Thread(target=self._supervise, name="hsched-supervisor", daemon=True)
+        self._supervisor.start()
+        self._event(logging.INFO, f"supervising {', '.join(self.services)}"
+                                  f"{' and redis' if self._supervises_redis else ''}")
+
+    @property
+    def _supervises_redis(self) -> bool:
+        return isinstance(self.redis, EmbeddedRedis)
+
+    def _records(self) -> list[Service]:
+        return [*list(self.services.values()), *([self._redis_record] if self._supervises_redis else [])]
+
+    def _up_rows(self) -> list[tuple[tuple[str, ...], float]]:
+        rows = [((s.name,), float(s.alive and s.serving_since is not None)) for s in list(self.services.values())]
+        if self._supervises_redis:
+            rows.append((("redis",), float(self.redis.proc is not None and self.redis.proc.poll() is None)))
+        return rows
+
+    def _supervise(self) -> None:
+        probe_at: dict[str, float] = {}
+        while not self._halt.wait(0.2):
+            for name in list(self.services):
+                try:
+                    self._supervise_one(self.services[name], probe_at)
+                except Exception:  # the supervisor must outlive any one failure
+                    log.exception("supervising %s failed", name)
+            try:
+                self._supervise_redis()
+            except Exception:
+                log.exception("supervising redis failed")
+
+    def _supervise_one(self, svc: Service, probe_at: dict[str, float]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if svc.stopped or svc.proc is None or self._halt.is_set():
+                return
+            if svc.proc.poll() is not None:
+                if svc.restart_at is None:
+                    self._note_exit(svc)
+                    if svc.last_exit_code == EXIT_STATE_LOST:
+                        svc.stopped = True
+                        self._event(logging.ERROR, f"{svc.name}: not restarted: it exited because Redis lost "
+                                                   "hsched's state, which a restart cannot bring back")
+                        return
+                    delay = self._backoff(svc)
+                    svc.restart_at = now + delay
+                    self._event(logging.INFO, f"{svc.name}: restarting in {delay:g} s")
+                elif now >= svc.restart_at:
+                    self._respawn(svc, "the supervisor")
+                return
+            if now < probe_at.get(svc.name, 0.0):
+                return
+            probe_at[svc.name] = now + self.config.probe_interval_s
+            proc, target = svc.proc, svc.target
+        status = _health(target, timeout_s=2.0)  # outside the lock: a hung child takes the whole timeout
+        with self._lock:
+            if svc.proc is proc and svc.alive and not svc.stopped:
+                self._judge(svc, status, time.monotonic())
+
+    def _judge(self, svc: Service, status: str, now: float) -> None:
+        """Fold one health probe into the child's state; SIGKILL it when unhealthy for too long."""
+        if status == "SERVING":
+            if svc.unhealthy_since is not None and (svc.restarts or svc.ever_served):
+                self._event(logging.INFO, f"{svc.name}: SERVING after {now - svc.unhealthy_since:.1f} s")
+            svc.ever_served, svc.unhealthy_since = True, None
+            svc.serving_since = svc.serving_since or now
+            if now - svc.serving_since >= self.config.healthy_reset_s:
+                svc.backoff_s = self.config.backoff_initial_s
+            return
+        svc.serving_since = None
+        if svc.unhealthy_since is None:
+            svc.unhealthy_since = now
+        if svc.ever_served and svc.unhealthy_since == now:
+            self._event(logging.WARNING, f"{svc.name}: health {status}")
+        c = self.config
+        limit = c.unhealthy_restart_s if svc.ever_served else max(c.unhealthy_restart_s, c.start_timeout_s)
+        if now - svc.unhealthy_since > limit:
+            svc.kill_reason = f"SIGKILL by the supervisor: health {status} for {now - svc.unhealthy_since:.0f} s"
+            os.killpg(svc.proc.pid, signal.SIGKILL)
+            svc.proc.wait(10)
+
+    def _backoff(self, rec: Service) -> float:
+        delay = rec.backoff_s
+        rec.backoff_s = min(delay * 2, self.config.backoff_max_s)
+        rec.delays.append(delay)
+        return delay
+
+    def _note_exit(self, svc: Service) -> None:
+        """Record (once per process) how a child ended: exit code or signal, and its log's last lines."""
+        proc = svc.proc
+        if proc is None or proc.returncode is None or svc.reaped is proc:
+            return
+        svc.reaped, svc.last_exit_code, svc.serving_since = proc, proc.returncode, None
+        how = _exit_text(proc.returncode) + (f" ({svc.kill_reason})" if svc.kill_reason else "")
+        if svc.stopped:
+            self._event(logging.INFO, f"{svc.name} (pid {proc.pid}) stopped: {how}")
+            return
+        tail = _log_tail(self.log_dir / f"{svc.name}.log")
+        said = (f"last lines of {svc.name}.log:\n" + "\n".join(f"    {line}" for line in tail)) if tail \
+            else f"{svc.name}.log is empty"
+        self._event(logging.WARNING, f"{svc.name} (pid {proc.pid}) died: {how}, after "
+                                     f"{time.monotonic() - svc.started_at:.1f} s; {said}")
+
+    def _supervise_redis(self) -> None:
+        """The embedded Redis: if it died, start it again on the same port and directory (its own start())."""
+        r, rec, now = self.redis, self._redis_record, time.monotonic()
+        if not isinstance(r, EmbeddedRedis) or r.proc is None or self._halt.is_set():
+            return
+        if r.proc.poll() is None:
+            if rec.started_at and now - rec.started_at >= self.config.healthy_reset_s:
+                rec.backoff_s = self.config.backoff_initial_s
+            return
+        if rec.reaped is not r.proc:
+            rec.reaped, rec.last_exit_code = r.proc, r.proc.returncode
+            delay = self._backoff(rec)
+            rec.restart_at = now + delay
+            self._event(logging.WARNING, f"redis (pid {r.proc.pid}, port {r.port}) died: "
+                                         f"{_exit_text(r.proc.returncode)}; restarting in {delay:g} s")
+            return
+        if now < (rec.restart_at or 0.0):
+            return
+        if _redis_answers(r.url):  # someone restarted it meanwhile (a bench calling start()): not a second one
+            rec.restart_at = now + rec.backoff_s
+            return
+        try:
+            r.start()
+        except Exception as exc:  # noqa: BLE001 - logged; the dead process is retried after the next back-off
+            self._event(logging.ERROR, f"redis: restart failed: {exc}")
+            return
+        rec.restarts, rec.started_at = rec.restarts + 1, time.monotonic()
+        if self._restarts is not None:
+            self._restarts.labels("redis").inc()
+        self._event(logging.WARNING, f"redis: restarted by the supervisor as pid {r.proc.pid} on port {r.port}")
+
+    def _event(self, level: int, message: str) -> None:
+        """A supervision event: to the `hsched.supervisor` logger (the `hsched up` console) and supervisor.log."""
+        log.log(level, message)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        with open(self.log_dir / "supervisor.log", "a") as f:
+            f.write(f"{stamp}Z {logging.getLevelName(level)} {message}\n")
+
+
+def _reap(proc: subprocess.Popen, timeout_s: float) -> None:
+    """Wait for a child told to stop; SIGKILL its process group if it does not within `timeout_s`."""
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def _exit_text(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def _log_tail(path: Path, lines: int = 10) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            return f.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def _health(target: str, timeout_s: float = 1.0) -> str:
+    """The child's overall gRPC health status name (SERVING, NOT_SERVING, ...) or `unanswered (CODE)`."""
     try:
         with grpc.insecure_channel(target) as ch:
-            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-            return reply.status == health_pb2.HealthCheckResponse.SERVING
-    except grpc.RpcError:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    except grpc.RpcError as exc:
+        return f"unanswered ({exc.code().name})"
+
+
+def _redis_answers(url: str) -> bool:
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except redis.RedisError:
         return False
+
+
+def _serving(target: str) -> bool:
+    return _health(target) == "SERVING"
 
 
 def _rss_mib(pid: int) -> float:

@@ -16,3 +16,8 @@ class ValidationError(ValueError):
 
 class FleetError(ValidationError):
     """A fleet description that cannot be loaded; `field` is the YAML path (e.g. datacenters[2].prices.cpu)."""
+
+
+class ResourceExhausted(RuntimeError):
+    """A limit on what clients may hold open (Watch streams, a Watch's undelivered events) was reached; the
+    message says which limit and what to do."""

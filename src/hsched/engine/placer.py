@@ -232,6 +232,8 @@ class PlacerEngine:
                 self.holder = await self.ledger.holder()
                 return False
             self._keeper.hold(token)  # renewed while folding: a long ledger can take longer than a lease
+            if self.ledger.pending_undo:  # cancellations owed for appends of unknown outcome: into the fold too
+                await self.ledger.settle()
             state, queue = ClusterState(self.dc, self.state.table), OrderedDict()
             last_id = await replay(self.redis, self.ledger.stream, state, queue)
             if self._keeper.token != token:  # lost again while folding; _keep_lease tries again

@@ -28,6 +28,11 @@ class Keys:
         return f"{self.prefix}:dc:{dc}:thermal"
 
     @property
+    def epoch(self) -> str:
+        """The deployment's epoch marker (hsched.state.epoch); writer: `hsched up` or the first service, once."""
+        return f"{self.prefix}:epoch"
+
+    @property
     def tasks(self) -> str:
         """Stream of task lifecycle events; writer: the gateway."""
         return f"{self.prefix}:tasks"

@@ -17,18 +17,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.task import TaskSpec, task_from_dict
 from hsched.state.keys import Keys
+from hsched.state.redis import NotReplicated, check_replicated
 
+log = logging.getLogger(__name__)
+
+# ARGV: owner, lease ms, epoch ('' = unchecked): a Redis that lost hsched's state gets no lease or fence key either
 _ACQUIRE = """
+if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then return redis.error_reply('EPOCH') end
 local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= ARGV[1] then return nil end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -48,16 +56,31 @@ return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 RENEW_REFUSED = {-1: "the lease had lapsed", -2: "another placer holds the lease",
                  -3: "a newer fencing token was issued", 0: "the lease had lapsed"}
 
+# ARGV: token, epoch ('' = unchecked), events...; the epoch is checked first: a wiped Redis has no fence either
 _APPEND = """
+if ARGV[2] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[2] then return redis.error_reply('EPOCH') end
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCED') end
 local id
-for i = 2, #ARGV do id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[i]) end
+for i = 3, #ARGV do id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[i]) end
 return id
 """
 
 
 class Fenced(RuntimeError):
     """This writer's fencing token is no longer current: another placer owns the DC."""
+
+
+class StateLost(Fenced):
+    """Redis no longer holds the state this writer started on (hsched.state.epoch): it must not write again."""
+
+
+class AppendNotReplicated(NotReplicated):
+    """The append is on the master but not on enough replicas: not acknowledged (see `Ledger.append`)."""
+
+
+# What cancels an event whose append had an unknown outcome (the fold ignores a free/drop of a task not held).
+_UNDO = {"alloc": "free", "defer": "drop"}
+_INDETERMINATE = (RedisConnectionError, RedisTimeoutError, NotReplicated)
 
 
 class LeaseHeld(RuntimeError):
@@ -87,8 +110,15 @@ class Ledger:
     owner: str
     lease_ms: int = 3000
     token: int | None = None
+    epoch: str | None = None  # checked by every append (hsched.state.epoch); None = unchecked
+    min_replicas: int = 0  # replicas that must hold an append before it counts (Redis WAIT)
+    wait_timeout_ms: int = 1000
+    # Cancellations of events whose append failed with an unknown outcome, written first by the next append
+    # (and by settle()), so the ledger agrees again with the caller, who undid them in memory.
+    pending_undo: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self._lock = asyncio.Lock()  # append and settle: the undo must land before anything that reuses the room
         self._acquire = self.redis.register_script(_ACQUIRE)
         self._renew = self.redis.register_script(RENEW_SCRIPT)
         self._append = self.redis.register_script(_APPEND)
@@ -98,9 +128,16 @@ class Ledger:
         return self.keys.ledger(self.dc)
 
     async def try_acquire(self) -> int | None:
-        """Take the lease and a new fencing token if no other owner holds it (None if one does)."""
-        token = await self._acquire(keys=[self.keys.lease(self.dc), self.keys.fence(self.dc)],
-                                    args=[self.owner, self.lease_ms])
+        """Take the lease and a new fencing token if no other owner holds it (None if one does); StateLost if
+        Redis no longer holds this deployment's epoch (nothing is written then)."""
+        try:
+            token = await self._acquire(keys=[self.keys.lease(self.dc), self.keys.fence(self.dc), self.keys.epoch],
+                                        args=[self.owner, self.lease_ms, self.epoch or ""])
+        except ResponseError as exc:
+            if "EPOCH" in str(exc):
+                raise StateLost(f"placer for {self.dc}: Redis no longer holds epoch {self.epoch} "
+                                f"({self.keys.epoch}); not taking the lease") from None
+            raise
         if token is None:
             return None
         self.token = int(token)
@@ -137,18 +174,63 @@ class Ledger:
                               " return 0", 1, self.keys.lease(self.dc), self.owner)
 
     async def append(self, events: Iterable[dict]) -> str:
-        """Append events atomically behind the fencing check; returns the last stream id."""
-        payload = [json.dumps(e, separators=(",", ":")) for e in events]
-        if not payload:
+        """Append events atomically behind the epoch and fencing checks; returns the last stream id. With
+        `min_replicas`, the append counts only once that many replicas hold it (WAIT on the same connection),
+        else AppendNotReplicated. When the outcome is unknown (connection lost mid-call, WAIT short) the caller
+        treats the events as not written, so their cancellations are queued to be written first next time: a
+        placement answered as failed never stays held in the ledger (the gateway places it elsewhere)."""
+        events = list(events)
+        if not events:
             raise ValueError("events: nothing to append")
+        async with self._lock:
+            return await self._append_now(events)
+
+    async def settle(self) -> None:
+        """Write the queued cancellations now (a placer calls this while idle)."""
+        async with self._lock:
+            if self.pending_undo:
+                await self._append_now([])
+
+    async def settle_forever(self, interval_s: float = 0.5) -> None:
+        """Keep writing queued cancellations until they land (Redis back, a failover done); cancel to stop."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.pending_undo:
+                try:
+                    await self.settle()
+                except (RedisError, Fenced) as exc:  # retried; a fenced or lost placer is handled elsewhere
+                    log.debug("ledger %s: cancellations not written yet: %s", self.dc, exc)
+
+    async def _append_now(self, events: list[dict]) -> str:
         if self.token is None:
             raise Fenced(f"placer for {self.dc} has no fencing token (acquire() first)")
+        undo = list(self.pending_undo)
+        payload = [json.dumps(e, separators=(",", ":")) for e in (*undo, *events)]
+        keys = [self.stream, self.keys.fence(self.dc), self.keys.epoch]
+        args = [self.token, self.epoch or "", *payload]
         try:
-            last = await self._append(keys=[self.stream, self.keys.fence(self.dc)], args=[self.token, *payload])
-        except ResponseError as exc:
+            if self.min_replicas:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    await self._append(keys=keys, args=args, client=pipe)
+                    pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
+                    last, acked = await pipe.execute()
+                try:
+                    check_replicated(acked, self.min_replicas, f"the ledger append of {self.dc}")
+                except NotReplicated as exc:
+                    raise AppendNotReplicated(str(exc)) from None
+            else:
+                last = await self._append(keys=keys, args=args)
+        except ResponseError as exc:  # the script refused: nothing was written
+            if "EPOCH" in str(exc):
+                raise StateLost(f"placer for {self.dc}: Redis no longer holds epoch {self.epoch} "
+                                f"({self.keys.epoch}); its ledger cannot be trusted") from None
             if "FENCED" in str(exc):
                 raise Fenced(f"placer for {self.dc} was fenced out (token {self.token} is stale)") from None
             raise
+        except _INDETERMINATE:
+            self.pending_undo = [*undo, *({"t": _UNDO[e["t"]], "task": e["task"]} for e in events if e["t"] in _UNDO)]
+            raise
+        self.pending_undo = []
         return last.decode() if isinstance(last, bytes) else last
 
 

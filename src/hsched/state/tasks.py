@@ -3,24 +3,49 @@
 Each entry carries the step (`k`) and the task's whole record after it (`t`, a serialized
 hsched.v1.Task), so the fold is "last record per task id" and a restarted gateway rebuilds exactly
 the table it had, request-id index included. Writes are group-committed: concurrent requests'
-events go to Redis in one pipelined round trip, and each caller awaits its own entry id before it
+records go to Redis in one MULTI/EXEC round trip, and each caller awaits its own entry ids before it
 answers — nothing acknowledged is lost.
+
+The table only ever shows what is durable: a write's records are folded in once Redis has accepted them,
+and a write that fails leaves the table as it was (its caller answers UNAVAILABLE). The records one caller
+writes together (a Submit's submitted, dc_selected and placed) are durable together or not at all.
+
+A write whose reply was lost may still have reached Redis. The gateway then writes an `abandoned` record for
+that task (`ABANDONED`): the task is dropped from the table and its request id is free again, and whatever
+the stream holds for that task id, before or after, is ignored — so a later replay never resurrects a task
+the client was told had failed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
+from hsched.state.ledger import StateLost
+from hsched.state.redis import check_replicated
 from hsched.v1 import common_pb2 as pb
 
+ABANDONED = "abandoned"  # an attempt that never reached a final answer: not in the table, its request id free
 STATE_OF_KIND = {"submitted": pb.TASK_STATE_SUBMITTED, "dc_selected": pb.TASK_STATE_SUBMITTED,
                  "placed": pb.TASK_STATE_PLACED, "deferred": pb.TASK_STATE_DEFERRED,
-                 "rejected": pb.TASK_STATE_REJECTED, "released": pb.TASK_STATE_RELEASED}
+                 "rejected": pb.TASK_STATE_REJECTED, "released": pb.TASK_STATE_RELEASED,
+                 ABANDONED: pb.TASK_STATE_REJECTED}
+
+
+_RECORD_FIELDS = (b"k", b"t", b"d")
+# KEYS: stream, epoch key; ARGV: epoch ('' = unchecked), then k, t, d of each record. Returns the entry ids.
+_APPEND = """
+if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('EPOCH') end
+local ids = {}
+for i = 2, #ARGV, 3 do
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'k', ARGV[i], 't', ARGV[i + 1], 'd', ARGV[i + 2])
+end
+return ids
+"""
 
 
 def now_ms() -> int:
@@ -28,8 +53,24 @@ def now_ms() -> int:
 
 
 @dataclass
-class _Pending:
+class Record:
+    """One lifecycle step, serialized when it was taken (the caller may go on changing its task)."""
+
+    kind: str
+    task_id: str
     fields: dict[bytes, bytes]
+
+
+def step(kind: str, task: pb.Task, detail: str = "") -> Record:
+    """Apply lifecycle step `kind` to `task` (state, time) and take the record of this moment."""
+    task.state = STATE_OF_KIND[kind]
+    task.updated_unix_ms = now_ms()
+    return Record(kind, task.task_id, {b"k": kind.encode(), b"t": task.SerializeToString(), b"d": detail.encode()})
+
+
+@dataclass
+class _Pending:
+    records: tuple[Record, ...]
     future: asyncio.Future
 
 
@@ -40,8 +81,17 @@ class TaskStore:
     tasks: dict[str, pb.Task] = field(default_factory=dict)
     by_request: dict[tuple[str, str], str] = field(default_factory=dict)  # (tenant, request_id) -> task id
     last_id: str = "0-0"
+    abandoned: set[str] = field(default_factory=set)  # task ids whose records are all ignored (ABANDONED)
     _pending: list[_Pending] = field(default_factory=list)
     _flusher: asyncio.Task | None = None
+    epoch_key: str = ""  # with `epoch`: every flush first checks that Redis still holds it (hsched.state.epoch)
+    epoch: str | None = None
+    min_replicas: int = 0  # replicas that must hold a flush before its callers hear it is durable (WAIT)
+    wait_timeout_ms: int = 1000
+    _writing: dict[str, asyncio.Future] = field(default_factory=dict)  # task id -> its latest write in flight
+
+    def __post_init__(self) -> None:
+        self._append = self.redis.register_script(_APPEND)
 
     async def load(self, batch: int = 5000) -> int:
         """Rebuild the table from the stream; returns the number of entries read."""
@@ -49,63 +99,107 @@ class TaskStore:
         while True:
             entries = await self.redis.xrange(self.stream, min=start, max="+", count=batch)
             for entry_id, fields in entries:
-                self._fold(pb.Task.FromString(fields[b"t"]))
+                self._fold(fields[b"k"].decode(), pb.Task.FromString(fields[b"t"]))
                 self.last_id = entry_id.decode()
             count += len(entries)
             if len(entries) < batch:
                 return count
             start = f"({self.last_id}"
 
-    def _fold(self, task: pb.Task) -> None:
+    def _fold(self, kind: str, task: pb.Task) -> None:
+        if task.task_id in self.abandoned:
+            return
+        if kind == ABANDONED:
+            self.abandoned.add(task.task_id)
+            gone = self.tasks.pop(task.task_id, None)
+            if gone is not None and gone.spec.request_id:
+                key = (gone.spec.tenant, gone.spec.request_id)
+                if self.by_request.get(key) == task.task_id:
+                    del self.by_request[key]
+            return
         self.tasks[task.task_id] = task
         if task.spec.request_id:
             self.by_request[(task.spec.tenant, task.spec.request_id)] = task.task_id
 
-    def record(self, kind: str, task: pb.Task, detail: str = "") -> asyncio.Future[str]:
-        """Apply a lifecycle step to `task` and queue it for the stream, serialized now (so the caller may
-        go on changing `task`); await the returned future for durability (the entry id)."""
-        task.state = STATE_OF_KIND[kind]
-        task.updated_unix_ms = now_ms()
-        data = task.SerializeToString()  # the stream entry is this moment's record, whatever comes next
-        self._fold(task)  # the table holds the live record: the single event loop sees it between steps
-        fields = {b"k": kind.encode(), b"t": data, b"d": detail.encode()}
-        pending = _Pending(fields, asyncio.get_running_loop().create_future())
+    def copy(self, task_id: str) -> pb.Task | None:
+        """A copy of the table's record to take the next step on: the table changes only once that is durable."""
+        known = self.tasks.get(task_id)
+        if known is None:
+            return None
+        mine = pb.Task()
+        mine.CopyFrom(known)
+        return mine
+
+    async def settled(self, task_id: str) -> None:
+        """Wait until no write of `task_id` is in flight (whatever its outcome), so the table shows its last word."""
+        while (writing := self._writing.get(task_id)) is not None:
+            await asyncio.wait([writing])
+
+    def write(self, *records: Record) -> asyncio.Future[list[str]]:
+        """Queue `records` as one unit: durable together or not at all. Await the returned future for their entry
+        ids; the table shows them only once it is resolved, and never if it fails."""
+        pending = _Pending(records, asyncio.get_running_loop().create_future())
+        pending.future.add_done_callback(lambda f: f.cancelled() or f.exception())  # a caller may be gone
+        for r in records:
+            self._writing[r.task_id] = pending.future
+        pending.future.add_done_callback(lambda f: self._written(records, f))
         self._pending.append(pending)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         return pending.future
 
+    def _written(self, records: tuple[Record, ...], future: asyncio.Future) -> None:
+        for r in records:
+            if self._writing.get(r.task_id) is future:
+                del self._writing[r.task_id]
+
+    def record(self, kind: str, task: pb.Task, detail: str = "") -> asyncio.Future[list[str]]:
+        """`step` then `write` one record."""
+        return self.write(step(kind, task, detail))
+
     async def _flush(self) -> None:
+        # One pipeline, one connection: EVAL (epoch check + every XADD, atomic: a batch lands whole or not at
+        # all, and never in a Redis that lost the epoch), then WAIT n. Redis runs a connection's commands in
+        # order, so WAIT counts exactly these writes (inside MULTI it would return at once).
         while self._pending:
             batch, self._pending = self._pending, []
             try:
+                args = [self.epoch or "", *(r.fields[f] for p in batch for r in p.records for f in _RECORD_FIELDS)]
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    for p in batch:
-                        pipe.xadd(self.stream, p.fields)
-                    ids = await pipe.execute()
+                    await self._append(keys=[self.stream, self.epoch_key or self.stream], args=args, client=pipe)
+                    if self.min_replicas:
+                        pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
+                    replies = await pipe.execute()
+                ids = replies[0]
+                if self.min_replicas:
+                    check_replicated(replies[1], self.min_replicas, "the task stream write")
+            except ResponseError as exc:
+                if "EPOCH" not in str(exc):
+                    _fail_batch(batch, exc)
+                    continue
+                _fail_batch(batch, StateLost(f"Redis no longer holds epoch {self.epoch} ({self.epoch_key}); the "
+                                            "task stream cannot be trusted"))
+                continue
             except Exception as exc:  # noqa: BLE001 - every waiting caller hears about it
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
+                _fail_batch(batch, exc)
                 continue
-            for p, entry_id in zip(batch, ids, strict=True):
-                self.last_id = entry_id.decode()
+            done = iter(ids)
+            for p in batch:
+                entry_ids = [next(done).decode() for _ in p.records]
+                last: dict[str, Record] = {r.task_id: r for r in p.records}  # the fold keeps the last per task
+                for r in p.records:
+                    if r.kind == ABANDONED or last[r.task_id] is r:
+                        self._fold(r.kind, pb.Task.FromString(r.fields[b"t"]))
+                if entry_ids:
+                    self.last_id = entry_ids[-1]
                 if not p.future.done():
-                    p.future.set_result(self.last_id)
+                    p.future.set_result(entry_ids)
 
-    async def events(self, after: str, block_ms: int = 1000) -> AsyncIterator[pb.TaskEvent]:
-        """Stream events after entry id `after` ("$" = only new ones, "0" = from the start), forever."""
-        cursor = after
-        if not after or after == "$":  # resolve "now" to a concrete id so no event slips between reads
-            latest = await self.redis.xrevrange(self.stream, count=1)
-            cursor = latest[0][0].decode() if latest else "0-0"
-        while True:
-            reply = await self.redis.xread({self.stream: cursor}, count=500, block=block_ms)
-            if not reply:
-                continue
-            for entry_id, fields in reply[0][1]:
-                cursor = entry_id.decode()
-                yield event_of(cursor, fields)
+
+def _fail_batch(batch: list[_Pending], exc: BaseException) -> None:
+    for p in batch:
+        if not p.future.done():
+            p.future.set_exception(exc)
 
 
 def event_of(entry_id: str, fields: dict[bytes, bytes]) -> pb.TaskEvent:

@@ -118,6 +118,19 @@ HSCHED_DC_SUPPLY_CELSIUS = MetricSpec("hsched_dc_supply_celsius", "CRAC supply a
 HSCHED_DC_IT_POWER_WATTS = MetricSpec("hsched_dc_it_power_watts", "IT power of the room, W", _DC)
 HSCHED_DC_COOLING_POWER_WATTS = MetricSpec("hsched_dc_cooling_power_watts", "CRAC power of the room, W", _DC)
 
+# --- the `hsched up` supervisor (src/hsched/stack.py), one series per service of the local stack -------
+_SERVICE = ("service",)
+HSCHED_SUPERVISOR_RESTARTS = MetricSpec(
+    "hsched_supervisor_restarts_total", "Restarts of a stack service (by the supervisor or Stack.restart)", _SERVICE
+)
+HSCHED_SUPERVISOR_SERVICE_UP = MetricSpec(
+    "hsched_supervisor_service_up", "1 when the process runs and its last health probe said SERVING, else 0", _SERVICE
+)
+HSCHED_SUPERVISOR_LAST_EXIT_CODE = MetricSpec(
+    "hsched_supervisor_last_exit_code", "Exit code of the service's last death (negative: killed by that signal)",
+    _SERVICE,
+)
+
 PAPER_002_METRICS = (
     CLUSTER_GPU_MEMORY_PERCENTAGE, CLUSTER_GPU_CORE_PERCENTAGE,
     GPU_DEVICE_CORE_ALLOCATED, GPU_DEVICE_CORE_LIMIT, GPU_DEVICE_MEMORY_ALLOCATED, GPU_DEVICE_MEMORY_LIMIT,
