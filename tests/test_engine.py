@@ -321,20 +321,34 @@ async def test_second_engine_gets_the_lease_only_after_the_first_stops(redis, pr
         assert list(second.state.allocations) == ["t1"]
 
 
-async def test_paused_engine_is_fenced_and_its_failed_batch_changes_nothing(redis, prefix) -> None:
+async def wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {timeout_s} s: {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_paused_engine_is_fenced_its_failed_batch_changes_nothing_and_it_takes_the_lease_back(
+        redis, prefix) -> None:
     dc = cheap()
     first = new_engine(dc, redis, prefix, "p1", lease_ms=300)
     second = new_engine(dc, redis, prefix, "p2", lease_ms=300)
+    serving: list[bool] = []
+
+    async def watch(up: bool) -> None:
+        serving.append(up)
+
+    first.add_serving_watcher(watch)
     await first.start()
     try:
         await fill(first)
         await first.place("q", spec(8))  # waits for room
         with pytest.raises(LeaseHeld):
             await second.start(wait_for_lease_s=0.0)  # first renews every 100 ms
-        # first is "paused": its lease keeper stops renewing (the process is otherwise alive)
-        keeper = next(t for t in first._tasks if t.get_name() == "lease-cheap")
-        keeper.cancel()
+        # first is "paused": its renewals stop (the process is otherwise alive and has not noticed yet)
+        first._keeper.drop()
         await second.start(wait_for_lease_s=5.0)  # the 300 ms lease lapses; second takes token 2
+        assert first.holding and second.ledger.token == first.ledger.token + 1
         before, allocs, queue = first.state.snapshot(), dict(first.state.allocations), OrderedDict(first.queue)
         n_events = len(await ledger_events(redis, prefix))
 
@@ -345,13 +359,104 @@ async def test_paused_engine_is_fenced_and_its_failed_batch_changes_nothing(redi
         assert first.state.allocations == allocs and first.queue == queue
         assert len(await ledger_events(redis, prefix)) == n_events
         assert first.fenced
-        with pytest.raises(Fenced):
+        await wait_until(lambda: first.holder == "p2", "first sees the new holder")
+        with pytest.raises(Fenced, match="standby for cheap, holder is p2"):
             await first.place("later", spec(1))
         assert same_state(second.state, first.state) and second.queue == first.queue
         assert (await second.release("f0")).placed_from_queue[0][0] == "q"  # the owner carries on
+        await second.place("by-second", spec(2))
+    finally:
+        await second.stop()  # releases its lease: first takes it back with a new token and second's writes
+    try:
+        await wait_until(lambda: first.holding, "first serves again")
+        assert first.ledger.token == second.ledger.token + 1
+        state, queue = await fold_ledger(redis, prefix, dc)
+        assert same_state(first.state, state) and first.queue == queue
+        assert {"q", "by-second"} <= set(first.state.allocations) and "f0" not in first.state.allocations
+        assert (await first.place("after", spec(1))).outcome == "placed"
+        assert serving == [False, True]  # health: NOT_SERVING when fenced, SERVING again after the take-back
     finally:
         await first.stop()
-        await second.stop()
+
+
+async def test_standby_engine_takes_over_when_the_holder_stops_renewing(redis, prefix) -> None:
+    dc = cheap()
+    holder = new_engine(dc, redis, prefix, "p1", lease_ms=300)
+    standby = new_engine(dc, redis, prefix, "p2", lease_ms=300)
+    await holder.start()
+    try:
+        await holder.place("a", spec(4))
+        await standby.start(standby=True)
+        assert standby.fenced and standby.holder == "p1"
+        with pytest.raises(Fenced, match="standby for cheap, holder is p1"):
+            await standby.place("b", spec(1))
+        await asyncio.sleep(1.0)  # three lease periods: the holder renews, the standby stays one
+        assert standby.fenced and holder.holding
+        holder._keeper.drop()  # the holder dies (its lease is not released, it lapses)
+        await wait_until(lambda: standby.holding, "the standby takes over")
+        assert standby.ledger.token == holder.ledger.token + 1
+        assert list(standby.state.allocations) == ["a"]
+        assert (await standby.place("b", spec(1))).outcome == "placed"
+        with pytest.raises(Fenced):  # the old holder's next write is fenced out
+            await holder.place("c", spec(1))
+    finally:
+        await holder.stop()
+        await standby.stop()
+
+
+class SlowPolicy:
+    """FirstFit that burns `seconds` of CPU per decision on the event loop (a plan of one huge task)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.inner, self.seconds, self.name = make_policy("firstfit"), seconds, "slow-firstfit"
+
+    def scores(self, state, demand, mask):
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:  # holds the GIL and the loop (CPython still switches threads)
+            pass
+        return self.inner.scores(state, demand, mask)
+
+    def placed(self, node: int) -> None:
+        self.inner.placed(node)
+
+
+async def test_a_plan_that_blocks_the_loop_for_several_leases_keeps_the_lease(redis, prefix) -> None:
+    dc = cheap()
+    e = PlacerEngine(dc, redis, Keys(prefix), SlowPolicy(1.5), "p1", lease_ms=300)  # 5 lease periods per plan
+    async with running(e):
+        token = e.ledger.token
+        assert (await e.place("big", spec(4))).outcome == "placed"
+        assert (await e.place("big2", spec(4))).outcome == "placed"
+        assert e.holding and e.ledger.token == token  # renewed from its own thread all along: never lost
+        assert await redis.get(Keys(prefix).lease(dc.name)) == b"p1"
+
+
+async def test_a_loop_stalled_past_the_bound_lets_the_lease_go_and_takes_it_back(redis, prefix) -> None:
+    """The renewal thread keeps the lease only while the loop runs: a loop stuck past `max_loop_stall_s` (wedged)
+    gives the DC up; once it runs again the engine takes the lease back with a new token."""
+    dc = cheap()
+    e = PlacerEngine(dc, redis, Keys(prefix), SlowPolicy(1.5), "p1", lease_ms=300, max_loop_stall_s=0.5)
+    async with running(e):
+        token = e.ledger.token
+        assert (await e.place("big", spec(4))).outcome == "placed"  # nobody took the DC: the append went through
+        await wait_until(lambda: e.holding and e.ledger.token > token, "the lease taken back")
+        assert "event loop has not run" in e.lost_reason
+        assert list(e.state.allocations) == ["big"]
+
+
+async def test_a_bumped_fence_is_seen_at_the_next_renewal(redis, prefix) -> None:
+    """An operator (or a thief) moves the fencing token on: the holder stops serving without waiting for a
+    write, and takes the lease back with a newer token (nobody else holds the lease)."""
+    dc = cheap()
+    e = new_engine(dc, redis, prefix, "p1", lease_ms=300)
+    async with running(e):
+        await e.place("a", spec(4))
+        token = e.ledger.token
+        stolen = await redis.incr(Keys(prefix).fence(dc.name))
+        await wait_until(lambda: e.ledger.token > stolen and e.holding, "a new token after the bump")
+        assert e.ledger.token > token
+        assert list(e.state.allocations) == ["a"]
+        assert (await e.place("b", spec(1))).outcome == "placed"
 
 
 # ------------------------------------------------------------------------------------------------------------

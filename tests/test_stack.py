@@ -288,7 +288,7 @@ def test_killed_placer_rebuilds_the_same_ledger_and_places_nothing_twice(gw, sta
     assert t.state == pb.TASK_STATE_PLACED and t.datacenter != "cheap"
     assert any(n.startswith("cheap: placer unavailable") for n in t.explanation.notes)
     release(gw, t.task_id)
-    stack.restart("placer-cheap")  # waits for the dead placer's lease to lapse
+    stack.restart("placer-cheap")  # a standby (NOT_SERVING) until the dead placer's lease lapses, then SERVING
     after = placer(stack, "cheap").GetState(placer_pb2.PlacerStateRequest(include_nodes=True), timeout=10)
     assert [n.free for n in after.nodes] == [n.free for n in before.nodes]
     assert after.summary.running_tasks == before.summary.running_tasks

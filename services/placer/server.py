@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -18,8 +19,8 @@ from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCh
 from hsched.policies.heuristics import POLICY_NAMES, make_policy
 from hsched.runtime import common_args, exit_if_lost, guard_epoch, metrics_server, run, serve_until_stopped
 from hsched.state.keys import Keys
-from hsched.state.ledger import Retention
-from hsched.state.redis import connect
+from hsched.state.ledger import Fenced, LeaseHeld, Retention
+from hsched.state.redis import connect, connect_sync
 from hsched.telemetry import BatchedCalls, MetricsServer
 from hsched.thermal.datacenter import room_for
 from hsched.v1 import common_pb2, placer_pb2, placer_pb2_grpc, thermal_pb2, thermal_pb2_grpc
@@ -125,8 +126,6 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
                                for t, p in r.placed_from_queue])
 
     async def _engine_call(self, call):
-        from hsched.state.ledger import Fenced
-
         try:
             return await call
         except Fenced as exc:
@@ -135,6 +134,8 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
     @rpc.grpc_errors
     async def GetState(self, request: placer_pb2.PlacerStateRequest, context) -> placer_pb2.PlacerState:
         e, t = self.engine, self.table
+        if e.fenced:  # a standby's or a fenced placer's memory is not the DC's ledger
+            raise rpc.Unavailable(e.unavailable_reason())
         out = placer_pb2.PlacerState(summary=summary_to_pb(e.summary()), deferred_task_ids=list(e.queue),
                                      policy=e.policy.name)
         if request.include_nodes:
@@ -169,7 +170,7 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine) -> None:
             return [((dc, t.names[i], str(c), t.gpu_model[i]), float(v[i, c])) for i, c in cards]
         return collect
 
-    s = engine.state
+    # engine.state is looked up at each scrape: a re-acquired lease replaces it with a fresh fold of the ledger
     metrics.register_gauge_family("ClusterGPUMemoryPercentage", "GPU memory allocated in the DC (%)",
                                   ["datacenter"], util("gpu_memory"))
     metrics.register_gauge_family("ClusterGPUCorePercentage", "GPU cores allocated in the DC (%)",
@@ -178,17 +179,17 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine) -> None:
                                   util("cpu"))
     labels = ["datacenter", "node", "deviceidx", "model"]
     metrics.register_gauge_family("GPUDeviceCoreAllocated", "GPU core percent allocated on the card", labels,
-                                  per_card(lambda: t.gpu_core_percent - s.gpu_free_core))
+                                  per_card(lambda: t.gpu_core_percent - engine.state.gpu_free_core))
     metrics.register_gauge_family("GPUDeviceCoreLimit", "GPU core percent of the card", labels,
                                   per_card(lambda: t.gpu_core_percent))
     metrics.register_gauge_family("GPUDeviceMemoryAllocated", "GPU memory allocated on the card (MiB)", labels,
-                                  per_card(lambda: t.gpu_memory_mib - s.gpu_free_memory))
+                                  per_card(lambda: t.gpu_memory_mib - engine.state.gpu_free_memory))
     metrics.register_gauge_family("GPUDeviceMemoryLimit", "GPU memory of the card (MiB)", labels,
                                   per_card(lambda: t.gpu_memory_mib))
 
     def shared():
         counts = np.zeros_like(t.gpu_core_percent)
-        for parts in list(s.allocations.values()):  # scraped on the metrics thread: iterate a copy
+        for parts in list(engine.state.allocations.values()):  # scraped on the metrics thread: iterate a copy
             for p in parts:
                 for g in p.gpus:
                     counts[p.node, g.card] += 1
@@ -198,7 +199,13 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine) -> None:
     metrics.register_gauge_family("hsched_deferred_tasks", "Tasks waiting in the deferred queue", ["datacenter"],
                                   lambda: [((dc,), float(len(engine.queue)))])
     metrics.register_gauge_family("hsched_running_tasks", "Tasks holding resources", ["datacenter"],
-                                  lambda: [((dc,), float(len(s.allocations)))])
+                                  lambda: [((dc,), float(len(engine.state.allocations)))])
+    metrics.register_gauge_family("hsched_placer_lease_held", "1 while this placer holds the DC's lease and serves, "
+                                  "0 while fenced or standby", ["datacenter"],
+                                  lambda: [((dc,), float(engine.holding))])
+    metrics.register_gauge_family("hsched_placer_fencing_token", "Fencing token of the lease this placer holds or "
+                                  "last held (0: never held)", ["datacenter"],
+                                  lambda: [((dc,), float(engine.ledger.token or 0))])
 
 
 async def serve(args, stop: asyncio.Event) -> None:
@@ -215,23 +222,49 @@ async def serve(args, stop: asyncio.Event) -> None:
     guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
     owner = f"{socket.gethostname()}:{os.getpid()}"
     engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
-                          lease_ms=args.lease_ms, retention=Retention(args.ledger_snapshot_entries,
-                                                                      args.ledger_snapshot_interval_s,
-                                                                      args.ledger_trim_margin_s))
+                          lease_ms=args.lease_ms, fenced_exit_s=args.fenced_exit_s,
+                          lease_client=connect_sync(args.redis_url),
+                          retention=Retention(args.ledger_snapshot_entries, args.ledger_snapshot_interval_s,
+                                              args.ledger_trim_margin_s))
     engine.ledger.epoch = guard.epoch  # every append re-checks it, atomically with the fencing token
     engine.ledger.min_replicas, engine.ledger.wait_timeout_ms = args.redis_min_replicas, args.redis_wait_ms
-    await engine.start(wait_for_lease_s=args.lease_wait_s)
+    try:
+        await engine.start(wait_for_lease_s=args.lease_wait_s, standby=args.standby)
+    except LeaseHeld as exc:
+        await redis.aclose()
+        raise SystemExit(f"placer {dc.name}: {exc} (--no-standby: exiting)") from None
     metrics = metrics_server(args)
     if metrics:
         register_metrics(metrics, engine)
-    server, port, _ = await rpc.start_server(
+    names = [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name]
+    health = None
+
+    async def mirror_health(serving: bool) -> None:  # fenced or standby → NOT_SERVING: orchestrators see it
+        if health is not None:
+            await rpc.set_health(health, names, serving)
+
+    engine.add_serving_watcher(mirror_health)
+    server, port, health = await rpc.start_server(
         lambda s: placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(engine, metrics), s),
-        [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name], args.listen, metrics)
-    log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
+        names, args.listen, metrics, serving=engine.holding)
+    await rpc.set_health(health, names, engine.holding)  # it may have changed while the server started
+
+    async def exit_when_given_up() -> None:
+        await engine.gave_up.wait()
+        stop.set()
+
+    if engine.holding:
+        log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
+    else:
+        log.warning("placer %s on port %d: %s", dc.name, port, engine.unavailable_reason())
     settle = asyncio.create_task(engine.ledger.settle_forever(), name="ledger-settle")
-    await serve_until_stopped(stop, server, port, args, tasks=[epoch_watch, settle], metrics=metrics,
-                              cleanup=[engine.stop, redis.aclose])
+    await serve_until_stopped(stop, server, port, args,
+                              tasks=[epoch_watch, settle, asyncio.create_task(exit_when_given_up())],
+                              metrics=metrics, cleanup=[engine.stop, redis.aclose])
     exit_if_lost(guard)
+    if engine.gave_up.is_set():
+        raise SystemExit(f"placer {dc.name}: could not take its lease back for {args.fenced_exit_s:g} s "
+                         f"({engine.unavailable_reason()}); exiting so that a supervisor restarts it")
 
 
 def parser():
@@ -245,9 +278,16 @@ def parser():
                    choices=["local", "service"],
                    help="check a batch against the redline with the room model in-process, on the placer's own "
                         "state (local), or by asking the thermal service (service: one more hop per batch)")
-    p.add_argument("--lease-ms", type=int, default=3000)
-    p.add_argument("--lease-wait-s", type=float, default=15.0,
-                   help="how long to wait for a previous placer's lease to lapse")
+    p.add_argument("--lease-ms", type=int, default=os.environ.get("HSCHED_LEASE_MS", "3000"),
+                   help="lease period: another placer may take the DC over this long after this one stops renewing")
+    p.add_argument("--standby", action=argparse.BooleanOptionalAction, default=True,
+                   help="if another placer holds the DC's lease, run as a NOT_SERVING standby and take over when "
+                        "its lease lapses (--no-standby: exit with an error after --lease-wait-s instead)")
+    p.add_argument("--lease-wait-s", type=float, default=0.0,
+                   help="with --no-standby: how long to wait for the holder's lease to lapse before exiting")
+    p.add_argument("--fenced-exit-s", type=float, default=os.environ.get("HSCHED_FENCED_EXIT_S", "120"),
+                   help="exit (non-zero) after losing the lease and failing to take it back for this long, so a "
+                        "restart policy acts (0 = never)")
     env = os.environ.get
     p.add_argument("--ledger-snapshot-entries", type=int, default=int(env("HSCHED_LEDGER_SNAPSHOT_ENTRIES", 10_000)),
                    help="snapshot the ledger's fold and trim the stream after this many new entries")
@@ -260,5 +300,10 @@ def parser():
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.lease_ms < 100:
+        p.error(f"--lease-ms must be at least 100 (renewals run every third of it), got {args.lease_ms}")
+    if args.fenced_exit_s < 0 or args.lease_wait_s < 0:
+        p.error("--fenced-exit-s and --lease-wait-s must be >= 0")
     run(f"placer-{args.datacenter}", args, lambda stop: serve(args, stop))

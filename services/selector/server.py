@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from hsched import rpc
 from hsched.batching import serve_batch
@@ -62,16 +63,19 @@ async def load_summaries(redis, keys: Keys, selector: DcSelector) -> dict[str, s
     """Apply every DC's latest capacity summary; returns the stream cursors `follow_summaries` tails from.
     Awaited before the server starts, so a (re)started selector never answers from an empty view."""
     streams = {keys.summary(dc.name): "0-0" for dc in selector.fleet.datacenters}
-    for stream in streams:
+    for stream in streams:  # each DC's latest summary, as old as its placer stamped it
         latest = await redis.xrevrange(stream, count=1)
         if latest:
-            selector.update_summary(json.loads(latest[0][1][b"s"]))
+            summary = json.loads(latest[0][1][b"s"])
+            age_s = max(0.0, time.time() - summary["unix_ms"] / 1000) if "unix_ms" in summary else 0.0
+            selector.update_summary(summary, age_s=age_s)
             streams[stream] = latest[0][0].decode()
     return streams
 
 
 async def follow_summaries(redis, keys: Keys, selector: DcSelector, streams: dict[str, str] | None = None) -> None:
-    """Keep the latest capacity summary of every DC (written by its placer), from `load_summaries`' cursors."""
+    """Keep the latest capacity summary of every DC (written by its placer), from `load_summaries`' cursors;
+    `update_summary` drops those of a superseded placer (lower fencing token)."""
     streams = dict(streams) if streams is not None else await load_summaries(redis, keys, selector)
     while True:
         try:

@@ -73,9 +73,10 @@ def add_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> Non
 
 
 async def start_server(register: Callable[[grpc.aio.Server], None], service_names: list[str],
-                       bind: str = "127.0.0.1:0", metrics: Metrics | None = None,
+                       bind: str = "127.0.0.1:0", metrics: Metrics | None = None, serving: bool = True,
                        ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    """Start an aio server with the given servicers, gRPC health (SERVING) and reflection; returns the port.
+    """Start an aio server with the given servicers, gRPC health (SERVING, or NOT_SERVING if not `serving`:
+    a standby placer) and reflection; returns the port and the health servicer (to change the status later).
     With `metrics`, every call is counted and timed (hsched_rpc_server_requests_total / _duration_seconds)."""
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     # checked (garbage and over-limit requests answered INVALID_ARGUMENT), traced and timed: wrapped at registration
@@ -87,8 +88,7 @@ async def start_server(register: Callable[[grpc.aio.Server], None], service_name
     if port == 0:
         raise RuntimeError(f"could not bind {bind}")
     await server.start()
-    for name in ("", *service_names):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await set_health(health_servicer, service_names, serving)
     return server, port, health_servicer
 
 
@@ -206,6 +206,13 @@ def checked(server: Any) -> Any:
     """Register servicers on the returned object instead of `server` to have every request deserialized by
     `checked_deserializer`: garbage bytes and over-limit fields get INVALID_ARGUMENT, with no traceback."""
     return _Checked(server)
+
+
+async def set_health(health_servicer: health.aio.HealthServicer, service_names: list[str], serving: bool) -> None:
+    """SERVING or NOT_SERVING for the server as a whole ("") and for each of `service_names`."""
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ("", *service_names):
+        await health_servicer.set(name, status)
 
 
 def channel(target: str) -> grpc.aio.Channel:

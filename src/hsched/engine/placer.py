@@ -10,6 +10,14 @@ one call at a time, each checked on its own.
 The thermal guard is normally the DC's room model evaluated in-process over this engine's own state
 (hsched.thermal.guard.RoomGuard): the placer is the single writer of the ledger, so its state is the truth.
 
+Lease (see hsched.state.lease): the engine serves only while it holds the DC's lease with a fencing token
+and has the ledger folded under that token. A lost lease (a renewal refused or impossible for a lease
+period, or an append fenced out) stops it at once: calls are refused (Fenced → UNAVAILABLE), summaries
+stop, and `_keep_lease` keeps trying to take the lease again. When no other placer holds it, it takes a NEW
+token (fencing out anything it had in flight), folds the ledger afresh — another placer may have written
+meanwhile — and serves again. A placer started while another holds the lease runs the same loop as a
+standby and takes over when the holder's lease lapses.
+
 The gRPC service (services/placer) only translates protobuf to these calls.
 """
 
@@ -21,6 +29,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,6 +37,7 @@ import numpy as np
 import redis.asyncio as aioredis
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from redis import Redis as SyncRedis
 
 from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.fleet import DataCenter
@@ -36,7 +46,8 @@ from hsched.domain.task import TaskSpec, task_to_dict
 from hsched.policies.base import NodePolicy
 from hsched.policies.placement import Outcome, Plan, part_power_w, plan
 from hsched.state.keys import Keys
-from hsched.state.ledger import Fenced, Ledger, Retention, fold_event, replay, snapshot_and_trim
+from hsched.state.lease import LeaseKeeper
+from hsched.state.ledger import Fenced, LeaseHeld, Ledger, Retention, fold_event, replay, snapshot_and_trim
 from hsched.telemetry.tracing import traceparent
 from hsched.thermal.guard import LoadDelta, RoomGuard, ThermalCheck
 from hsched.thermal.room import RoomModel
@@ -45,6 +56,7 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 MAX_BATCH = 256
+SUMMARY_HEARTBEAT_S = 5.0  # a serving placer publishes its summary at least this often (readers judge staleness)
 MAX_QUEUE_TRIES_PER_RELEASE = 64
 
 
@@ -104,10 +116,13 @@ def freed_total(parts: tuple[Part, ...]) -> Resources:
 
 class PlacerEngine:
     def __init__(self, dc: DataCenter, redis: aioredis.Redis, keys: Keys, policy: NodePolicy, owner: str,
-                 thermal: ThermalGuard | RoomModel | None = None, lease_ms: int = 3000,
+                 thermal: ThermalGuard | RoomModel | None = None, lease_ms: int = 3000, fenced_exit_s: float = 0.0,
+                 max_loop_stall_s: float = 30.0, lease_client: SyncRedis | None = None,
                  retention: Retention | None = None) -> None:
         """`thermal`: the DC's room model (checked in-process over this engine's state), another ThermalGuard,
-        or None for no thermal guard."""
+        or None for no thermal guard. `fenced_exit_s` (0 = never): after losing its lease, give up (`gave_up` is
+        set) if it cannot take it back for that long, so a supervisor restarts the process. `lease_client`: a
+        synchronous client for the renewal thread (hsched.state.lease; default: one like `redis`)."""
         self.dc = dc
         self.redis = redis
         self.keys = keys
@@ -122,28 +137,63 @@ class PlacerEngine:
         # add headroom, or as RoomGuard's cheap bound after a check), refreshed before a thermal refusal.
         self._headroom: np.ndarray | None = None
         self._headroom_exact = False
-        self.fenced = False
+        # lease: `holding` = the lease is ours and self.state is the ledger's fold under self.ledger.token
+        self.holding = False
+        self.held_before = False
+        self.holder: str | None = None  # the lease's owner as last seen while not holding it
+        self.lost_reason = ""
+        self.lost_at: float | None = None  # monotonic time this placer lost the lease it held (None: holds it)
+        self.fenced_exit_s = fenced_exit_s
+        self.max_loop_stall_s = max_loop_stall_s
+        self.gave_up = asyncio.Event()  # set after fenced_exit_s without the lease
+        self._keeper: LeaseKeeper | None = None
+        self._lease_client = lease_client
+        self._lost = asyncio.Event()  # set when `holding` turns False; _keep_lease steps down and re-acquires
+        self._writing = asyncio.Lock()  # held by a batch in flight, and by a take-over (never both)
+        self._watchers: list[Callable[[bool], Awaitable[None]]] = []
         self._ops: asyncio.Queue[_Op] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
         self._dirty = asyncio.Event()
         self.retention = retention or Retention()
-        self._batch_lock = asyncio.Lock()  # a snapshot is taken between batches: the fold is then the ledger's
         self._since_snapshot = 0  # ledger entries appended since the last snapshot
         self._held_back = False  # the last trim kept entries younger than the margin
         self._snapshot_due = asyncio.Event()
 
+    @property
+    def fenced(self) -> bool:
+        """Not serving: the lease is lost (or never was taken, as a standby)."""
+        return not self.holding
+
+    @property
+    def _poll_s(self) -> float:
+        return max(0.05, self.ledger.lease_ms / 4000)
+
     # -- lifecycle -------------------------------------------------------------------------------------------
 
-    async def start(self, wait_for_lease_s: float = 10.0) -> None:
-        await self.ledger.acquire(wait_for_lease_s)
-        self.last_id = await replay(self.redis, self.ledger.stream, self.state, self.queue)
-        log.info("placer %s: token %s, rebuilt %d allocations and %d deferred tasks from the ledger up to %s",
-                 self.dc.name, self.ledger.token, len(self.state.allocations), len(self.queue), self.last_id)
+    async def start(self, wait_for_lease_s: float = 10.0, standby: bool = False) -> None:
+        """Take the DC's lease, fold its ledger and serve. If another placer holds the lease: with `standby`,
+        run anyway without serving and take over once that lease lapses; without, wait up to
+        `wait_for_lease_s` for it to lapse, then raise LeaseHeld."""
+        loop = asyncio.get_running_loop()
+        self._keeper = LeaseKeeper(self.ledger, loop, self._lease_lost, self.max_loop_stall_s, self._lease_client)
+        deadline = loop.time() + wait_for_lease_s
+        try:
+            while not await self._take_over():
+                if standby:
+                    log.warning("placer %s: standby, the lease is held by %s", self.dc.name, self.holder)
+                    self._lost.set()  # _keep_lease takes over when the holder's lease lapses
+                    break
+                if loop.time() >= deadline:
+                    raise LeaseHeld(f"data center {self.dc.name} is owned by placer {self.holder!r}; "
+                                    f"it lapses {self.ledger.lease_ms} ms after that placer stops")
+                await asyncio.sleep(self._poll_s)
+        except BaseException:
+            self._keeper.close()
+            raise
         self._tasks = [asyncio.create_task(self._run(), name=f"placer-{self.dc.name}"),
                        asyncio.create_task(self._keep_lease(), name=f"lease-{self.dc.name}"),
                        asyncio.create_task(self._publish_summaries(), name=f"summary-{self.dc.name}"),
                        asyncio.create_task(self._retain(), name=f"retain-{self.dc.name}")]
-        self._dirty.set()
 
     async def stop(self) -> None:
         pending = set(self._tasks)
@@ -151,8 +201,96 @@ class PlacerEngine:
             for t in pending:
                 t.cancel()
             _, pending = await asyncio.wait(pending, timeout=0.5)
-        if not self.fenced:
+        if self._keeper:
+            await asyncio.to_thread(self._keeper.close)
+        if self.holding:
+            self.holding = False
             await self.ledger.release_lease()
+
+    def add_serving_watcher(self, watcher: Callable[[bool], Awaitable[None]]) -> None:
+        """`watcher(serving)` is awaited whenever the engine starts or stops serving (health status)."""
+        self._watchers.append(watcher)
+
+    def unavailable_reason(self) -> str:
+        """Why calls are refused now (for UNAVAILABLE)."""
+        if self.holder and self.holder != self.ledger.owner:
+            lost = f" (this placer lost its lease: {self.lost_reason})" if self.held_before else ""
+            return f"standby for {self.dc.name}, holder is {self.holder}{lost}"
+        if self.held_before:
+            return f"placer for {self.dc.name} lost its lease ({self.lost_reason}); re-acquiring it"
+        return f"placer for {self.dc.name} does not hold the lease yet"
+
+    # -- lease -----------------------------------------------------------------------------------------------
+
+    def _lease_lost(self, token: int, reason: str) -> None:
+        """(on the loop) The lease taken with `token` is gone: stop serving at once."""
+        if token != self.ledger.token or not self.holding:
+            return
+        self.holding, self.lost_reason, self.lost_at = False, reason, time.monotonic()
+        self._lost.set()
+
+    async def _take_over(self) -> bool:
+        """If no other placer holds the lease: take it with a new fencing token, fold the ledger into a fresh
+        state and serve. False (and `holder` set) if another placer holds it."""
+        assert self._keeper is not None
+        async with self._writing:  # no batch in flight: nothing of ours is appended under the old token any more
+            token = await self.ledger.try_acquire()
+            if token is None:
+                self.holder = await self.ledger.holder()
+                return False
+            self._keeper.hold(token)  # renewed while folding: a long ledger can take longer than a lease
+            if self.ledger.pending_undo:  # cancellations owed for appends of unknown outcome: into the fold too
+                await self.ledger.settle()
+            state, queue = ClusterState(self.dc, self.state.table), OrderedDict()
+            last_id = await replay(self.redis, self.ledger.stream, state, queue)
+            if self._keeper.token != token:  # lost again while folding; _keep_lease tries again
+                return False
+            self.state, self.queue, self.last_id = state, queue, last_id
+            if isinstance(self.thermal, RoomGuard):  # its cached exact headroom describes the old state
+                self.thermal = RoomGuard(self.thermal.room, state)
+            self._headroom, self._headroom_exact, self.last_thermal = None, False, None
+            self.holding, self.held_before, self.holder, self.lost_at = True, True, self.ledger.owner, None
+        log.info("placer %s: token %s, rebuilt %d allocations and %d deferred tasks from the ledger up to %s",
+                 self.dc.name, token, len(state.allocations), len(queue), last_id)
+        self._dirty.set()
+        return True
+
+    async def _keep_lease(self) -> None:
+        """Step down when the lease is lost; take it back (or over, as a standby) when nobody else holds it."""
+        assert self._keeper is not None
+        while True:
+            await self._lost.wait()
+            self._lost.clear()
+            if self.holding:
+                continue
+            self._keeper.drop()
+            if self.held_before:
+                log.error("placer %s stopped serving: %s", self.dc.name, self.unavailable_reason())
+            await self._notify(False)
+            failing = False
+            while True:
+                try:
+                    if await self._take_over():
+                        break
+                    failing = False
+                except Exception as exc:  # noqa: BLE001 - Redis away: keep trying, the lease is not ours meanwhile
+                    if not failing:
+                        log.warning("placer %s: cannot take the lease yet (%s); retrying", self.dc.name, exc)
+                    failing = True
+                if self.fenced_exit_s and self.lost_at is not None \
+                        and time.monotonic() - self.lost_at > self.fenced_exit_s:
+                    self.gave_up.set()
+                    return
+                await asyncio.sleep(self._poll_s)
+            log.warning("placer %s serving with fencing token %s", self.dc.name, self.ledger.token)
+            await self._notify(True)
+
+    async def _notify(self, serving: bool) -> None:
+        for watcher in self._watchers:
+            try:
+                await watcher(serving)
+            except Exception:  # a failing watcher must not stop the lease loop
+                log.exception("placer %s: serving watcher failed", self.dc.name)
 
     # -- API -------------------------------------------------------------------------------------------------
 
@@ -166,8 +304,8 @@ class PlacerEngine:
         return await self._submit(_Op("release", task_id))  # type: ignore[return-value]
 
     async def _submit(self, op: _Op) -> PlaceResult | ReleaseResult:
-        if self.fenced:
-            raise Fenced(f"placer for {self.dc.name} lost its lease")
+        if not self.holding:
+            raise Fenced(self.unavailable_reason())
         op.future = asyncio.get_running_loop().create_future()
         op.trace_context = otel_context.get_current()
         self._ops.put_nowait(op)
@@ -180,23 +318,33 @@ class PlacerEngine:
             batch = [await self._ops.get()]
             while not self._ops.empty() and len(batch) < MAX_BATCH:
                 batch.append(self._ops.get_nowait())
-            # The batch's thermal calls join the trace of its first call (one Submit, one trace).
-            token = otel_context.attach(batch[0].trace_context) if batch[0].trace_context else None
-            try:
-                async with self._batch_lock:
-                    await self._process(batch)
-            except Exception as exc:
-                if isinstance(exc, Fenced):
-                    self.fenced = True
-                    log.error("%s", exc)
-                else:
-                    log.exception("placer %s: batch failed", self.dc.name)
-                for op in batch:
-                    if not op.future.done():
-                        op.future.set_exception(exc)
-            finally:
-                if token is not None:
-                    otel_context.detach(token)
+            async with self._writing:
+                if not self.holding:  # queued before the lease was lost: nothing was decided for them
+                    refused = Fenced(self.unavailable_reason())
+                    for op in batch:
+                        if not op.future.done():
+                            op.future.set_exception(refused)
+                    continue
+                await self._run_batch(batch)
+
+    async def _run_batch(self, batch: list[_Op]) -> None:
+        # The batch's thermal calls join the trace of its first call (one Submit, one trace).
+        token = otel_context.attach(batch[0].trace_context) if batch[0].trace_context else None
+        lease_token = self.ledger.token
+        try:
+            await self._process(batch)
+        except Exception as exc:
+            if isinstance(exc, Fenced):
+                log.error("%s", exc)
+                self._lease_lost(lease_token, str(exc))
+            else:
+                log.exception("placer %s: batch failed", self.dc.name)
+            for op in batch:
+                if not op.future.done():
+                    op.future.set_exception(exc)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
 
     async def _process(self, batch: list[_Op]) -> None:
         queue_before = list(self.queue.items())
@@ -407,25 +555,20 @@ class PlacerEngine:
             self._snapshot_due.clear()
             if not (self._since_snapshot or self._held_back) or self.fenced:
                 continue
+            token = self.ledger.token
             try:
-                async with self._batch_lock:
+                async with self._writing:  # between batches: the fold is then the ledger's
+                    if not self.holding or self.ledger.token != token:  # stepped down or re-folded meanwhile
+                        continue
                     trimmed, self._held_back = await snapshot_and_trim(self.ledger, self.state, self.queue,
                                                                        self.last_id, r.trim_margin_s)
                     self._since_snapshot = 0
                 log.info("placer %s: ledger snapshot at %s, %d entries trimmed", self.dc.name, self.last_id, trimmed)
             except Fenced as exc:
-                self.fenced = True
                 log.error("%s", exc)
+                self._lease_lost(token, str(exc))
             except Exception:
                 log.warning("placer %s: ledger snapshot failed; retrying later", self.dc.name, exc_info=True)
-
-    async def _keep_lease(self) -> None:
-        while True:
-            await asyncio.sleep(self.ledger.lease_ms / 3000)
-            if not await self.ledger.renew():
-                self.fenced = True
-                log.error("placer %s lost its lease; refusing further writes", self.dc.name)
-                return
 
     def summary(self) -> dict:
         t, s = self.state.table, self.state
@@ -451,9 +594,10 @@ class PlacerEngine:
             "gpu_models": sorted({m for m in t.gpu_model if m}),
         }
 
-    async def _publish_summaries(self, period_s: float = 0.1, heartbeat_s: float = 5.0) -> None:
+    async def _publish_summaries(self, period_s: float = 0.1, heartbeat_s: float = SUMMARY_HEARTBEAT_S) -> None:
         """Capacity summaries for the selector: at most every `period_s` when something changed, and a
-        heartbeat every `heartbeat_s` so the selector can tell a quiet placer from a dead one."""
+        heartbeat every `heartbeat_s` so the selector can tell a quiet placer from a dead one; nothing while not
+        serving (fenced or standby), so the selector drops the DC after a few missed heartbeats."""
         while True:
             try:  # not asyncio.wait_for: in 3.11 it swallows a cancel that lands as the event fires (stop() hangs)
                 async with asyncio.timeout(heartbeat_s):
@@ -461,6 +605,8 @@ class PlacerEngine:
             except TimeoutError:
                 pass
             self._dirty.clear()
+            if not self.holding:  # a fenced placer's or a standby's view is not the DC's: publish nothing
+                continue
             try:
                 await self.redis.xadd(self.keys.summary(self.dc.name), {"s": json.dumps(self.summary())},
                                       maxlen=100, approximate=True)

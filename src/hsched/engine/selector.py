@@ -12,9 +12,12 @@ from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import DataCenter, Fleet
 from hsched.domain.task import TaskSpec
+from hsched.engine.placer import SUMMARY_HEARTBEAT_S
 from hsched.policies.placement import never_fits_reason, split_task
 
-SUMMARY_STALE_S = 30.0  # placers heartbeat every few seconds even when idle
+# A serving placer publishes a summary at least every heartbeat; one that has missed three is fenced, a
+# standby, or gone, and its DC is left out until it serves again.
+SUMMARY_STALE_S = 3 * SUMMARY_HEARTBEAT_S
 
 
 @dataclass
@@ -22,7 +25,10 @@ class DcSelector:
     fleet: Fleet
     graph: WanGraph = None  # type: ignore[assignment]
     summaries: dict[str, dict] = field(default_factory=dict)  # latest summary per DC (from its placer)
-    summary_seen: dict[str, float] = field(default_factory=dict)  # monotonic time it arrived
+    summary_seen: dict[str, float] = field(default_factory=dict)  # monotonic time it was published (≈ arrived)
+    fencing_tokens: dict[str, int] = field(default_factory=dict)  # highest placer token seen per DC
+    stale_after_s: float = SUMMARY_STALE_S
+    superseded: int = 0  # summaries ignored because a newer placer of their DC had written
     _empty: dict[str, ClusterState] = field(default_factory=dict)
     _fit_cache: dict[tuple, str] = field(default_factory=dict)
     # min-cost/spf routes (None: Dijkstra). rank_datacenters checks every path it gives against Dijkstra's;
@@ -37,9 +43,19 @@ class DcSelector:
         self._empty = {dc.name: ClusterState(dc) for dc in self.fleet.datacenters}
         self.random_paths = RandomPathFinder(self.graph, seed=0)
 
-    def update_summary(self, summary: dict) -> None:
-        self.summaries[summary["datacenter"]] = summary
-        self.summary_seen[summary["datacenter"]] = time.monotonic()
+    def update_summary(self, summary: dict, age_s: float = 0.0) -> bool:
+        """Keep `summary` (published `age_s` ago) as its DC's latest, unless its fencing token is lower than
+        the highest seen for the DC: that is a superseded placer's late write, its view is not the ledger's.
+        (If the holder of the higher token has gone silent for `stale_after_s`, a lower token is taken:
+        Redis lost the fence counter and tokens started again.) Returns whether it was kept."""
+        dc, token, now = summary["datacenter"], int(summary.get("fencing_token", 0)), time.monotonic()
+        if token < self.fencing_tokens.get(dc, 0) and now - self.summary_seen.get(dc, now) <= self.stale_after_s:
+            self.superseded += 1
+            return False
+        self.summaries[dc] = summary
+        self.summary_seen[dc] = now - age_s
+        self.fencing_tokens[dc] = token
+        return True
 
     def structural_misfit(self, task: TaskSpec, dc: DataCenter) -> str:
         """"" if every part of the task fits some node of an empty `dc`, else why not (cached per shape)."""
@@ -77,8 +93,9 @@ class DcSelector:
         for dc in self.fleet.datacenters:
             if dc.name not in self.summaries:
                 excluded.append((dc.name, "no capacity summary from its placer yet (placer not running?)"))
-            elif now - self.summary_seen[dc.name] > SUMMARY_STALE_S:
-                excluded.append((dc.name, f"its placer's last summary is over {SUMMARY_STALE_S:.0f} s old"))
+            elif (age := now - self.summary_seen[dc.name]) > self.stale_after_s:
+                excluded.append((dc.name, f"its placer's last summary is {age:.0f} s old (over {self.stale_after_s:g} "
+                                          "s): the placer is down, fenced or a standby"))
             elif reason := self.structural_misfit(task, dc):
                 excluded.append((dc.name, reason))
             else:

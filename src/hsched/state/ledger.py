@@ -41,17 +41,27 @@ from hsched.state.redis import NotReplicated, check_replicated
 
 log = logging.getLogger(__name__)
 
+# ARGV: owner, lease ms, epoch ('' = unchecked): a Redis that lost hsched's state gets no lease or fence key either
 _ACQUIRE = """
+if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then return redis.error_reply('EPOCH') end
 local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= ARGV[1] then return nil end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return redis.call('INCR', KEYS[2])
 """
 
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
+# Renewal also checks the fencing token: a holder whose token was superseded (an operator bumped the fence, or
+# a new instance with the same owner name acquired) learns it at its next renewal, not at its next write.
+# 1 = renewed; the other answers say why not (RENEW_REFUSED).
+RENEW_SCRIPT = """
+local holder = redis.call('GET', KEYS[1])
+if not holder then return -1 end
+if holder ~= ARGV[1] then return -2 end
+if redis.call('GET', KEYS[2]) ~= ARGV[3] then return -3 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 """
+RENEW_REFUSED = {-1: "the lease had lapsed", -2: "another placer holds the lease",
+                 -3: "a newer fencing token was issued", 0: "the lease had lapsed"}
 
 # ARGV: token, epoch ('' = unchecked), events...; the epoch is checked first: a wiped Redis has no fence either
 _APPEND = """
@@ -127,31 +137,54 @@ class Ledger:
     def __post_init__(self) -> None:
         self._lock = asyncio.Lock()  # append and settle: the undo must land before anything that reuses the room
         self._acquire = self.redis.register_script(_ACQUIRE)
-        self._renew = self.redis.register_script(_RENEW)
+        self._renew = self.redis.register_script(RENEW_SCRIPT)
         self._append = self.redis.register_script(_APPEND)
 
     @property
     def stream(self) -> str:
         return self.keys.ledger(self.dc)
 
+    async def try_acquire(self) -> int | None:
+        """Take the lease and a new fencing token if no other owner holds it (None if one does); StateLost if
+        Redis no longer holds this deployment's epoch (nothing is written then)."""
+        try:
+            token = await self._acquire(keys=[self.keys.lease(self.dc), self.keys.fence(self.dc), self.keys.epoch],
+                                        args=[self.owner, self.lease_ms, self.epoch or ""])
+        except ResponseError as exc:
+            if "EPOCH" in str(exc):
+                raise StateLost(f"placer for {self.dc}: Redis no longer holds epoch {self.epoch} "
+                                f"({self.keys.epoch}); not taking the lease") from None
+            raise
+        if token is None:
+            return None
+        self.token = int(token)
+        return self.token
+
+    async def holder(self) -> str | None:
+        """The owner that holds the lease now (None: nobody)."""
+        holder = await self.redis.get(self.keys.lease(self.dc))
+        return holder.decode() if isinstance(holder, bytes) else holder
+
     async def acquire(self, wait_s: float = 0.0) -> int:
         """Take the lease and a new fencing token, waiting up to `wait_s` for a dead holder's lease to lapse."""
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
-            token = await self._acquire(keys=[self.keys.lease(self.dc), self.keys.fence(self.dc)],
-                                        args=[self.owner, self.lease_ms])
+            token = await self.try_acquire()
             if token is not None:
-                self.token = int(token)
-                return self.token
+                return token
             if asyncio.get_running_loop().time() >= deadline:
-                holder = await self.redis.get(self.keys.lease(self.dc))
-                holder = holder.decode() if isinstance(holder, bytes) else holder
-                raise LeaseHeld(f"data center {self.dc} is owned by placer {holder!r}; "
+                raise LeaseHeld(f"data center {self.dc} is owned by placer {await self.holder()!r}; "
                                 f"it lapses {self.lease_ms} ms after that placer stops")
             await asyncio.sleep(min(0.1, self.lease_ms / 10_000))
 
+    def renew_args(self, token: int | None) -> tuple[list[str], list]:
+        """KEYS and ARGV of RENEW_SCRIPT for this owner holding `token` (also run by the placer's renewal thread)."""
+        return [self.keys.lease(self.dc), self.keys.fence(self.dc)], [self.owner, self.lease_ms, token or 0]
+
     async def renew(self) -> bool:
-        return bool(await self._renew(keys=[self.keys.lease(self.dc)], args=[self.owner, self.lease_ms]))
+        """Extend the lease by `lease_ms`; False if this owner no longer holds it or its token is stale."""
+        keys, args = self.renew_args(self.token)
+        return await self._renew(keys=keys, args=args) == 1
 
     async def release_lease(self) -> None:
         await self.redis.eval("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end"
