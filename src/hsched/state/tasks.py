@@ -3,7 +3,7 @@
 Each entry carries the step (`k`) and the task's whole record after it (`t`, a serialized
 hsched.v1.Task), so the fold is "last record per task id" and a restarted gateway rebuilds exactly
 the table it had, request-id index included. Writes are group-committed: concurrent requests'
-records go to Redis in one MULTI/EXEC round trip, and each caller awaits its own entry ids before it
+records go to Redis in one atomic Lua script (after an epoch check) per round trip, and each caller awaits its own entry ids before it
 answers — nothing acknowledged is lost.
 
 The table only ever shows what is durable: a write's records are folded in once Redis has accepted them,
