@@ -72,9 +72,8 @@ class LedgerFollower:
                 self.last_id = entry_id.decode()
         except Exception:
             log.exception("folding %s failed at %s; rebuilding from the start", self.stream, self.last_id)
-            self.state = ClusterState(self.state.dc, self.state.table)
-            self.queue.clear()
-            await self.load()
+            await self._reload()
+            return
         self.version += 1
         async with self._advanced:
             self._advanced.notify_all()
