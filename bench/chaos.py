@@ -306,6 +306,13 @@ def inject(fault: str, stack: Stack, client: Client, opts) -> Injected:
         else:
             pause_process(node.proc.pid, PAUSE_S)
         return out
+    if fault == "restart-redis" and hasattr(stack.redis, "kill_master"):
+        # a replica set: the master's redis-server restarts; meanwhile the Sentinel promotes a replica, and the
+        # restarted node rejoins as a replica of it (started in place with its old role, it would fight it)
+        out = Injected(time.monotonic(), f"redis master :{node.port}")
+        stack.redis.kill_master(wait_failover_s=30.0, rejoin=True)
+        out.recovered_by = f"Sentinel failover, node restarted as a replica ({time.monotonic() - out.t_fault:.1f} s)"
+        return out
     if fault == "restart-redis":
         out = Injected(time.monotonic(), f"redis :{node.port}")
         if hasattr(node, "kill"):
@@ -320,10 +327,10 @@ def inject(fault: str, stack: Stack, client: Client, opts) -> Injected:
         return out
     if fault == "kill-redis-master":
         out = Injected(time.monotonic(), f"redis master :{node.port}")
-        old = stack.redis.kill_master(wait_failover_s=30.0)
+        # rejoin: the old master comes back as a replica of the new one, so writes can WAIT for a replica again
+        old = stack.redis.kill_master(wait_failover_s=30.0, rejoin=True)
         out.recovered_by = f"Sentinel failover ({time.monotonic() - out.t_fault:.1f} s)"
-        old.start()  # back as a replica of the new master (the Sentinel reconfigures it), so writes can WAIT again
-        out.notes.append(f"old master :{old.port} started again")
+        out.notes.append(f"old master :{old.port} started again as a replica")
         return out
     raise ValueError(f"fault: unknown fault {fault!r}")
 
