@@ -200,3 +200,24 @@ def test_replicated_master_killed_under_load_loses_nothing_acknowledged(tmp_path
         stack.kill("gateway")  # its table rebuilt from the promoted replica's task stream
         stack.restart("gateway")
         assert_same(gw, acked, states)  # every acknowledged task: same record, in its DC's ledger
+
+
+def test_supervisor_brings_a_dead_replica_back_so_writes_that_wait_for_it_succeed(tmp_path):
+    """Every write WAITs for the replica: while it is dead they answer UNAVAILABLE; the supervisor restarts it
+    as a replica of the master and Submits are placed again, the earlier task still there."""
+    with Stack(config(tmp_path, redis_replicas=1, supervise=True, backoff_initial_s=0.2)) as stack, \
+            grpc.insecure_channel(stack.gateway) as ch:
+        gw = gateway_pb2_grpc.GatewayStub(ch)
+        first = submit_until_placed(gw)
+        master = stack.redis.master()
+        replica = next(n for n in stack.redis.nodes if n is not master)
+        dead_pid = replica.proc.pid
+        replica.kill()
+        deadline = time.monotonic() + 60
+        while not (replica.running and replica.proc.pid != dead_pid):
+            assert time.monotonic() < deadline, "the supervisor did not restart the replica"
+            time.sleep(0.2)
+        assert connect_sync(replica.url).info("replication")["role"] == "slave"
+        assert submit_until_placed(gw).state == pb.TASK_STATE_PLACED
+        assert gw.Get(gateway_pb2.GetRequest(task_id=first.task_id), timeout=10).state == pb.TASK_STATE_PLACED
+        assert "restarted by the supervisor as a replica" in (stack.log_dir / "supervisor.log").read_text()

@@ -11,7 +11,8 @@ gateway its task stream, the selector its summaries and link updates. `kill()` i
 restarts it), `stop_service()` a deliberate stop (left down until `restart()`). Every death (exit code or
 signal, the child's last log lines) and restart goes to the `hsched.supervisor` logger and to
 supervisor.log in the log dir; counts and states to the supervisor's own /metrics (`supervisor_metrics`).
-A dead embedded Redis is started again by its own `start()` (same port and directory)."""
+A dead embedded Redis is started again by its own `start()` (same port and directory); a dead node of a
+replica set rejoins as a replica of the master the Sentinel names."""
 
 from __future__ import annotations
 
@@ -350,7 +351,7 @@ class Stack:
 
     @property
     def _supervises_redis(self) -> bool:
-        return isinstance(self.redis, EmbeddedRedis)
+        return isinstance(self.redis, (EmbeddedRedis, ReplicaSet))
 
     def _records(self) -> list[Service]:
         return [*list(self.services.values()), *([self._redis_record] if self._supervises_redis else [])]
@@ -358,7 +359,8 @@ class Stack:
     def _up_rows(self) -> list[tuple[tuple[str, ...], float]]:
         rows = [((s.name,), float(s.alive and s.serving_since is not None)) for s in list(self.services.values())]
         if self._supervises_redis:
-            rows.append((("redis",), float(self.redis.proc is not None and self.redis.proc.poll() is None)))
+            nodes = self.redis.nodes if isinstance(self.redis, ReplicaSet) else [self.redis]
+            rows.append((("redis",), float(all(n.running for n in nodes))))
         return rows
 
     def _supervise(self) -> None:
@@ -449,6 +451,9 @@ class Stack:
     def _supervise_redis(self) -> None:
         """The embedded Redis: if it died, start it again on the same port and directory (its own start())."""
         r, rec, now = self.redis, self._redis_record, time.monotonic()
+        if isinstance(r, ReplicaSet) and not self._halt.is_set():
+            self._supervise_replica_set(r)
+            return
         if not isinstance(r, EmbeddedRedis) or r.proc is None or self._halt.is_set():
             return
         if r.proc.poll() is None:
@@ -476,6 +481,45 @@ class Stack:
         if self._restarts is not None:
             self._restarts.labels("redis").inc()
         self._event(logging.WARNING, f"redis: restarted by the supervisor as pid {r.proc.pid} on port {r.port}")
+
+    def _supervise_replica_set(self, r: ReplicaSet) -> None:
+        """A dead redis-server of a replica set comes back as a replica of the master the Sentinel names (writes
+        WAIT for every replica: without it they would all answer UNAVAILABLE). A dead master is left to the
+        Sentinel's failover first: restarted before it, the node would replicate from itself."""
+        rec, now = self._redis_record, time.monotonic()
+        dead = [n for n in r.nodes if n.proc is not None and not n.running]
+        if not dead:
+            if rec.started_at and now - rec.started_at >= self.config.healthy_reset_s:
+                rec.backoff_s = self.config.backoff_initial_s
+            return
+        for node in dead:
+            if rec.reaped is not node.proc:
+                rec.reaped, rec.last_exit_code = node.proc, node.proc.returncode
+                rec.restart_at = now + self._backoff(rec)
+                self._event(logging.WARNING, f"redis replica-set node on port {node.port} died: "
+                                             f"{_exit_text(node.proc.returncode)}")
+        if now < (rec.restart_at or 0.0):
+            return
+        try:
+            master_port = r.master_address()[1]
+        except redis.RedisError as exc:  # the Sentinel is down too: nothing says which node is master
+            self._event(logging.ERROR, f"redis: cannot ask the Sentinel for the master ({exc})")
+            rec.restart_at = now + self._backoff(rec)
+            return
+        for node in dead:
+            if node.port == master_port:
+                continue  # the Sentinel has not promoted a replica yet
+            try:
+                r.rejoin(node)
+            except Exception as exc:  # noqa: BLE001 - logged; retried after the next back-off
+                self._event(logging.ERROR, f"redis: restarting the node on port {node.port} failed: {exc}")
+                rec.restart_at = now + self._backoff(rec)
+                return
+            rec.restarts, rec.started_at = rec.restarts + 1, time.monotonic()
+            if self._restarts is not None:
+                self._restarts.labels("redis").inc()
+            self._event(logging.WARNING, f"redis: node on port {node.port} restarted by the supervisor as a "
+                                         f"replica of :{master_port}")
 
     def _event(self, level: int, message: str) -> None:
         """A supervision event: to the `hsched.supervisor` logger (the `hsched up` console) and supervisor.log."""

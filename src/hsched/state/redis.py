@@ -319,7 +319,10 @@ class ReplicaSet:
             client.close()
 
     def rejoin(self, node: EmbeddedRedis) -> None:
-        """Start a dead node again as a replica of the current master (it resyncs from it)."""
+        """Start a dead node again as a replica of the current master (it resyncs from it); a running one (the
+        stack's supervisor may have been first) is left as it is."""
+        if node.running:
+            return
         node.extra_args = ["--replicaof", *map(str, self.master_address())]
         node.start()
 
