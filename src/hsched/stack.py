@@ -237,7 +237,8 @@ class Stack:
         expected = epoch_file.read_text().strip() if epoch_file and epoch_file.exists() else None
         client = connect_sync(self.redis_url)
         try:
-            self.epoch = claim_sync(client, Keys(c.prefix), expected, self.redis_url)
+            replicas = self.redis.replicas if isinstance(self.redis, ReplicaSet) else 0
+            self.epoch = claim_sync(client, Keys(c.prefix), expected, self.redis_url, min_replicas=replicas)
         finally:
             client.close()
         if epoch_file and not expected:

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from hsched.state.keys import Keys
 from hsched.state.ledger import StateLost
+from hsched.state.redis import check_replicated
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +54,25 @@ def lost_message(url: str, keys: Keys, found: str | None, expected: str) -> str:
             "appendonly.aof) or start afresh with `hsched up --fresh`")
 
 
-def claim_sync(client: syncredis.Redis, keys: Keys, expected: str | None, url: str) -> str:
+def claim_sync(client: syncredis.Redis, keys: Keys, expected: str | None, url: str, min_replicas: int = 0,
+               wait_ms: int = 10_000) -> str:
     """The deployment's epoch: `expected` when Redis holds it (else StateLost); without `expected`, the one
-    Redis holds, created if there is none."""
+    Redis holds, created if there is none — and held by `min_replicas` replicas (WAIT on the same connection)
+    before it counts: a failover to a replica that lacks it would otherwise read as lost state."""
     if expected:
         found = _text(client.get(keys.epoch))
         if found != expected:
             raise StateLost(lost_message(url, keys, found, expected))
         return expected
-    client.set(keys.epoch, new_epoch(), nx=True)
-    return _text(client.get(keys.epoch)) or ""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.set(keys.epoch, new_epoch(), nx=True)
+        pipe.get(keys.epoch)
+        if min_replicas:
+            pipe.execute_command("WAIT", min_replicas, wait_ms)
+        replies = pipe.execute()
+    if min_replicas:
+        check_replicated(replies[2], min_replicas, "the epoch marker")
+    return _text(replies[1]) or ""
 
 
 class EpochGuard:
