@@ -220,4 +220,7 @@ def test_supervisor_brings_a_dead_replica_back_so_writes_that_wait_for_it_succee
         assert connect_sync(replica.url).info("replication")["role"] == "slave"
         assert submit_until_placed(gw).state == pb.TASK_STATE_PLACED
         assert gw.Get(gateway_pb2.GetRequest(task_id=first.task_id), timeout=10).state == pb.TASK_STATE_PLACED
-        assert "restarted by the supervisor as a replica" in (stack.log_dir / "supervisor.log").read_text()
+        deadline = time.monotonic() + 30  # the supervisor logs the restart once the node's start() returned
+        while "restarted by the supervisor as a replica" not in (stack.log_dir / "supervisor.log").read_text():
+            assert time.monotonic() < deadline, "the restart is not in supervisor.log"
+            time.sleep(0.2)
