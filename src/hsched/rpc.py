@@ -21,6 +21,7 @@ from hsched.domain.limits import check_message
 from hsched.state.ledger import StateLost
 from hsched.state.redis import NotReplicated
 from hsched.telemetry import Metrics, client_interceptors, instrumented, traced_channel
+from hsched.telemetry.interceptors import WrappedGeneric
 
 log = logging.getLogger(__name__)
 
@@ -170,22 +171,6 @@ def checked_handler(handler: Any) -> Any:
     return handler._replace(unary_unary=unary_unary)
 
 
-class _CheckedGeneric(grpc.GenericRpcHandler):
-    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
-        self._inner = inner
-        self._checked: dict[str, tuple[Any, Any]] = {}
-
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        handler = self._inner.service(handler_call_details)
-        if handler is None:
-            return None
-        method: str = handler_call_details.method  # type: ignore[attr-defined]
-        cached = self._checked.get(method)
-        if cached is None or cached[0] is not handler:
-            cached = self._checked[method] = (handler, checked_handler(handler))
-        return cached[1]
-
-
 class _Checked:
     """What ``add_*Servicer_to_server`` sees instead of the server: every handler `checked_handler`ed."""
 
@@ -196,7 +181,7 @@ class _Checked:
         self._server.add_registered_method_handlers(service, {m: checked_handler(h) for m, h in handlers.items()})
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self._server.add_generic_rpc_handlers(tuple(_CheckedGeneric(h) for h in handlers))
+        self._server.add_generic_rpc_handlers(tuple(WrappedGeneric(h, lambda handler, _method: checked_handler(handler)) for h in handlers))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)

@@ -297,18 +297,19 @@ class _Instrumented:
             service, {m: wrap(h, f"/{service}/{m}") for m, h in handlers.items()})
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self._server.add_generic_rpc_handlers(tuple(_WrappedGeneric(h, self._interceptor) for h in handlers))
+        self._server.add_generic_rpc_handlers(tuple(WrappedGeneric(h, self._interceptor._wrap) for h in handlers))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)
 
 
-class _WrappedGeneric(grpc.GenericRpcHandler):
-    """A generic handler's answers, traced (consulted only for methods without a registered handler)."""
+class WrappedGeneric(grpc.GenericRpcHandler):
+    """A generic handler whose answers pass through `wrap(handler, method)` (consulted only for methods without
+    a registered handler); each method's wrapped handler is cached while the inner one stays the same."""
 
-    def __init__(self, inner: grpc.GenericRpcHandler, interceptor: _ServerInterceptor) -> None:
+    def __init__(self, inner: grpc.GenericRpcHandler, wrap: Callable[[Any, str], Any]) -> None:
         self._inner = inner
-        self._interceptor = interceptor
+        self._wrap = wrap
         self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
@@ -318,7 +319,7 @@ class _WrappedGeneric(grpc.GenericRpcHandler):
         method: str = handler_call_details.method  # type: ignore[attr-defined]
         cached = self._wrapped.get(method)
         if cached is None or cached[0] is not handler:
-            cached = self._wrapped[method] = (handler, self._interceptor._wrap(handler, method))
+            cached = self._wrapped[method] = (handler, self._wrap(handler, method))
         return cached[1]
 
 
