@@ -48,6 +48,20 @@ def _track(job: asyncio.Task, running: set[asyncio.Task]) -> asyncio.Task:
     return job
 
 
+async def retry_with_backoff(attempt: Callable[[], Awaitable[T]], retry_on: type[BaseException] | tuple,
+                             describe: Callable[[Any, float], str], first_retry_s: float = 0.5) -> T:
+    """`attempt()` until it returns, retrying on `retry_on` after 0.5 s, 1 s, 2 s ... (at most 30 s), each
+    failure logged as `describe(exc, delay)`: for what must eventually happen (a release, a record)."""
+    delay = first_retry_s
+    while True:
+        try:
+            return await attempt()
+        except retry_on as exc:
+            log.warning("%s", describe(exc, delay))
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 30.0)
+
+
 def new_task_id() -> str:
     """Time-ordered (ms, hex) then random: ids sort by submission time, which List pages rely on."""
     return f"t{now_ms():012x}{secrets.token_hex(4)}"
@@ -201,17 +215,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                  ) -> asyncio.Task:
         """Write the record `make` returns (None: nothing to write any more) until the task stream takes it, in
         the background: for facts that already hold at a placer whatever the stream says."""
+        async def write_once() -> None:
+            if (record := await make()) is not None:
+                await self.store.write(record)
+
         async def write() -> None:
-            delay = first_retry_s
-            while (record := await make()) is not None:
-                try:
-                    await self.store.write(record)
-                    return
-                except Exception as exc:  # noqa: BLE001 - retried until Redis takes it
-                    log.warning("cannot yet write the %s (%s: %s); retrying in %g s", what, type(exc).__name__, exc,
-                                delay)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 30.0)
+            await retry_with_backoff(write_once, Exception, lambda exc, delay: (
+                f"cannot yet write the {what} ({type(exc).__name__}: {exc}); retrying in {delay:g} s"), first_retry_s)
 
         return _track(asyncio.create_task(write(), name=what), self._abandoned)
 
@@ -317,17 +327,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return job
 
     async def _release_abandoned(self, task_id: str, dc: str, first_retry_s: float = 0.5) -> None:
-        delay = first_retry_s
-        while True:
-            try:
-                reply = await self.release[dc].call(placer_pb2.PlacerReleaseRequest(task_id=task_id),
-                                                    self.place_timeout_s)
-                break
-            except grpc.aio.AioRpcError as exc:
-                log.warning("placer %s: cannot yet release the unanswered placement of %s (%s); retrying in %g s",
-                            dc, task_id, exc.code().name, delay)
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 30.0)
+        reply = await retry_with_backoff(
+            lambda: self.release[dc].call(placer_pb2.PlacerReleaseRequest(task_id=task_id), self.place_timeout_s),
+            grpc.aio.AioRpcError, lambda exc, delay: (
+                f"placer {dc}: cannot yet release the unanswered placement of {task_id} ({exc.code().name}); "
+                f"retrying in {delay:g} s"), first_retry_s)
         if reply.released:
             log.warning("placer %s had placed %s before the gateway gave up on it; released there", dc, task_id)
         await self._placed_from_queue(dc, [(q.task_id, q.assignments) for q in reply.placed_from_queue],
