@@ -17,28 +17,25 @@ from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 
 
-def _running_stack_file() -> str:
-    """Where `hsched up` leaves the addresses of the stack it runs (removed when it stops), so the other
-    commands reach that stack — including its embedded Redis on a random port — without flags."""
-    import tempfile
+def _running_stack(gateway: str | None = None) -> dict:
+    """The stack `hsched up` runs (hsched.localstate: one private file per stack, keyed by the gateway), so the
+    other commands reach it — including its embedded Redis on a random port — without flags: the one on
+    `gateway` / HSCHED_GATEWAY, else the only live one; several and no choice is a LocalStateError."""
+    from hsched.localstate import pick_stack
 
-    return os.path.join(tempfile.gettempdir(), f"hsched-stack-{os.getuid()}.json")
-
-
-def _running_stack() -> dict:
-    try:
-        with open(_running_stack_file()) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
+    return pick_stack(gateway or os.environ.get("HSCHED_GATEWAY"))
 
 
-DEFAULT_GATEWAY = os.environ.get("HSCHED_GATEWAY") or _running_stack().get("gateway", "127.0.0.1:50051")
+FALLBACK_GATEWAY = "127.0.0.1:50051"
+GATEWAY_HELP = ("gateway address (default: $HSCHED_GATEWAY, else the stack `hsched up` runs — the only one, or "
+                "name it when several run — else 127.0.0.1:50051)")
 LINKS_MAXLEN = 10_000  # link metric updates kept on the links stream (approximately; probes re-publish)
 
 
-def _redis_url() -> str | None:
-    return os.environ.get("REDIS_URL") or _running_stack().get("redis_url")
+def _redis_url(gateway: str | None = None) -> str | None:
+    from hsched.localstate import stack_redis_url
+
+    return os.environ.get("REDIS_URL") or stack_redis_url(_running_stack(gateway))
 
 
 def _stub(args) -> gateway_pb2_grpc.GatewayStub:
@@ -63,8 +60,10 @@ def cmd_up(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from hsched.localstate import remove_stack, write_stack
     from hsched.stack import Stack, StackConfig, default_state_dir
     from hsched.state.epoch import StateLost
+    from hsched.state.redis import RedisUnavailable, redact_url, url_without_password
 
     console = Console(width=max(Console().width, 112))  # the summary table needs ~110 columns
     if args.redis_replicas < 0:
@@ -73,7 +72,8 @@ def cmd_up(args) -> int:
     config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
                          policy=args.policy, gpu_policy=args.gpu_policy, path_finder=args.path_finder,
                          thermal=not args.no_thermal, traces=args.traces,
-                         gateway_port=args.port, log_dir=args.log_dir, log_level=args.log_level,
+                         gateway_port=args.port, log_dir=args.log_dir, keep_logs=args.keep_logs,
+                         log_level=args.log_level,
                          state_dir=str(args.state_dir or default_state_dir(args.prefix)), fresh=args.fresh,
                          redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
@@ -84,27 +84,31 @@ def cmd_up(args) -> int:
         with console.status(f"starting Redis, thermal, selector, {len(stack.fleet.datacenters)} placers and the "
                             "gateway"):
             stack.start()
-    except StateLost as exc:
+    except (StateLost, RedisUnavailable) as exc:
         print(f"hsched up: {exc}", file=sys.stderr)
         return 1
-    with open(_running_stack_file(), "w") as f:
-        json.dump({"gateway": stack.gateway, "redis_url": stack.redis_url, "prefix": args.prefix, "pid": os.getpid()}, f)
-    table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
-    for col in ("service", "gRPC", "metrics", "RSS MiB"):
-        table.add_column(col)
-    rss = stack.rss_mib()
-    for name, svc in stack.services.items():
-        table.add_row(name, svc.target, f"http://127.0.0.1:{svc.metrics_port}/metrics" if svc.metrics_port else "-",
-                      f"{rss.get(name, 0):.0f}")
-    redis_rss = sum(v for k, v in rss.items() if k.startswith("redis"))
-    table.add_row("redis", stack.redis_url, "-", f"{redis_rss:.0f}")
-    if stack.supervisor_metrics:
-        table.add_row("supervisor", "-", stack.supervisor_metrics.url, "-")
-    console.print(table)
-    console.print(f"logs: {stack.log_dir}; state (Redis AOF, epoch {stack.epoch}): {stack.state_dir}")
+    except RuntimeError as exc:
+        print(f"hsched up: {exc}" + (f"\nlogs kept in {stack.logs_kept}" if stack.logs_kept else ""), file=sys.stderr)
+        return 1
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
+        write_stack({"gateway": stack.gateway, "redis_url": url_without_password(stack.redis_url), "prefix": args.prefix,
+                     "redis_password_file": str(stack.redis_password_file) if stack.redis_password_file else None})
+        table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
+        for col in ("service", "gRPC", "metrics", "RSS MiB"):
+            table.add_column(col)
+        rss = stack.rss_mib()
+        for name, svc in stack.services.items():
+            table.add_row(name, svc.target, f"http://127.0.0.1:{svc.metrics_port}/metrics" if svc.metrics_port else "-",
+                          f"{rss.get(name, 0):.0f}")
+        redis_rss = sum(v for k, v in rss.items() if k.startswith("redis"))
+        table.add_row("redis", redact_url(stack.redis_url), "-", f"{redis_rss:.0f}")
+        if stack.supervisor_metrics:
+            table.add_row("supervisor", "-", stack.supervisor_metrics.url, "-")
+        console.print(table)
+        kept = "kept" if args.log_dir or args.keep_logs else "removed on a clean stop; --keep-logs keeps them"
+        console.print(f"logs: {stack.log_dir} ({kept}); state (Redis AOF, epoch {stack.epoch}): {stack.state_dir}")
         if args.replay:
             run_replay(console, stack.gateway, stack.fleet, args, stack.redis_url, args.prefix)
             if not args.keep_running:
@@ -118,8 +122,9 @@ def cmd_up(args) -> int:
     finally:
         with console.status("stopping"):
             stack.stop()
-        if _running_stack().get("pid") == os.getpid():
-            os.remove(_running_stack_file())
+        remove_stack(stack.gateway)
+        if stack.logs_kept:
+            console.print(f"logs kept in {stack.logs_kept}")
     return 0
 
 
@@ -179,7 +184,8 @@ def cmd_replay(args) -> int:
 
     from hsched.domain.fleet import load_fleet
 
-    run_replay(Console(width=max(Console().width, 112)), args.gateway, load_fleet(args.fleet), args, _redis_url(), args.prefix)
+    run_replay(Console(width=max(Console().width, 112)), args.gateway, load_fleet(args.fleet), args,
+               _redis_url(args.gateway), args.prefix)
     return 0
 
 
@@ -346,7 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=50051, help="gateway port")
     up.add_argument("--prefix", default="hsched", help="Redis key prefix")
     up.add_argument("--traces", default="none", choices=["none", "console", "otlp"])
-    up.add_argument("--log-dir", default=None)
+    up.add_argument("--log-dir", default=None, help="write the services' logs here (kept; default: a private run "
+                                                     "dir removed on a clean stop)")
+    up.add_argument("--keep-logs", action="store_true",
+                    help="keep the private run dir with the logs after a clean stop (a failed start or a crash "
+                         "always keeps it, and says where)")
     up.add_argument("--state-dir", default=None,
                     help="where the embedded Redis keeps its append-only file (redis/) and the epoch marker; reused "
                          "by the next `hsched up` (default: $XDG_STATE_HOME/hsched/<prefix>, else "
@@ -371,14 +381,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="replay a real trace through a running gateway")
     rp.add_argument("replay", help="trace: openb, openb-gpuspec33, thunder, kth")
-    rp.add_argument("--gateway", default=DEFAULT_GATEWAY)
+    rp.add_argument("--gateway", default=None, help=GATEWAY_HELP)
     rp.add_argument("--fleet", default=None)
     rp.add_argument("--prefix", default="hsched")
     replay_flags(rp)
     rp.set_defaults(fn=cmd_replay)
 
     def gw(sp):
-        sp.add_argument("--gateway", default=DEFAULT_GATEWAY)
+        sp.add_argument("--gateway", default=None, help=GATEWAY_HELP)
         sp.add_argument("--json", action="store_true")
         return sp
 
@@ -464,12 +474,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hsched.localstate import LocalStateError
+
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "gateway", "") is None:
+            args.gateway = os.environ.get("HSCHED_GATEWAY") or _running_stack().get("gateway") or FALLBACK_GATEWAY
         return args.fn(args)
     except grpc.RpcError as exc:
         print(f"hsched: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
+    except LocalStateError as exc:
+        print(f"hsched: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

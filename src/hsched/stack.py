@@ -527,7 +527,7 @@ class Stack:
             return
         if now < (rec.restart_at or 0.0):
             return
-        if _redis_answers(r):  # someone restarted it meanwhile (a bench calling start()): not a second one
+        if _redis_answers(r.url, r.client_tls):  # someone restarted it meanwhile (a bench calling start()): not a second one
             rec.restart_at = now + rec.backoff_s
             return
         try:
@@ -633,9 +633,9 @@ def _open_log(path: Path):
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600), "ab")
 
 
-def _redis_answers(server: EmbeddedRedis) -> bool:
+def _redis_answers(url: str, tls: RedisTls | None = None) -> bool:
     try:
-        client = server.client(socket_timeout=1, socket_connect_timeout=1)
+        client = connect_sync(url, tls, socket_timeout=1, socket_connect_timeout=1)
         try:
             return bool(client.ping())
         finally:

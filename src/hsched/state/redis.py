@@ -121,14 +121,19 @@ def _tls_kwargs(url: str, tls: RedisTls | None) -> dict:
     return tls.client_kwargs() if tls else {}
 
 
-def _sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str | None, str | None] | None:
-    """(sentinels, master name, db, user, password) of a redis+sentinel:// URL; None for any other URL. The
-    password authenticates with the Sentinels and with the master alike."""
+def _sentinel_auth(url: str) -> dict:
+    """username/password of a redis+sentinel:// URL: they authenticate with the Sentinels and the master alike."""
+    userinfo = url[len(SENTINEL_SCHEME) + 3:].partition("/")[0].rpartition("@")[0]
+    user, _, password = userinfo.partition(":")
+    return {"username": unquote(user) or None, "password": unquote(password) or None}
+
+
+def _sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int] | None:
+    """(sentinels, master name, db) of a redis+sentinel:// URL; None for any other URL."""
     if not url.startswith(f"{SENTINEL_SCHEME}://"):
         return None
     netloc, _, path = url[len(SENTINEL_SCHEME) + 3:].partition("/")
-    userinfo, _, netloc = netloc.rpartition("@")
-    user, _, password = userinfo.partition(":")
+    netloc = netloc.rpartition("@")[2]
     hosts = []
     for hp in netloc.split(","):
         host, _, port = hp.rpartition(":")
@@ -138,8 +143,7 @@ def _sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str | None
     names = [p for p in path.split("/") if p]
     if not names or len(names) > 2 or (len(names) == 2 and not names[1].isdigit()):
         raise ValueError(f"redis url {redact_url(url)!r}: the path must be /<master-name>[/<db>]")
-    return (hosts, names[0], int(names[1]) if len(names) == 2 else 0, unquote(user) or None,
-            unquote(password) or None)
+    return hosts, names[0], int(names[1]) if len(names) == 2 else 0
 
 
 def connect(url: str, tls: RedisTls | None = None) -> aioredis.Redis:
@@ -148,8 +152,8 @@ def connect(url: str, tls: RedisTls | None = None) -> aioredis.Redis:
     sentinel = _sentinel_url(url)
     if sentinel is None:
         return aioredis.from_url(url, decode_responses=False, health_check_interval=30, **_tls_kwargs(url, tls))
-    hosts, name, db, user, password = sentinel
-    auth = {"username": user, "password": password}
+    hosts, name, db = sentinel
+    auth = _sentinel_auth(url)
     return aiosentinel.Sentinel(hosts, socket_timeout=2.0, sentinel_kwargs={**auth}).master_for(
         name, db=db, decode_responses=False, health_check_interval=30, socket_timeout=10.0, **auth)
 
@@ -158,8 +162,8 @@ def connect_sync(url: str, tls: RedisTls | None = None, **kwargs) -> redis.Redis
     sentinel = _sentinel_url(url)
     if sentinel is None:
         return redis.Redis.from_url(url, decode_responses=False, **_tls_kwargs(url, tls), **kwargs)
-    hosts, name, db, user, password = sentinel
-    auth = {"username": user, "password": password}
+    hosts, name, db = sentinel
+    auth = _sentinel_auth(url)
     return redis.sentinel.Sentinel(hosts, socket_timeout=2.0, sentinel_kwargs={**auth}).master_for(
         name, db=db, decode_responses=False, **{"socket_timeout": 10.0, **kwargs}, **auth)
 
