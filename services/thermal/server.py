@@ -174,7 +174,11 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     await serve_until_stopped(stop, server, port, args, tasks=tasks, metrics=metrics, cleanup=[redis.aclose])
 
 
+def parser():
+    return common_args("hsched thermal service: room models per data center")
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = common_args("hsched thermal service: room models per data center").parse_args(argv)
+    args = parser().parse_args(argv)
     run("thermal", args, lambda stop: serve(args, stop))
 

@@ -196,17 +196,20 @@ class CertificateAuthority:
 
 # ---- files ---------------------------------------------------------------------------------------------
 
-def ensure_private_dir(directory: str | os.PathLike) -> Path:
-    """Create D (0700) if missing; refuse a symlink, a non-directory, another user's directory, or one that
-    group/others can access (a key directory must be private)."""
+def ensure_private_dir(directory: str | os.PathLike, create: bool = True) -> Path:
+    """Create D (0700) if missing (unless not `create`); refuse a symlink, a non-directory, another user's
+    directory, or one that group/others can access (a key directory must be private)."""
     d = Path(directory)
     try:
-        d.mkdir(mode=0o700, parents=True)
+        if create:
+            d.mkdir(mode=0o700, parents=True)
+        st = os.lstat(d)
     except FileExistsError:
-        pass
+        st = os.lstat(d)
+    except FileNotFoundError:
+        raise PkiError(f"{d}: no such directory (create it with `hsched certs init --dir {d}`)") from None
     except OSError as exc:
         raise PkiError(f"cannot create {d}: {exc.strerror}") from None
-    st = os.lstat(d)
     if stat.S_ISLNK(st.st_mode):
         raise PkiError(f"{d} is a symbolic link; refusing to use it as a key directory")
     if not stat.S_ISDIR(st.st_mode):
@@ -322,7 +325,7 @@ def init_dir(directory: str | os.PathLike, names: Iterable[str] = DEFAULT_NAMES,
 def issue(directory: str | os.PathLike, name: str, *, uri: str | None = None,
           leaf_days: int = LEAF_DAYS) -> tuple[Path, Path]:
     """Issue (or re-issue) the leaf `name` in D with D's current CA."""
-    d = ensure_private_dir(directory)
+    d = ensure_private_dir(directory, create=False)
     return CertificateAuthority.load(d).issue(name, uri=uri, days=leaf_days).write(d, name)
 
 
@@ -340,7 +343,7 @@ def rotate(directory: str | os.PathLike, *, new_ca: bool = False, drop_old_cas: 
     new_ca: first create a new CA; ca.crt becomes [new CA, previous CAs...] so peers still holding leaves
     of the old CA keep being trusted during the roll-over. drop_old_cas: ca.crt keeps only the current CA
     (run once every service has picked up its new leaf). Returns the re-issued names."""
-    d = ensure_private_dir(directory)
+    d = ensure_private_dir(directory, create=False)
     current = CertificateAuthority.load(d)
     bundle = load_bundle(ca_paths(d)[0])
     if new_ca:
