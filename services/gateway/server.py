@@ -19,7 +19,17 @@ from hsched.costs.selection import METHODS
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
-from hsched.runtime import common_args, exit_if_lost, guard_epoch, metrics_server, run, serve_until_stopped
+from hsched.runtime import (
+    common_args,
+    exit_if_lost,
+    guard_epoch,
+    metrics_server,
+    reflection_on,
+    run,
+    serve_until_stopped,
+    tls_files,
+)
+from hsched.security.tls import CLIENT_AUTH
 from hsched.state.feed import TaskFeed, parse_after
 from hsched.state.keys import Keys
 from hsched.state.ledger import replay
@@ -518,7 +528,9 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     store = TaskStore(redis, Keys(args.prefix).tasks, epoch_key=Keys(args.prefix).epoch, epoch=guard.epoch,
                       min_replicas=args.redis_min_replicas, wait_timeout_ms=args.redis_wait_ms)
     loaded = await store.load()
-    channels = [rpc.channel(args.selector), *(rpc.channel(t) for t in targets.values())]
+    tls = tls_files(args, "gateway")
+    channels = [rpc.channel(args.selector, tls, peer="selector"),
+                *(rpc.channel(t, tls, peer="placer") for t in targets.values())]
     servicer = GatewayServicer(fleet, store, selector_pb2_grpc.SelectorStub(channels[0]),
                                {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
                                args.select_timeout_s, args.place_timeout_s)
@@ -542,7 +554,8 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         register_metrics(metrics, store, servicer)
     server, port, _ = await rpc.start_server(
         lambda s: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, s),
-        [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics)
+        [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics,
+        tls=tls, client_auth=args.client_auth, reflection=reflection_on(args))
     log.info("gateway serving on port %d (%d task events replayed, %d tasks; %d interrupted Submits settled, %d "
              "tasks held by a placer without a record to match released)", port, loaded, len(store.tasks), settled,
              released)
@@ -557,6 +570,9 @@ def parser():
     p.add_argument("--selector", default=os.environ.get("HSCHED_SELECTOR", "127.0.0.1:50052"))
     p.add_argument("--placers", default=os.environ.get("HSCHED_PLACERS", ""),
                    help="dc=host:port,... for every data center's placer")
+    p.add_argument("--client-auth", default=os.environ.get("HSCHED_CLIENT_AUTH", "optional"), choices=CLIENT_AUTH,
+                   help="with --tls-dir: require a CA client certificate (require), or not (optional, none: "
+                        "grpc Python cannot request one without requiring it, see hsched.security.tls)")
     p.add_argument("--select-timeout-s", type=float, default=2.0)
     p.add_argument("--place-timeout-s", type=float, default=5.0)
     p.add_argument("--task-retention-s", type=float, default=float(os.environ.get("HSCHED_TASK_RETENTION_S", 86400)),

@@ -77,7 +77,7 @@ def cmd_up(args) -> int:
                          state_dir=str(args.state_dir or default_state_dir(args.prefix)), fresh=args.fresh,
                          redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
-                         supervisor_metrics_port=args.supervisor_metrics_port)
+                         supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls)
     _log_supervision_to(console)
     stack = Stack(config)
     try:
@@ -93,8 +93,10 @@ def cmd_up(args) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        write_stack({"gateway": stack.gateway, "redis_url": url_without_password(stack.redis_url), "prefix": args.prefix,
-                     "redis_password_file": str(stack.redis_password_file) if stack.redis_password_file else None})
+        write_stack({"gateway": stack.gateway, "redis_url": url_without_password(stack.redis_url),
+                     "prefix": args.prefix,
+                     "redis_password_file": str(stack.redis_password_file) if stack.redis_password_file else None,
+                     **({"tls_ca": str(stack.tls_dir / "ca.crt")} if stack.tls_dir else {})})
         table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
         for col in ("service", "gRPC", "metrics", "RSS MiB"):
             table.add_column(col)
@@ -109,8 +111,12 @@ def cmd_up(args) -> int:
         console.print(table)
         kept = "kept" if args.log_dir or args.keep_logs else "removed on a clean stop; --keep-logs keeps them"
         console.print(f"logs: {stack.log_dir} ({kept}); state (Redis AOF, epoch {stack.epoch}): {stack.state_dir}")
+        if stack.tls_dir:
+            console.print(f"mutual TLS on every hop; CA and certificates in {stack.tls_dir} (clients: --tls-ca "
+                          f"{stack.tls_dir / 'ca.crt'}; rotate: hsched certs rotate --dir {stack.tls_dir})")
         if args.replay:
-            run_replay(console, stack.gateway, stack.fleet, args, stack.redis_url, args.prefix)
+            run_replay(console, stack.gateway, stack.fleet, args, stack.redis_url, args.prefix,
+                       stack_client_tls(stack))
             if not args.keep_running:
                 return 0
         console.print(f"[bold]gateway on {stack.gateway}[/] — try: hsched submit --cpu 4 --memory-gib 8; "
@@ -144,7 +150,17 @@ def _log_supervision_to(console) -> None:
 # -- replay -----------------------------------------------------------------------------------------------------
 
 
-def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix: str) -> None:
+def stack_client_tls(stack) -> grpc.ChannelCredentials | None:
+    """The operator's (admin) TLS credentials for a stack started with --tls, None for a plaintext one."""
+    if stack.tls_dir is None:
+        return None
+    from hsched.security.tls import TlsFiles, channel_credentials
+
+    return channel_credentials(TlsFiles(stack.tls_dir, "admin"))
+
+
+def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix: str,
+               tls: grpc.ChannelCredentials | None = None) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -157,7 +173,7 @@ def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix
                   console=console) as bar:
         job = bar.add_task("submit", total=len(tasks))
         stats = asyncio.run(replay(gateway, tasks, args.duration, args.concurrency,
-                                   progress=lambda done, total: bar.update(job, completed=done)))
+                                   progress=lambda done, total: bar.update(job, completed=done), tls=tls))
     lat = sorted(stats.latencies_s)
     p = (lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000) if lat else (lambda q: 0.0)
     console.print(f"{stats.submitted} submitted in {stats.elapsed_s:.1f} s: "
@@ -243,6 +259,29 @@ def cmd_release(args) -> int:
     return 0
 
 
+def cmd_certs(args) -> int:
+    """`hsched certs init|issue|rotate --dir D` (hsched.security.pki); errors: one line, exit 1."""
+    from hsched.security import pki
+
+    try:
+        if args.certs_command == "init":
+            pki.init_dir(args.dir, leaf_days=args.days, force=args.force)
+            print(f"CA and certificates for {', '.join(pki.DEFAULT_NAMES)} written to {args.dir}")
+        elif args.certs_command == "issue":
+            crt, key = pki.issue(args.dir, args.name, uri=args.uri, leaf_days=args.days)
+            print(f"{crt} ({pki.uri_sans(crt.read_bytes())[0]}) and {key}")
+        else:
+            names = pki.rotate(args.dir, new_ca=args.new_ca, drop_old_cas=args.drop_old_ca, leaf_days=args.days)
+            print(f"re-issued {', '.join(names)} in {args.dir}"
+                  + ("; a new CA signs them, the previous CA stays trusted until --drop-old-ca" if args.new_ca else "")
+                  + ("; ca.crt now holds only the current CA" if args.drop_old_ca else "")
+                  + "; running services present the new certificates on new connections")
+    except pki.PkiError as exc:
+        print(f"hsched certs {args.certs_command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_eval(args) -> int:
     """Run paper experiments: markdown to stdout (and report.md), PNG plots beside it."""
     from rich.console import Console
@@ -312,6 +351,16 @@ def cmd_link(args) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -376,8 +425,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="restart a service whose gRPC health is NOT_SERVING or unanswered this long (seconds)")
     up.add_argument("--supervisor-metrics-port", type=int, default=0,
                     help="port of the supervisor's Prometheus /metrics (0: a free port, shown in the table)")
+    up.add_argument("--tls", action="store_true",
+                    help="mutual TLS on every gRPC hop: a CA and per-service certificates in <state dir>/tls")
     replay_flags(up)
     up.set_defaults(fn=cmd_up)
+
+    ce = sub.add_parser("certs", help="a local CA and service/client certificates for --tls (hsched.security.pki)")
+    ce_sub = ce.add_subparsers(dest="certs_command", required=True)
+    ce_init = ce_sub.add_parser("init", help="a new CA and certificates for every service, redis and admin")
+    ce_issue = ce_sub.add_parser("issue", help="issue (or re-issue) one certificate with the directory's CA")
+    ce_issue.add_argument("name", help="gateway|selector|placer|thermal|supervisor|redis|admin, admin-<name> "
+                                       "or tenant-<tenant>")
+    ce_issue.add_argument("--uri", default=None, help="the SPIFFE ID (default: from the name)")
+    ce_rotate = ce_sub.add_parser("rotate", help="re-issue every certificate (new keys), atomically")
+    ce_rotate.add_argument("--new-ca", action="store_true",
+                           help="sign with a new CA; the old one stays in ca.crt until --drop-old-ca")
+    ce_rotate.add_argument("--drop-old-ca", action="store_true", help="ca.crt keeps only the current CA")
+    ce_init.add_argument("--force", action="store_true", help="replace an existing CA")
+    for sp in (ce_init, ce_issue, ce_rotate):
+        sp.add_argument("--dir", required=True, help="the TLS directory (created 0700)")
+        sp.add_argument("--days", type=_positive_int, default=90, help="validity of the leaf certificates")
+    ce.set_defaults(fn=cmd_certs)
 
     rp = sub.add_parser("replay", help="replay a real trace through a running gateway")
     rp.add_argument("replay", help="trace: openb, openb-gpuspec33, thunder, kth")

@@ -81,8 +81,9 @@ class ReplayStats:
 
 
 async def replay(gateway: str, tasks: list[TraceTask], duration_s: float = 30.0, concurrency: int = 64,
-                 progress=None, release: bool = True) -> ReplayStats:
-    """Drive the trace through the gateway; `progress(done, total)` is called as submits complete."""
+                 progress=None, release: bool = True, tls: grpc.ChannelCredentials | None = None) -> ReplayStats:
+    """Drive the trace through the gateway; `progress(done, total)` is called as submits complete; over TLS
+    with `tls` credentials."""
     stats = ReplayStats()
     if not tasks:
         return stats
@@ -93,7 +94,8 @@ async def replay(gateway: str, tasks: list[TraceTask], duration_s: float = 30.0,
     heapq.heapify(events)
     task_ids: dict[int, str] = {}
     gate = asyncio.Semaphore(concurrency)
-    async with grpc.aio.insecure_channel(gateway, options=CHANNEL_OPTIONS) as channel:
+    async with (grpc.aio.secure_channel(gateway, tls, options=CHANNEL_OPTIONS) if tls
+                else grpc.aio.insecure_channel(gateway, options=CHANNEL_OPTIONS)) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
 
         async def submit(i: int) -> None:

@@ -40,6 +40,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import Counter
 
 from hsched.domain.fleet import Fleet, load_fleet
+from hsched.security import pki
+from hsched.security.tls import TlsFiles, channel_credentials
 from hsched.state.epoch import EXIT_STATE_LOST, claim_sync
 from hsched.state.keys import Keys
 from hsched.state.redis import (
@@ -127,6 +129,9 @@ class StackConfig:
     fresh: bool = False  # wipe <state_dir> first (a new deployment)
     redis_appendfsync: str = "everysec"  # or "always": fsync every write before it is acknowledged
     redis_replicas: int = 0  # > 0 (embedded only): a master, this many replicas and a Sentinel; writes WAIT for all
+    # mutual TLS on every gRPC hop (`hsched up --tls`): a CA and per-service certificates in <state_dir>/tls
+    # (kept across restarts), or in the run dir without a state dir; the supervisor probes with its own cert
+    tls: bool = False
 
 
 def default_state_dir(prefix: str) -> Path:
@@ -159,6 +164,8 @@ class Stack:
         self._supervisor: threading.Thread | None = None
         self._redis_record = Service("redis", "", [], backoff_s=config.backoff_initial_s)
         self._restarts: Counter | None = None  # hsched_supervisor_restarts_total, with the supervisor's metrics
+        self.tls_dir: Path | None = None  # with config.tls: the CA and certificates (hsched.security.pki layout)
+        self._probe_tls: tuple[tuple, grpc.ChannelCredentials] | None = None
 
     # -- start -------------------------------------------------------------------------------------------------
 
@@ -173,7 +180,33 @@ class Stack:
             args += ["--fleet", str(c.fleet_path)]
         if c.metrics:
             args += ["--metrics-port", str(free_port())]
+        if self.tls_dir:
+            args += ["--tls-dir", str(self.tls_dir)]
         return args
+
+    def _prepare_tls(self) -> None:
+        """A CA and every certificate of the pki layout in <state_dir>/tls (or the run dir); an existing CA is
+        kept (a restarted stack's services trust the same CA) and missing leaves are issued with it."""
+        if not self.config.tls:
+            return
+        d = (self.state_dir or self.run_dir) / "tls"
+        if not pki.ca_paths(d)[0].exists():
+            pki.init_dir(d)
+        else:
+            have = set(pki.leaf_names(d))
+            for name in pki.DEFAULT_NAMES:
+                if name not in have:
+                    pki.issue(d, name)
+        self.tls_dir = d
+
+    def probe_credentials(self) -> grpc.ChannelCredentials | None:
+        """The supervisor's TLS client credentials (None without TLS), re-read when its files change."""
+        if self.tls_dir is None:
+            return None
+        files = TlsFiles(self.tls_dir, "supervisor")
+        if self._probe_tls is None or self._probe_tls[0] != files.fingerprint():
+            self._probe_tls = (files.fingerprint(), channel_credentials(files))
+        return self._probe_tls[1]
 
     def _spawn(self, name: str, module: str, args: list[str]) -> Service:
         # the URL (and its password) by environment: /proc/<pid>/environ is this user's only, cmdline is everyone's
@@ -201,7 +234,8 @@ class Stack:
                     tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
                     raise RuntimeError(f"{name} exited with {svc.proc.returncode} while starting:\n{tail}")
                 port_file = self.run_dir / f"{name}.port"
-                if port_file.exists() and _serving(f"127.0.0.1:{port_file.read_text().strip()}"):
+                if port_file.exists() and _serving(f"127.0.0.1:{port_file.read_text().strip()}",
+                                                   self.probe_credentials()):
                     with self._lock:
                         svc.port = int(port_file.read_text())
                         self._judge(svc, "SERVING", time.monotonic())
@@ -213,6 +247,7 @@ class Stack:
     def start(self, timeout_s: float = 120.0) -> Stack:
         try:
             self._start_redis()
+            self._prepare_tls()  # after _start_redis: a `fresh` start wipes the state dir
             thermal = []
             if self.config.thermal:
                 self._spawn("thermal", "services.thermal", [*self._common("thermal"), "--listen", "127.0.0.1:0"])
@@ -457,7 +492,8 @@ class Stack:
                 return
             probe_at[svc.name] = now + self.config.probe_interval_s
             proc, target = svc.proc, svc.target
-        status = _health(target, timeout_s=2.0)  # outside the lock: a hung child takes the whole timeout
+        status = _health(target, timeout_s=2.0, credentials=self.probe_credentials())  # outside the lock: a hung
+        # child takes the whole timeout
         with self._lock:
             if svc.proc is proc and svc.alive and not svc.stopped:
                 self._judge(svc, status, time.monotonic())
@@ -618,10 +654,11 @@ def _log_tail(path: Path, lines: int = 10) -> list[str]:
         return []
 
 
-def _health(target: str, timeout_s: float = 1.0) -> str:
-    """The child's overall gRPC health status name (SERVING, NOT_SERVING, ...) or `unanswered (CODE)`."""
+def _health(target: str, timeout_s: float = 1.0, credentials: grpc.ChannelCredentials | None = None) -> str:
+    """The child's overall gRPC health status name (SERVING, NOT_SERVING, ...) or `unanswered (CODE)`; over TLS
+    with `credentials` (every leaf carries IP 127.0.0.1, so the loopback target verifies)."""
     try:
-        with grpc.insecure_channel(target) as ch:
+        with (grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)) as ch:
             reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
             return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     except grpc.RpcError as exc:
@@ -644,8 +681,8 @@ def _redis_answers(url: str, tls: RedisTls | None = None) -> bool:
         return False
 
 
-def _serving(target: str) -> bool:
-    return _health(target) == "SERVING"
+def _serving(target: str, credentials: grpc.ChannelCredentials | None = None) -> bool:
+    return _health(target, credentials=credentials) == "SERVING"
 
 
 def _rss_mib(pid: int) -> float:
