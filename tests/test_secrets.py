@@ -186,7 +186,8 @@ def test_the_redis_url_can_come_from_a_file(tmp_path):
 def _place_one(stack: Stack) -> None:
     with grpc.insecure_channel(stack.gateway) as ch:
         reply = gateway_pb2_grpc.GatewayStub(ch).Submit(gateway_pb2.SubmitRequest(task=pb.TaskSpec(
-            tenant="t", resources=pb.Resources(cpu_milli=1000, memory_mib=1024))), timeout=60)
+            tenant="t", replicas=1, runtime_s=3600, resources=pb.Resources(cpu_milli=1000, memory_mib=1024))),
+            timeout=60)
     assert reply.task.state == pb.TASK_STATE_PLACED, reply
 
 

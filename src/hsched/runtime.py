@@ -105,7 +105,11 @@ def run(service_name: str, args: argparse.Namespace, serve: Callable[[asyncio.Ev
             loop.add_signal_handler(sig, stop.set)
         await serve(stop)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (AuthenticationError, NoPermissionError) as exc:  # credentials a retry cannot fix: one line, exit 1
+        logging.getLogger("hsched").error("%s", describe_redis_error(args.redis_url, exc))
+        raise SystemExit(1) from None
 
 
 async def serve_until_stopped(stop: asyncio.Event, server, port: int, args: argparse.Namespace, *,
@@ -135,9 +139,6 @@ async def guard_epoch(redis, keys, args: argparse.Namespace, stop: asyncio.Event
     except StateLost as exc:
         logging.getLogger("hsched").error("%s", exc)
         raise SystemExit(EXIT_STATE_LOST) from None
-    except (AuthenticationError, NoPermissionError) as exc:  # a retry cannot fix credentials: one line, exit 1
-        logging.getLogger("hsched").error("%s", describe_redis_error(args.redis_url, exc))
-        raise SystemExit(1) from None
     return guard, asyncio.create_task(guard.watch(stop), name="epoch-watch")
 
 

@@ -412,7 +412,7 @@ class Stack:
         """Remove the run dir (port files, and the logs when no log_dir was given) after a clean stop; keep it,
         and say where, after a failed start or a crash, or with keep_logs."""
         crashed = self._crashed
-        why = ("the start failed" if self._start_failed else
+        why = ("the start failed" if self._start_failed and self.services else  # (before any child: no logs)
                f"{', '.join(crashed)} crashed" if crashed else "keep_logs" if self.config.keep_logs else "")
         if why and self.logs_kept is None and self.log_dir.exists():
             self.logs_kept = self.log_dir
@@ -563,7 +563,7 @@ class Stack:
             return
         if now < (rec.restart_at or 0.0):
             return
-        if _redis_answers(r.url, r.client_tls):  # someone restarted it meanwhile (a bench calling start()): not a second one
+        if _redis_answers(r.url, r.client_tls):  # someone restarted it (a bench calling start()): not a second one
             rec.restart_at = now + rec.backoff_s
             return
         try:

@@ -103,7 +103,7 @@ class RedisTls:
         return cls(ca, cert, key) if ca or cert or key else None
 
     def env(self) -> dict[str, str]:
-        return {name: value for name, value in zip(self.ENV, (self.ca, self.cert, self.key)) if value}
+        return {name: value for name, value in zip(self.ENV, (self.ca, self.cert, self.key), strict=True) if value}
 
     def client_kwargs(self) -> dict:
         out: dict = {"ssl_cert_reqs": "required"}
@@ -194,19 +194,22 @@ def read_or_create_secret(path: Path) -> str:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd) as f:
-            st = os.fstat(f.fileno())
-            if st.st_uid != os.getuid() or st.st_mode & 0o077:
-                raise PermissionError(f"{path}: must be a 0600 file of this user (mode {st.st_mode & 0o777:o}, "
-                                      f"uid {st.st_uid}); fix it or remove it to have a new password made")
-            secret = f.read().strip()
-        if not secret:
-            raise ValueError(f"{path}: empty; remove it to have a new password made")
-        return secret
+        return _read_secret(path)
     secret = new_password()
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")
+    return secret
+
+
+def _read_secret(path: Path) -> str:
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise PermissionError(f"{path}: must be a 0600 file of this user (mode {st.st_mode & 0o777:o}, "
+                                  f"uid {st.st_uid}); fix it or remove it to have a new password made")
+        secret = f.read().strip()
+    if not secret:
+        raise ValueError(f"{path}: empty; remove it to have a new password made")
     return secret
 
 
@@ -376,7 +379,7 @@ class EmbeddedRedis:
         return self.dir / "redis.conf"
 
     def _config(self) -> str:
-        lines = [f"bind 127.0.0.1", 'save ""', "appendonly yes", f"appendfsync {self.appendfsync}",
+        lines = ["bind 127.0.0.1", 'save ""', "appendonly yes", f"appendfsync {self.appendfsync}",
                  "appendfilename appendonly.aof", f"dir {_conf(self.dir)}", f"logfile {_conf(self.log_path)}"]
         if self.tls:
             t = self.tls
