@@ -26,6 +26,10 @@ from tests.conftest import ROOT, SMALL_FLEET, delete_prefix
 
 pytestmark = pytest.mark.slow
 
+# tenant tokens (h-tenants: `hsched up --auth`, an admin token in <state dir>/admin.token): checked like the Redis
+# password once that work is in this tree; before, only the Redis password is
+TOKENS = "auth" in StackConfig.__dataclass_fields__
+
 
 def _descendants(root: int) -> list[int]:
     """Every live process below `root` (services run in their own sessions, but stay its children)."""
@@ -72,7 +76,7 @@ def test_hsched_up_keeps_the_redis_password_off_command_lines_logs_and_its_stack
     with open(out_path, "w") as out:
         up = subprocess.Popen([sys.executable, "-m", "hsched.cli", "up", "--fleet", SMALL_FLEET, "--port", str(port),
                                "--prefix", prefix, "--state-dir", str(state), "--log-dir", str(logs),
-                               "--log-level", "INFO", "--no-thermal"],
+                               "--log-level", "INFO", "--no-thermal", *(["--auth"] if TOKENS else [])],
                               env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -82,6 +86,10 @@ def test_hsched_up_keeps_the_redis_password_off_command_lines_logs_and_its_stack
             time.sleep(0.2)
         password = (state / "redis.password").read_text().strip()
         assert len(password) >= 32 and stat.S_IMODE((state / "redis.password").stat().st_mode) == 0o600
+        secrets = {"redis.password": password}
+        if TOKENS:
+            secrets["admin.token"] = (state / "admin.token").read_text().strip()
+            assert stat.S_IMODE((state / "admin.token").stat().st_mode) == 0o600
 
         # the stack file: private, in the runtime dir, no secret — yet enough for the CLI to reach the stack
         [info] = localstate.read_stacks()
@@ -89,7 +97,10 @@ def test_hsched_up_keeps_the_redis_password_off_command_lines_logs_and_its_stack
         assert stack_file.parent == runtime / "hsched" and stack_file.exists()
         assert stat.S_IMODE(stack_file.stat().st_mode) == 0o600
         assert stat.S_IMODE(stack_file.parent.stat().st_mode) == 0o700
-        assert password not in stack_file.read_text() and info["gateway"] == f"127.0.0.1:{port}"
+        assert info["gateway"] == f"127.0.0.1:{port}"
+        assert not [name for name, secret in secrets.items() if secret in stack_file.read_text()]
+        if TOKENS:
+            assert info["token_file"] == str(state / "admin.token")  # a path, which the CLI reads
 
         submitted = _cli("submit", "--cpu", "2", "--memory-gib", "2", env=env)  # no --gateway: the running stack
         assert submitted.returncode == 0 and "PLACED" in submitted.stdout, submitted.stderr
@@ -104,7 +115,7 @@ def test_hsched_up_keeps_the_redis_password_off_command_lines_logs_and_its_stack
         assert "services.gateway" in names and "services.placer" in names and "redis-server" in names, names
         assert "services.selector" in names
         for pid in [up.pid, *pids]:
-            assert password not in _cmdline(pid), f"pid {pid}: {_cmdline(pid)}"
+            assert not [name for name, secret in secrets.items() if secret in _cmdline(pid)], _cmdline(pid)
             assert "--redis-url" not in _cmdline(pid)
     finally:
         up.send_signal(signal.SIGTERM)
@@ -115,15 +126,18 @@ def test_hsched_up_keeps_the_redis_password_off_command_lines_logs_and_its_stack
             up.wait(10)
     output = out_path.read_text()
     assert up.returncode == 0, output
-    assert password not in output and ":***@127.0.0.1" in output  # the table shows the URL, redacted
+    assert not [name for name, secret in secrets.items() if secret in output]
+    assert ":***@127.0.0.1" in output  # the table shows the Redis URL, redacted
     assert not stack_file.exists()  # removed by its `hsched up` on the way out
     assert stat.S_IMODE(logs.stat().st_mode) == 0o700 and (logs / "gateway.log").exists()  # the user's: kept
-    assert _files_holding(logs, password.encode()) == []
-    # the only files with the password: the password file and the redis-server's config, both 0600 in 0700 dirs
-    holding = _files_holding(state, password.encode())
-    assert {p.relative_to(state).as_posix() for p in holding} == {"redis.password", "redis/redis.conf"}
-    for p in holding:
-        assert stat.S_IMODE(p.stat().st_mode) == 0o600 and stat.S_IMODE(p.parent.stat().st_mode) == 0o700
+    for name, secret in secrets.items():
+        assert _files_holding(logs, secret.encode()) == [], name
+        # the only files with a secret: its own file (and the redis-server's config), 0600 in 0700 dirs
+        holding = _files_holding(state, secret.encode())
+        allowed = {name, "redis/redis.conf"} if name == "redis.password" else {name}
+        assert {p.relative_to(state).as_posix() for p in holding} == allowed
+        for p in holding:
+            assert stat.S_IMODE(p.stat().st_mode) == 0o600 and stat.S_IMODE(p.parent.stat().st_mode) == 0o700
 
 
 def test_the_stack_file_refuses_a_planted_symlink_and_two_stacks_keep_two_files(tmp_path, monkeypatch):
