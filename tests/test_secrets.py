@@ -15,11 +15,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from redis.connection import parse_url
 
 from hsched import localstate
 from hsched.runtime import common_args
 from hsched.stack import Stack, StackConfig
-from hsched.state.redis import free_port
+from hsched.state.redis import _sentinel_auth, free_port, redact_url, url_with_password, url_without_password
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.conftest import ROOT, SMALL_FLEET, delete_prefix
@@ -195,6 +198,25 @@ def test_the_redis_url_can_come_from_a_file(tmp_path):
     assert args.redis_url == "redis://:s3cret@127.0.0.1:6390/2"
     with pytest.raises(SystemExit):
         common_args("t").parse_args(["--redis-url-file", str(tmp_path / "missing")])
+
+
+BASES = ["redis://127.0.0.1:6379/0", "rediss://hsched@redis.example:6380/2", "redis+sentinel://127.0.0.1:26379/m/0",
+         "redis+sentinel://u@h1:1,h2:2/m"]
+
+
+@given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=6, max_size=40), st.sampled_from(BASES))
+def test_a_redacted_url_never_shows_its_password_and_the_password_round_trips(password, base):
+    from urllib.parse import quote
+
+    assume(password not in base and quote(password, safe="") not in base)
+    url = url_with_password(base, password)
+    for shown in (redact_url(url), url_without_password(url), redact_url(f"{base}?password={quote(password)}")):
+        assert password not in shown and quote(password, safe="") not in shown
+    assert ":***@" in redact_url(url)
+    if base.startswith("redis+sentinel"):
+        assert _sentinel_auth(url)["password"] == password
+    else:  # what the services' client reads back from the URL
+        assert parse_url(url)["password"] == password and parse_url(url_without_password(url)).get("password") is None
 
 
 def _place_one(stack: Stack) -> None:
