@@ -22,7 +22,14 @@ from redis.connection import parse_url
 from hsched import localstate
 from hsched.runtime import common_args
 from hsched.stack import Stack, StackConfig
-from hsched.state.redis import _sentinel_auth, free_port, redact_url, url_with_password, url_without_password
+from hsched.state.redis import (
+    RedisUnavailable,
+    _sentinel_auth,
+    free_port,
+    redact_url,
+    url_with_password,
+    url_without_password,
+)
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.conftest import ROOT, SMALL_FLEET, delete_prefix
@@ -259,3 +266,13 @@ def test_the_run_dir_is_private_and_removed_on_a_clean_stop_unless_kept(redis_ur
                 import shutil
 
                 shutil.rmtree(s.run_dir, ignore_errors=True)
+
+
+def test_a_redis_password_file_others_could_read_is_refused_in_one_line(tmp_path):
+    (tmp_path / "redis.password").write_text("guessable\n")
+    os.chmod(tmp_path / "redis.password", 0o644)
+    stack = Stack(StackConfig(fleet_path=SMALL_FLEET, state_dir=str(tmp_path), gateway_port=0))
+    with pytest.raises(RedisUnavailable, match=r"redis.password: must be a 0600 file") as caught:
+        stack.start()
+    assert "\n" not in str(caught.value) and "guessable" not in str(caught.value)
+    assert stack.redis is None and not stack.run_dir.exists()  # nothing started, nothing left behind

@@ -291,8 +291,11 @@ class Stack:
             self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             redis_dir = self.state_dir / "redis"
         if not self.redis_url:  # not open to every local user: a password, kept with the data it guards
-            password = read_or_create_secret(self.redis_password_file) if self.redis_password_file \
-                else new_password()
+            try:
+                password = read_or_create_secret(self.redis_password_file) if self.redis_password_file \
+                    else new_password()
+            except (OSError, ValueError) as exc:  # someone else's, too open, a symlink, empty: said in one line
+                raise RedisUnavailable(f"the embedded Redis' password file: {exc}") from None
             if c.redis_replicas:
                 self.redis = ReplicaSet(c.redis_replicas, redis_dir, c.redis_appendfsync, password=password).start()
             else:
