@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hsched import stack as stack_module
 from hsched.security import authz, pki
 from hsched.security.tls import ReloadingChannel, TlsFiles, channel_credentials
 from hsched.stack import Stack, StackConfig
@@ -362,8 +363,11 @@ def test_stack_with_tls_places_and_releases_end_to_end(redis_url):
                 with pytest.raises(grpc.RpcError) as err:
                     gateway_pb2_grpc.GatewayStub(plain).Get(gateway_pb2.GetRequest(task_id=t.task_id), timeout=5)
                 assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-            for name in stack.services:
-                assert "--tls-dir" in stack.services[name].args
+            for name, svc in stack.services.items():
+                assert "--tls-dir" in svc.args
+                # the supervisor's health probe: with its certificate SERVING, in plaintext unanswered
+                assert stack_module._health(svc.target, credentials=stack.probe_credentials()) == "SERVING", name
+                assert stack_module._health(svc.target).startswith("unanswered"), name
     finally:
         delete_prefix(redis_url, prefix)
 
