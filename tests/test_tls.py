@@ -285,6 +285,31 @@ async def test_reflection_is_for_admin_and_supervisor_and_can_be_switched_off(re
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
+async def test_gateway_asks_for_no_client_certificate_unless_required(redis_url, prefix, tmp_path, tls_dir):
+    """--client-auth optional (default): TLS, a client with only the CA gets in; require: a CA certificate is
+    needed (any identity of the CA), none or a foreign one fails the handshake."""
+    from services.gateway import server as gateway_server
+
+    list_tasks = lambda ch: gateway_pb2_grpc.GatewayStub(ch).List(gateway_pb2.ListRequest(), timeout=10)  # noqa: E731
+    common = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix, "--tls-dir", str(tls_dir)]
+    async with inprocess.service(gateway_server, common, _private(tmp_path / "opt") / "gateway.port") as gw:
+        assert (await status_of(gw, creds(tls_dir, None), list_tasks))[0] == grpc.StatusCode.OK
+        async with grpc.aio.insecure_channel(gw) as plain:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await list_tasks(plain)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    async with inprocess.service(gateway_server, [*common, "--client-auth", "require"],
+                                 _private(tmp_path / "req") / "gateway.port") as gw:
+        for who in ("tenant-acme", "admin"):
+            assert (await status_of(gw, creds(tls_dir, who), list_tasks))[0] == grpc.StatusCode.OK
+        for credentials in (creds(tls_dir, None), creds(tmp_path / "foreign", "gateway", tls_dir)):
+            assert (await status_of(gw, credentials, list_tasks))[0] == grpc.StatusCode.UNAVAILABLE
+        assert "hsched.v1.Gateway" in await list_services(gw, creds(tls_dir, "admin"))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await list_services(gw, creds(tls_dir, "tenant-acme"))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
 def presented_serial(target: str, tls_dir: Path) -> int:
     """The serial number of the certificate the server presents to a new TLS connection."""
     ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
