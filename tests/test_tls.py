@@ -349,6 +349,23 @@ async def test_rotation_reaches_servers_and_clients_without_restart(redis_url, p
         await reloading.close()
 
 
+async def test_a_half_written_pair_is_not_served(redis_url, prefix, tmp_path, tls_dir):
+    """The key of a new certificate written, the certificate not yet: the server keeps the last good pair (a
+    mismatched pair would fail every handshake), and takes the new one once it is complete."""
+    health = lambda ch: health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)  # noqa: E731
+    async with tls_services(redis_url, prefix, tmp_path, tls_dir) as (placer, _):
+        first = await asyncio.to_thread(presented_serial, placer, tls_dir)
+        new = pki.CertificateAuthority.load(tls_dir).issue("placer")
+        pki.write_private(tls_dir, "placer.key", new.key_pem)
+        with pytest.raises(pki.PkiError, match="does not belong"):
+            TlsFiles(tls_dir, "placer").read()
+        assert await asyncio.to_thread(presented_serial, placer, tls_dir) == first
+        assert (await call(placer, creds(tls_dir, "gateway"), health)).status == health_pb2.HealthCheckResponse.SERVING
+        pki.write_private(tls_dir, "placer.crt", new.cert_pem, 0o644)
+        assert await asyncio.to_thread(presented_serial, placer, tls_dir) == \
+            x509.load_pem_x509_certificate(new.cert_pem).serial_number != first
+
+
 async def test_a_service_with_a_missing_certificate_exits_with_one_line(redis_url, prefix, tls_dir):
     (tls_dir / "thermal.key").unlink()
     proc = await asyncio.create_subprocess_exec(
