@@ -3,7 +3,9 @@
 The two stacks run one after the other, never at the same time, in the order plain, tls, tls, plain, ...
 (`--rounds` pairs, ABBA so that a drift of the shared machine's speed hits both alike). For each stack:
 a closed-loop peak at `--concurrency` (Submit+Release iterations/s), then an open-loop point at `--rate`
-iterations/s (Poisson arrivals) for latency at a load both modes sustain. The workload is
+iterations/s (Poisson arrivals) for latency at a load both modes sustain, with the CPU the services (not
+Redis, which stays plaintext) used per iteration meanwhile — the figure other load on a shared machine
+moves least. The workload is
 `bench.stack_bench.submit_release` (real openb tasks, each released right away), over TLS as the stack's
 admin when the stack runs TLS; each service then serves mutual TLS and dials its peers over it (gateway ->
 selector / placers, placer -> thermal with --thermal-guard service).
@@ -31,8 +33,9 @@ import secrets
 import statistics
 import time
 
+from bench.echo_chain import WARMUP_S, cpu_seconds
 from bench.loadgen import LoadResult, run_closed_loop
-from bench.stack_bench import build_requests
+from bench.stack_bench import build_requests, stack_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,12 +55,18 @@ def measure(tls: bool, opts, requests: list[bytes]) -> dict[str, LoadResult]:
                               extra_env={"HSCHED_THERMAL_GUARD": "service"}))
     try:
         stack.start()
+        pids = {n: p for n, p in stack_pids(stack).items() if n != "redis"}  # the services (Redis is plaintext)
         args = (stack.gateway, requests, 10.0, str(stack.tls_dir) if tls else None)
         factory = "bench.stack_bench:submit_release"
         peak = run_closed_loop(factory, args, concurrency=opts.concurrency, duration_s=opts.duration)
+        cpu0 = sum(cpu_seconds(p) for p in pids.values())
         steady = run_closed_loop(factory, args, concurrency=max(64, 4 * opts.concurrency), duration_s=opts.duration,
                                  rate_rps=opts.rate)
-        return {"peak": peak["Submit"], "open": steady["Submit"], "open_release": steady["Release"]}
+        cpu = sum(cpu_seconds(p) for p in pids.values()) - cpu0
+        # the CPU counters also cover the warmup: per iteration over everything the loop sent
+        iterations = steady["Submit"].throughput_rps * (steady["Submit"].elapsed_s + WARMUP_S)
+        return {"peak": peak["Submit"], "open": steady["Submit"], "open_release": steady["Release"],
+                "cpu_ms": cpu * 1e3 / max(1.0, iterations)}
     finally:
         stack.stop()
         if redis_url:
@@ -85,25 +94,30 @@ def main() -> int:
         log(f"{'tls' if tls else 'plaintext'}: starting the stack and measuring ...")
         r = measure(tls, opts, requests)
         results[tls].append(r)
-        log(f"  peak Submit {r['peak'].summary()}\n  open Submit {r['open'].summary()}  ({time.monotonic() - t0:.0f} s)")
+        log(f"  peak Submit {r['peak'].summary()}\n  open Submit {r['open'].summary()}\n  services' CPU "
+            f"{r['cpu_ms']:.2f} ms per Submit+Release at {opts.rate:g} it/s  ({time.monotonic() - t0:.0f} s)")
 
-    def med(tls: bool, point: str, attr: str) -> float:
-        return statistics.median(getattr(r[point], attr) for r in results[tls])
+    def med(tls: bool, point: str, attr: str | None = None) -> float:
+        return statistics.median(getattr(r[point], attr) if attr else r[point] for r in results[tls])
 
     print(f"\n## TLS overhead — fleet {Path(opts.fleet).name}, {opts.rounds} round(s) per mode (medians), "
           f"{opts.duration:g} s per point\n")
     print(f"| mode | peak Submit/s (closed, c={opts.concurrency}) | Submit p50 / p99 ms at peak "
-          f"| Submit p50 / p99 ms at {opts.rate:g} it/s | Release p50 / p99 ms at {opts.rate:g} it/s | errors |")
-    print("|---|---|---|---|---|---|")
+          f"| Submit p50 / p99 ms at {opts.rate:g} it/s | Release p50 / p99 ms at {opts.rate:g} it/s "
+          f"| services' CPU ms per Submit+Release | errors |")
+    print("|---|---|---|---|---|---|---|")
     for tls in (False, True):
         errors = sum(sum(r[p].errors.values()) for r in results[tls] for p in ("peak", "open", "open_release"))
         print(f"| {'mTLS every hop' if tls else 'plaintext'} | {med(tls, 'peak', 'throughput_rps'):.0f} "
               f"| {med(tls, 'peak', 'p50_ms'):.2f} / {med(tls, 'peak', 'p99_ms'):.2f} "
               f"| {med(tls, 'open', 'p50_ms'):.2f} / {med(tls, 'open', 'p99_ms'):.2f} "
-              f"| {med(tls, 'open_release', 'p50_ms'):.2f} / {med(tls, 'open_release', 'p99_ms'):.2f} | {errors} |")
+              f"| {med(tls, 'open_release', 'p50_ms'):.2f} / {med(tls, 'open_release', 'p99_ms'):.2f} "
+              f"| {med(tls, 'cpu_ms'):.2f} | {errors} |")
     print(f"\nTLS / plaintext: peak Submit/s x{med(True, 'peak', 'throughput_rps') / med(False, 'peak', 'throughput_rps'):.2f}, "
           f"Submit p50 at {opts.rate:g} it/s x{med(True, 'open', 'p50_ms') / med(False, 'open', 'p50_ms'):.2f}, "
-          f"p99 x{med(True, 'open', 'p99_ms') / med(False, 'open', 'p99_ms'):.2f}")
+          f"p99 x{med(True, 'open', 'p99_ms') / med(False, 'open', 'p99_ms'):.2f}, "
+          f"services' CPU per iteration x{med(True, 'cpu_ms') / med(False, 'cpu_ms'):.2f} (the figure least moved "
+          "by other load on the machine)")
     return 0
 
 
