@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import shutil
 import socket
 import ssl
 import stat
@@ -130,6 +131,28 @@ def test_rotate_reissues_same_identities_and_rolls_the_ca_over(tmp_path):
     assert pki.CertificateAuthority.load(d).cert == bundle[0]
     pki.rotate(d, drop_old_cas=True)
     assert pki.load_bundle(d / "ca.crt") == [bundle[0]]
+
+
+def test_a_stack_keeps_its_ca_and_renews_a_leaf_near_expiry(tmp_path):
+    config = StackConfig(fleet_path=SMALL_FLEET, state_dir=str(tmp_path / "state"), tls=True)
+
+    def prepare() -> None:  # what Stack.start does first about TLS, without starting anything
+        stack = Stack(config)
+        stack._prepare_tls()
+        shutil.rmtree(stack.run_dir)
+
+    prepare()
+    d = tmp_path / "state" / "tls"
+    ca, placer = (d / "ca.crt").read_bytes(), (d / "placer.crt").read_bytes()
+    now = dt.datetime.now(dt.UTC)
+    pki.CertificateAuthority.load(d).issue("gateway", not_before=now - dt.timedelta(days=80),
+                                           not_after=now + dt.timedelta(days=2)).write(d, "gateway")
+    (d / "thermal.crt").unlink()
+    assert pki.expiring(d, dt.timedelta(days=7)) == ["gateway"]
+    prepare()  # the next `hsched up --tls` on this state dir
+    assert (d / "ca.crt").read_bytes() == ca and (d / "placer.crt").read_bytes() == placer
+    assert pki.expiring(d, dt.timedelta(days=7)) == [] and (d / "thermal.crt").exists()
+    assert leaf(d, "gateway").not_valid_after_utc > now + dt.timedelta(days=80)
 
 
 @given(st.text(min_size=0, max_size=20))

@@ -16,6 +16,7 @@ replica set rejoins as a replica of the master the Sentinel names."""
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import shutil
@@ -47,6 +48,7 @@ from hsched.telemetry.metrics import (
 )
 
 log = logging.getLogger("hsched.supervisor")
+RENEW_BEFORE = datetime.timedelta(days=7)  # `hsched up --tls` re-issues leaves this close to expiry at start
 
 
 @dataclass
@@ -161,17 +163,17 @@ class Stack:
 
     def _prepare_tls(self) -> None:
         """A CA and every certificate of the pki layout in <state_dir>/tls (or the run dir); an existing CA is
-        kept (a restarted stack's services trust the same CA) and missing leaves are issued with it."""
+        kept (a restarted stack's services trust the same CA), and leaves missing or expiring within
+        RENEW_BEFORE are issued with it."""
         if not self.config.tls:
             return
         d = (self.state_dir or self.run_dir) / "tls"
         if not pki.ca_paths(d)[0].exists():
             pki.init_dir(d)
         else:
-            have = set(pki.leaf_names(d))
-            for name in pki.DEFAULT_NAMES:
-                if name not in have:
-                    pki.issue(d, name)
+            due = set(pki.DEFAULT_NAMES) - set(pki.leaf_names(d)) | set(pki.expiring(d, RENEW_BEFORE))
+            for name in sorted(due):
+                pki.issue(d, name)
         self.tls_dir = d
 
     def probe_credentials(self) -> grpc.ChannelCredentials | None:
@@ -179,8 +181,9 @@ class Stack:
         if self.tls_dir is None:
             return None
         files = TlsFiles(self.tls_dir, "supervisor")
-        if self._probe_tls is None or self._probe_tls[0] != files.fingerprint():
-            self._probe_tls = (files.fingerprint(), channel_credentials(files))
+        fingerprint = files.fingerprint()
+        if self._probe_tls is None or self._probe_tls[0] != fingerprint:
+            self._probe_tls = (fingerprint, channel_credentials(files))
         return self._probe_tls[1]
 
     def _spawn(self, name: str, module: str, args: list[str]) -> Service:
@@ -435,8 +438,8 @@ class Stack:
                 return
             probe_at[svc.name] = now + self.config.probe_interval_s
             proc, target = svc.proc, svc.target
-        status = _health(target, timeout_s=2.0, credentials=self.probe_credentials())  # outside the lock: a hung
-        # child takes the whole timeout
+        # outside the lock: a hung child takes the whole timeout
+        status = _health(target, timeout_s=2.0, credentials=self.probe_credentials())
         with self._lock:
             if svc.proc is proc and svc.alive and not svc.stopped:
                 self._judge(svc, status, time.monotonic())
