@@ -132,6 +132,13 @@ class _CertificateFetcher:
         self._warned: tuple | None = None  # the unusable files' fingerprint already logged (once, not per connection)
 
     def __call__(self) -> Any:
+        try:
+            return self._fetch()
+        except Exception:  # called by grpc before a handshake: never fail it for a reload
+            log.exception("TLS: reloading the %s certificate failed; keeping the current one", self.files.name)
+            return None
+
+    def _fetch(self) -> Any:
         fingerprint = self.files.fingerprint()
         if fingerprint == self.seen:
             return None
