@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha._base import _file_descriptor_response, _not_found_
 
 from hsched.domain.errors import ResourceExhausted, ValidationError
 from hsched.domain.limits import check_message
+from hsched.security.principals import Unauthenticated
 from hsched.state.ledger import StateLost
 from hsched.state.redis import NotReplicated
 from hsched.telemetry import Metrics, client_interceptors, instrumented, traced_channel
@@ -217,6 +218,8 @@ def status_of(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, ResourceExhausted):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+    if isinstance(exc, Unauthenticated):
+        return grpc.StatusCode.UNAUTHENTICATED, str(exc)
     if redis_outage(exc):
         log.warning("%s: Redis unavailable (%s: %s)", where, type(exc).__name__, exc)
         return grpc.StatusCode.UNAVAILABLE, f"the state store (Redis) is unavailable ({type(exc).__name__}: {exc}); " \
