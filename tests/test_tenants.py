@@ -20,7 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hsched import cli
+from hsched.domain.errors import ValidationError
 from hsched.security import tokens as tk
+from hsched.security.client import client_credentials
 from hsched.security.principals import principal_of_identity
 from hsched.stack import Stack, StackConfig
 from hsched.v1 import common_pb2 as pb
@@ -429,3 +431,91 @@ def test_certificate_identities_map_to_principals():
                 "spiffe://hsched.local/tenant/", "spiffe://hsched.local/tenant/a/b", "spiffe://hsched.local/tenant/A",
                 "https://hsched.local/tenant/alice"):
         assert principal_of_identity(uri) is None, uri
+
+
+# -- a verified client certificate authenticates like a token (a real TLS server, certificates made here) ---------
+
+
+def _certificates():
+    """A CA (PEM), and (cert PEM, key PEM) per identity, signed by it: what `hsched certs` issues."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(1).not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
+
+    def leaf(*uris: str) -> tuple[bytes, bytes]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        sans = [*(x509.UniformResourceIdentifier(u) for u in uris), x509.DNSName("localhost"),
+                x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
+                                                                                      # a CN is never an identity
+                                                                                      "spiffe://hsched.local/admin/cn")]))
+                .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=1))
+                .add_extension(x509.SubjectAlternativeName(sans), critical=False).sign(ca_key, hashes.SHA256()))
+        return cert.public_bytes(serialization.Encoding.PEM), key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+    return ca.public_bytes(serialization.Encoding.PEM), leaf
+
+
+async def test_a_verified_client_certificate_identity_is_a_principal(tmp_path):
+    from hsched.security.principals import GatewayAuth, Unauthenticated
+
+    ca, leaf = _certificates()
+    token, _ = tk.create_token(tmp_path / "tokens.yaml", "bob", name="bob")
+    auth = GatewayAuth(tk.TokensFile(tmp_path / "tokens.yaml"), certificates=True)
+
+    async def whoami(request: bytes, context) -> bytes:
+        try:
+            p = auth.authenticate(context)
+        except Unauthenticated as exc:
+            return f"refused: {exc}".encode()
+        return f"{p.role} {p.tenant}".encode()
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "test.Who", {"Ami": grpc.unary_unary_rpc_method_handler(whoami)}),))
+    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
+        [leaf("spiffe://hsched.local/service/gateway")[::-1]], root_certificates=ca, require_client_auth=True))
+    await server.start()
+
+    async def ask(cert: tuple[bytes, bytes], token: str | None = None) -> str:
+        creds = grpc.ssl_channel_credentials(ca, cert[1], cert[0])
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", creds) as ch:
+            md = (("authorization", f"Bearer {token}"),) if token else ()
+            return (await ch.unary_unary("/test.Who/Ami")(b"", timeout=10, metadata=md)).decode()
+
+    try:
+        assert await ask(leaf("spiffe://hsched.local/tenant/alice")) == "tenant alice"
+        assert await ask(leaf("spiffe://hsched.local/admin/ops")) == "admin "
+        assert (await ask(leaf("spiffe://hsched.local/service/placer"))).startswith("refused")  # not a client
+        assert (await ask(leaf("spiffe://other.example/tenant/alice"))).startswith("refused")
+        two = leaf("spiffe://hsched.local/tenant/alice", "spiffe://hsched.local/admin/ops")
+        assert (await ask(two)).startswith("refused")  # ambiguous
+        alice = leaf("spiffe://hsched.local/tenant/alice")
+        assert await ask(alice, token) == "tenant bob"  # a presented token decides
+        assert (await ask(alice, "hst_wrong")).startswith("refused")  # ... and a wrong one is not rescued
+        # what the CLI and replay build from HSCHED_TLS_CA / HSCHED_TLS_CERT / HSCHED_TLS_KEY and HSCHED_TOKEN
+        for name, data in (("ca.crt", ca), ("alice.crt", alice[0]), ("alice.key", alice[1])):
+            (tmp_path / name).write_bytes(data)
+        env = {"HSCHED_TLS_CA": str(tmp_path / "ca.crt"), "HSCHED_TLS_CERT": str(tmp_path / "alice.crt"),
+               "HSCHED_TLS_KEY": str(tmp_path / "alice.key")}
+        for extra, expected in (({}, "tenant alice"), ({"HSCHED_TOKEN": token}, "tenant bob")):
+            creds = client_credentials(env={**env, **extra})
+            async with creds.aio_channel(f"127.0.0.1:{port}") as ch:
+                assert (await ch.unary_unary("/test.Who/Ami")(b"", timeout=10, metadata=creds.metadata)).decode() \
+                    == expected
+        with pytest.raises(ValidationError, match="HSCHED_TLS_KEY"):
+            client_credentials(env={"HSCHED_TLS_CERT": env["HSCHED_TLS_CERT"]})
+    finally:
+        await server.stop(0)

@@ -77,7 +77,9 @@ def principal_of_identity(uri: str) -> Principal | None:
 
 
 def peer_identities(context) -> list[str]:
-    """The SPIFFE URIs of the caller's client certificate, as gRPC verified it (empty without one)."""
+    """The SPIFFE URIs of the caller's client certificate, as gRPC verified it (empty without one): its URI SANs
+    (`peer_spiffe_id` when it has exactly one), never the subject's common name. Only meaningful when the server
+    verifies the client certificates it accepts against the CA."""
     auth = context.auth_context() or {}
     values = [*auth.get("peer_spiffe_id", ()), *auth.get("x509_subject_alternative_name", ())]
     uris = [v.decode() if isinstance(v, bytes) else str(v) for v in values]
@@ -118,10 +120,9 @@ class GatewayAuth:
         if token is not None and self.tokens is not None:
             return self._by_token(token, context)
         if self.certificates:
-            for uri in peer_identities(context):
-                principal = principal_of_identity(uri)
-                if principal is not None:
-                    return principal
+            found = {p for p in map(principal_of_identity, peer_identities(context)) if p is not None}
+            if len(found) == 1:  # a certificate naming two client identities is ambiguous: refused
+                return found.pop()
         if token is not None:
             self._refuse(context, "a bearer token, but this gateway has no tokens file", "this gateway does not "
                          "accept bearer tokens (no tokens file); use a tenant or admin client certificate")
