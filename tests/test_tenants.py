@@ -346,6 +346,10 @@ def test_tokens_commands_print_the_token_once_and_store_only_its_hash(tmp_path, 
     assert "already" in capsys.readouterr().err
     assert cli.main(["tokens", "create", "--file", str(path)]) == 2  # role tenant needs --tenant
     assert "--tenant" in capsys.readouterr().err
+    assert cli.main(["tokens", "create", "--file", str(path), "--tenant", "Team A"]) == 2
+    assert capsys.readouterr().err.startswith("hsched: --tenant: must be a DNS-1123 label")
+    assert cli.main(["tokens", "create", "--file", str(path), "--tenant", "a", "--expires", "soon"]) == 2
+    assert capsys.readouterr().err.startswith("hsched: --expires: must be an ISO 8601 time")
     assert cli.main(["tokens", "revoke", "--file", str(path), "ci"]) == 0
     assert tk.TokenTable(tk.load_tokens(path)).match(token) is None
     assert cli.main(["tokens", "revoke", "--file", str(path), "ci"]) == 2

@@ -277,8 +277,13 @@ def cmd_tokens(args) -> int:
     if args.tokens_command == "create":
         if args.role == "tenant" and not args.tenant:
             raise ValidationError("--tenant", "is required for role tenant")
-        token, entry = tokens.create_token(args.file, args.tenant or "", args.role, args.name or "", args.expires)
-        print(f"created token {entry.name!r} ({entry.role}{' of tenant ' + entry.tenant if entry.tenant else ''}) "
+        try:
+            token, entry = tokens.create_token(args.file, args.tenant or "", args.role, args.name or "", args.expires)
+        except tokens.TokensFileError as exc:
+            if not exc.field.startswith("tokens["):  # the file itself
+                raise
+            raise ValidationError(f"--{exc.field.rpartition('.')[2]}", exc.rule, exc.value) from None
+        print(f"created token {entry.name!r} (role {entry.role}{', tenant ' + entry.tenant if entry.tenant else ''}) "
               f"in {args.file}; it is shown only now:", file=sys.stderr)
         print(token)
     elif args.tokens_command == "list":

@@ -102,9 +102,6 @@ def _entry(i: int, raw: object) -> TokenEntry:
             raise TokensFileError(f"{where}.{key}" if isinstance(key, str) else where,
                                   f"unknown field; allowed: {', '.join(_ENTRY_KEYS)}",
                                   None if isinstance(key, str) else key)
-    name = raw.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise TokensFileError(f"{where}.name", "is required and " + _NAME_RULE, name)
     role = raw.get("role", "tenant")
     if role not in ROLES:
         raise TokensFileError(f"{where}.role", f"must be one of {', '.join(ROLES)}", role)
@@ -115,6 +112,9 @@ def _entry(i: int, raw: object) -> TokenEntry:
         raise TokensFileError(f"{where}.tenant", _NAME_RULE, tenant)
     if role == "tenant" and not tenant:
         raise TokensFileError(f"{where}.tenant", "is required for role tenant")
+    name = raw.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise TokensFileError(f"{where}.name", "is required and " + _NAME_RULE, name)
     digest = raw.get("sha256")
     if not isinstance(digest, str) or not _HEX_RE.match(digest):
         # the value is not repeated: it may be a pasted token
