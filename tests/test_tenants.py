@@ -402,6 +402,18 @@ def test_any_document_is_either_loaded_or_refused_with_a_field_never_a_traceback
         assert all(isinstance(e, tk.TokenEntry) for e in entries)
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.binary(max_size=200), st.text(alphabet="tokens:-[]{}: \n\tnamerolsha256x!&*|>'\"#", max_size=120)
+                 .map(str.encode)))
+def test_any_file_content_is_either_loaded_or_refused_naming_the_file(tmp_path, content):
+    path = tmp_path / "tokens.yaml"
+    path.write_bytes(content)
+    try:
+        tk.load_tokens(path)
+    except tk.TokensFileError as exc:
+        assert str(exc).startswith(str(path))
+
+
 def test_duplicates_unknown_fields_and_broken_yaml_name_what_is_wrong(tmp_path):
     one = _valid_entry(1)
     cases = [
@@ -420,6 +432,12 @@ def test_duplicates_unknown_fields_and_broken_yaml_name_what_is_wrong(tmp_path):
     path = tmp_path / "t.yaml"
     path.write_text("tokens: [ {name: a\n")
     with pytest.raises(tk.TokensFileError, match=r"t.yaml: is not valid YAML at line \d+"):
+        tk.load_tokens(path)
+    path.write_bytes(b"tokens: []\n\xff\xfe")
+    with pytest.raises(tk.TokensFileError, match="t.yaml: is not UTF-8 text"):
+        tk.load_tokens(path)
+    path.write_text("!!python/object:os.system {}\n")
+    with pytest.raises(tk.TokensFileError, match="t.yaml: is not valid YAML"):
         tk.load_tokens(path)
     admin = {"name": "ops", "role": "admin", "sha256": tk.token_hash("x"), "expires": "2030-01-01T00:00:00+02:00"}
     (entry,) = tk.parse_tokens({"tokens": [admin]})

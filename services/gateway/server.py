@@ -77,8 +77,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     it sees — a tenant submits as itself (the `tenant` field is replaced), and another tenant's task answers
     NOT_FOUND exactly like a missing one; an admin sees everything. Off: the `tenant` field is trusted.
 
-    Idempotency: a Submit with a `request_id` is bound to it (per tenant: the authenticated one) once its records are durable; a retry
-    then gets that record (`duplicate`). A Submit that ends without durable records — the task-stream write
+    Idempotency: a Submit with a `request_id` is bound to it (per tenant: the authenticated one) once its records
+    are durable; a retry then gets that record (`duplicate`). A Submit that ends without durable records — the task-stream write
     failed (the client got UNAVAILABLE) or the gateway crashed while scheduling it — binds nothing: whatever a
     placer holds for it is released (`_abandon`, or `reconcile` at the next start), an `abandoned` record
     drops any trace of it, and a retry with the same request_id is a fresh attempt (it first waits for the

@@ -159,6 +159,8 @@ def load_tokens(path: str | os.PathLike) -> list[TokenEntry]:
         text = Path(path).read_text()
     except OSError as exc:
         raise TokensFileError(str(path), f"cannot read the tokens file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise TokensFileError(str(path), f"is not UTF-8 text (byte {exc.start})") from None
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
