@@ -541,3 +541,17 @@ async def test_a_verified_client_certificate_identity_is_a_principal(tmp_path):
             client_credentials(env={"HSCHED_TLS_CERT": env["HSCHED_TLS_CERT"]})
     finally:
         await server.stop(0)
+
+
+def test_up_auth_keeps_its_admin_token_across_restarts_and_replaces_a_lost_one(tmp_path):
+    tokens_file, token_file = tk.ensure_admin_token(tmp_path / "state")
+    token = token_file.read_text().strip()
+    assert stat.S_IMODE(os.stat(token_file).st_mode) == stat.S_IMODE(os.stat(tokens_file).st_mode) == 0o600
+    assert tk.ensure_admin_token(tmp_path / "state") == (tokens_file, token_file)
+    assert token_file.read_text().strip() == token  # the next `hsched up` reuses it
+    tk.create_token(tokens_file, "alice", name="alice")
+    token_file.unlink()  # lost: a new admin token replaces the old entry, other tokens stay
+    tk.ensure_admin_token(tmp_path / "state")
+    table = tk.TokenTable(tk.load_tokens(tokens_file))
+    assert table.match(token) is None and table.match(token_file.read_text().strip()).role == "admin"
+    assert sorted(e.name for e in table.entries) == ["admin", "alice"]
