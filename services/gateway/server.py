@@ -485,14 +485,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
 def gateway_auth(args) -> GatewayAuth:
     """Tenant authentication from the flags: a tokens file, and/or verified client certificates when the gateway
-    serves TLS and asks for them. Neither: off (local development; the `tenant` field is trusted)."""
+    serves TLS requiring them (`--client-auth require`: grpc Python cannot ask for an optional client
+    certificate, so under `optional` none ever arrives). Neither: off (local development; the `tenant` field is
+    trusted)."""
     tokens = None
     if args.tokens_file:
         try:
             tokens = TokensFile(args.tokens_file)
         except TokensFileError as exc:
             raise SystemExit(f"--tokens-file: {exc}") from None
-    certificates = bool(getattr(args, "tls_dir", None)) and getattr(args, "client_auth", "optional") != "none"
+    certificates = bool(getattr(args, "tls_dir", None)) and getattr(args, "client_auth", None) == "require"
     auth = GatewayAuth(tokens, certificates)
     if auth.enabled:
         log.info("tenant authentication on: %s%s", f"{len(tokens.table().entries)} tokens in {args.tokens_file}"
