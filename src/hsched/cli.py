@@ -134,7 +134,7 @@ def cmd_up(args) -> int:
     try:
         if args.replay:
             run_replay(console, stack.gateway, stack.fleet, args, stack.redis_url, args.prefix,
-                       client_credentials(str(token_file)) if token_file else None)
+                       stack_credentials(stack))
             if not args.keep_running:
                 return 0
         console.print(f"[bold]gateway on {stack.gateway}[/] — try: hsched submit --cpu 4 --memory-gib 8; "
@@ -165,6 +165,18 @@ def _log_supervision_to(console) -> None:
 
 
 # -- replay -----------------------------------------------------------------------------------------------------
+
+
+def stack_credentials(stack) -> ClientCredentials:
+    """The operator's credentials for a stack this process started: its admin token (`--auth`) and, with `--tls`,
+    its CA and admin client certificate."""
+    from hsched.security.tokens import read_token_file
+
+    token = read_token_file(stack.admin_token_file) if stack.admin_token_file else None
+    tls_dir = getattr(stack, "tls_dir", None)  # hsched up --tls (hsched.security.pki layout)
+    if tls_dir is None:
+        return ClientCredentials(token)
+    return ClientCredentials(token, str(tls_dir / "ca.crt"), str(tls_dir / "admin.crt"), str(tls_dir / "admin.key"))
 
 
 def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix: str,
