@@ -97,6 +97,10 @@ class StackConfig:
     log_dir: str | None = None
     log_level: str = "WARNING"
     extra_env: dict[str, str] = field(default_factory=dict)
+    # tenant authentication at the gateway (hsched.security.tokens): given to it as HSCHED_TOKENS_FILE, never argv.
+    # `auth` without a tokens file: <state_dir>/tokens.yaml with an admin token in <state_dir>/admin.token
+    tokens_file: str | None = None
+    auth: bool = False
     # supervision (module docstring); off by default so a test's kill() stays dead until it restarts it
     supervise: bool = False
     unhealthy_restart_s: float = 60.0  # NOT_SERVING / unanswered this long (after having served): SIGKILL
@@ -143,6 +147,8 @@ class Stack:
         self._restarts: Counter | None = None  # hsched_supervisor_restarts_total, with the supervisor's metrics
         self.tls_dir: Path | None = None  # with config.tls: the CA and certificates (hsched.security.pki layout)
         self._probe_tls: tuple[tuple, grpc.ChannelCredentials] | None = None
+        self.tokens_file: str | None = config.tokens_file
+        self.admin_token_file: Path | None = None  # with `auth`: where the generated admin token is
 
     # -- start -------------------------------------------------------------------------------------------------
 
@@ -188,6 +194,8 @@ class Stack:
 
     def _spawn(self, name: str, module: str, args: list[str]) -> Service:
         env = {**os.environ, **self.config.extra_env, "PYTHONUNBUFFERED": "1"}
+        if name == "gateway" and self.tokens_file:
+            env["HSCHED_TOKENS_FILE"] = str(self.tokens_file)
         with self._lock, open(self.log_dir / f"{name}.log", "ab") as log_file:
             proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log_file,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -224,6 +232,11 @@ class Stack:
         try:
             self._start_redis()
             self._prepare_tls()  # after _start_redis: a `fresh` start wipes the state dir
+            if self.config.auth and not self.tokens_file:  # after _start_redis: a `fresh` start wipes the state dir
+                from hsched.security.tokens import ensure_admin_token
+
+                tokens, self.admin_token_file = ensure_admin_token(self.state_dir or self.run_dir)
+                self.tokens_file = str(tokens)
             thermal = []
             if self.config.thermal:
                 self._spawn("thermal", "services.thermal", [*self._common("thermal"), "--listen", "127.0.0.1:0"])
