@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import shutil
 import socket
 import ssl
 import stat
@@ -25,6 +26,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hsched import stack as stack_module
 from hsched.security import authz, pki
 from hsched.security.tls import ReloadingChannel, TlsFiles, channel_credentials
 from hsched.stack import Stack, StackConfig
@@ -129,6 +131,28 @@ def test_rotate_reissues_same_identities_and_rolls_the_ca_over(tmp_path):
     assert pki.CertificateAuthority.load(d).cert == bundle[0]
     pki.rotate(d, drop_old_cas=True)
     assert pki.load_bundle(d / "ca.crt") == [bundle[0]]
+
+
+def test_a_stack_keeps_its_ca_and_renews_a_leaf_near_expiry(tmp_path):
+    config = StackConfig(fleet_path=SMALL_FLEET, state_dir=str(tmp_path / "state"), tls=True)
+
+    def prepare() -> None:  # what Stack.start does first about TLS, without starting anything
+        stack = Stack(config)
+        stack._prepare_tls()
+        shutil.rmtree(stack.run_dir)
+
+    prepare()
+    d = tmp_path / "state" / "tls"
+    ca, placer = (d / "ca.crt").read_bytes(), (d / "placer.crt").read_bytes()
+    now = dt.datetime.now(dt.UTC)
+    pki.CertificateAuthority.load(d).issue("gateway", not_before=now - dt.timedelta(days=80),
+                                           not_after=now + dt.timedelta(days=2)).write(d, "gateway")
+    (d / "thermal.crt").unlink()
+    assert pki.expiring(d, dt.timedelta(days=7)) == ["gateway"]
+    prepare()  # the next `hsched up --tls` on this state dir
+    assert (d / "ca.crt").read_bytes() == ca and (d / "placer.crt").read_bytes() == placer
+    assert pki.expiring(d, dt.timedelta(days=7)) == [] and (d / "thermal.crt").exists()
+    assert leaf(d, "gateway").not_valid_after_utc > now + dt.timedelta(days=80)
 
 
 @given(st.text(min_size=0, max_size=20))
@@ -284,6 +308,31 @@ async def test_reflection_is_for_admin_and_supervisor_and_can_be_switched_off(re
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
+async def test_gateway_asks_for_no_client_certificate_unless_required(redis_url, prefix, tmp_path, tls_dir):
+    """--client-auth optional (default): TLS, a client with only the CA gets in; require: a CA certificate is
+    needed (any identity of the CA), none or a foreign one fails the handshake."""
+    from services.gateway import server as gateway_server
+
+    list_tasks = lambda ch: gateway_pb2_grpc.GatewayStub(ch).List(gateway_pb2.ListRequest(), timeout=10)  # noqa: E731
+    common = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix, "--tls-dir", str(tls_dir)]
+    async with inprocess.service(gateway_server, common, _private(tmp_path / "opt") / "gateway.port") as gw:
+        assert (await status_of(gw, creds(tls_dir, None), list_tasks))[0] == grpc.StatusCode.OK
+        async with grpc.aio.insecure_channel(gw) as plain:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await list_tasks(plain)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    async with inprocess.service(gateway_server, [*common, "--client-auth", "require"],
+                                 _private(tmp_path / "req") / "gateway.port") as gw:
+        for who in ("tenant-acme", "admin"):
+            assert (await status_of(gw, creds(tls_dir, who), list_tasks))[0] == grpc.StatusCode.OK
+        for credentials in (creds(tls_dir, None), creds(tmp_path / "foreign", "gateway", tls_dir)):
+            assert (await status_of(gw, credentials, list_tasks))[0] == grpc.StatusCode.UNAVAILABLE
+        assert "hsched.v1.Gateway" in await list_services(gw, creds(tls_dir, "admin"))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await list_services(gw, creds(tls_dir, "tenant-acme"))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
 def presented_serial(target: str, tls_dir: Path) -> int:
     """The serial number of the certificate the server presents to a new TLS connection."""
     ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
@@ -321,6 +370,23 @@ async def test_rotation_reaches_servers_and_clients_without_restart(redis_url, p
         assert reloading.generation >= 2
         assert (await call(placer, creds(tls_dir, "gateway"), state)).summary.capacity.cpu_milli > 0
         await reloading.close()
+
+
+async def test_a_half_written_pair_is_not_served(redis_url, prefix, tmp_path, tls_dir):
+    """The key of a new certificate written, the certificate not yet: the server keeps the last good pair (a
+    mismatched pair would fail every handshake), and takes the new one once it is complete."""
+    health = lambda ch: health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)  # noqa: E731
+    async with tls_services(redis_url, prefix, tmp_path, tls_dir) as (placer, _):
+        first = await asyncio.to_thread(presented_serial, placer, tls_dir)
+        new = pki.CertificateAuthority.load(tls_dir).issue("placer")
+        pki.write_private(tls_dir, "placer.key", new.key_pem)
+        with pytest.raises(pki.PkiError, match="does not belong"):
+            TlsFiles(tls_dir, "placer").read()
+        assert await asyncio.to_thread(presented_serial, placer, tls_dir) == first
+        assert (await call(placer, creds(tls_dir, "gateway"), health)).status == health_pb2.HealthCheckResponse.SERVING
+        pki.write_private(tls_dir, "placer.crt", new.cert_pem, 0o644)
+        assert await asyncio.to_thread(presented_serial, placer, tls_dir) == \
+            x509.load_pem_x509_certificate(new.cert_pem).serial_number != first
 
 
 async def test_a_service_with_a_missing_certificate_exits_with_one_line(redis_url, prefix, tls_dir):
@@ -362,8 +428,11 @@ def test_stack_with_tls_places_and_releases_end_to_end(redis_url):
                 with pytest.raises(grpc.RpcError) as err:
                     gateway_pb2_grpc.GatewayStub(plain).Get(gateway_pb2.GetRequest(task_id=t.task_id), timeout=5)
                 assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-            for name in stack.services:
-                assert "--tls-dir" in stack.services[name].args
+            for name, svc in stack.services.items():
+                assert "--tls-dir" in svc.args
+                # the supervisor's health probe: with its certificate SERVING, in plaintext unanswered
+                assert stack_module._health(svc.target, credentials=stack.probe_credentials()) == "SERVING", name
+                assert stack_module._health(svc.target).startswith("unanswered"), name
     finally:
         delete_prefix(redis_url, prefix)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -13,6 +14,8 @@ import threading
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from hsched.domain.errors import ValidationError
+from hsched.security.client import ClientCredentials, client_credentials
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -38,8 +41,27 @@ def _redis_url(gateway: str | None = None) -> str | None:
     return os.environ.get("REDIS_URL") or stack_redis_url(_running_stack(gateway))
 
 
+def _credentials(args) -> ClientCredentials:
+    """The token and TLS settings for `args.gateway` (hsched.security.client); the running stack's token file
+    and CA only for that stack's own gateway."""
+    stack = _running_stack(args.gateway)
+    return client_credentials(getattr(args, "token_file", None), getattr(args, "tls_ca", None),
+                              stack if stack.get("gateway") == args.gateway else None)
+
+
+class _WithCredentials:
+    """A Gateway stub whose every call carries the credentials' metadata (the bearer token)."""
+
+    def __init__(self, stub: gateway_pb2_grpc.GatewayStub, metadata) -> None:
+        self._stub, self._metadata = stub, metadata
+
+    def __getattr__(self, method: str):
+        return functools.partial(getattr(self._stub, method), metadata=self._metadata)
+
+
 def _stub(args) -> gateway_pb2_grpc.GatewayStub:
-    return gateway_pb2_grpc.GatewayStub(grpc.insecure_channel(args.gateway))
+    credentials = _credentials(args)
+    return _WithCredentials(gateway_pb2_grpc.GatewayStub(credentials.channel(args.gateway)), credentials.metadata)
 
 
 def _print(message, as_json: bool = True) -> None:
@@ -77,7 +99,7 @@ def cmd_up(args) -> int:
                          state_dir=str(args.state_dir or default_state_dir(args.prefix)), fresh=args.fresh,
                          redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
-                         supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls)
+                         supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls, auth=args.auth)
     _log_supervision_to(console)
     stack = Stack(config)
     try:
@@ -90,13 +112,15 @@ def cmd_up(args) -> int:
     except RuntimeError as exc:
         print(f"hsched up: {exc}" + (f"\nlogs kept in {stack.logs_kept}" if stack.logs_kept else ""), file=sys.stderr)
         return 1
+    token_file = stack.admin_token_file
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         write_stack({"gateway": stack.gateway, "redis_url": url_without_password(stack.redis_url),
                      "prefix": args.prefix,
                      "redis_password_file": str(stack.redis_password_file) if stack.redis_password_file else None,
-                     **({"tls_ca": str(stack.tls_dir / "ca.crt")} if stack.tls_dir else {})})
+                     **({"tls_ca": str(stack.tls_dir / "ca.crt")} if stack.tls_dir else {}),
+                     **({"token_file": str(token_file)} if token_file else {})})
         table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
         for col in ("service", "gRPC", "metrics", "RSS MiB"):
             table.add_column(col)
@@ -114,9 +138,12 @@ def cmd_up(args) -> int:
         if stack.tls_dir:
             console.print(f"mutual TLS on every hop; CA and certificates in {stack.tls_dir} (clients: --tls-ca "
                           f"{stack.tls_dir / 'ca.crt'}; rotate: hsched certs rotate --dir {stack.tls_dir})")
+        if token_file:
+            console.print(f"tenant authentication on: admin token in {token_file} (the CLI uses it for this stack); "
+                          f"tenant tokens: hsched tokens create --file {stack.tokens_file} --tenant NAME")
         if args.replay:
             run_replay(console, stack.gateway, stack.fleet, args, stack.redis_url, args.prefix,
-                       stack_client_tls(stack))
+                       stack_credentials(stack))
             if not args.keep_running:
                 return 0
         console.print(f"[bold]gateway on {stack.gateway}[/] — try: hsched submit --cpu 4 --memory-gib 8; "
@@ -150,17 +177,20 @@ def _log_supervision_to(console) -> None:
 # -- replay -----------------------------------------------------------------------------------------------------
 
 
-def stack_client_tls(stack) -> grpc.ChannelCredentials | None:
-    """The operator's (admin) TLS credentials for a stack started with --tls, None for a plaintext one."""
-    if stack.tls_dir is None:
-        return None
-    from hsched.security.tls import TlsFiles, channel_credentials
+def stack_credentials(stack) -> ClientCredentials:
+    """The operator's credentials for a stack this process started: its admin token (`--auth`) and, with `--tls`,
+    its CA and admin client certificate."""
+    from hsched.security.tokens import read_token_file
 
-    return channel_credentials(TlsFiles(stack.tls_dir, "admin"))
+    token = read_token_file(stack.admin_token_file) if stack.admin_token_file else None
+    tls_dir = getattr(stack, "tls_dir", None)  # hsched up --tls (hsched.security.pki layout)
+    if tls_dir is None:
+        return ClientCredentials(token)
+    return ClientCredentials(token, str(tls_dir / "ca.crt"), str(tls_dir / "admin.crt"), str(tls_dir / "admin.key"))
 
 
 def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix: str,
-               tls: grpc.ChannelCredentials | None = None) -> None:
+               credentials: ClientCredentials | None = None) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -173,7 +203,8 @@ def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix
                   console=console) as bar:
         job = bar.add_task("submit", total=len(tasks))
         stats = asyncio.run(replay(gateway, tasks, args.duration, args.concurrency,
-                                   progress=lambda done, total: bar.update(job, completed=done), tls=tls))
+                                   progress=lambda done, total: bar.update(job, completed=done),
+                                   credentials=credentials))
     lat = sorted(stats.latencies_s)
     p = (lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000) if lat else (lambda q: 0.0)
     console.print(f"{stats.submitted} submitted in {stats.elapsed_s:.1f} s: "
@@ -201,7 +232,7 @@ def cmd_replay(args) -> int:
     from hsched.domain.fleet import load_fleet
 
     run_replay(Console(width=max(Console().width, 112)), args.gateway, load_fleet(args.fleet), args,
-               _redis_url(args.gateway), args.prefix)
+               _redis_url(args.gateway), args.prefix, _credentials(args))
     return 0
 
 
@@ -279,6 +310,34 @@ def cmd_certs(args) -> int:
     except pki.PkiError as exc:
         print(f"hsched certs {args.certs_command}: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_tokens(args) -> int:
+    """Edit a tokens file (hsched.security.tokens); a new token goes to stdout only, once."""
+    from hsched.security import tokens
+
+    if not args.file:
+        raise ValidationError("--file", "is required (or set HSCHED_TOKENS_FILE)")
+    if args.tokens_command == "create":
+        if args.role == "tenant" and not args.tenant:
+            raise ValidationError("--tenant", "is required for role tenant")
+        try:
+            token, entry = tokens.create_token(args.file, args.tenant or "", args.role, args.name or "", args.expires)
+        except tokens.TokensFileError as exc:
+            if not exc.field.startswith("tokens["):  # the file itself
+                raise
+            raise ValidationError(f"--{exc.field.rpartition('.')[2]}", exc.rule, exc.value) from None
+        print(f"created token {entry.name!r} (role {entry.role}{', tenant ' + entry.tenant if entry.tenant else ''}) "
+              f"in {args.file}; it is shown only now:", file=sys.stderr)
+        print(token)
+    elif args.tokens_command == "list":
+        for e in tokens.list_tokens(args.file):
+            expires = e.expires.strftime("%Y-%m-%dT%H:%M:%SZ") if e.expires else "never"
+            print(f"{e.name:<24} {e.role:<6} {e.tenant or '-':<24} expires {expires}  sha256 {e.sha256[:12]}…")
+    else:
+        gone = tokens.revoke_token(args.file, args.name)
+        print(f"revoked {gone.name!r}: a gateway reading {args.file} refuses it from its next call")
     return 0
 
 
@@ -417,6 +476,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run this many Redis replicas and a Sentinel; services follow the Sentinel's master and "
                          "ledger/task writes wait (WAIT) for every replica before they are acknowledged")
     up.add_argument("--log-level", default="INFO")
+    up.add_argument("--auth", action="store_true",
+                    help="tenant authentication at the gateway: <state-dir>/tokens.yaml with an admin token whose "
+                         "value is in <state-dir>/admin.token (0600); the CLI uses it for this stack")
     up.add_argument("--replay", default="", help="replay a trace once the stack is up: openb, thunder, kth, ...")
     up.add_argument("--keep-running", action="store_true", help="keep the stack up after the replay")
     up.add_argument("--no-supervise", action="store_true",
@@ -455,9 +517,19 @@ def build_parser() -> argparse.ArgumentParser:
     replay_flags(rp)
     rp.set_defaults(fn=cmd_replay)
 
+    def credential_flags(sp):
+        sp.add_argument("--token-file", default=None,
+                        help="file holding the bearer token (else env HSCHED_TOKEN, HSCHED_TOKEN_FILE, or the "
+                             "running stack's admin token); never pass a token itself on the command line")
+        sp.add_argument("--tls-ca", default=None, help="CA bundle that verifies the gateway's TLS certificate "
+                        "(else env HSCHED_TLS_CA; client certificate: HSCHED_TLS_CERT + HSCHED_TLS_KEY)")
+
+    credential_flags(rp)
+
     def gw(sp):
         sp.add_argument("--gateway", default=None, help=GATEWAY_HELP)
         sp.add_argument("--json", action="store_true")
+        credential_flags(sp)
         return sp
 
     s = gw(sub.add_parser("submit", help="submit one task"))
@@ -504,6 +576,24 @@ def build_parser() -> argparse.ArgumentParser:
     r = gw(sub.add_parser("release", help="release a task's resources"))
     r.add_argument("task_id")
     r.set_defaults(fn=cmd_release)
+
+    tk = sub.add_parser("tokens", help="create, list or revoke the gateway's bearer tokens (a tokens file)")
+    tk_sub = tk.add_subparsers(dest="tokens_command", required=True)
+
+    def tokens_file_flag(sp):
+        sp.add_argument("--file", default=os.environ.get("HSCHED_TOKENS_FILE", ""),
+                        help="the tokens file (default: env HSCHED_TOKENS_FILE)")
+        sp.set_defaults(fn=cmd_tokens)
+        return sp
+
+    tc = tokens_file_flag(tk_sub.add_parser("create", help="add a token; prints it once (stdout)"))
+    tc.add_argument("--tenant", default="", help="the tenant the token acts as (required for role tenant)")
+    tc.add_argument("--role", default="tenant", choices=["tenant", "admin"])
+    tc.add_argument("--name", default="", help="unique name (default: <tenant>-<4 hex>)")
+    tc.add_argument("--expires", default=None, help="ISO 8601 time after which the token is refused")
+    tokens_file_flag(tk_sub.add_parser("list", help="the tokens (names, roles, tenants; no secrets)"))
+    tokens_file_flag(tk_sub.add_parser("revoke", help="remove a token (the gateway re-reads the file)")).add_argument(
+        "name")
 
     from hsched.eval import EXPERIMENTS
 
@@ -552,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     except grpc.RpcError as exc:
         print(f"hsched: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
-    except LocalStateError as exc:
+    except (LocalStateError, ValidationError) as exc:  # an ambiguous/unsafe stack file; bad credentials settings
         print(f"hsched: {exc}", file=sys.stderr)
         return 2
 

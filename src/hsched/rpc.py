@@ -20,6 +20,7 @@ from hsched.domain.errors import ResourceExhausted, ValidationError
 from hsched.domain.limits import check_message
 from hsched.security import authz
 from hsched.security.authz import Guard
+from hsched.security.principals import Unauthenticated
 from hsched.security.tls import ReloadingChannel, TlsFiles, server_credentials
 from hsched.state.ledger import StateLost
 from hsched.state.redis import NotReplicated
@@ -252,6 +253,8 @@ def status_of(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, ResourceExhausted):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+    if isinstance(exc, Unauthenticated):
+        return grpc.StatusCode.UNAUTHENTICATED, str(exc)
     if redis_outage(exc):
         log.warning("%s: Redis unavailable (%s: %s)", where, type(exc).__name__, exc)
         return grpc.StatusCode.UNAVAILABLE, f"the state store (Redis) is unavailable ({type(exc).__name__}: {exc}); " \

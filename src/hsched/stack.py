@@ -22,6 +22,7 @@ is private (0700) and removed by a clean stop unless `keep_logs`; a failed start
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import shutil
@@ -65,6 +66,7 @@ from hsched.telemetry.metrics import (
 )
 
 log = logging.getLogger("hsched.supervisor")
+RENEW_BEFORE = datetime.timedelta(days=7)  # `hsched up --tls` re-issues leaves this close to expiry at start
 
 
 @dataclass
@@ -114,6 +116,10 @@ class StackConfig:
     keep_logs: bool = False
     log_level: str = "WARNING"
     extra_env: dict[str, str] = field(default_factory=dict)
+    # tenant authentication at the gateway (hsched.security.tokens): given to it as HSCHED_TOKENS_FILE, never argv.
+    # `auth` without a tokens file: <state_dir>/tokens.yaml with an admin token in <state_dir>/admin.token
+    tokens_file: str | None = None
+    auth: bool = False
     # supervision (module docstring); off by default so a test's kill() stays dead until it restarts it
     supervise: bool = False
     unhealthy_restart_s: float = 60.0  # NOT_SERVING / unanswered this long (after having served): SIGKILL
@@ -166,6 +172,8 @@ class Stack:
         self._restarts: Counter | None = None  # hsched_supervisor_restarts_total, with the supervisor's metrics
         self.tls_dir: Path | None = None  # with config.tls: the CA and certificates (hsched.security.pki layout)
         self._probe_tls: tuple[tuple, grpc.ChannelCredentials] | None = None
+        self.tokens_file: str | None = config.tokens_file
+        self.admin_token_file: Path | None = None  # with `auth`: where the generated admin token is
 
     # -- start -------------------------------------------------------------------------------------------------
 
@@ -186,17 +194,17 @@ class Stack:
 
     def _prepare_tls(self) -> None:
         """A CA and every certificate of the pki layout in <state_dir>/tls (or the run dir); an existing CA is
-        kept (a restarted stack's services trust the same CA) and missing leaves are issued with it."""
+        kept (a restarted stack's services trust the same CA), and leaves missing or expiring within
+        RENEW_BEFORE are issued with it."""
         if not self.config.tls:
             return
         d = (self.state_dir or self.run_dir) / "tls"
         if not pki.ca_paths(d)[0].exists():
             pki.init_dir(d)
         else:
-            have = set(pki.leaf_names(d))
-            for name in pki.DEFAULT_NAMES:
-                if name not in have:
-                    pki.issue(d, name)
+            due = set(pki.DEFAULT_NAMES) - set(pki.leaf_names(d)) | set(pki.expiring(d, RENEW_BEFORE))
+            for name in sorted(due):
+                pki.issue(d, name)
         self.tls_dir = d
 
     def probe_credentials(self) -> grpc.ChannelCredentials | None:
@@ -204,14 +212,17 @@ class Stack:
         if self.tls_dir is None:
             return None
         files = TlsFiles(self.tls_dir, "supervisor")
-        if self._probe_tls is None or self._probe_tls[0] != files.fingerprint():
-            self._probe_tls = (files.fingerprint(), channel_credentials(files))
+        fingerprint = files.fingerprint()
+        if self._probe_tls is None or self._probe_tls[0] != fingerprint:
+            self._probe_tls = (fingerprint, channel_credentials(files))
         return self._probe_tls[1]
 
     def _spawn(self, name: str, module: str, args: list[str]) -> Service:
         # the URL (and its password) by environment: /proc/<pid>/environ is this user's only, cmdline is everyone's
         env = {**os.environ, **self.config.extra_env, "PYTHONUNBUFFERED": "1", "REDIS_URL": self.redis_url,
                **(self.redis_tls.env() if self.redis_tls else {})}
+        if name == "gateway" and self.tokens_file:
+            env["HSCHED_TOKENS_FILE"] = str(self.tokens_file)
         with self._lock, _open_log(self.log_dir / f"{name}.log") as log_file:
             proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log_file,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -248,6 +259,11 @@ class Stack:
         try:
             self._start_redis()
             self._prepare_tls()  # after _start_redis: a `fresh` start wipes the state dir
+            if self.config.auth and not self.tokens_file:  # after _start_redis: a `fresh` start wipes the state dir
+                from hsched.security.tokens import ensure_admin_token
+
+                tokens, self.admin_token_file = ensure_admin_token(self.state_dir or self.run_dir)
+                self.tokens_file = str(tokens)
             thermal = []
             if self.config.thermal:
                 self._spawn("thermal", "services.thermal", [*self._common("thermal"), "--listen", "127.0.0.1:0"])
@@ -495,8 +511,8 @@ class Stack:
                 return
             probe_at[svc.name] = now + self.config.probe_interval_s
             proc, target = svc.proc, svc.target
-        status = _health(target, timeout_s=2.0, credentials=self.probe_credentials())  # outside the lock: a hung
-        # child takes the whole timeout
+        # outside the lock: a hung child takes the whole timeout
+        status = _health(target, timeout_s=2.0, credentials=self.probe_credentials())
         with self._lock:
             if svc.proc is proc and svc.alive and not svc.stopped:
                 self._judge(svc, status, time.monotonic())

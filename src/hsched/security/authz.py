@@ -1,4 +1,5 @@
-"""Which service identities may call which method of an internal service (selector, placer, thermal).
+"""Which service identities may call which method of a service that requires client certificates (selector,
+placer, thermal; the gateway with `--client-auth require`).
 
 The caller's identity is the SPIFFE ID of its client certificate (`hsched.security.tls.peer_identity`); the
 handshake already refused callers without a certificate of the CA, so this table only decides *which* of
@@ -28,6 +29,9 @@ POLICY: dict[str, frozenset[str]] = {
     "/hsched.v1.Thermal/GetState": frozenset({"placer", "gateway", "selector", "admin"}),
     "/hsched.v1.Selector/SelectDataCenter": frozenset({"gateway"}),
     "/hsched.v1.Selector/SelectDataCenters": frozenset({"gateway"}),
+    # the gateway's clients are tenants and operators, authenticated by the gateway itself (tokens, or the
+    # certificate's identity): with `--client-auth require` the handshake needs a CA certificate, nothing more here
+    **{f"/hsched.v1.Gateway/{m}": frozenset({ANY}) for m in ("Submit", "Get", "List", "Watch", "Release")},
     "/grpc.health.v1.Health/Check": frozenset({ANY}),
     "/grpc.health.v1.Health/Watch": frozenset({ANY}),
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": frozenset({"admin", "supervisor"}),

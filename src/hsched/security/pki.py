@@ -23,6 +23,7 @@ Stable API (used by hsched.security.tls, the stack, `hsched certs`, and the Redi
     init_dir(directory, names=DEFAULT_NAMES, *, leaf_days=LEAF_DAYS, force=False) -> Path
     issue(directory, name, *, uri=None, leaf_days=LEAF_DAYS) -> (crt_path, key_path)
     rotate(directory, *, new_ca=False, drop_old_cas=False, leaf_days=LEAF_DAYS) -> list[str]
+    leaf_names(directory) -> list[str]; expiring(directory, within: timedelta) -> list[str]
     CertificateAuthority.create(common_name) / .load(directory) / .issue(name, uri=..., not_before=..., not_after=...)
     Leaf(cert_pem, key_pem).write(directory, name)
     uri_sans(cert_pem) -> list[str]
@@ -334,6 +335,13 @@ def leaf_names(directory: str | os.PathLike) -> list[str]:
     d = Path(directory)
     return sorted(p.stem for p in d.glob("*.crt")
                   if p.stem != "ca" and not p.name.startswith(".") and (d / f"{p.stem}.key").exists())
+
+
+def expiring(directory: str | os.PathLike, within: dt.timedelta) -> list[str]:
+    """The leaves of D whose certificate expires within `within` from now (or already has)."""
+    limit = _now() + within
+    return [name for name in leaf_names(directory)
+            if load_bundle(paths(directory, name)[0])[0].not_valid_after_utc <= limit]
 
 
 def rotate(directory: str | os.PathLike, *, new_ca: bool = False, drop_old_cas: bool = False,

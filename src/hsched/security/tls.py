@@ -6,8 +6,10 @@ changed (a rename by `pki.rotate`, a Kubernetes secret update), so a rotated cer
 connections without a restart; existing connections keep theirs.
 
 Client side: `ReloadingChannel` holds a channel built from the files and, when they change (checked at most
-once per `check_interval_s` on a call), builds a new channel for new calls; calls in flight finish on the
-old one, which is closed after a grace period.
+once per `check_interval_s` on a call), builds a new channel for new calls. The old one is left open, not
+closed on a timer: a long-lived stream on it (the gateway's batch streams) keeps working on its established
+connection and moves to the new channel when it is next opened (a broken stream is reopened by its caller);
+retired channels are closed with the ReloadingChannel, or the oldest once more than `keep_retired` pile up.
 
 Client certificates at a server (`client_auth`): grpc Python exposes only two of the C core's modes —
 `require_client_auth=True` (GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY) and False
@@ -23,6 +25,7 @@ A tenant/admin client-certificate identity therefore reaches the gateway only wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -126,15 +129,25 @@ class _CertificateFetcher:
         self.seen, (ca, cert, key) = _read_settled(files)
         self.initial = grpc.ssl_server_certificate_configuration([(key, cert)], ca)
         self.reloads = 0
+        self._warned: tuple | None = None  # the unusable files' fingerprint already logged (once, not per connection)
 
     def __call__(self) -> Any:
+        try:
+            return self._fetch()
+        except Exception:  # called by grpc before a handshake: never fail it for a reload
+            log.exception("TLS: reloading the %s certificate failed; keeping the current one", self.files.name)
+            return None
+
+    def _fetch(self) -> Any:
         fingerprint = self.files.fingerprint()
         if fingerprint == self.seen:
             return None
         try:
             ca, cert, key = self.files.read()
         except PkiError as exc:  # half-rotated or removed: keep serving the last good pair, retry next connection
-            log.warning("TLS files changed but cannot be used yet (%s); keeping the current certificate", exc)
+            if self._warned != fingerprint:
+                self._warned = fingerprint
+                log.warning("TLS files changed but cannot be used (%s); keeping the current certificate", exc)
             return None
         self.seen = fingerprint
         self.reloads += 1
@@ -187,16 +200,18 @@ class ReloadingChannel:
     made from it (stubs) resolve the current channel on every call."""
 
     def __init__(self, files: TlsFiles, build: Callable[[grpc.ChannelCredentials], grpc.aio.Channel],
-                 check_interval_s: float = 1.0, close_grace_s: float = 60.0) -> None:
+                 check_interval_s: float = 1.0, keep_retired: int = 4, close_grace_s: float = 60.0) -> None:
         self._files = files
         self._build = build
         self._check_interval_s = check_interval_s
+        self._keep_retired = keep_retired
         self._close_grace_s = close_grace_s
         self._seen, (ca, cert, key) = _read_settled(files)
         self._channel = build(grpc.ssl_channel_credentials(ca, key, cert))
         self._generation = 0
         self._checked_at = time.monotonic()
-        self._retired: list[tuple[grpc.aio.Channel, asyncio.Task | None]] = []
+        self._retired: list[grpc.aio.Channel] = []  # replaced channels, still open (module docstring)
+        self._closing: list[asyncio.Task] = []
 
     @property
     def generation(self) -> int:
@@ -223,11 +238,11 @@ class ReloadingChannel:
         self._generation += 1
         log.info("TLS: %s client certificate reloaded from %s; new calls use a new channel",
                  self._files.name, self._files.directory)
-        try:
-            closing = asyncio.get_running_loop().create_task(old.close(grace=self._close_grace_s))
-        except RuntimeError:  # no loop (a synchronous caller): closed with the channel
-            closing = None
-        self._retired.append((old, closing))
+        self._retired.append(old)
+        if len(self._retired) > self._keep_retired:
+            with contextlib.suppress(RuntimeError):  # no running loop: closed with the ReloadingChannel
+                loop = asyncio.get_running_loop()
+                self._closing.append(loop.create_task(self._retired.pop(0).close(grace=self._close_grace_s)))
         return True
 
     def unary_unary(self, method, request_serializer=None, response_deserializer=None, _registered_method=False):
@@ -244,11 +259,10 @@ class ReloadingChannel:
                                                   _registered_method))
 
     async def close(self, grace: float | None = None) -> None:
-        for old, closing in self._retired:
-            if closing is not None:
-                closing.cancel()
-            await old.close()
+        for old in self._retired:
+            await old.close(grace)
         self._retired.clear()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         await self._channel.close(grace)
 
     async def __aenter__(self) -> ReloadingChannel:
