@@ -5,6 +5,7 @@ its private stack file, and the Stack's private run/log directories."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -243,6 +244,7 @@ def test_the_run_dir_is_private_and_removed_on_a_clean_stop_unless_kept(redis_ur
     prefix = f"test-logs-{uuid.uuid4().hex[:8]}"
     base = dict(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0, thermal=False,
                 metrics=False)
+    kept_dirs: list[Path] = []
     try:
         with Stack(StackConfig(**base)) as stack:
             _place_one(stack)
@@ -251,7 +253,7 @@ def test_the_run_dir_is_private_and_removed_on_a_clean_stop_unless_kept(redis_ur
         assert not stack.run_dir.exists() and stack.logs_kept is None
 
         with Stack(StackConfig(**base, keep_logs=True)) as kept:
-            pass
+            kept_dirs.append(kept.run_dir)
         assert kept.logs_kept == kept.run_dir and (kept.run_dir / "gateway.log").exists()
 
         mine = tmp_path / "my-logs"
@@ -260,17 +262,15 @@ def test_the_run_dir_is_private_and_removed_on_a_clean_stop_unless_kept(redis_ur
         assert (mine / "gateway.log").exists() and not given.run_dir.exists()  # the port files go, the logs stay
 
         failed = Stack(StackConfig(**base, policy="no-such-policy"))
+        kept_dirs.append(failed.run_dir)
         with pytest.raises(RuntimeError, match="exited"):
             failed.start(timeout_s=120)
         assert failed.logs_kept == failed.run_dir and "no-such-policy" in \
             next(failed.run_dir.glob("placer-*.log")).read_text()
     finally:
         delete_prefix(redis_url, prefix)
-        for s in [locals().get(n) for n in ("kept", "failed")]:
-            if s is not None:
-                import shutil
-
-                shutil.rmtree(s.run_dir, ignore_errors=True)
+        for run_dir in kept_dirs:  # what the test made the stacks keep
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def test_a_redis_password_file_others_could_read_is_refused_in_one_line(tmp_path):
