@@ -321,6 +321,7 @@ def test_health_checks_probe_the_port_each_service_listens_on(services):
         assert test[:3] == ["CMD", "python", "-c"], name
         compile(test[3], f"{name} healthcheck", "exec")
         assert test[4] == f"127.0.0.1:{listen_port(svc)}", name
+        assert test[5] == ("placer" if name.startswith("placer-") else name), f"{name}: the probe's certificate"
 
 
 def test_every_service_is_restarted_when_it_exits(services):
@@ -329,11 +330,69 @@ def test_every_service_is_restarted_when_it_exits(services):
         assert svc.get("restart") in ("always", "unless-stopped"), name
 
 
-def test_only_the_gateway_is_published_on_its_listen_port(services):
-    published = {name: svc["ports"] for name, svc in services.items() if "ports" in svc}
-    assert set(published) == {"gateway"}, "the gateway is the only public endpoint (DESIGN §2)"
-    (mapping,) = published["gateway"]
-    assert str(mapping) == f"50051:{listen_port(services['gateway'])}"
+def _published(svc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(host ip, host port, container port) of each short-syntax `ports:` entry; host ip "" = every interface
+    (Docker's default when the entry names no address)."""
+    out = []
+    for mapping in svc.get("ports") or []:
+        assert isinstance(mapping, str), "ports in short syntax (HOST_IP:HOST_PORT:CONTAINER_PORT)"
+        parts = str(mapping).split(":")
+        out.append((("", *parts) if len(parts) == 2 else tuple(parts))[-3:])
+    return out
+
+
+def exposure_problems(compose: dict[str, Any]) -> list[str]:
+    """What breaks the exposure rule (docs/security.md): the gateway's gRPC port is the only published port, on
+    127.0.0.1 unless HSCHED_GATEWAY_BIND is set; every other service (Redis included) and every /metrics and
+    health endpoint is on the `internal: true` network only."""
+    problems = []
+    services = compose["services"]
+    networks = compose.get("networks") or {}
+    if (networks.get("internal") or {}).get("internal") is not True:
+        problems.append("the network `internal` must exist with `internal: true`")
+    routed = {n for n, spec in networks.items() if not (spec or {}).get("internal")} | {"default"}
+    for name, svc in services.items():
+        if "network_mode" in svc:
+            problems.append(f"{name}: network_mode bypasses the compose networks")
+        joined = set(svc.get("networks") or ["default"])  # no networks: key = the project's default network
+        if "internal" not in joined:
+            problems.append(f"{name}: not on the internal network")
+        if name != "gateway" and joined != {"internal"}:
+            problems.append(f"{name}: on {sorted(joined - {'internal'})} besides the internal network")
+        if name != "gateway" and (svc.get("ports") or svc.get("expose")):
+            problems.append(f"{name}: publishes ports")
+    gateway = services["gateway"]
+    if not set(gateway.get("networks") or ["default"]) & routed:
+        problems.append("gateway: its published port needs a network with a route out")
+    published = _published(gateway)
+    if [(ip, c) for ip, _, c in published] != [("127.0.0.1", str(listen_port(gateway)))]:
+        problems.append(f"gateway: publish the gRPC port once, on 127.0.0.1 by default, not {published}")
+    return problems
+
+
+def test_only_the_gateway_is_published_and_only_on_loopback_by_default(raw, compose):
+    assert exposure_problems(compose) == []
+    services = compose["services"]
+    metrics = {flag(svc["command"], "--metrics-port") for svc in hsched_services(services).values()}
+    assert not metrics & {c for _, _, c in _published(services["gateway"])}, "/metrics is never published"
+    everywhere = interpolate(raw, {"HSCHED_GATEWAY_BIND": "0.0.0.0", "HSCHED_GATEWAY_PORT": "8443"})["services"]
+    assert _published(everywhere["gateway"]) == [("0.0.0.0", "8443", "50051")]
+
+
+@pytest.mark.parametrize("breakage", [
+    ("redis published", lambda d: d["services"]["redis"].update(ports=["127.0.0.1:6379:6379"])),
+    ("gateway on every interface", lambda d: d["services"]["gateway"].update(ports=["0.0.0.0:50051:50051"])),
+    ("gateway without an address", lambda d: d["services"]["gateway"].update(ports=["50051:50051"])),
+    ("gateway metrics published", lambda d: d["services"]["gateway"]["ports"].append("127.0.0.1:9100:9100")),
+    ("placer on the routed network", lambda d: d["services"]["placer-denver"].update(networks=["internal", "edge"])),
+    ("selector on the default network", lambda d: d["services"]["selector"].pop("networks")),
+    ("thermal on the host network", lambda d: d["services"]["thermal"].update(network_mode="host")),
+    ("internal network routed", lambda d: d["networks"]["internal"].pop("internal")),
+], ids=lambda b: b[0])
+def test_the_exposure_check_catches(compose, breakage):
+    broken = copy.deepcopy(compose)
+    breakage[1](broken)
+    assert exposure_problems(broken), f"{breakage[0]} was not detected"
 
 
 @pytest.fixture(scope="module")
@@ -351,8 +410,12 @@ def test_health_probe_exits_0_only_when_serving(services, health_server):
     servicer, port = health_server
     test = services["gateway"]["healthcheck"]["test"]
 
+    assert test[5] == "gateway"
+
     def probe(target: str) -> int:
-        return subprocess.run([sys.executable, "-c", test[3], target], capture_output=True, timeout=30).returncode
+        env = {k: v for k, v in os.environ.items() if k != "HSCHED_TLS_DIR"}
+        return subprocess.run([sys.executable, "-c", test[3], target, "gateway"], capture_output=True, timeout=30,
+                              env=env).returncode
 
     servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     assert probe(f"127.0.0.1:{port}") == 0
