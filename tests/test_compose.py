@@ -41,6 +41,7 @@ from hsched.telemetry import EXPORTERS
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose.yaml"
+COMPOSE_TLS = ROOT / "compose.tls.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 SCHEMA = Path(__file__).resolve().parent / "schemas" / "compose-spec.json"
@@ -424,6 +425,233 @@ def test_health_probe_exits_0_only_when_serving(services, health_server):
     assert probe(f"127.0.0.1:{free_port()}") != 0  # nothing listening
 
 
+# -- the production variant: compose.tls.yaml merged over compose.yaml -----------------------------------------
+#
+# Flags and environment variables of issue 14, and the branch that adds each to the services' parsers: until
+# that branch is merged, the parser check below skips (naming it) instead of failing.
+PENDING_FLAGS = {"--redis-url-file": "h-secrets", "--tls-dir": "h-tls", "--reflection": "h-tls",
+                 "--tokens-file": "h-tenants"}
+TLS_ENV_FLAGS = {"HSCHED_TLS_DIR": "--tls-dir", "HSCHED_REFLECTION": "--reflection",
+                 "HSCHED_TOKENS_FILE": "--tokens-file"}
+ROLE_OF = {"gateway": "gateway", "selector": "selector", "thermal": "thermal"}  # placer-<dc>: placer
+
+
+def role_of(name: str) -> str:
+    return "placer" if name.startswith("placer-") else ROLE_OF[name]
+
+
+def _secret_target(entry: str | dict[str, Any]) -> str:
+    """Where a service's secret is mounted (short syntax or no target: /run/secrets/<source>)."""
+    target = entry if isinstance(entry, str) else entry.get("target") or entry["source"]
+    return target if target.startswith("/") else f"/run/secrets/{target}"
+
+
+def merge_compose(base: Any, override: Any, path: tuple[str, ...] = ()) -> Any:
+    """`docker compose -f base -f override`, by the Compose Specification's merge rules for what these files use:
+    mappings merge key by key; command, entrypoint and healthcheck.test are replaced; a service's secrets,
+    configs and volumes are unique by target (the override's entry wins); other sequences are appended."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        return {**base, **{k: merge_compose(base[k], v, (*path, k)) if k in base else v for k, v in override.items()}}
+    if path[-1:] in (("command",), ("entrypoint",)) or path[-2:] == ("healthcheck", "test"):
+        return override
+    if isinstance(base, list) and isinstance(override, list):
+        if len(path) == 3 and path[0] == "services" and path[2] in ("secrets", "configs", "volumes"):
+            assert path[2] == "secrets", f"{path}: only secrets are merged here"
+            return list({_secret_target(e): e for e in [*base, *override]}.values())
+        assert path[-1] != "environment", "environment in map form (merged by key)"
+        return base + override
+    return override
+
+
+@pytest.fixture(scope="module")
+def raw_tls() -> dict[str, Any]:
+    with COMPOSE_TLS.open() as f:
+        return yaml.safe_load(f)
+
+
+@pytest.fixture(scope="module")
+def tls(raw, raw_tls) -> dict[str, Any]:
+    """compose.yaml + compose.tls.yaml as `docker compose -f ... -f ...` sees them, variables at their defaults."""
+    return interpolate(merge_compose(raw, raw_tls), {})
+
+
+def test_the_merge_follows_the_compose_rules():
+    base = {"services": {"a": {"command": ["x", "1"], "environment": {"A": "1", "B": "1"}, "user": "1",
+                               "secrets": ["s", {"source": "t", "target": "/t"}], "dns": ["1.1.1.1"],
+                               "healthcheck": {"test": ["CMD", "a"], "retries": 3}}}}
+    over = {"services": {"a": {"command": ["y"], "environment": {"B": "2", "C": "2"},
+                               "secrets": [{"source": "u", "target": "/t"}, "v"], "dns": ["8.8.8.8"],
+                               "healthcheck": {"test": ["CMD", "b"]}}, "b": {"image": "i"}}}
+    merged = merge_compose(base, over)
+    a = merged["services"]["a"]
+    assert a["command"] == ["y"] and a["environment"] == {"A": "1", "B": "2", "C": "2"} and a["user"] == "1"
+    assert a["secrets"] == ["s", {"source": "u", "target": "/t"}, "v"] and a["dns"] == ["1.1.1.1", "8.8.8.8"]
+    assert a["healthcheck"] == {"test": ["CMD", "b"], "retries": 3} and merged["services"]["b"] == {"image": "i"}
+
+
+def test_tls_variant_is_valid_and_keeps_the_topology(validator, raw_tls, compose, tls):
+    assert schema_errors(validator, raw_tls) == []
+    assert schema_errors(validator, tls) == []
+    assert "version" not in raw_tls
+    assert set(raw_tls["services"]) <= set(compose["services"]), "the override only changes existing services"
+    assert set(tls["services"]) == set(compose["services"])
+    for name, svc in hsched_services(tls["services"]).items():  # same command lines, but for the Redis URL
+        base = list(compose["services"][name]["command"])
+        i = base.index("--redis-url")
+        base[i:i + 2] = ["--redis-url-file", "/run/secrets/redis-url"]
+        assert svc["command"] == base, f"{name}: compose.tls.yaml must change only how the Redis URL arrives"
+
+
+def test_tls_variant_publishes_only_the_gateway_on_loopback(tls):
+    assert exposure_problems(tls) == []
+
+
+def test_every_service_mounts_its_certificate_key_and_the_ca_and_nothing_else_of_the_pki(tls):
+    defined = tls["secrets"]
+    for name, svc in hsched_services(tls["services"]).items():
+        env = container_env(svc)
+        tls_dir, role = env.get("HSCHED_TLS_DIR"), role_of(name)
+        assert tls_dir, f"{name}: HSCHED_TLS_DIR unset"
+        assert env.get("HSCHED_REFLECTION") == "off", f"{name}: reflection stays on in production"
+        mounts = {_secret_target(e): (e if isinstance(e, str) else e["source"]) for e in svc.get("secrets") or []}
+        for file in ("ca.crt", f"{role}.crt", f"{role}.key"):
+            source = mounts.get(f"{tls_dir}/{file}")
+            assert source, f"{name}: {tls_dir}/{file} is not mounted"
+            assert defined[source]["file"].endswith(f"/tls/{file}"), f"{name}: {file} mounted from {source}"
+        pki = {t for t in mounts if t.startswith(f"{tls_dir}/")}
+        assert pki == {f"{tls_dir}/{f}" for f in ("ca.crt", f"{role}.crt", f"{role}.key")}, \
+            f"{name} mounts another role's key or the CA key: {sorted(pki)}"
+        assert flag(svc["command"], "--redis-url-file") in mounts, f"{name}: --redis-url-file is not a mounted secret"
+        assert (svc.get("user") or "").startswith("10001"), f"{name}: runs as the secrets' owner (HSCHED_UID)"
+        assert svc["healthcheck"]["test"][5] == role, f"{name}: the probe presents the {role} certificate"
+    gateway = tls["services"]["gateway"]
+    tokens = container_env(gateway).get("HSCHED_TOKENS_FILE")
+    assert tokens in {_secret_target(e) for e in gateway["secrets"]}, "the tokens file is a mounted secret"
+    for name, svc in tls["services"].items():
+        if name != "gateway":
+            assert "HSCHED_TOKENS_FILE" not in container_env(svc), name
+    redis = tls["services"]["redis"]
+    assert flag(redis["command"], "--aclfile") in {_secret_target(e) for e in redis["secrets"]}
+    for source, spec in defined.items():  # every secret is a file under HSCHED_SECRETS_DIR (default ./secrets)
+        assert set(spec) == {"file"} and spec["file"].startswith("./secrets/"), source
+    relocated = interpolate(merge_compose(yaml.safe_load(COMPOSE.read_text()), yaml.safe_load(COMPOSE_TLS.read_text())),
+                            {"HSCHED_SECRETS_DIR": "/etc/hsched", "HSCHED_UID": "1000", "HSCHED_GID": "1000"})
+    assert relocated["secrets"]["tls-ca"]["file"] == "/etc/hsched/tls/ca.crt"
+    assert relocated["services"]["gateway"]["user"] == "1000:1000"
+
+
+_SECRET_PATTERNS = {
+    "a URL with a password": re.compile(r"[a-z]+s?://[^/\s\"'@]*:(?!<\w+>@)[^/\s\"'@]+@"),  # not <placeholder>
+    "a PEM key or certificate": re.compile(r"-----BEGIN "),
+    "a Redis password directive": re.compile(r"\b(requirepass|masterauth)\b|\bon\s+>\S", re.I),
+    "a password/token flag": re.compile(r"--(pass(word)?|token|auth|requirepass)\b|\s-a\s", re.I),
+}
+_SECRET_ENV = re.compile(r"(PASSWORD|PASS|TOKEN|SECRET|KEY|AUTH|CREDENTIAL)S?$")
+
+
+def secret_leaks(text: str, doc: dict[str, Any]) -> list[str]:
+    """Secret values written into a compose file: credentials in URLs, PEM blocks, Redis password directives,
+    password flags, secret-named variables given a value (a *_FILE path is fine), env files, inline secrets."""
+    found = [f"{what}: {m.group(0)!r}" for what, rx in _SECRET_PATTERNS.items() for m in rx.finditer(text)]
+    for name, svc in (doc.get("services") or {}).items():
+        if "env_file" in svc:
+            found.append(f"{name}: env_file puts values in the container environment; mount a secret file")
+        for key, value in (svc.get("environment") or {}).items():
+            if _SECRET_ENV.search(key) and value not in (None, ""):
+                found.append(f"{name}: {key} has a value in the file")
+    for source, spec in (doc.get("secrets") or {}).items():
+        if set(spec) != {"file"}:
+            found.append(f"secret {source}: only file: sources (not environment:/content:)")
+    return found
+
+
+@pytest.mark.parametrize("path", [COMPOSE, COMPOSE_TLS], ids=lambda p: p.name)
+def test_no_secret_value_is_in_the_compose_files(path):
+    text = path.read_text()
+    assert secret_leaks(text, yaml.safe_load(text)) == []
+
+
+@pytest.mark.parametrize("breakage", [
+    ("password in the Redis URL", "--redis-url-file", "--redis-url\", \"redis://hsched:s3cret@redis:6379/0"),
+    ("requirepass on the command line", "\"--aclfile\"", "\"--requirepass\", \"s3cret\", \"--aclfile\""),
+    ("a key inline", "x-tls-env: &tls-env", "x-key: |\n  -----BEGIN PRIVATE KEY-----\nx-tls-env: &tls-env"),
+    ("a token variable", "HSCHED_TOKENS_FILE: /run/secrets/tokens.yaml", "HSCHED_TOKEN: abc"),
+    ("a secret from the environment", "    file: ${HSCHED_SECRETS_DIR:-./secrets}/tokens.yaml",
+     "    environment: HSCHED_TOKENS"),
+], ids=lambda b: b[0])
+def test_the_secret_check_catches(breakage):
+    what, old, new = breakage
+    text = COMPOSE_TLS.read_text()
+    assert old in text, what
+    broken = text.replace(old, new, 1)
+    assert secret_leaks(broken, yaml.safe_load(broken)), f"{what} was not detected"
+
+
+class _Parsed(Exception):
+    pass
+
+
+def parse_only(svc: dict[str, Any], monkeypatch) -> tuple[argparse.ArgumentParser, argparse.Namespace, list[str]]:
+    """The service's real parser (hsched.runtime.common_args + its own flags, built by its `main`) on the
+    container's command line and environment: (parser, parsed arguments, flags it does not know)."""
+    server = importlib.import_module(f"{module_of(svc)}.server")
+    for key in os.environ:
+        if key.startswith("HSCHED_") or key in ("REDIS_URL",):
+            monkeypatch.delenv(key)
+    for key, value in container_env(svc).items():
+        monkeypatch.setenv(key, value)
+    seen: dict[str, Any] = {}
+
+    def spy(parser, args=None, namespace=None):
+        seen["parser"] = parser
+        seen["args"], extra = parser.parse_known_args(args, namespace)
+        seen["unknown"] = [a for a in extra if a.startswith("-")]
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", spy)
+    with pytest.raises(_Parsed):
+        server.main(svc["command"][3:])
+    monkeypatch.undo()
+    return seen["parser"], seen["args"], seen["unknown"]
+
+
+def test_tls_variant_flags_and_environment_exist_in_the_real_parsers(tls, monkeypatch):
+    waiting: dict[str, set[str]] = {}
+    for name, svc in hsched_services(tls["services"]).items():
+        parser, args, unknown = parse_only(svc, monkeypatch)
+        assert set(unknown) <= set(PENDING_FLAGS), f"{name}: {module_of(svc)} has no {sorted(unknown)}"
+        for f in unknown:
+            waiting.setdefault(PENDING_FLAGS[f], set()).add(f)
+        options = parser._option_string_actions
+        if "--redis-url-file" in options:
+            assert getattr(args, options["--redis-url-file"].dest) == "/run/secrets/redis-url", name
+        for var, value in container_env(svc).items():  # the issue-14 variables reach their flags
+            opt = TLS_ENV_FLAGS.get(var)
+            if opt is None:
+                continue
+            if opt not in options:
+                waiting.setdefault(PENDING_FLAGS[opt], set()).add(f"{opt} ({var})")
+                continue
+            assert str(getattr(args, options[opt].dest)) == value, f"{name}: {var}={value} does not set {opt}"
+    if waiting:
+        pytest.skip("compose.tls.yaml uses flags not in the parsers yet, waiting for branches: "
+                    + "; ".join(f"{b}: {', '.join(sorted(f))}" for b, f in sorted(waiting.items())))
+
+
+def test_the_parser_check_catches_a_misspelt_flag(tls, monkeypatch):
+    svc = copy.deepcopy(tls["services"]["selector"])
+    svc["command"] += ["--tls-dri", "/run/secrets/tls"]
+    _, _, unknown = parse_only(svc, monkeypatch)
+    assert "--tls-dri" in unknown and "--tls-dri" not in PENDING_FLAGS
+
+
+def test_secrets_stay_out_of_git_and_the_image():
+    ignored = [p.strip() for p in (ROOT / ".gitignore").read_text().splitlines()]
+    assert "/secrets/" in ignored, "the keys, tokens and Redis URL under ./secrets must never be committed"
+    patterns = [p.strip() for p in DOCKERIGNORE.read_text().splitlines() if p.strip() and not p.startswith("#")]
+    assert _dockerignored("secrets/tls/gateway.key", patterns)
+
+
 # -- Dockerfile / .dockerignore ------------------------------------------------------------------------------
 
 
@@ -538,7 +766,8 @@ def test_compose_command_lines_start_a_stack_that_places_a_task(services, fleet_
         probe = services["gateway"]["healthcheck"]["test"][3]
         for name in [n for n in _start_order(services) if n in apps]:
             deadline = time.monotonic() + 120
-            while subprocess.run([sys.executable, "-c", probe, f"127.0.0.1:{local[name]}"],
+            role = apps[name]["healthcheck"]["test"][5]
+            while subprocess.run([sys.executable, "-c", probe, f"127.0.0.1:{local[name]}", role],
                                  capture_output=True).returncode != 0:
                 if procs[name].poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"{name} did not become healthy:\n{(tmp_path / f'{name}.log').read_text()[-3000:]}")
