@@ -652,6 +652,49 @@ def test_secrets_stay_out_of_git_and_the_image():
     assert _dockerignored("secrets/tls/gateway.key", patterns)
 
 
+def certs_init(directory: Path) -> Path:
+    """A CA and the per-role certificates, made by the command the compose instructions use."""
+    proc = subprocess.run([sys.executable, "-m", "hsched.cli", "certs", "init", "--dir", str(directory)],
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0 and "certs" in proc.stderr and "invalid choice" in proc.stderr:
+        pytest.skip("`hsched certs init` comes with branch h-tls")
+    assert proc.returncode == 0, proc.stderr
+    return directory
+
+
+def test_health_probe_presents_the_role_certificate_under_tls(services, tmp_path):
+    """The compose health probe against a server that, like the internal services under HSCHED_TLS_DIR, requires
+    a client certificate from the CA: it answers 0 only when SERVING, and fails against a foreign CA or plaintext."""
+    pki, foreign = certs_init(tmp_path / "tls"), certs_init(tmp_path / "other")
+    read = lambda name: (pki / name).read_bytes()  # noqa: E731
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    creds = grpc.ssl_server_credentials([(read("thermal.key"), read("thermal.crt"))], read("ca.crt"),
+                                        require_client_auth=True)
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    server.start()
+    probe_code = services["thermal"]["healthcheck"]["test"][3]
+
+    def probe(tls_dir: Path | None, role: str = "placer") -> int:
+        env = {k: v for k, v in os.environ.items() if k != "HSCHED_TLS_DIR"}
+        if tls_dir:
+            env["HSCHED_TLS_DIR"] = str(tls_dir)
+        return subprocess.run([sys.executable, "-c", probe_code, f"127.0.0.1:{port}", role], capture_output=True,
+                              timeout=30, env=env).returncode
+
+    try:
+        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        assert probe(pki) == 0
+        assert probe(pki, "thermal") == 0
+        assert probe(foreign) != 0, "a certificate from another CA must not pass the handshake"
+        assert probe(None) != 0, "plaintext against a TLS port must fail"
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert probe(pki) != 0
+    finally:
+        server.stop(0)
+
+
 # -- Dockerfile / .dockerignore ------------------------------------------------------------------------------
 
 
