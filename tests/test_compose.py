@@ -615,16 +615,38 @@ def parse_only(svc: dict[str, Any], monkeypatch) -> tuple[argparse.ArgumentParse
     return seen["parser"], seen["args"], seen["unknown"]
 
 
-def test_tls_variant_flags_and_environment_exist_in_the_real_parsers(tls, monkeypatch):
+# what the test puts in each mounted secret (a parser may read a file as it parses: --redis-url-file does)
+SECRET_SAMPLES = {"/run/secrets/redis-url": "redis://hsched:sample-password@redis:6379/0\n"}
+
+
+def in_container(svc: dict[str, Any], root: Path) -> dict[str, Any]:
+    """The service with its mounted secrets as files under `root` (the container's /run/secrets), and its
+    command line and environment pointing there, so that a parser reading a file finds one."""
+    svc = copy.deepcopy(svc)
+    for entry in svc.get("secrets") or []:
+        path = root / _secret_target(entry).lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(SECRET_SAMPLES.get(_secret_target(entry), "sample\n"))
+    mounted = str(root / "run" / "secrets")
+    svc["command"] = [a.replace("/run/secrets", mounted) for a in svc["command"]]
+    svc["environment"] = {k: (v.replace("/run/secrets", mounted) if isinstance(v, str) else v)
+                          for k, v in (svc.get("environment") or {}).items()}
+    return svc
+
+
+def test_tls_variant_flags_and_environment_exist_in_the_real_parsers(tls, monkeypatch, tmp_path):
     waiting: dict[str, set[str]] = {}
-    for name, svc in hsched_services(tls["services"]).items():
+    for name, compose_svc in hsched_services(tls["services"]).items():
+        svc = in_container(compose_svc, tmp_path / name)
         parser, args, unknown = parse_only(svc, monkeypatch)
         assert set(unknown) <= set(PENDING_FLAGS), f"{name}: {module_of(svc)} has no {sorted(unknown)}"
         for f in unknown:
             waiting.setdefault(PENDING_FLAGS[f], set()).add(f)
         options = parser._option_string_actions
-        if "--redis-url-file" in options:
-            assert getattr(args, options["--redis-url-file"].dest) == "/run/secrets/redis-url", name
+        if "--redis-url-file" in options:  # the parser keeps the file's path or reads the URL from it
+            value = getattr(args, options["--redis-url-file"].dest)
+            path = flag(svc["command"], "--redis-url-file")
+            assert value in (path, Path(path).read_text().strip()), f"{name}: --redis-url-file gave {value!r}"
         for var, value in container_env(svc).items():  # the issue-14 variables reach their flags
             opt = TLS_ENV_FLAGS.get(var)
             if opt is None:
@@ -638,8 +660,8 @@ def test_tls_variant_flags_and_environment_exist_in_the_real_parsers(tls, monkey
                     + "; ".join(f"{b}: {', '.join(sorted(f))}" for b, f in sorted(waiting.items())))
 
 
-def test_the_parser_check_catches_a_misspelt_flag(tls, monkeypatch):
-    svc = copy.deepcopy(tls["services"]["selector"])
+def test_the_parser_check_catches_a_misspelt_flag(tls, monkeypatch, tmp_path):
+    svc = in_container(tls["services"]["selector"], tmp_path)
     svc["command"] += ["--tls-dri", "/run/secrets/tls"]
     _, _, unknown = parse_only(svc, monkeypatch)
     assert "--tls-dri" in unknown and "--tls-dri" not in PENDING_FLAGS
