@@ -945,7 +945,8 @@ def test_tls_compose_command_lines_start_an_authenticated_stack(raw, raw_tls, fl
     try:
         check = services["redis"]["healthcheck"]["test"][1:]  # redis-cli ping: the default user may only PING
         deadline = time.monotonic() + 30
-        while subprocess.run([*check, "-p", str(redis_port)], capture_output=True, text=True).stdout.strip() != "PONG":
+        while subprocess.run([check[0], "-p", str(redis_port), *check[1:]], capture_output=True,
+                             text=True).stdout.strip() != "PONG":
             assert time.monotonic() < deadline and redis_proc.poll() is None, "redis-server did not start"
             time.sleep(0.2)
         import redis as redis_client
