@@ -983,7 +983,7 @@ def test_tls_compose_command_lines_start_an_authenticated_stack(raw, raw_tls, fl
                 with grpc.secure_channel(f"127.0.0.1:{local['placer-denver']}", admin,
                                          options=[("grpc.ssl_target_name_override", "placer")]) as pch:
                     with pytest.raises(grpc.RpcError) as err:
-                        placer_pb2_grpc.PlacerStub(pch).Release(placer_pb2.ReleaseRequest(task_id=task.task_id),
+                        placer_pb2_grpc.PlacerStub(pch).Release(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
                                                                 timeout=10)
                     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
                 assert gw.Release(gateway_pb2.ReleaseRequest(task_id=task.task_id), metadata=as_alice,
