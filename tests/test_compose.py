@@ -7,9 +7,17 @@
   file and the port that service listens on; dependencies and health checks line up with those addresses;
 - every `python -m services.X` exists and its real argument parser accepts the command line (the service's
   `main(argv)` runs with the process bootstrap `run` replaced by a recorder);
-- the gRPC health probe used by the health checks answers 0 for SERVING and non-zero otherwise;
+- the gRPC health probe used by the health checks answers 0 for SERVING and non-zero otherwise, and over
+  mutual TLS presents the container's role certificate;
+- exposure: only the gateway is published, on 127.0.0.1 by default; Redis, the other services, metrics and
+  health are on the `internal: true` network only;
+- compose.tls.yaml (merged over compose.yaml by the Compose Specification's rules): every service mounts the CA,
+  its own role's certificate and key and nothing else of the PKI, gets HSCHED_TLS_DIR and reflection off, the
+  gateway its tokens file; no secret value is written in either file; its flags and variables exist in the
+  services' real parsers;
 - (slow) the compose command lines, with container addresses mapped to loopback ports, start a working
-  stack that places a task.
+  stack that places a task; so do compose.tls.yaml's, with each service's own secrets, and then the stack
+  authenticates tenants, keeps them apart, has reflection off, and shows no secret in any argv or log.
 """
 
 from __future__ import annotations
@@ -414,7 +422,6 @@ def health_server():
 def test_health_probe_exits_0_only_when_serving(services, health_server):
     servicer, port = health_server
     test = services["gateway"]["healthcheck"]["test"]
-
     assert test[5] == "gateway"
 
     def probe(target: str) -> int:
