@@ -469,6 +469,17 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt
 
 
+def delete_prefix(redis_url: str, prefix: str) -> None:
+    """Remove a benchmark stack's keys from an external Redis (best effort: the run's figures are already taken)."""
+    with contextlib.suppress(Exception):
+        from hsched.state.redis import connect_sync
+
+        r = connect_sync(redis_url)
+        keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            r.delete(*keys)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fleet", default=None, help="fleet YAML (default: the embedded 11-DC fleet)")
@@ -552,13 +563,7 @@ def main() -> int:
         log("stopping the stack ...")
         stack.stop()
         if redis_url:
-            with contextlib.suppress(Exception):
-                from hsched.state.redis import connect_sync
-
-                r = connect_sync(redis_url)
-                keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
-                if keys:
-                    r.delete(*keys)
+            delete_prefix(redis_url, prefix)
 
     if not opts.no_echo:
         with start_echo_chain(4) as chain:

@@ -27,7 +27,6 @@ if not __package__:  # run as a script: make `bench` importable here and in spaw
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
-import contextlib
 import os
 import secrets
 import statistics
@@ -35,7 +34,7 @@ import time
 
 from bench.echo_chain import WARMUP_S, cpu_seconds
 from bench.loadgen import LoadResult, run_closed_loop
-from bench.stack_bench import build_requests, stack_pids
+from bench.stack_bench import build_requests, delete_prefix, stack_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +45,7 @@ def log(msg: str) -> None:
 
 def measure(tls: bool, opts, requests: list[bytes]) -> dict[str, LoadResult]:
     from hsched.stack import Stack, StackConfig
-    from hsched.state.redis import connect_sync, free_port
+    from hsched.state.redis import free_port
 
     prefix = f"bench-tls-{os.getpid()}-{secrets.token_hex(3)}"
     redis_url = os.environ.get("REDIS_URL") or None
@@ -70,11 +69,7 @@ def measure(tls: bool, opts, requests: list[bytes]) -> dict[str, LoadResult]:
     finally:
         stack.stop()
         if redis_url:
-            with contextlib.suppress(Exception):
-                r = connect_sync(redis_url)
-                keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
-                if keys:
-                    r.delete(*keys)
+            delete_prefix(redis_url, prefix)
 
 
 def main() -> int:
