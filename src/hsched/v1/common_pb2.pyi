@@ -15,12 +15,37 @@ class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATE_DEFERRED: _ClassVar[TaskState]
     TASK_STATE_REJECTED: _ClassVar[TaskState]
     TASK_STATE_RELEASED: _ClassVar[TaskState]
+    TASK_STATE_RUNNING: _ClassVar[TaskState]
+    TASK_STATE_SUCCEEDED: _ClassVar[TaskState]
+    TASK_STATE_FAILED: _ClassVar[TaskState]
+    TASK_STATE_PREEMPTED: _ClassVar[TaskState]
+    TASK_STATE_EXPIRED: _ClassVar[TaskState]
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_PENDING: _ClassVar[JobState]
+    JOB_STATE_RUNNING: _ClassVar[JobState]
+    JOB_STATE_SUCCEEDED: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+    JOB_STATE_CANCELLED: _ClassVar[JobState]
 TASK_STATE_UNSPECIFIED: TaskState
 TASK_STATE_SUBMITTED: TaskState
 TASK_STATE_PLACED: TaskState
 TASK_STATE_DEFERRED: TaskState
 TASK_STATE_REJECTED: TaskState
 TASK_STATE_RELEASED: TaskState
+TASK_STATE_RUNNING: TaskState
+TASK_STATE_SUCCEEDED: TaskState
+TASK_STATE_FAILED: TaskState
+TASK_STATE_PREEMPTED: TaskState
+TASK_STATE_EXPIRED: TaskState
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_PENDING: JobState
+JOB_STATE_RUNNING: JobState
+JOB_STATE_SUCCEEDED: JobState
+JOB_STATE_FAILED: JobState
+JOB_STATE_CANCELLED: JobState
 
 class Resources(_message.Message):
     __slots__ = ("cpu_milli", "memory_mib", "disk_mib", "bandwidth_mbps", "gpu_count", "gpu_core_percent", "gpu_memory_mib")
@@ -51,7 +76,7 @@ class NetworkRequirements(_message.Message):
     def __init__(self, max_latency_ms: _Optional[float] = ..., max_jitter_ms: _Optional[float] = ..., max_loss_percent: _Optional[float] = ...) -> None: ...
 
 class TaskSpec(_message.Message):
-    __slots__ = ("request_id", "tenant", "name", "priority", "resources", "replicas", "runtime_s", "data_size_mb", "entry_vertex", "network", "gpu_models")
+    __slots__ = ("request_id", "tenant", "name", "priority", "resources", "replicas", "runtime_s", "data_size_mb", "entry_vertex", "network", "gpu_models", "priority_class", "queue_timeout_s", "job_id", "stage")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +88,10 @@ class TaskSpec(_message.Message):
     ENTRY_VERTEX_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
     GPU_MODELS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     name: str
@@ -74,7 +103,11 @@ class TaskSpec(_message.Message):
     entry_vertex: str
     network: NetworkRequirements
     gpu_models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., name: _Optional[str] = ..., priority: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., replicas: _Optional[int] = ..., runtime_s: _Optional[float] = ..., data_size_mb: _Optional[float] = ..., entry_vertex: _Optional[str] = ..., network: _Optional[_Union[NetworkRequirements, _Mapping]] = ..., gpu_models: _Optional[_Iterable[str]] = ...) -> None: ...
+    priority_class: str
+    queue_timeout_s: float
+    job_id: str
+    stage: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., name: _Optional[str] = ..., priority: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., replicas: _Optional[int] = ..., runtime_s: _Optional[float] = ..., data_size_mb: _Optional[float] = ..., entry_vertex: _Optional[str] = ..., network: _Optional[_Union[NetworkRequirements, _Mapping]] = ..., gpu_models: _Optional[_Iterable[str]] = ..., priority_class: _Optional[str] = ..., queue_timeout_s: _Optional[float] = ..., job_id: _Optional[str] = ..., stage: _Optional[str] = ...) -> None: ...
 
 class GpuSlice(_message.Message):
     __slots__ = ("card", "core_percent", "memory_mib", "model")
@@ -215,7 +248,7 @@ class Explanation(_message.Message):
     def __init__(self, selector_method: _Optional[str] = ..., ranking: _Optional[_Iterable[_Union[DcCandidate, _Mapping]]] = ..., excluded: _Optional[_Iterable[_Union[Exclusion, _Mapping]]] = ..., placer_policy: _Optional[str] = ..., alternatives: _Optional[_Iterable[_Union[Alternative, _Mapping]]] = ..., thermal: _Optional[_Union[ThermalEffect, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "spec", "state", "datacenter", "assignments", "explanation", "reason", "created_unix_ms", "updated_unix_ms")
+    __slots__ = ("task_id", "spec", "state", "datacenter", "assignments", "explanation", "reason", "created_unix_ms", "updated_unix_ms", "started_unix_ms", "finished_unix_ms", "preemptions")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +258,9 @@ class Task(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     spec: TaskSpec
     state: TaskState
@@ -234,10 +270,13 @@ class Task(_message.Message):
     reason: str
     created_unix_ms: int
     updated_unix_ms: int
-    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., datacenter: _Optional[str] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., explanation: _Optional[_Union[Explanation, _Mapping]] = ..., reason: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ...) -> None: ...
+    started_unix_ms: int
+    finished_unix_ms: int
+    preemptions: int
+    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., datacenter: _Optional[str] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., explanation: _Optional[_Union[Explanation, _Mapping]] = ..., reason: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., started_unix_ms: _Optional[int] = ..., finished_unix_ms: _Optional[int] = ..., preemptions: _Optional[int] = ...) -> None: ...
 
 class TaskEvent(_message.Message):
-    __slots__ = ("event_id", "task_id", "kind", "state", "datacenter", "detail", "unix_ms", "tenant")
+    __slots__ = ("event_id", "task_id", "kind", "state", "datacenter", "detail", "unix_ms", "tenant", "job_id")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +285,7 @@ class TaskEvent(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     task_id: str
     kind: str
@@ -254,7 +294,86 @@ class TaskEvent(_message.Message):
     detail: str
     unix_ms: int
     tenant: str
-    def __init__(self, event_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., datacenter: _Optional[str] = ..., detail: _Optional[str] = ..., unix_ms: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+    job_id: str
+    def __init__(self, event_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., datacenter: _Optional[str] = ..., detail: _Optional[str] = ..., unix_ms: _Optional[int] = ..., tenant: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class StageSpec(_message.Message):
+    __slots__ = ("name", "tasks", "resources", "runtime_s", "parents")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_S_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tasks: int
+    resources: Resources
+    runtime_s: float
+    parents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., runtime_s: _Optional[float] = ..., parents: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("request_id", "tenant", "name", "priority_class", "priority", "data_size_mb", "entry_vertex", "network", "gpu_models", "stages")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    DATA_SIZE_MB_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_VERTEX_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODELS_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tenant: str
+    name: str
+    priority_class: str
+    priority: int
+    data_size_mb: float
+    entry_vertex: str
+    network: NetworkRequirements
+    gpu_models: _containers.RepeatedScalarFieldContainer[str]
+    stages: _containers.RepeatedCompositeFieldContainer[StageSpec]
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., name: _Optional[str] = ..., priority_class: _Optional[str] = ..., priority: _Optional[int] = ..., data_size_mb: _Optional[float] = ..., entry_vertex: _Optional[str] = ..., network: _Optional[_Union[NetworkRequirements, _Mapping]] = ..., gpu_models: _Optional[_Iterable[str]] = ..., stages: _Optional[_Iterable[_Union[StageSpec, _Mapping]]] = ...) -> None: ...
+
+class StageStatus(_message.Message):
+    __slots__ = ("name", "tasks", "pending", "running", "succeeded", "failed", "task_ids")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tasks: int
+    pending: int
+    running: int
+    succeeded: int
+    failed: int
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[int] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("job_id", "spec", "state", "datacenter", "stages", "reason", "created_unix_ms", "updated_unix_ms", "finished_unix_ms")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DATACENTER_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    spec: JobSpec
+    state: JobState
+    datacenter: str
+    stages: _containers.RepeatedCompositeFieldContainer[StageStatus]
+    reason: str
+    created_unix_ms: int
+    updated_unix_ms: int
+    finished_unix_ms: int
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., datacenter: _Optional[str] = ..., stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., finished_unix_ms: _Optional[int] = ...) -> None: ...
 
 class DcSummary(_message.Message):
     __slots__ = ("datacenter", "nodes", "capacity", "free", "largest_node", "running_tasks", "deferred_tasks", "cpu_utilisation", "memory_utilisation", "gpu_core_utilisation", "gpu_memory_utilisation", "pue", "max_inlet_c", "ledger_id", "fencing_token", "unix_ms", "gpu_models")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from hsched.v1 import common_pb2 as hsched_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hsched/v1/gateway.proto\x12\thsched.v1\x1a\x16hsched/v1/common.proto\"K\n\rSubmitRequest\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.hsched.v1.TaskSpec\x12\x17\n\x0fselector_method\x18\x02 \x01(\t\"B\n\x0eSubmitResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.hsched.v1.Task\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x1d\n\nGetRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"y\n\x0bListRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.hsched.v1.TaskState\x12\x12\n\ndatacenter\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"G\n\x0cListResponse\x12\x1e\n\x05tasks\x18\x01 \x03(\x0b\x32\x0f.hsched.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"G\n\x0cWatchRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_event_id\x18\x03 \x01(\t\"!\n\x0eReleaseRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"0\n\x0fReleaseResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.hsched.v1.Task2\xac\x02\n\x07Gateway\x12=\n\x06Submit\x12\x18.hsched.v1.SubmitRequest\x1a\x19.hsched.v1.SubmitResponse\x12-\n\x03Get\x12\x15.hsched.v1.GetRequest\x1a\x0f.hsched.v1.Task\x12\x37\n\x04List\x12\x16.hsched.v1.ListRequest\x1a\x17.hsched.v1.ListResponse\x12\x38\n\x05Watch\x12\x17.hsched.v1.WatchRequest\x1a\x14.hsched.v1.TaskEvent0\x01\x12@\n\x07Release\x12\x19.hsched.v1.ReleaseRequest\x1a\x1a.hsched.v1.ReleaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hsched/v1/gateway.proto\x12\thsched.v1\x1a\x16hsched/v1/common.proto\"K\n\rSubmitRequest\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.hsched.v1.TaskSpec\x12\x17\n\x0fselector_method\x18\x02 \x01(\t\"B\n\x0eSubmitResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.hsched.v1.Task\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x1d\n\nGetRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"y\n\x0bListRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.hsched.v1.TaskState\x12\x12\n\ndatacenter\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"G\n\x0cListResponse\x12\x1e\n\x05tasks\x18\x01 \x03(\x0b\x32\x0f.hsched.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"W\n\x0cWatchRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_event_id\x18\x03 \x01(\t\x12\x0e\n\x06job_id\x18\x04 \x01(\t\"!\n\x0eReleaseRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"0\n\x0fReleaseResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.hsched.v1.Task\"L\n\x10SubmitJobRequest\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.hsched.v1.JobSpec\x12\x17\n\x0fselector_method\x18\x02 \x01(\t\"C\n\x11SubmitJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.hsched.v1.Job\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"h\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.hsched.v1.JobState\x12\r\n\x05limit\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"I\n\x10ListJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.hsched.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t2\xa7\x04\n\x07Gateway\x12=\n\x06Submit\x12\x18.hsched.v1.SubmitRequest\x1a\x19.hsched.v1.SubmitResponse\x12-\n\x03Get\x12\x15.hsched.v1.GetRequest\x1a\x0f.hsched.v1.Task\x12\x37\n\x04List\x12\x16.hsched.v1.ListRequest\x1a\x17.hsched.v1.ListResponse\x12\x38\n\x05Watch\x12\x17.hsched.v1.WatchRequest\x1a\x14.hsched.v1.TaskEvent0\x01\x12@\n\x07Release\x12\x19.hsched.v1.ReleaseRequest\x1a\x1a.hsched.v1.ReleaseResponse\x12\x46\n\tSubmitJob\x12\x1b.hsched.v1.SubmitJobRequest\x1a\x1c.hsched.v1.SubmitJobResponse\x12\x32\n\x06GetJob\x12\x18.hsched.v1.GetJobRequest\x1a\x0e.hsched.v1.Job\x12\x43\n\x08ListJobs\x12\x1a.hsched.v1.ListJobsRequest\x1a\x1b.hsched.v1.ListJobsResponse\x12\x38\n\tCancelJob\x12\x1b.hsched.v1.CancelJobRequest\x1a\x0e.hsched.v1.Jobb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,11 +43,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTRESPONSE']._serialized_start=361
   _globals['_LISTRESPONSE']._serialized_end=432
   _globals['_WATCHREQUEST']._serialized_start=434
-  _globals['_WATCHREQUEST']._serialized_end=505
-  _globals['_RELEASEREQUEST']._serialized_start=507
-  _globals['_RELEASEREQUEST']._serialized_end=540
-  _globals['_RELEASERESPONSE']._serialized_start=542
-  _globals['_RELEASERESPONSE']._serialized_end=590
-  _globals['_GATEWAY']._serialized_start=593
-  _globals['_GATEWAY']._serialized_end=893
+  _globals['_WATCHREQUEST']._serialized_end=521
+  _globals['_RELEASEREQUEST']._serialized_start=523
+  _globals['_RELEASEREQUEST']._serialized_end=556
+  _globals['_RELEASERESPONSE']._serialized_start=558
+  _globals['_RELEASERESPONSE']._serialized_end=606
+  _globals['_SUBMITJOBREQUEST']._serialized_start=608
+  _globals['_SUBMITJOBREQUEST']._serialized_end=684
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=686
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=753
+  _globals['_GETJOBREQUEST']._serialized_start=755
+  _globals['_GETJOBREQUEST']._serialized_end=786
+  _globals['_LISTJOBSREQUEST']._serialized_start=788
+  _globals['_LISTJOBSREQUEST']._serialized_end=892
+  _globals['_LISTJOBSRESPONSE']._serialized_start=894
+  _globals['_LISTJOBSRESPONSE']._serialized_end=967
+  _globals['_CANCELJOBREQUEST']._serialized_start=969
+  _globals['_CANCELJOBREQUEST']._serialized_end=1003
+  _globals['_GATEWAY']._serialized_start=1006
+  _globals['_GATEWAY']._serialized_end=1557
 # @@protoc_insertion_point(module_scope)

@@ -52,14 +52,16 @@ class ListResponse(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[_common_pb2.Task, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("task_id", "tenant", "after_event_id")
+    __slots__ = ("task_id", "tenant", "after_event_id", "job_id")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     AFTER_EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     tenant: str
     after_event_id: str
-    def __init__(self, task_id: _Optional[str] = ..., tenant: _Optional[str] = ..., after_event_id: _Optional[str] = ...) -> None: ...
+    job_id: str
+    def __init__(self, task_id: _Optional[str] = ..., tenant: _Optional[str] = ..., after_event_id: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("task_id",)
@@ -72,3 +74,51 @@ class ReleaseResponse(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     task: _common_pb2.Task
     def __init__(self, task: _Optional[_Union[_common_pb2.Task, _Mapping]] = ...) -> None: ...
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("job", "selector_method")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_METHOD_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.JobSpec
+    selector_method: str
+    def __init__(self, job: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., selector_method: _Optional[str] = ...) -> None: ...
+
+class SubmitJobResponse(_message.Message):
+    __slots__ = ("job", "duplicate")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.Job
+    duplicate: bool
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("tenant", "state", "limit", "page_token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    state: _common_pb2.JobState
+    limit: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "next_page_token")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.Job]
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_common_pb2.Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...

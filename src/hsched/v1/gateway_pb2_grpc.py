@@ -61,6 +61,26 @@ class GatewayStub:
                 request_serializer=hsched_dot_v1_dot_gateway__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_gateway__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.SubmitJob = channel.unary_unary(
+                '/hsched.v1.Gateway/SubmitJob',
+                request_serializer=hsched_dot_v1_dot_gateway__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=hsched_dot_v1_dot_gateway__pb2.SubmitJobResponse.FromString,
+                _registered_method=True)
+        self.GetJob = channel.unary_unary(
+                '/hsched.v1.Gateway/GetJob',
+                request_serializer=hsched_dot_v1_dot_gateway__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=hsched_dot_v1_dot_common__pb2.Job.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/hsched.v1.Gateway/ListJobs',
+                request_serializer=hsched_dot_v1_dot_gateway__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=hsched_dot_v1_dot_gateway__pb2.ListJobsResponse.FromString,
+                _registered_method=True)
+        self.CancelJob = channel.unary_unary(
+                '/hsched.v1.Gateway/CancelJob',
+                request_serializer=hsched_dot_v1_dot_gateway__pb2.CancelJobRequest.SerializeToString,
+                response_deserializer=hsched_dot_v1_dot_common__pb2.Job.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -97,6 +117,32 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitJob(self, request, context):
+        """DAG jobs: the gateway submits each stage's tasks to the job's DC once the stage's parents succeeded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelJob(self, request, context):
+        """releases its tasks; a finished job is left as it is
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +170,26 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=hsched_dot_v1_dot_gateway__pb2.ReleaseRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_gateway__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'SubmitJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJob,
+                    request_deserializer=hsched_dot_v1_dot_gateway__pb2.SubmitJobRequest.FromString,
+                    response_serializer=hsched_dot_v1_dot_gateway__pb2.SubmitJobResponse.SerializeToString,
+            ),
+            'GetJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJob,
+                    request_deserializer=hsched_dot_v1_dot_gateway__pb2.GetJobRequest.FromString,
+                    response_serializer=hsched_dot_v1_dot_common__pb2.Job.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=hsched_dot_v1_dot_gateway__pb2.ListJobsRequest.FromString,
+                    response_serializer=hsched_dot_v1_dot_gateway__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'CancelJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJob,
+                    request_deserializer=hsched_dot_v1_dot_gateway__pb2.CancelJobRequest.FromString,
+                    response_serializer=hsched_dot_v1_dot_common__pb2.Job.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -262,6 +328,114 @@ class Gateway:
             '/hsched.v1.Gateway/Release',
             hsched_dot_v1_dot_gateway__pb2.ReleaseRequest.SerializeToString,
             hsched_dot_v1_dot_gateway__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hsched.v1.Gateway/SubmitJob',
+            hsched_dot_v1_dot_gateway__pb2.SubmitJobRequest.SerializeToString,
+            hsched_dot_v1_dot_gateway__pb2.SubmitJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hsched.v1.Gateway/GetJob',
+            hsched_dot_v1_dot_gateway__pb2.GetJobRequest.SerializeToString,
+            hsched_dot_v1_dot_common__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hsched.v1.Gateway/ListJobs',
+            hsched_dot_v1_dot_gateway__pb2.ListJobsRequest.SerializeToString,
+            hsched_dot_v1_dot_gateway__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hsched.v1.Gateway/CancelJob',
+            hsched_dot_v1_dot_gateway__pb2.CancelJobRequest.SerializeToString,
+            hsched_dot_v1_dot_common__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,
