@@ -19,6 +19,7 @@ from hsched.costs.selection import METHODS
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
+from hsched.jobs import JobOrchestrator, JobPorts
 from hsched.runtime import common_args, exit_if_lost, guard_epoch, metrics_server, run, serve_until_stopped
 from hsched.state.feed import TaskFeed, parse_after
 from hsched.state.keys import Keys
@@ -103,6 +104,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._releasing: dict[str, set[asyncio.Task]] = {}  # task id -> its background releases under way
         self._failed: dict[tuple[str, str], asyncio.Future] = {}  # request key -> release of its failed attempt
         self._scheduling: set[str] = set()  # task ids placed or being placed whose records are not durable yet
+        self._job_tasks: dict[str, asyncio.Task] = {}  # task ids of DAG jobs being submitted (submit_job_task)
+        self.jobs = JobOrchestrator(store, JobPorts(self._select, self.submit_job_task, self.release_job_task))
 
     def coalescers(self) -> list[tuple[tuple[str, str], Coalescer]]:
         """Every coalescer with its (peer, method) labels."""
@@ -392,6 +395,119 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         writes.append(step("placed", task, f"{dc}: {', '.join(nodes[:4])}"
                            + (f" (+{len(nodes) - 4} more)" if len(nodes) > 4 else "")))
 
+    # -- DAG jobs (the logic is hsched.jobs; these translate and check) --------------------------------------------
+
+    async def _select(self, spec: pb.TaskSpec, method: str) -> selector_pb2.SelectResponse:
+        return await self.select.call(selector_pb2.SelectRequest(task=spec, method=method), self.select_timeout_s)
+
+    @rpc.grpc_errors
+    async def SubmitJob(self, request: gateway_pb2.SubmitJobRequest, context) -> gateway_pb2.SubmitJobResponse:
+        if not request.HasField("job"):
+            raise ValidationError("job", "is required")
+        entry = request.job.entry_vertex
+        if entry and entry not in self.fleet.wan.entry_vertices:
+            raise ValidationError("job.entry_vertex", "must be one of the fleet's entry vertices "
+                                  f"({', '.join(self.fleet.wan.entry_vertices[:6])}, ...)", entry)
+        if request.selector_method and request.selector_method not in METHODS:
+            raise ValidationError("selector_method", f"must be one of {', '.join(METHODS)} or empty",
+                                  request.selector_method)
+        job, duplicate = await self.jobs.submit(request.job, request.selector_method)
+        return gateway_pb2.SubmitJobResponse(job=job, duplicate=duplicate)
+
+    def _job(self, job_id: str) -> pb.Job:
+        if not job_id:
+            raise ValidationError("job_id", "is required")
+        return self.jobs.get(job_id)
+
+    @rpc.grpc_errors
+    async def GetJob(self, request: gateway_pb2.GetJobRequest, context) -> pb.Job:
+        return self._job(request.job_id)
+
+    @rpc.grpc_errors
+    async def ListJobs(self, request: gateway_pb2.ListJobsRequest, context) -> gateway_pb2.ListJobsResponse:
+        if request.limit > LIST_MAX:
+            raise ValidationError("limit", f"must be <= {LIST_MAX}", request.limit)
+        limit = request.limit or LIST_DEFAULT
+        out: list[pb.Job] = []
+        for job_id in sorted(self.store.jobs):
+            if request.page_token and job_id <= request.page_token:
+                continue
+            j = self.store.jobs[job_id]
+            if (request.tenant and j.spec.tenant != request.tenant) or (request.state and j.state != request.state):
+                continue
+            out.append(self.jobs.get(job_id))
+            if len(out) == limit:
+                break
+        return gateway_pb2.ListJobsResponse(jobs=out, next_page_token=out[-1].job_id if len(out) == limit else "")
+
+    @rpc.grpc_errors
+    async def CancelJob(self, request: gateway_pb2.CancelJobRequest, context) -> pb.Job:
+        self._job(request.job_id)
+        return await asyncio.shield(self._start(self.jobs.cancel(request.job_id)))
+
+    async def submit_job_task(self, task_id: str, spec: pb.TaskSpec, dc: str) -> pb.Task:
+        """Submit one task of a DAG job to its job's DC, deduplicated by its (deterministic) task id: a task already
+        recorded, or being submitted, is answered as it stands."""
+        while True:
+            known = self.store.tasks.get(task_id)
+            if known is not None:
+                return known
+            if task_id not in self._job_tasks:
+                break
+            await asyncio.wait([self._job_tasks[task_id]])
+        job = self._job_tasks[task_id] = self._start(self._submit_at(task_id, spec, dc))
+        job.add_done_callback(lambda _: self._job_tasks.pop(task_id, None))
+        return await asyncio.shield(job)
+
+    async def _submit_at(self, task_id: str, spec: pb.TaskSpec, dc: str) -> pb.Task:
+        """Place at `dc` (queueing if full) and record it. Unlike a Submit, nothing is given up: the job is durable
+        and the task id fixed, so an unreachable placer or task stream is waited for (an unanswered Place is
+        released first), and a gateway crash in between is settled by the next one's reconcile and a re-submit."""
+        task = pb.Task(task_id=task_id, spec=spec, created_unix_ms=now_ms(), datacenter=dc)
+        records = [step("submitted", task), step("dc_selected", task, f"{dc}: the data center of job {spec.job_id}")]
+        placer = self.place.get(dc)
+        self._scheduling.add(task_id)
+        try:
+            if placer is None:
+                task.reason = f"{dc}: no placer address configured"
+                records.append(step("rejected", task, task.reason))
+            else:
+                async def place() -> placer_pb2.PlaceResponse:
+                    if releases := self._releasing.get(task_id):  # an earlier unanswered attempt's release first
+                        await asyncio.wait(set(releases))
+                    try:
+                        return await placer.call(placer_pb2.PlaceRequest(task_id=task_id, task=spec, allow_defer=True),
+                                                 self.place_timeout_s)
+                    except grpc.aio.AioRpcError:
+                        self._abandon(task_id, dc)
+                        raise
+
+                reply = await retry_with_backoff(place, grpc.aio.AioRpcError, lambda exc, delay: (
+                    f"placer {dc}: cannot yet place {task_id} of a job ({exc.code().name}); retrying in {delay:g} s"))
+                if reply.outcome == placer_pb2.PLACE_OUTCOME_PLACED:
+                    self._placed(task, dc, reply, records)
+                elif reply.outcome == placer_pb2.PLACE_OUTCOME_DEFERRED:
+                    task.reason = reply.reason
+                    self._explain(task, reply)
+                    records.append(step("deferred", task, f"queued at {dc}: {reply.reason}"))
+                else:
+                    task.reason = f"{dc} cannot hold it: {reply.reason}"
+                    records.append(step("rejected", task, task.reason))
+            await retry_with_backoff(lambda: self.store.write(*records), Exception, lambda exc, delay: (
+                f"cannot yet record {task_id} of a job ({type(exc).__name__}: {exc}); retrying in {delay:g} s"))
+        finally:
+            self._scheduling.discard(task_id)
+        return task
+
+    async def release_job_task(self, task_id: str) -> pb.Task | None:
+        """Release one task of a failed or cancelled job, if it still holds or waits for resources."""
+        await self.store.settled(task_id)
+        task = self.store.tasks.get(task_id)
+        if task is None or task.state not in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED, pb.TASK_STATE_RUNNING,
+                                              pb.TASK_STATE_PREEMPTED):
+            return task
+        return await asyncio.shield(self._start(self._release(task_id)))
+
     # -- Release -----------------------------------------------------------------------------------------------
 
     @rpc.grpc_errors
@@ -423,6 +539,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             await self._placed_from_queue(task.datacenter, [(q.task_id, q.assignments)
                                                             for q in reply.placed_from_queue],
                                           f"when {task.task_id} was released")
+        self.jobs.on_transition(task, "released")  # a job's task released by its client fails the job
         return task
 
     # -- reads -------------------------------------------------------------------------------------------------
@@ -463,8 +580,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         after = parse_after(request.after_event_id)
         if request.task_id:
             self._task(request.task_id)  # NOT_FOUND for a task this gateway does not know
+        if request.job_id:
+            self.jobs.get(request.job_id)
         assert self.feed is not None, "serve() gives the servicer its feed"
-        async for event in self.feed.watch(after, request.task_id, request.tenant):
+        async for event in self.feed.watch(after, request.task_id, request.tenant, request.job_id):
             yield event
 
 
@@ -523,6 +642,7 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
                                {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
                                args.select_timeout_s, args.place_timeout_s)
     settled, released = await servicer.reconcile(redis, Keys(args.prefix))
+    resumed = servicer.jobs.recover()  # after reconcile: a job's unrecorded placements are released, then re-placed
     # Watches read through a client of their own (one reader + a few catch-up pages), never the shared pool
     feed_redis = connect(args.redis_url)
     servicer.feed = TaskFeed(feed_redis, store.stream, store.last_id, args.max_watches, args.max_watches_per_tenant,
@@ -544,10 +664,10 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         lambda s: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, s),
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics)
     log.info("gateway serving on port %d (%d task events replayed, %d tasks; %d interrupted Submits settled, %d "
-             "tasks held by a placer without a record to match released)", port, loaded, len(store.tasks), settled,
-             released)
+             "tasks held by a placer without a record to match released; %d jobs resumed)", port, loaded,
+             len(store.tasks), settled, released, resumed)
     await serve_until_stopped(stop, server, port, args, metrics=metrics, tasks=[epoch_watch, late, pruning],
-                              cleanup=[servicer.feed.close, servicer.close, *(ch.close for ch in channels),
+                              cleanup=[servicer.feed.close, servicer.jobs.close, servicer.close, *(ch.close for ch in channels),
                                        feed_redis.aclose, redis.aclose])
     exit_if_lost(guard)
 

@@ -36,6 +36,11 @@ STATE_OF_KIND = {"submitted": pb.TASK_STATE_SUBMITTED, "dc_selected": pb.TASK_ST
                  "placed": pb.TASK_STATE_PLACED, "deferred": pb.TASK_STATE_DEFERRED,
                  "rejected": pb.TASK_STATE_REJECTED, "released": pb.TASK_STATE_RELEASED,
                  ABANDONED: pb.TASK_STATE_REJECTED}
+# A DAG job's own records (hsched.jobs) share the stream: `t` holds a serialized hsched.v1.Job instead of a Task.
+JOB_STATE_OF_KIND = {"job_submitted": pb.JOB_STATE_PENDING, "job_running": pb.JOB_STATE_RUNNING,
+                     "job_succeeded": pb.JOB_STATE_SUCCEEDED, "job_failed": pb.JOB_STATE_FAILED,
+                     "job_cancelled": pb.JOB_STATE_CANCELLED}
+JOB_TERMINAL = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
 
 
 _RECORD_FIELDS = (b"k", b"t", b"d")
@@ -70,6 +75,13 @@ def step(kind: str, task: pb.Task, detail: str = "") -> Record:
     return Record(kind, task.task_id, {b"k": kind.encode(), b"t": task.SerializeToString(), b"d": detail.encode()})
 
 
+def job_step(kind: str, job: pb.Job, detail: str = "") -> Record:
+    """Apply job step `kind` to `job` (state, time) and take the record of this moment."""
+    job.state = JOB_STATE_OF_KIND[kind]
+    job.updated_unix_ms = now_ms()
+    return Record(kind, job.job_id, {b"k": kind.encode(), b"t": job.SerializeToString(), b"d": detail.encode()})
+
+
 @dataclass
 class _Pending:
     records: tuple[Record, ...]
@@ -92,6 +104,8 @@ class TaskStore:
     min_replicas: int = 0  # replicas that must hold a flush before its callers hear it is durable (WAIT)
     wait_timeout_ms: int = 1000
     _writing: dict[str, asyncio.Future] = field(default_factory=dict)  # task id -> its latest write in flight
+    jobs: dict[str, pb.Job] = field(default_factory=dict)  # DAG jobs (hsched.jobs), last record per job id
+    jobs_by_request: dict[tuple[str, str], str] = field(default_factory=dict)  # (tenant, request_id) -> job id
 
     def __post_init__(self) -> None:
         self._append = self.redis.register_script(_APPEND)
@@ -102,12 +116,21 @@ class TaskStore:
         while True:
             entries = await self.redis.xrange(self.stream, min=start, max="+", count=batch)
             for entry_id, fields in entries:
-                self._fold(fields[b"k"].decode(), pb.Task.FromString(fields[b"t"]))
+                self._fold_entry(fields[b"k"].decode(), fields[b"t"])
                 self.last_id = entry_id.decode()
             count += len(entries)
             if len(entries) < batch:
                 return count
             start = f"({self.last_id}"
+
+    def _fold_entry(self, kind: str, record: bytes) -> None:
+        if kind in JOB_STATE_OF_KIND:
+            job = pb.Job.FromString(record)
+            self.jobs[job.job_id] = job
+            if job.spec.request_id:
+                self.jobs_by_request[(job.spec.tenant, job.spec.request_id)] = job.job_id
+        else:
+            self._fold(kind, pb.Task.FromString(record))
 
     def _fold(self, kind: str, task: pb.Task) -> None:
         if task.task_id in self.abandoned:
@@ -192,7 +215,7 @@ class TaskStore:
                 last: dict[str, Record] = {r.task_id: r for r in p.records}  # the fold keeps the last per task
                 for r in p.records:
                     if r.kind == ABANDONED or last[r.task_id] is r:
-                        self._fold(r.kind, pb.Task.FromString(r.fields[b"t"]))
+                        self._fold_entry(r.kind, r.fields[b"t"])
                 if entry_ids:
                     self.last_id = entry_ids[-1]
                 if not p.future.done():
@@ -211,6 +234,9 @@ KIND_OF_STATE = {pb.TASK_STATE_SUBMITTED: "submitted", pb.TASK_STATE_PLACED: "pl
                  pb.TASK_STATE_RELEASED: "released"}
 
 
+KIND_OF_JOB_STATE = {state: kind for kind, state in JOB_STATE_OF_KIND.items()}
+
+
 def _entry_id(entry_id: bytes) -> tuple[int, int]:
     ms, _, seq = entry_id.decode().partition("-")
     return int(ms), int(seq or 0)
@@ -225,7 +251,16 @@ async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, no
     its record is written again before any entry of it goes. Returns (tasks forgotten, entries trimmed)."""
     now = now_ms() if now is None else now
     cutoff = now - retention_ms
-    gone = [t for t in store.tasks.values() if t.state in TERMINAL and t.updated_unix_ms < cutoff]
+    # a job is forgotten with its tasks once finished; a live job's finished tasks are its progress: kept
+    gone_jobs = [j for j in store.jobs.values() if j.state in JOB_TERMINAL and j.updated_unix_ms < cutoff]
+    for job in gone_jobs:
+        del store.jobs[job.job_id]
+        store._kept.pop(job.job_id, None)
+        key = (job.spec.tenant, job.spec.request_id)
+        if store.jobs_by_request.get(key) == job.job_id:
+            del store.jobs_by_request[key]
+    gone = [t for t in store.tasks.values() if t.state in TERMINAL and t.updated_unix_ms < cutoff
+            and (not t.spec.job_id or t.spec.job_id not in store.jobs)]
     for task in gone:
         del store.tasks[task.task_id]
         store._kept.pop(task.task_id, None)
@@ -235,16 +270,22 @@ async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, no
     # `updated_unix_ms` is the gateway's clock, entry ids Redis's: `margin_ms` covers the difference
     old = [t for t in store.tasks.values() if max(t.updated_unix_ms, store._kept.get(t.task_id, (0, 0))[0])
            < cutoff + margin_ms]
-    if old:
+    old_jobs = [j for j in store.jobs.values() if max(j.updated_unix_ms, store._kept.get(j.job_id, (0, 0))[0])
+                < cutoff + margin_ms]
+    if old or old_jobs:
         # through the store's own append script: the same epoch check as every task-stream write
         args = [store.epoch or ""]
         for task in old:
             args += [KIND_OF_STATE.get(task.state, "submitted"), task.SerializeToString(), "kept by compaction"]
+        for job in old_jobs:
+            args += [KIND_OF_JOB_STATE[job.state], job.SerializeToString(), "kept by compaction"]
         kept = await store._append(keys=[store.stream, store.epoch_key or store.stream], args=args)
-        for task, entry_id in zip(old, kept, strict=True):
-            store._kept[task.task_id] = _entry_id(entry_id)
-    # never trim a record written again that is still its task's latest, whatever the clocks say
-    trim_at = min([(cutoff, 0), *(k for t, k in store._kept.items() if store.tasks[t].updated_unix_ms <= k[0])])
+        for key, entry_id in zip([*(t.task_id for t in old), *(j.job_id for j in old_jobs)], kept, strict=True):
+            store._kept[key] = _entry_id(entry_id)
+    # never trim a record written again that is still its task's (job's) latest, whatever the clocks say
+    latest = {**{t: r.updated_unix_ms for t, r in store.tasks.items()},
+              **{j: r.updated_unix_ms for j, r in store.jobs.items()}}
+    trim_at = min([(cutoff, 0), *(k for t, k in store._kept.items() if latest[t] <= k[0])])
     trimmed = await store.redis.xtrim(store.stream, minid=f"{trim_at[0]}-{trim_at[1]}", approximate=False) \
         if cutoff > 0 else 0
     return len(gone), int(trimmed)
@@ -263,7 +304,12 @@ async def keep_pruned(store: TaskStore, retention_s: float, interval_s: float) -
 
 
 def event_of(entry_id: str, fields: dict[bytes, bytes]) -> pb.TaskEvent:
+    kind = fields[b"k"].decode()
+    if kind in JOB_STATE_OF_KIND:  # a job's own event: task_id "" (TaskEvent.job_id says which job)
+        job = pb.Job.FromString(fields[b"t"])
+        return pb.TaskEvent(event_id=entry_id, kind=kind, datacenter=job.datacenter, job_id=job.job_id,
+                            detail=fields.get(b"d", b"").decode(), unix_ms=job.updated_unix_ms, tenant=job.spec.tenant)
     task = pb.Task.FromString(fields[b"t"])
-    return pb.TaskEvent(event_id=entry_id, task_id=task.task_id, kind=fields[b"k"].decode(), state=task.state,
+    return pb.TaskEvent(event_id=entry_id, task_id=task.task_id, kind=kind, state=task.state,
                         datacenter=task.datacenter, detail=fields.get(b"d", b"").decode(),
-                        unix_ms=task.updated_unix_ms, tenant=task.spec.tenant)
+                        unix_ms=task.updated_unix_ms, tenant=task.spec.tenant, job_id=task.spec.job_id)
