@@ -25,6 +25,7 @@ from hsched.state.keys import Keys
 from hsched.state.ledger import replay
 from hsched.state.redis import connect
 from hsched.state.tasks import ABANDONED, Record, TaskStore, keep_pruned, now_ms, step
+from hsched.state.transitions import Transitions
 from hsched.telemetry import MetricsServer
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import (
@@ -83,6 +84,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.fleet = fleet
         self.store = store
         self.feed = feed
+        # every durable task transition, in stream order, for in-process consumers (the job orchestrator)
+        self.transitions = store.transitions = store.transitions or Transitions()
         # Concurrent Submits' selector and placer calls travel in batches, on one long-lived stream per peer
         # and method (hsched.batching: the per-call gRPC cost, not the decision, is what limits throughput).
         # wait_for_ready: ride out a selector restart.
@@ -373,6 +376,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         await asyncio.gather(*self._abandoned, return_exceptions=True)
         for _, c in self.coalescers():
             await c.close()
+        await self.transitions.close()
 
     def _explain(self, task: pb.Task, reply: placer_pb2.PlaceResponse) -> None:
         ex = task.explanation
