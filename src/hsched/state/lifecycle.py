@@ -31,7 +31,7 @@ from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.task import TaskSpec
 from hsched.state.follow import LedgerFollower, stream_id_tuple
 from hsched.state.ledger import StateLost, load_snapshot, snapshot_key, trimmed_past
-from hsched.state.tasks import Record, TaskStore, ledger_ref, step
+from hsched.state.tasks import Record, TaskStore, ledger_ref, now_ms, step
 from hsched.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -86,20 +86,27 @@ def _one_step(event: dict, dc: str, ref: str, table) -> Callable[[pb.Task], list
     return steps
 
 
-def rederive(task: pb.Task, dc: str, allocations: dict, queue: OrderedDict[str, TaskSpec], ref: str,
-             table) -> list[Record]:
-    """The steps that bring `task` (live at `dc` in the table) in line with the DC's fold when the ledger
-    entries in between are gone (trimmed): placed if the fold holds it on nodes, requeued if queued, and if
-    the fold no longer holds it, failed — it ended while the gateway was away and how is no longer known."""
-    held, queued = allocations.get(task.task_id), task.task_id in queue
-    if held is not None and task.state in _QUEUED:
-        record = transition(task, {"t": "alloc", "parts": [p.to_json() for p in held]}, dc, ref, table)
-        return [record] if record else []
+def rederive(task: pb.Task, dc: str, state: ClusterState, queue: OrderedDict[str, TaskSpec], ref: str
+             ) -> list[Record]:
+    """The steps that bring `task` (live at `dc` in the table) in line with the DC's fold `state`/`queue` when
+    the ledger entries in between are gone (trimmed): placed (and running, if its clock says it started) when
+    the fold holds it on nodes, requeued when queued, and when the fold no longer holds it, failed — it ended
+    while the gateway was away and how is no longer known."""
+    held, queued = state.allocations.get(task.task_id), task.task_id in queue
+    if held is not None:
+        records = []
+        if task.state in _QUEUED:
+            records.append(transition(task, {"t": "alloc", "parts": [p.to_json() for p in held]}, dc, ref,
+                                      state.table))
+        clock = state.clocks.get(task.task_id)
+        if clock is not None and clock.started_ms:
+            records.append(transition(task, {"t": "run", "at": clock.started_ms}, dc, ref, state.table))
+        return [r for r in records if r is not None]
     if queued and task.state in _ON_NODES:
         return [step("preempted", _preempted(task), "evicted while the gateway was away", ref),
                 step("deferred", task, f"requeued at {dc}", ref)]
-    if held is None and not queued:
-        task.finished_unix_ms = task.finished_unix_ms or task.updated_unix_ms
+    if not queued:
+        task.finished_unix_ms = task.finished_unix_ms or now_ms()
         task.reason = (f"it ended at {dc} while the gateway was not following that ledger, and the entries that "
                        "said how were trimmed: outcome unknown")
         return [step("failed", task, task.reason, ref)]
@@ -165,8 +172,8 @@ class TaskLifecycle:
                     "snapshot at %s", follower.stream, snap_id)
         for task_id in [t.task_id for t in list(self.store.tasks.values())
                         if t.datacenter == dc.name and t.state in LIVE]:
-            await self._write(task_id, lambda task: rederive(task, dc.name, state.allocations, queue,
-                                                             ledger_ref(dc.name, snap_id), state.table)
+            await self._write(task_id, lambda task: rederive(task, dc.name, state, queue,
+                                                             ledger_ref(dc.name, snap_id))
                               if task.state in LIVE else [])
         await self._read(follower.redis, follower, snap_id)
 
