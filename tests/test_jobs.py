@@ -22,7 +22,7 @@ from hsched.domain.limits import STAGE_MAX_TASKS
 from hsched.jobs import load_job_file, selection_requests, task_id_of, validate_job
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
-from hsched.state.tasks import Record, TaskStore, now_ms
+from hsched.state.tasks import TaskStore, now_ms, step
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import placer_pb2_grpc, selector_pb2_grpc
 from services.gateway.server import GatewayServicer
@@ -204,13 +204,10 @@ async def until(predicate, what: str, timeout_s: float = 30.0):
 
 
 async def finish(servicer: GatewayServicer, task_id: str, ok: bool = True) -> None:
-    """Record a task finished as the gateway's ledger follower does, then tell the job orchestrator."""
+    """Record a task finished as the gateway's ledger follower does (the transitions hub tells the jobs)."""
     task = servicer.store.copy(task_id)
-    task.state = pb.TASK_STATE_SUCCEEDED if ok else pb.TASK_STATE_FAILED
-    task.finished_unix_ms = task.updated_unix_ms = now_ms()
-    kind = "succeeded" if ok else "failed"
-    await servicer.store.write(Record(kind, task_id, {b"k": kind.encode(), b"t": task.SerializeToString(), b"d": b""}))
-    await servicer.jobs.transition_callback(task, kind)
+    task.finished_unix_ms = now_ms()
+    await servicer.store.write(step("succeeded" if ok else "failed", task))
 
 
 DIAMOND = job(stage("extract", 3), stage("left", 2, ("extract",)), stage("right", 1, ("extract",)),
