@@ -174,9 +174,10 @@ def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: s
         stats = asyncio.run(replay_jobs(gateway, jobs, factor, redis_url, prefix, timeout_s=args.tpch_timeout_s,
                                         progress=lambda done, total: bar.update(job, completed=done)))
     s = stats.summary()
-    table = Table(title="TPC-H DAG replay summary (times in trace seconds = wall × time factor)")
-    for col in ("jobs", "succeeded", "failed", "unfinished", "avg JCT s", "p95 JCT s", "avg critical path s",
-                "mean CPU util", "preemptions", "wall s"):
+    table = Table(title="TPC-H DAG replay — JCT and critical path (the JCT bound) in trace seconds = wall × "
+                        f"time factor {factor:g}; CPU util = mean over the jobs' data centers while they ran")
+    for col in ("jobs", "succeeded", "failed", "unfinished", "avg JCT", "p95 JCT", "avg crit. path", "CPU util",
+                "preempted", "wall s"):
         table.add_column(col, justify="right", no_wrap=True)
 
     def fmt(v, spec):
