@@ -100,11 +100,12 @@ def build_requests(fleet_path: str | None, limit: int = 2000, seed: int = 0) -> 
 
 
 @contextlib.asynccontextmanager
-async def submit_release(target: str, requests: list[bytes], timeout_s: float = CALL_TIMEOUT_S):
+async def submit_release(target: str, requests: list[bytes], timeout_s: float = CALL_TIMEOUT_S,
+                         tls_dir: str | None = None):
     """Step factory (`bench.loadgen.run_closed_loop`): Submit task i, then Release it if it holds anything.
 
     Returns a zero-latency sample named `outcome:<state>` per iteration, so the merged results count
-    Submit outcomes by task state.
+    Submit outcomes by task state. With `tls_dir` (a stack started with TLS): over TLS as its admin.
     """
     import grpc
 
@@ -114,7 +115,13 @@ async def submit_release(target: str, requests: list[bytes], timeout_s: float = 
     reqs = [gateway_pb2.SubmitRequest.FromString(b) for b in requests]
     names = {v: OUTCOME + pb.TaskState.Name(v).removeprefix("TASK_STATE_").lower() for v in pb.TaskState.values()}
     holding = (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED)
-    async with grpc.aio.insecure_channel(target) as channel:
+    if tls_dir:
+        from hsched.security.tls import TlsFiles, channel_credentials
+
+        channel = grpc.aio.secure_channel(target, channel_credentials(TlsFiles(Path(tls_dir), "admin")))
+    else:
+        channel = grpc.aio.insecure_channel(target)
+    async with channel:
         await asyncio.wait_for(channel.channel_ready(), 10)
         stub = gateway_pb2_grpc.GatewayStub(channel)
 

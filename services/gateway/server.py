@@ -8,6 +8,7 @@ import os
 import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import grpc
@@ -20,7 +21,19 @@ from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.jobs import JobOrchestrator, JobPorts
-from hsched.runtime import common_args, exit_if_lost, guard_epoch, metrics_server, run, serve_until_stopped
+from hsched.runtime import (
+    common_args,
+    exit_if_lost,
+    guard_epoch,
+    metrics_server,
+    reflection_on,
+    run,
+    serve_until_stopped,
+    tls_files,
+)
+from hsched.security.principals import GatewayAuth, Principal, may_see, submit_tenant, tenant_filter
+from hsched.security.tls import CLIENT_AUTH
+from hsched.security.tokens import TokensFile, TokensFileError
 from hsched.state.feed import TaskFeed, parse_after
 from hsched.state.follow import LedgerFollower, follow
 from hsched.state.keys import Keys
@@ -74,8 +87,12 @@ def new_task_id() -> str:
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     """The public endpoint.
 
-    Idempotency: a Submit with a `request_id` is bound to it (per tenant) once its records are durable; a retry
-    then gets that record (`duplicate`). A Submit that ends without durable records — the task-stream write
+    Tenants (`auth`, hsched.security.principals): with authentication on, every call's principal decides what
+    it sees — a tenant submits as itself (the `tenant` field is replaced), and another tenant's task answers
+    NOT_FOUND exactly like a missing one; an admin sees everything. Off: the `tenant` field is trusted.
+
+    Idempotency: a Submit with a `request_id` is bound to it (per tenant: the authenticated one) once its records
+    are durable; a retry then gets that record (`duplicate`). A Submit that ends without durable records — the task-stream write
     failed (the client got UNAVAILABLE) or the gateway crashed while scheduling it — binds nothing: whatever a
     placer holds for it is released (`_abandon`, or `reconcile` at the next start), an `abandoned` record
     drops any trace of it, and a retry with the same request_id is a fresh attempt (it first waits for the
@@ -83,8 +100,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     def __init__(self, fleet: Fleet, store: TaskStore, selector: selector_pb2_grpc.SelectorStub,
                  placers: dict[str, placer_pb2_grpc.PlacerStub], select_timeout_s: float = 2.0,
-                 place_timeout_s: float = 5.0, max_batch: int = 128, feed: TaskFeed | None = None) -> None:
+                 place_timeout_s: float = 5.0, max_batch: int = 128, feed: TaskFeed | None = None,
+                 auth: GatewayAuth | None = None) -> None:
         self.fleet = fleet
+        self.auth = auth or GatewayAuth()
         self.store = store
         self.feed = feed
         # every durable task transition, in stream order, for in-process consumers (the job orchestrator)
@@ -127,9 +146,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     @rpc.grpc_errors
     async def Submit(self, request: gateway_pb2.SubmitRequest, context) -> gateway_pb2.SubmitResponse:
+        principal = self.auth.authenticate(context)
         if not request.HasField("task"):
             raise ValidationError("task", "is required")
         spec = task_from_pb(request.task)
+        spec = replace(spec, tenant=submit_tenant(principal, spec.tenant))  # a tenant's forged field is ignored
         spec.validate()
         if spec.entry_vertex and spec.entry_vertex not in self.fleet.wan.entry_vertices:
             raise ValidationError("task.entry_vertex", "must be one of the fleet's entry vertices "
@@ -140,7 +161,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         method = request.selector_method
         if not spec.request_id:
             return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._start(self._submit(spec, method))))
-        key = (spec.tenant, spec.request_id)
+        key = (spec.tenant, spec.request_id)  # the authenticated tenant's: one tenant cannot reach another's
         while True:
             if key in self._inflight:  # a retry while the first call is still being scheduled: its final answer
                 return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._inflight[key]), duplicate=True)
@@ -396,38 +417,48 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     @rpc.grpc_errors
     async def SubmitJob(self, request: gateway_pb2.SubmitJobRequest, context) -> gateway_pb2.SubmitJobResponse:
+        principal = self.auth.authenticate(context)
         if not request.HasField("job"):
             raise ValidationError("job", "is required")
-        entry = request.job.entry_vertex
+        job = gateway_pb2.SubmitJobRequest().job
+        job.CopyFrom(request.job)
+        # the same tenant rules as Submit: a tenant's forged field is ignored, its request ids are its own
+        job.tenant = submit_tenant(principal, job.tenant)
+        entry = job.entry_vertex
         if entry and entry not in self.fleet.wan.entry_vertices:
             raise ValidationError("job.entry_vertex", "must be one of the fleet's entry vertices "
                                   f"({', '.join(self.fleet.wan.entry_vertices[:6])}, ...)", entry)
         if request.selector_method and request.selector_method not in METHODS:
             raise ValidationError("selector_method", f"must be one of {', '.join(METHODS)} or empty",
                                   request.selector_method)
-        job, duplicate = await self.jobs.submit(request.job, request.selector_method)
-        return gateway_pb2.SubmitJobResponse(job=job, duplicate=duplicate)
+        answer, duplicate = await self.jobs.submit(job, request.selector_method)
+        return gateway_pb2.SubmitJobResponse(job=answer, duplicate=duplicate)
 
-    def _job(self, job_id: str) -> pb.Job:
+    def _job(self, job_id: str, principal: Principal | None) -> pb.Job:
+        """The job `principal` asked for; another tenant's gets the very answer of a job that does not exist."""
         if not job_id:
             raise ValidationError("job_id", "is required")
+        job = self.store.jobs.get(job_id)
+        if job is None or not may_see(principal, job.spec.tenant):
+            raise LookupError(f"job {job_id} not found")
         return self.jobs.get(job_id)
 
     @rpc.grpc_errors
     async def GetJob(self, request: gateway_pb2.GetJobRequest, context) -> pb.Job:
-        return self._job(request.job_id)
+        return self._job(request.job_id, self.auth.authenticate(context))
 
     @rpc.grpc_errors
     async def ListJobs(self, request: gateway_pb2.ListJobsRequest, context) -> gateway_pb2.ListJobsResponse:
         if request.limit > LIST_MAX:
             raise ValidationError("limit", f"must be <= {LIST_MAX}", request.limit)
+        tenant = tenant_filter(self.auth.authenticate(context), request.tenant)
         limit = request.limit or LIST_DEFAULT
         out: list[pb.Job] = []
         for job_id in sorted(self.store.jobs):
             if request.page_token and job_id <= request.page_token:
                 continue
             j = self.store.jobs[job_id]
-            if (request.tenant and j.spec.tenant != request.tenant) or (request.state and j.state != request.state):
+            if (tenant and j.spec.tenant != tenant) or (request.state and j.state != request.state):
                 continue
             out.append(self.jobs.get(job_id))
             if len(out) == limit:
@@ -436,7 +467,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     @rpc.grpc_errors
     async def CancelJob(self, request: gateway_pb2.CancelJobRequest, context) -> pb.Job:
-        self._job(request.job_id)
+        self._job(request.job_id, self.auth.authenticate(context))
         return await asyncio.shield(self._start(self.jobs.cancel(request.job_id)))
 
     async def submit_job_task(self, task_id: str, spec: pb.TaskSpec, dc: str) -> pb.Task:
@@ -505,7 +536,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     @rpc.grpc_errors
     async def Release(self, request: gateway_pb2.ReleaseRequest, context) -> gateway_pb2.ReleaseResponse:
-        task = self._task(request.task_id)
+        task = self._task(request.task_id, self.auth.authenticate(context))
         if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
             return gateway_pb2.ReleaseResponse(task=task)  # nothing held (any more): a no-op, the task unchanged
         if task.state == pb.TASK_STATE_SUBMITTED:
@@ -543,20 +574,22 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     # -- reads -------------------------------------------------------------------------------------------------
 
-    def _task(self, task_id: str) -> pb.Task:
+    def _task(self, task_id: str, principal: Principal | None) -> pb.Task:
+        """The task `principal` asked for; another tenant's gets the very answer of a task that does not exist."""
         if not task_id:
             raise ValidationError("task_id", "is required")
         task = self.store.tasks.get(task_id)
-        if task is None:
+        if task is None or not may_see(principal, task.spec.tenant):
             raise LookupError(f"task {task_id} not found")
         return task
 
     @rpc.grpc_errors
     async def Get(self, request: gateway_pb2.GetRequest, context) -> pb.Task:
-        return self._task(request.task_id)
+        return self._task(request.task_id, self.auth.authenticate(context))
 
     @rpc.grpc_errors
     async def List(self, request: gateway_pb2.ListRequest, context) -> gateway_pb2.ListResponse:
+        tenant = tenant_filter(self.auth.authenticate(context), request.tenant)
         if request.limit > LIST_MAX:
             raise ValidationError("limit", f"must be <= {LIST_MAX}", request.limit)
         limit = request.limit or LIST_DEFAULT
@@ -565,7 +598,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             if request.page_token and task_id <= request.page_token:
                 continue
             t = self.store.tasks[task_id]
-            if ((request.tenant and t.spec.tenant != request.tenant) or (request.state and t.state != request.state)
+            if ((tenant and t.spec.tenant != tenant) or (request.state and t.state != request.state)
                     or (request.datacenter and t.datacenter != request.datacenter)):
                 continue
             out.append(t)
@@ -576,14 +609,39 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     @rpc.grpc_stream_errors
     async def Watch(self, request: gateway_pb2.WatchRequest, context):
+        principal = self.auth.authenticate(context)
         after = parse_after(request.after_event_id)
         if request.task_id:
-            self._task(request.task_id)  # NOT_FOUND for a task this gateway does not know
+            self._task(request.task_id, principal)  # NOT_FOUND for a task this gateway does not know (or hides)
         if request.job_id:
-            self.jobs.get(request.job_id)
+            self._job(request.job_id, principal)
         assert self.feed is not None, "serve() gives the servicer its feed"
-        async for event in self.feed.watch(after, request.task_id, request.tenant, request.job_id):
+        # a tenant's Watch counts against its own per-tenant cap, so the metric's tenant label stays bounded
+        async for event in self.feed.watch(after, request.task_id, tenant_filter(principal, request.tenant),
+                                           request.job_id):
             yield event
+
+
+def gateway_auth(args) -> GatewayAuth:
+    """Tenant authentication from the flags: a tokens file, and/or verified client certificates when the gateway
+    serves TLS requiring them (`--client-auth require`: grpc Python cannot ask for an optional client
+    certificate, so under `optional` none ever arrives). Neither: off (local development; the `tenant` field is
+    trusted)."""
+    tokens = None
+    if args.tokens_file:
+        try:
+            tokens = TokensFile(args.tokens_file)
+        except TokensFileError as exc:
+            raise SystemExit(f"--tokens-file: {exc}") from None
+    certificates = bool(getattr(args, "tls_dir", None)) and getattr(args, "client_auth", None) == "require"
+    auth = GatewayAuth(tokens, certificates)
+    if auth.enabled:
+        log.info("tenant authentication on: %s%s", f"{len(tokens.table().entries)} tokens in {args.tokens_file}"
+                 if tokens else "no tokens file", "; tenant/admin client certificates accepted" if certificates else "")
+    else:
+        log.info("tenant authentication off (no --tokens-file, no client certificates): the `tenant` field of a "
+                 "request is trusted; for local development only")
+    return auth
 
 
 def parse_placers(spec: str) -> dict[str, str]:
@@ -631,15 +689,18 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     unknown = set(targets) - {dc.name for dc in fleet.datacenters}
     if unknown:
         raise SystemExit(f"--placers names data centers not in the fleet: {sorted(unknown)}")
+    auth = gateway_auth(args)
     redis = connect(args.redis_url)
     guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the table is rebuilt
     store = TaskStore(redis, Keys(args.prefix).tasks, epoch_key=Keys(args.prefix).epoch, epoch=guard.epoch,
                       min_replicas=args.redis_min_replicas, wait_timeout_ms=args.redis_wait_ms)
     loaded = await store.load()
-    channels = [rpc.channel(args.selector), *(rpc.channel(t) for t in targets.values())]
+    tls = tls_files(args, "gateway")
+    channels = [rpc.channel(args.selector, tls, peer="selector"),
+                *(rpc.channel(t, tls, peer="placer") for t in targets.values())]
     servicer = GatewayServicer(fleet, store, selector_pb2_grpc.SelectorStub(channels[0]),
                                {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
-                               args.select_timeout_s, args.place_timeout_s)
+                               args.select_timeout_s, args.place_timeout_s, auth=auth)
     settled, released = await servicer.reconcile(redis, Keys(args.prefix))
     ledger_redis = connect(args.redis_url)  # the followers' blocking read gets a client of its own
     following = await servicer.follow_ledgers(ledger_redis, Keys(args.prefix))
@@ -663,7 +724,8 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         register_metrics(metrics, store, servicer)
     server, port, _ = await rpc.start_server(
         lambda s: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, s),
-        [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics)
+        [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics,
+        tls=tls, client_auth=args.client_auth, reflection=reflection_on(args))
     log.info("gateway serving on port %d (%d task events replayed, %d tasks; %d interrupted Submits settled, %d "
              "tasks held by a placer without a record to match released; %d jobs resumed)", port, loaded,
              len(store.tasks), settled, released, resumed)
@@ -679,6 +741,12 @@ def parser():
     p.add_argument("--selector", default=os.environ.get("HSCHED_SELECTOR", "127.0.0.1:50052"))
     p.add_argument("--placers", default=os.environ.get("HSCHED_PLACERS", ""),
                    help="dc=host:port,... for every data center's placer")
+    p.add_argument("--client-auth", default=os.environ.get("HSCHED_CLIENT_AUTH", "optional"), choices=CLIENT_AUTH,
+                   help="with --tls-dir: require a CA client certificate (require), or not (optional, none: "
+                        "grpc Python cannot request one without requiring it, see hsched.security.tls)")
+    p.add_argument("--tokens-file", default=os.environ.get("HSCHED_TOKENS_FILE", ""),
+                   help="YAML file of hashed bearer tokens (hsched tokens create): turns on tenant authentication; "
+                        "re-read when it changes. Default (env HSCHED_TOKENS_FILE): off, for local development")
     p.add_argument("--select-timeout-s", type=float, default=2.0)
     p.add_argument("--place-timeout-s", type=float, default=5.0)
     p.add_argument("--task-retention-s", type=float, default=float(os.environ.get("HSCHED_TASK_RETENTION_S", 86400)),

@@ -26,7 +26,17 @@ from hsched.engine.executor import (
 )
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
 from hsched.policies.heuristics import POLICY_NAMES, make_policy
-from hsched.runtime import common_args, exit_if_lost, guard_epoch, metrics_server, run, serve_until_stopped
+from hsched.runtime import (
+    common_args,
+    exit_if_lost,
+    guard_epoch,
+    metrics_server,
+    reflection_on,
+    run,
+    serve_until_stopped,
+    tls_files,
+)
+from hsched.security.tls import TlsFiles
 from hsched.state.keys import Keys
 from hsched.state.ledger import Fenced, LeaseHeld, Retention
 from hsched.state.redis import connect, connect_sync
@@ -43,8 +53,8 @@ OUTCOMES = {"placed": placer_pb2.PLACE_OUTCOME_PLACED, "deferred": placer_pb2.PL
 class ThermalClient:
     """The engine's ThermalGuard, answered by the thermal service."""
 
-    def __init__(self, target: str, datacenter: str, timeout_s: float = 2.0) -> None:
-        self.channel = rpc.channel(target)
+    def __init__(self, target: str, datacenter: str, timeout_s: float = 2.0, tls: TlsFiles | None = None) -> None:
+        self.channel = rpc.channel(target, tls, peer="thermal")
         self.stub = thermal_pb2_grpc.ThermalStub(self.channel)
         self.dc = datacenter
         self.timeout_s = timeout_s
@@ -227,7 +237,8 @@ async def serve(args, stop: asyncio.Event) -> None:
     redis = connect(args.redis_url)
     thermal = None  # the pre-commit redline guard
     if args.thermal:
-        thermal = room_for(dc) if args.thermal_guard == "local" else ThermalClient(args.thermal, dc.name)
+        thermal = room_for(dc) if args.thermal_guard == "local" else ThermalClient(args.thermal, dc.name,
+                                                                                             tls=tls_files(args, "placer"))
     guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
     owner = f"{socket.gethostname()}:{os.getpid()}"
     engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
@@ -256,7 +267,8 @@ async def serve(args, stop: asyncio.Event) -> None:
     engine.add_serving_watcher(mirror_health)
     server, port, health = await rpc.start_server(
         lambda s: placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(engine, metrics), s),
-        names, args.listen, metrics, serving=engine.holding)
+        names, args.listen, metrics, serving=engine.holding, tls=tls_files(args, "placer"),
+        reflection=reflection_on(args))
     await rpc.set_health(health, names, engine.holding)  # it may have changed while the server started
 
     async def exit_when_given_up() -> None:

@@ -15,7 +15,7 @@ from hsched.costs.selection import Candidate
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.engine.selector import DcSelector
 from hsched.rl.path_serving import DEFAULT_MODEL, PATH_FINDERS, register_path_metrics, selector_path_finder
-from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
+from hsched.runtime import common_args, metrics_server, reflection_on, run, serve_until_stopped, tls_files
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.telemetry import BatchedCalls, MetricsServer
@@ -175,7 +175,8 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         register_path_metrics(metrics, selector)
     server, port, _ = await rpc.start_server(
         lambda s: selector_pb2_grpc.add_SelectorServicer_to_server(SelectorServicer(selector, metrics), s),
-        [selector_pb2.DESCRIPTOR.services_by_name["Selector"].full_name], args.listen, metrics)
+        [selector_pb2.DESCRIPTOR.services_by_name["Selector"].full_name], args.listen, metrics,
+        tls=tls_files(args, "selector"), reflection=reflection_on(args))
     log.info("selector serving %d DCs on port %d", len(fleet.datacenters), port)
     await serve_until_stopped(stop, server, port, args, tasks=tasks, metrics=metrics, cleanup=[redis.aclose])
 

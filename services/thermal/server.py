@@ -12,7 +12,7 @@ from hsched import rpc
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.domain.resources import MILLI
-from hsched.runtime import common_args, metrics_server, run, serve_until_stopped
+from hsched.runtime import common_args, metrics_server, reflection_on, run, serve_until_stopped, tls_files
 from hsched.state.follow import LedgerFollower, follow
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
@@ -168,12 +168,17 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         register_metrics(metrics, rooms)
     server, port, _ = await rpc.start_server(
         lambda s: thermal_pb2_grpc.add_ThermalServicer_to_server(ThermalServicer(rooms), s),
-        [pb.DESCRIPTOR.services_by_name["Thermal"].full_name], args.listen, metrics)
+        [pb.DESCRIPTOR.services_by_name["Thermal"].full_name], args.listen, metrics,
+        tls=tls_files(args, "thermal"), reflection=reflection_on(args))
     log.info("thermal serving %d rooms on port %d", len(rooms), port)
     await serve_until_stopped(stop, server, port, args, tasks=tasks, metrics=metrics, cleanup=[redis.aclose])
 
 
+def parser():
+    return common_args("hsched thermal service: room models per data center")
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = common_args("hsched thermal service: room models per data center").parse_args(argv)
+    args = parser().parse_args(argv)
     run("thermal", args, lambda stop: serve(args, stop))
 

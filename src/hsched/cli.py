@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -13,6 +14,8 @@ import threading
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from hsched.domain.errors import ValidationError
+from hsched.security.client import ClientCredentials, client_credentials
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -41,8 +44,27 @@ def _redis_url() -> str | None:
     return os.environ.get("REDIS_URL") or _running_stack().get("redis_url")
 
 
+def _credentials(args) -> ClientCredentials:
+    """The token and TLS settings for `args.gateway` (hsched.security.client); the running stack's token file
+    and CA only for that stack's own gateway."""
+    stack = _running_stack()
+    return client_credentials(getattr(args, "token_file", None), getattr(args, "tls_ca", None),
+                              stack if stack.get("gateway") == args.gateway else None)
+
+
+class _WithCredentials:
+    """A Gateway stub whose every call carries the credentials' metadata (the bearer token)."""
+
+    def __init__(self, stub: gateway_pb2_grpc.GatewayStub, metadata) -> None:
+        self._stub, self._metadata = stub, metadata
+
+    def __getattr__(self, method: str):
+        return functools.partial(getattr(self._stub, method), metadata=self._metadata)
+
+
 def _stub(args) -> gateway_pb2_grpc.GatewayStub:
-    return gateway_pb2_grpc.GatewayStub(grpc.insecure_channel(args.gateway))
+    credentials = _credentials(args)
+    return _WithCredentials(gateway_pb2_grpc.GatewayStub(credentials.channel(args.gateway)), credentials.metadata)
 
 
 def _print(message, as_json: bool = True) -> None:
@@ -79,7 +101,8 @@ def cmd_up(args) -> int:
                          state_dir=str(args.state_dir or default_state_dir(args.prefix)), fresh=args.fresh,
                          redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
-                         supervisor_metrics_port=args.supervisor_metrics_port, time_factor=args.time_factor)
+                         supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls, auth=args.auth,
+                         time_factor=args.time_factor)
     _log_supervision_to(console)
     stack = Stack(config)
     try:
@@ -89,9 +112,12 @@ def cmd_up(args) -> int:
     except StateLost as exc:
         print(f"hsched up: {exc}", file=sys.stderr)
         return 1
+    token_file = stack.admin_token_file
     with open(_running_stack_file(), "w") as f:
         json.dump({"gateway": stack.gateway, "redis_url": stack.redis_url, "prefix": args.prefix, "pid": os.getpid(),
-                   "time_factor": args.time_factor}, f)
+                   "time_factor": args.time_factor,
+                   **({"tls_ca": str(stack.tls_dir / "ca.crt")} if stack.tls_dir else {}),
+                   **({"token_file": str(token_file)} if token_file else {})}, f)
     table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
     for col in ("service", "gRPC", "metrics", "RSS MiB"):
         table.add_column(col)
@@ -105,11 +131,18 @@ def cmd_up(args) -> int:
         table.add_row("supervisor", "-", stack.supervisor_metrics.url, "-")
     console.print(table)
     console.print(f"logs: {stack.log_dir}; state (Redis AOF, epoch {stack.epoch}): {stack.state_dir}")
+    if stack.tls_dir:
+        console.print(f"mutual TLS on every hop; CA and certificates in {stack.tls_dir} (clients: --tls-ca "
+                      f"{stack.tls_dir / 'ca.crt'}; rotate: hsched certs rotate --dir {stack.tls_dir})")
+    if token_file:
+        console.print(f"tenant authentication on: admin token in {token_file} (the CLI uses it for this stack); "
+                      f"tenant tokens: hsched tokens create --file {stack.tokens_file} --tenant NAME")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         if args.replay:
-            ok = run_replay(console, stack.gateway, stack.fleet, args, stack.redis_url, args.prefix)
+            ok = run_replay(console, stack.gateway, stack.fleet, args, stack.redis_url, args.prefix,
+                            stack_credentials(stack))
             if not args.keep_running:
                 return 0 if ok else 1
         console.print(f"[bold]gateway on {stack.gateway}[/] — try: hsched submit --cpu 4 --memory-gib 8; "
@@ -142,6 +175,18 @@ def _log_supervision_to(console) -> None:
 # -- replay -----------------------------------------------------------------------------------------------------
 
 
+def stack_credentials(stack) -> ClientCredentials:
+    """The operator's credentials for a stack this process started: its admin token (`--auth`) and, with `--tls`,
+    its CA and admin client certificate."""
+    from hsched.security.tokens import read_token_file
+
+    token = read_token_file(stack.admin_token_file) if stack.admin_token_file else None
+    tls_dir = getattr(stack, "tls_dir", None)  # hsched up --tls (hsched.security.pki layout)
+    if tls_dir is None:
+        return ClientCredentials(token)
+    return ClientCredentials(token, str(tls_dir / "ca.crt"), str(tls_dir / "admin.crt"), str(tls_dir / "admin.key"))
+
+
 def _tpch_jobs(args):
     from hsched.job_replay import tpch_jobs
 
@@ -156,7 +201,8 @@ def _tpch_time_factor(args) -> float:
     return max(1.0, span / args.duration)
 
 
-def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: str) -> bool:
+def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: str,
+                   credentials: ClientCredentials | None = None) -> bool:
     """Replay TPC-H DAG jobs; print the summary table; True if every job succeeded."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -172,7 +218,8 @@ def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: s
                   console=console) as bar:
         job = bar.add_task("jobs", total=len(jobs))
         stats = asyncio.run(replay_jobs(gateway, jobs, factor, redis_url, prefix, timeout_s=args.tpch_timeout_s,
-                                        progress=lambda done, total: bar.update(job, completed=done)))
+                                        progress=lambda done, total: bar.update(job, completed=done),
+                                        credentials=credentials))
     s = stats.summary()
     table = Table(title="TPC-H DAG replay — JCT and critical path (the JCT bound) in trace seconds = wall × "
                         f"time factor {factor:g}; CPU util = mean over the jobs' data centers while they ran")
@@ -192,9 +239,10 @@ def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: s
     return s["succeeded"] == len(jobs)
 
 
-def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix: str) -> bool:
+def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix: str,
+               credentials: ClientCredentials | None = None) -> bool:
     if args.replay == "tpch":
-        return run_job_replay(console, gateway, args, redis_url, prefix)
+        return run_job_replay(console, gateway, args, redis_url, prefix, credentials)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -207,7 +255,8 @@ def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix
                   console=console) as bar:
         job = bar.add_task("submit", total=len(tasks))
         stats = asyncio.run(replay(gateway, tasks, args.duration, args.concurrency,
-                                   progress=lambda done, total: bar.update(job, completed=done)))
+                                   progress=lambda done, total: bar.update(job, completed=done),
+                                   credentials=credentials))
     lat = sorted(stats.latencies_s)
     p = (lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000) if lat else (lambda q: 0.0)
     console.print(f"{stats.submitted} submitted in {stats.elapsed_s:.1f} s: "
@@ -236,7 +285,7 @@ def cmd_replay(args) -> int:
     from hsched.domain.fleet import load_fleet
 
     ok = run_replay(Console(width=max(Console().width, 112)), args.gateway, load_fleet(args.fleet), args,
-                    _redis_url(), args.prefix)
+                    _redis_url(), args.prefix, _credentials(args))
     return 0 if ok else 1
 
 
@@ -348,6 +397,57 @@ def cmd_release(args) -> int:
     return 0
 
 
+def cmd_certs(args) -> int:
+    """`hsched certs init|issue|rotate --dir D` (hsched.security.pki); errors: one line, exit 1."""
+    from hsched.security import pki
+
+    try:
+        if args.certs_command == "init":
+            pki.init_dir(args.dir, leaf_days=args.days, force=args.force)
+            print(f"CA and certificates for {', '.join(pki.DEFAULT_NAMES)} written to {args.dir}")
+        elif args.certs_command == "issue":
+            crt, key = pki.issue(args.dir, args.name, uri=args.uri, leaf_days=args.days)
+            print(f"{crt} ({pki.uri_sans(crt.read_bytes())[0]}) and {key}")
+        else:
+            names = pki.rotate(args.dir, new_ca=args.new_ca, drop_old_cas=args.drop_old_ca, leaf_days=args.days)
+            print(f"re-issued {', '.join(names)} in {args.dir}"
+                  + ("; a new CA signs them, the previous CA stays trusted until --drop-old-ca" if args.new_ca else "")
+                  + ("; ca.crt now holds only the current CA" if args.drop_old_ca else "")
+                  + "; running services present the new certificates on new connections")
+    except pki.PkiError as exc:
+        print(f"hsched certs {args.certs_command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_tokens(args) -> int:
+    """Edit a tokens file (hsched.security.tokens); a new token goes to stdout only, once."""
+    from hsched.security import tokens
+
+    if not args.file:
+        raise ValidationError("--file", "is required (or set HSCHED_TOKENS_FILE)")
+    if args.tokens_command == "create":
+        if args.role == "tenant" and not args.tenant:
+            raise ValidationError("--tenant", "is required for role tenant")
+        try:
+            token, entry = tokens.create_token(args.file, args.tenant or "", args.role, args.name or "", args.expires)
+        except tokens.TokensFileError as exc:
+            if not exc.field.startswith("tokens["):  # the file itself
+                raise
+            raise ValidationError(f"--{exc.field.rpartition('.')[2]}", exc.rule, exc.value) from None
+        print(f"created token {entry.name!r} (role {entry.role}{', tenant ' + entry.tenant if entry.tenant else ''}) "
+              f"in {args.file}; it is shown only now:", file=sys.stderr)
+        print(token)
+    elif args.tokens_command == "list":
+        for e in tokens.list_tokens(args.file):
+            expires = e.expires.strftime("%Y-%m-%dT%H:%M:%SZ") if e.expires else "never"
+            print(f"{e.name:<24} {e.role:<6} {e.tenant or '-':<24} expires {expires}  sha256 {e.sha256[:12]}…")
+    else:
+        gone = tokens.revoke_token(args.file, args.name)
+        print(f"revoked {gone.name!r}: a gateway reading {args.file} refuses it from its next call")
+    return 0
+
+
 def cmd_eval(args) -> int:
     """Run paper experiments: markdown to stdout (and report.md), PNG plots beside it."""
     from rich.console import Console
@@ -417,6 +517,16 @@ def cmd_link(args) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -480,6 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--time-factor", type=_positive_float, default=None,
                     help="run tasks time-compressed: F task seconds per wall second (a task runs runtime_s / F "
                          "seconds; default: HSCHED_TIME_FACTOR or 1 = real time)")
+    up.add_argument("--auth", action="store_true",
+                    help="tenant authentication at the gateway: <state-dir>/tokens.yaml with an admin token whose "
+                         "value is in <state-dir>/admin.token (0600); the CLI uses it for this stack")
     up.add_argument("--replay", default="", help="replay a trace once the stack is up: openb, thunder, kth, ..., or "
                     "tpch (TPC-H DAG jobs; sets --time-factor so the arrivals span --duration unless given)")
     up.add_argument("--keep-running", action="store_true", help="keep the stack up after the replay")
@@ -489,8 +602,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="restart a service whose gRPC health is NOT_SERVING or unanswered this long (seconds)")
     up.add_argument("--supervisor-metrics-port", type=int, default=0,
                     help="port of the supervisor's Prometheus /metrics (0: a free port, shown in the table)")
+    up.add_argument("--tls", action="store_true",
+                    help="mutual TLS on every gRPC hop: a CA and per-service certificates in <state dir>/tls")
     replay_flags(up)
     up.set_defaults(fn=cmd_up)
+
+    ce = sub.add_parser("certs", help="a local CA and service/client certificates for --tls (hsched.security.pki)")
+    ce_sub = ce.add_subparsers(dest="certs_command", required=True)
+    ce_init = ce_sub.add_parser("init", help="a new CA and certificates for every service, redis and admin")
+    ce_issue = ce_sub.add_parser("issue", help="issue (or re-issue) one certificate with the directory's CA")
+    ce_issue.add_argument("name", help="gateway|selector|placer|thermal|supervisor|redis|admin, admin-<name> "
+                                       "or tenant-<tenant>")
+    ce_issue.add_argument("--uri", default=None, help="the SPIFFE ID (default: from the name)")
+    ce_rotate = ce_sub.add_parser("rotate", help="re-issue every certificate (new keys), atomically")
+    ce_rotate.add_argument("--new-ca", action="store_true",
+                           help="sign with a new CA; the old one stays in ca.crt until --drop-old-ca")
+    ce_rotate.add_argument("--drop-old-ca", action="store_true", help="ca.crt keeps only the current CA")
+    ce_init.add_argument("--force", action="store_true", help="replace an existing CA")
+    for sp in (ce_init, ce_issue, ce_rotate):
+        sp.add_argument("--dir", required=True, help="the TLS directory (created 0700)")
+        sp.add_argument("--days", type=_positive_int, default=90, help="validity of the leaf certificates")
+    ce.set_defaults(fn=cmd_certs)
 
     rp = sub.add_parser("replay", help="replay a real trace through a running gateway")
     rp.add_argument("replay", help="trace: openb, openb-gpuspec33, thunder, kth, or tpch (DAG jobs)")
@@ -502,9 +634,19 @@ def build_parser() -> argparse.ArgumentParser:
     replay_flags(rp)
     rp.set_defaults(fn=cmd_replay)
 
+    def credential_flags(sp):
+        sp.add_argument("--token-file", default=None,
+                        help="file holding the bearer token (else env HSCHED_TOKEN, HSCHED_TOKEN_FILE, or the "
+                             "running stack's admin token); never pass a token itself on the command line")
+        sp.add_argument("--tls-ca", default=None, help="CA bundle that verifies the gateway's TLS certificate "
+                        "(else env HSCHED_TLS_CA; client certificate: HSCHED_TLS_CERT + HSCHED_TLS_KEY)")
+
+    credential_flags(rp)
+
     def gw(sp):
         sp.add_argument("--gateway", default=DEFAULT_GATEWAY)
         sp.add_argument("--json", action="store_true")
+        credential_flags(sp)
         return sp
 
     s = gw(sub.add_parser("submit", help="submit one task, or a DAG job with -f job.yaml"))
@@ -563,6 +705,24 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("task_id")
     r.set_defaults(fn=cmd_release)
 
+    tk = sub.add_parser("tokens", help="create, list or revoke the gateway's bearer tokens (a tokens file)")
+    tk_sub = tk.add_subparsers(dest="tokens_command", required=True)
+
+    def tokens_file_flag(sp):
+        sp.add_argument("--file", default=os.environ.get("HSCHED_TOKENS_FILE", ""),
+                        help="the tokens file (default: env HSCHED_TOKENS_FILE)")
+        sp.set_defaults(fn=cmd_tokens)
+        return sp
+
+    tc = tokens_file_flag(tk_sub.add_parser("create", help="add a token; prints it once (stdout)"))
+    tc.add_argument("--tenant", default="", help="the tenant the token acts as (required for role tenant)")
+    tc.add_argument("--role", default="tenant", choices=["tenant", "admin"])
+    tc.add_argument("--name", default="", help="unique name (default: <tenant>-<4 hex>)")
+    tc.add_argument("--expires", default=None, help="ISO 8601 time after which the token is refused")
+    tokens_file_flag(tk_sub.add_parser("list", help="the tokens (names, roles, tenants; no secrets)"))
+    tokens_file_flag(tk_sub.add_parser("revoke", help="remove a token (the gateway re-reads the file)")).add_argument(
+        "name")
+
     from hsched.eval import EXPERIMENTS
 
     ev = sub.add_parser("eval", help="run a paper experiment: markdown table + PNG plots")
@@ -606,6 +766,9 @@ def main(argv: list[str] | None = None) -> int:
     except grpc.RpcError as exc:
         print(f"hsched: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
+    except ValidationError as exc:  # bad credentials settings, a broken tokens file: the field and the rule
+        print(f"hsched: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

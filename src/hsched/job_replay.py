@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from hsched.rpc import CHANNEL_OPTIONS
+from hsched.security.client import ClientCredentials
 from hsched.traces.decima import (
     DEFAULT_CPU_PER_TASK_MILLI,
     DEFAULT_MEMORY_MIB_PER_TASK,
@@ -136,16 +137,19 @@ async def _utilisation(redis, prefix: str, dcs: set[str]) -> list[float]:
 
 async def replay_jobs(gateway: str, jobs: list[TraceJob], time_factor: float, redis_url: str | None = None,
                       prefix: str = "hsched", timeout_s: float = 600.0, progress=None, poll_s: float = 0.5,
-                      metadata: tuple = ()) -> JobReplayStats:
+                      credentials: ClientCredentials | None = None) -> JobReplayStats:
     """Submit each job at arrival / time_factor wall seconds, follow them (ListJobs) until all have finished or
-    `timeout_s` passed, sampling the jobs' DCs' CPU utilisation meanwhile; `progress(finished, total)`."""
+    `timeout_s` passed, sampling the jobs' DCs' CPU utilisation meanwhile; `progress(finished, total)`.
+    `credentials`: token and TLS of the gateway (hsched.security.client; default none)."""
+    credentials = credentials or ClientCredentials()
+    metadata = credentials.metadata
     stats = JobReplayStats(time_factor=time_factor)
     redis = None
     if redis_url:
         from hsched.state.redis import connect
         redis = connect(redis_url)
     ids: dict[str, str] = {}  # job id -> name
-    async with grpc.aio.insecure_channel(gateway, options=CHANNEL_OPTIONS) as channel:
+    async with credentials.aio_channel(gateway, options=CHANNEL_OPTIONS) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         start = time.monotonic()
 

@@ -21,6 +21,7 @@ from hsched.convert import task_to_pb
 from hsched.domain.fleet import Fleet
 from hsched.domain.task import TaskSpec
 from hsched.rpc import CHANNEL_OPTIONS
+from hsched.security.client import ClientCredentials
 from hsched.traces import data_dir
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
@@ -81,8 +82,11 @@ class ReplayStats:
 
 
 async def replay(gateway: str, tasks: list[TraceTask], duration_s: float = 30.0, concurrency: int = 64,
-                 progress=None, release: bool = True) -> ReplayStats:
-    """Drive the trace through the gateway; `progress(done, total)` is called as submits complete."""
+                 progress=None, release: bool = True, credentials: ClientCredentials | None = None) -> ReplayStats:
+    """Drive the trace through the gateway; `progress(done, total)` is called as submits complete. `credentials`:
+    the token and TLS settings to call it with (none: plaintext, no token)."""
+    credentials = credentials or ClientCredentials()
+    md = credentials.metadata
     stats = ReplayStats()
     if not tasks:
         return stats
@@ -93,14 +97,15 @@ async def replay(gateway: str, tasks: list[TraceTask], duration_s: float = 30.0,
     heapq.heapify(events)
     task_ids: dict[int, str] = {}
     gate = asyncio.Semaphore(concurrency)
-    async with grpc.aio.insecure_channel(gateway, options=CHANNEL_OPTIONS) as channel:
+    async with credentials.aio_channel(gateway, options=CHANNEL_OPTIONS) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
 
         async def submit(i: int) -> None:
             async with gate:
                 start = time.perf_counter()
                 try:
-                    reply = await stub.Submit(gateway_pb2.SubmitRequest(task=task_to_pb(tasks[i].spec)), timeout=30)
+                    reply = await stub.Submit(gateway_pb2.SubmitRequest(task=task_to_pb(tasks[i].spec)), timeout=30,
+                                              metadata=md)
                 except grpc.aio.AioRpcError as exc:
                     stats.errors[exc.code().name] += 1
                     stats.outcomes["error"] += 1
@@ -122,7 +127,7 @@ async def replay(gateway: str, tasks: list[TraceTask], duration_s: float = 30.0,
         async def release_one(i: int) -> None:
             async with gate:
                 try:
-                    await stub.Release(gateway_pb2.ReleaseRequest(task_id=task_ids[i]), timeout=30)
+                    await stub.Release(gateway_pb2.ReleaseRequest(task_id=task_ids[i]), timeout=30, metadata=md)
                     stats.released += 1
                 except grpc.aio.AioRpcError as exc:
                     stats.errors[f"release {exc.code().name}"] += 1
@@ -144,7 +149,7 @@ async def replay(gateway: str, tasks: list[TraceTask], duration_s: float = 30.0,
                 await asyncio.sleep(wait)
         stats.elapsed_s = time.monotonic() - start
         for task_id in task_ids.values():
-            stats.final[task_id] = await stub.Get(gateway_pb2.GetRequest(task_id=task_id), timeout=10)
+            stats.final[task_id] = await stub.Get(gateway_pb2.GetRequest(task_id=task_id), timeout=10, metadata=md)
     return stats
 
 

@@ -18,6 +18,10 @@ from grpc_reflection.v1alpha._base import _file_descriptor_response, _not_found_
 
 from hsched.domain.errors import ResourceExhausted, ValidationError
 from hsched.domain.limits import check_message
+from hsched.security import authz
+from hsched.security.authz import Guard
+from hsched.security.principals import Unauthenticated
+from hsched.security.tls import ReloadingChannel, TlsFiles, server_credentials
 from hsched.state.ledger import StateLost
 from hsched.state.redis import NotReplicated
 from hsched.telemetry import Metrics, client_interceptors, instrumented, traced_channel
@@ -74,18 +78,28 @@ def add_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> Non
 
 
 async def start_server(register: Callable[[grpc.aio.Server], None], service_names: list[str],
-                       bind: str = "127.0.0.1:0", metrics: Metrics | None = None, serving: bool = True,
+                       bind: str = "127.0.0.1:0", metrics: Metrics | None = None, serving: bool = True, *,
+                       tls: TlsFiles | None = None, client_auth: str = "require", reflection: bool = True,
                        ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Start an aio server with the given servicers, gRPC health (SERVING, or NOT_SERVING if not `serving`:
-    a standby placer) and reflection; returns the port and the health servicer (to change the status later).
-    With `metrics`, every call is counted and timed (hsched_rpc_server_requests_total / _duration_seconds)."""
+    a standby placer) and reflection (unless `reflection` is off); returns the port and the health servicer
+    (to change the status later). With `metrics`, every call is counted and timed
+    (hsched_rpc_server_requests_total / _duration_seconds).
+    With `tls`, the port serves TLS with that leaf (reloaded on change, `hsched.security.tls`); with
+    client_auth "require" every caller needs a certificate of the CA and every method is authorized by the
+    caller's identity (`hsched.security.authz.POLICY`), checked in the same registration wrapper."""
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    authorize = authz.guard_for if tls is not None and client_auth == "require" else None
     # checked (garbage and over-limit requests answered INVALID_ARGUMENT), traced and timed: wrapped at registration
-    register(checked(instrumented(server, metrics=metrics)))
+    register(checked(instrumented(server, metrics=metrics), authorize))
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    add_reflection(server, [*service_names, health.SERVICE_NAME])
-    port = server.add_insecure_port(bind)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)  # any CA identity: no guard
+    if reflection:  # guarded like the services when callers are authorized (admin and supervisor only)
+        add_reflection(checked(server, authorize) if authorize else server, [*service_names, health.SERVICE_NAME])
+    if tls is None:
+        port = server.add_insecure_port(bind)
+    else:
+        port = server.add_secure_port(bind, server_credentials(tls, client_auth))
     if port == 0:
         raise RuntimeError(f"could not bind {bind}")
     await server.start()
@@ -128,17 +142,22 @@ async def _reject(context: grpc.aio.ServicerContext, request: Rejected) -> None:
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
 
 
-def checked_handler(handler: Any) -> Any:
+def checked_handler(handler: Any, guard: Guard | None = None) -> Any:
     """`handler` with a `checked_deserializer` and a behaviour that answers a `Rejected` request with
-    INVALID_ARGUMENT (for request streams: ends the stream at the first rejected message)."""
+    INVALID_ARGUMENT (for request streams: ends the stream at the first rejected message). With `guard`
+    (`hsched.security.authz.guard_for`), the caller is authorized before anything else."""
     cls = getattr(handler.request_deserializer, "__self__", None)
     if cls is None or not hasattr(cls, "DESCRIPTOR"):
-        return handler  # not a generated protobuf handler: left as it is
-    handler = handler._replace(request_deserializer=checked_deserializer(cls))
+        if guard is None:
+            return handler  # not a generated protobuf handler: left as it is
+    else:
+        handler = handler._replace(request_deserializer=checked_deserializer(cls))
     if handler.request_streaming and handler.response_streaming:
         behavior = handler.stream_stream
 
         async def stream_stream(requests, context):
+            if guard is not None:
+                await guard(context)
             async def valid():
                 async for request in requests:
                     if type(request) is Rejected:
@@ -155,6 +174,8 @@ def checked_handler(handler: Any) -> Any:
         behavior = handler.unary_stream
 
         async def unary_stream(request, context):
+            if guard is not None:
+                await guard(context)
             if type(request) is Rejected:
                 await _reject(context, request)
             async for response in behavior(request, context):
@@ -164,6 +185,8 @@ def checked_handler(handler: Any) -> Any:
     behavior = handler.unary_unary
 
     async def unary_unary(request, context):
+        if guard is not None:
+            await guard(context)
         if type(request) is Rejected:
             await _reject(context, request)
         return await behavior(request, context)
@@ -172,25 +195,32 @@ def checked_handler(handler: Any) -> Any:
 
 
 class _Checked:
-    """What ``add_*Servicer_to_server`` sees instead of the server: every handler `checked_handler`ed."""
+    """What ``add_*Servicer_to_server`` sees instead of the server: every handler `checked_handler`ed (and
+    guarded by `authorize(method)` when given)."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, authorize: Callable[[str], Guard | None] | None = None) -> None:
         self._server = server
+        self._authorize = authorize or (lambda _method: None)
+
+    def _wrap(self, handler: Any, method: str) -> Any:
+        return checked_handler(handler, self._authorize(method))
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
-        self._server.add_registered_method_handlers(service, {m: checked_handler(h) for m, h in handlers.items()})
+        self._server.add_registered_method_handlers(
+            service, {m: self._wrap(h, f"/{service}/{m}") for m, h in handlers.items()})
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self._server.add_generic_rpc_handlers(tuple(WrappedGeneric(h, lambda handler, _method: checked_handler(handler)) for h in handlers))
+        self._server.add_generic_rpc_handlers(tuple(WrappedGeneric(h, self._wrap) for h in handlers))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)
 
 
-def checked(server: Any) -> Any:
+def checked(server: Any, authorize: Callable[[str], Guard | None] | None = None) -> Any:
     """Register servicers on the returned object instead of `server` to have every request deserialized by
-    `checked_deserializer`: garbage bytes and over-limit fields get INVALID_ARGUMENT, with no traceback."""
-    return _Checked(server)
+    `checked_deserializer`: garbage bytes and over-limit fields get INVALID_ARGUMENT, with no traceback.
+    With `authorize` (method -> guard or None), each method's guard runs before its handler."""
+    return _Checked(server, authorize)
 
 
 async def set_health(health_servicer: health.aio.HealthServicer, service_names: list[str], serving: bool) -> None:
@@ -200,11 +230,17 @@ async def set_health(health_servicer: health.aio.HealthServicer, service_names: 
         await health_servicer.set(name, status)
 
 
-def channel(target: str) -> grpc.aio.Channel:
+def channel(target: str, tls: TlsFiles | None = None, peer: str | None = None) -> grpc.aio.Channel:
     """A traced channel: unary-unary calls by `traced_channel` (no interceptor on the hot path), server
-    streams by the client interceptor."""
+    streams by the client interceptor. With `tls`: mutual TLS with that leaf, rebuilt when the files change
+    (`hsched.security.tls.ReloadingChannel`); `peer` (a role) is the name the server's certificate must
+    carry (every leaf has DNS <name>), so a gateway only talks to a placer that holds the placer's cert."""
     streams = [i for i in client_interceptors() if isinstance(i, grpc.aio.UnaryStreamClientInterceptor)]
-    return traced_channel(grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=streams))
+    if tls is None:
+        return traced_channel(grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=streams))
+    options = [*CHANNEL_OPTIONS, *([("grpc.ssl_target_name_override", peer)] if peer else [])]
+    return traced_channel(ReloadingChannel(tls, lambda creds: grpc.aio.secure_channel(
+        target, creds, options=options, interceptors=streams)))
 
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -217,6 +253,8 @@ def status_of(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, ResourceExhausted):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+    if isinstance(exc, Unauthenticated):
+        return grpc.StatusCode.UNAUTHENTICATED, str(exc)
     if redis_outage(exc):
         log.warning("%s: Redis unavailable (%s: %s)", where, type(exc).__name__, exc)
         return grpc.StatusCode.UNAVAILABLE, f"the state store (Redis) is unavailable ({type(exc).__name__}: {exc}); " \

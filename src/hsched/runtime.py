@@ -9,6 +9,8 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 
+from hsched.security.pki import PkiError
+from hsched.security.tls import TlsFiles
 from hsched.state.epoch import EXIT_STATE_LOST, EpochGuard, StateLost
 from hsched.telemetry import MetricsServer, setup_tracing
 
@@ -34,7 +36,32 @@ def common_args(description: str) -> argparse.ArgumentParser:
                    help="OpenTelemetry span exporter")
     p.add_argument("--port-file", default="", help="write the bound gRPC port here once serving")
     p.add_argument("--log-level", default=os.environ.get("HSCHED_LOG_LEVEL", "INFO"))
+    p.add_argument("--tls-dir", default=os.environ.get("HSCHED_TLS_DIR") or None,
+                   help="serve TLS and dial peers over mutual TLS with this service's certificate from DIR "
+                        "(`hsched certs init`); internal services then require a CA client certificate and "
+                        "authorize callers per method (default: plaintext, for local development)")
+    p.add_argument("--reflection", default=os.environ.get("HSCHED_REFLECTION", "on"),
+                   help="on|off: serve gRPC server reflection (off in production)")
     return p
+
+
+def tls_files(args: argparse.Namespace, role: str) -> TlsFiles | None:
+    """The service's certificate (`role`) in --tls-dir, checked now so that a missing or broken file is a
+    one-line exit, not a traceback at the first handshake; None without --tls-dir."""
+    files = TlsFiles.of(args.tls_dir, role)
+    if files is not None:
+        try:
+            files.read()
+        except PkiError as exc:
+            raise SystemExit(f"--tls-dir: {exc}") from None
+    return files
+
+
+def reflection_on(args: argparse.Namespace) -> bool:
+    value = str(args.reflection).strip().lower()
+    if value not in ("on", "off"):
+        raise SystemExit(f"--reflection (HSCHED_REFLECTION): {args.reflection!r} is not on or off")
+    return value == "on"
 
 
 def run(service_name: str, args: argparse.Namespace, serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:

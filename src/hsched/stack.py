@@ -16,6 +16,7 @@ replica set rejoins as a replica of the master the Sentinel names."""
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import shutil
@@ -34,6 +35,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import Counter
 
 from hsched.domain.fleet import Fleet, load_fleet
+from hsched.security import pki
+from hsched.security.tls import TlsFiles, channel_credentials
 from hsched.state.epoch import EXIT_STATE_LOST, claim_sync
 from hsched.state.keys import Keys
 from hsched.state.redis import EmbeddedRedis, ReplicaSet, connect_sync, free_port
@@ -45,6 +48,7 @@ from hsched.telemetry.metrics import (
 )
 
 log = logging.getLogger("hsched.supervisor")
+RENEW_BEFORE = datetime.timedelta(days=7)  # `hsched up --tls` re-issues leaves this close to expiry at start
 
 
 @dataclass
@@ -93,6 +97,10 @@ class StackConfig:
     log_dir: str | None = None
     log_level: str = "WARNING"
     extra_env: dict[str, str] = field(default_factory=dict)
+    # tenant authentication at the gateway (hsched.security.tokens): given to it as HSCHED_TOKENS_FILE, never argv.
+    # `auth` without a tokens file: <state_dir>/tokens.yaml with an admin token in <state_dir>/admin.token
+    tokens_file: str | None = None
+    auth: bool = False
     # supervision (module docstring); off by default so a test's kill() stays dead until it restarts it
     supervise: bool = False
     unhealthy_restart_s: float = 60.0  # NOT_SERVING / unanswered this long (after having served): SIGKILL
@@ -110,6 +118,9 @@ class StackConfig:
     redis_replicas: int = 0  # > 0 (embedded only): a master, this many replicas and a Sentinel; writes WAIT for all
     # the placers' execution clock: task seconds per wall second (None: their default, HSCHED_TIME_FACTOR or 1)
     time_factor: float | None = None
+    # mutual TLS on every gRPC hop (`hsched up --tls`): a CA and per-service certificates in <state_dir>/tls
+    # (kept across restarts), or in the run dir without a state dir; the supervisor probes with its own cert
+    tls: bool = False
 
 
 def default_state_dir(prefix: str) -> Path:
@@ -136,6 +147,10 @@ class Stack:
         self._supervisor: threading.Thread | None = None
         self._redis_record = Service("redis", "", [], backoff_s=config.backoff_initial_s)
         self._restarts: Counter | None = None  # hsched_supervisor_restarts_total, with the supervisor's metrics
+        self.tls_dir: Path | None = None  # with config.tls: the CA and certificates (hsched.security.pki layout)
+        self._probe_tls: tuple[tuple, grpc.ChannelCredentials] | None = None
+        self.tokens_file: str | None = config.tokens_file
+        self.admin_token_file: Path | None = None  # with `auth`: where the generated admin token is
 
     # -- start -------------------------------------------------------------------------------------------------
 
@@ -150,10 +165,39 @@ class Stack:
             args += ["--fleet", str(c.fleet_path)]
         if c.metrics:
             args += ["--metrics-port", str(free_port())]
+        if self.tls_dir:
+            args += ["--tls-dir", str(self.tls_dir)]
         return args
+
+    def _prepare_tls(self) -> None:
+        """A CA and every certificate of the pki layout in <state_dir>/tls (or the run dir); an existing CA is
+        kept (a restarted stack's services trust the same CA), and leaves missing or expiring within
+        RENEW_BEFORE are issued with it."""
+        if not self.config.tls:
+            return
+        d = (self.state_dir or self.run_dir) / "tls"
+        if not pki.ca_paths(d)[0].exists():
+            pki.init_dir(d)
+        else:
+            due = set(pki.DEFAULT_NAMES) - set(pki.leaf_names(d)) | set(pki.expiring(d, RENEW_BEFORE))
+            for name in sorted(due):
+                pki.issue(d, name)
+        self.tls_dir = d
+
+    def probe_credentials(self) -> grpc.ChannelCredentials | None:
+        """The supervisor's TLS client credentials (None without TLS), re-read when its files change."""
+        if self.tls_dir is None:
+            return None
+        files = TlsFiles(self.tls_dir, "supervisor")
+        fingerprint = files.fingerprint()
+        if self._probe_tls is None or self._probe_tls[0] != fingerprint:
+            self._probe_tls = (fingerprint, channel_credentials(files))
+        return self._probe_tls[1]
 
     def _spawn(self, name: str, module: str, args: list[str]) -> Service:
         env = {**os.environ, **self.config.extra_env, "PYTHONUNBUFFERED": "1"}
+        if name == "gateway" and self.tokens_file:
+            env["HSCHED_TOKENS_FILE"] = str(self.tokens_file)
         with self._lock, open(self.log_dir / f"{name}.log", "ab") as log_file:
             proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log_file,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -176,7 +220,8 @@ class Stack:
                     tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
                     raise RuntimeError(f"{name} exited with {svc.proc.returncode} while starting:\n{tail}")
                 port_file = self.run_dir / f"{name}.port"
-                if port_file.exists() and _serving(f"127.0.0.1:{port_file.read_text().strip()}"):
+                if port_file.exists() and _serving(f"127.0.0.1:{port_file.read_text().strip()}",
+                                                   self.probe_credentials()):
                     with self._lock:
                         svc.port = int(port_file.read_text())
                         self._judge(svc, "SERVING", time.monotonic())
@@ -188,6 +233,12 @@ class Stack:
     def start(self, timeout_s: float = 120.0) -> Stack:
         try:
             self._start_redis()
+            self._prepare_tls()  # after _start_redis: a `fresh` start wipes the state dir
+            if self.config.auth and not self.tokens_file:  # after _start_redis: a `fresh` start wipes the state dir
+                from hsched.security.tokens import ensure_admin_token
+
+                tokens, self.admin_token_file = ensure_admin_token(self.state_dir or self.run_dir)
+                self.tokens_file = str(tokens)
             thermal = []
             if self.config.thermal:
                 self._spawn("thermal", "services.thermal", [*self._common("thermal"), "--listen", "127.0.0.1:0"])
@@ -404,7 +455,8 @@ class Stack:
                 return
             probe_at[svc.name] = now + self.config.probe_interval_s
             proc, target = svc.proc, svc.target
-        status = _health(target, timeout_s=2.0)  # outside the lock: a hung child takes the whole timeout
+        # outside the lock: a hung child takes the whole timeout
+        status = _health(target, timeout_s=2.0, credentials=self.probe_credentials())
         with self._lock:
             if svc.proc is proc and svc.alive and not svc.stopped:
                 self._judge(svc, status, time.monotonic())
@@ -562,10 +614,11 @@ def _log_tail(path: Path, lines: int = 10) -> list[str]:
         return []
 
 
-def _health(target: str, timeout_s: float = 1.0) -> str:
-    """The child's overall gRPC health status name (SERVING, NOT_SERVING, ...) or `unanswered (CODE)`."""
+def _health(target: str, timeout_s: float = 1.0, credentials: grpc.ChannelCredentials | None = None) -> str:
+    """The child's overall gRPC health status name (SERVING, NOT_SERVING, ...) or `unanswered (CODE)`; over TLS
+    with `credentials` (every leaf carries IP 127.0.0.1, so the loopback target verifies)."""
     try:
-        with grpc.insecure_channel(target) as ch:
+        with (grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)) as ch:
             reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
             return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     except grpc.RpcError as exc:
@@ -583,8 +636,8 @@ def _redis_answers(url: str) -> bool:
         return False
 
 
-def _serving(target: str) -> bool:
-    return _health(target) == "SERVING"
+def _serving(target: str, credentials: grpc.ChannelCredentials | None = None) -> bool:
+    return _health(target, credentials=credentials) == "SERVING"
 
 
 def _rss_mib(pid: int) -> float:

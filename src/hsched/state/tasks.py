@@ -117,7 +117,9 @@ class TaskStore:
     redis: aioredis.Redis
     stream: str
     tasks: dict[str, pb.Task] = field(default_factory=dict)
-    by_request: dict[tuple[str, str], str] = field(default_factory=dict)  # (tenant, request_id) -> task id
+    # (tenant, request_id) -> task id. The tenant is the record's spec.tenant, which the gateway sets to the
+    # caller's authenticated tenant before the first record: a restart rebuilds the same per-tenant keys.
+    by_request: dict[tuple[str, str], str] = field(default_factory=dict)
     last_id: str = "0-0"
     abandoned: set[str] = field(default_factory=set)  # task ids whose records are all ignored (ABANDONED)
     _pending: list[_Pending] = field(default_factory=list)
