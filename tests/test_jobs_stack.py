@@ -154,3 +154,59 @@ def test_a_gateway_killed_mid_job_restarts_and_the_job_succeeds_with_no_stage_ru
                    if (e := json.loads(f[b"e"]))["t"] == "run" and e["task"].startswith(job_id))
     assert sorted(allocs) == sorted(t for s in job.stages for t in s.task_ids) and set(allocs.values()) == {1}
     assert set(runs.values()) == {1} and len(runs) == 7
+
+
+# -- tenants (the issue-14 rules, as for tasks) -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def auth_stack(redis_url):
+    from hsched.security import tokens as tk
+    prefix = f"test-jobs-auth-{int(time.time() * 1000)}"
+    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
+                         thermal=False, log_level="INFO", time_factor=TIME_FACTOR, auth=True)
+    with Stack(config) as s:
+        s.tokens = {"admin": s.admin_token_file.read_text().strip(),
+                    "alice": tk.create_token(s.tokens_file, "alice", name="alice")[0],
+                    "bob": tk.create_token(s.tokens_file, "bob", name="bob")[0]}
+        yield s
+    delete_prefix(redis_url, prefix)
+
+
+def as_(stack, who: str):
+    gw = stub(stack)
+    md = (("authorization", f"Bearer {stack.tokens[who]}"),)
+
+    class Caller:
+        def __getattr__(self, method):
+            return lambda request, **kw: getattr(gw, method)(request, metadata=md, timeout=kw.pop("timeout", 20), **kw)
+    return Caller()
+
+
+def not_found(call) -> str:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    return info.value.details()
+
+
+def test_a_tenant_sees_only_its_own_jobs_and_its_request_ids_are_its_own(auth_stack):
+    alice, bob, admin = as_(auth_stack, "alice"), as_(auth_stack, "bob"), as_(auth_stack, "admin")
+    spec = pb.JobSpec(name="mine", tenant="bob", request_id="same-key", stages=[stage("only", 1, 10.0)])
+    a = alice.SubmitJob(gateway_pb2.SubmitJobRequest(job=spec)).job
+    assert a.spec.tenant == "alice"  # the forged tenant field is ignored
+    b = bob.SubmitJob(gateway_pb2.SubmitJobRequest(job=spec))
+    assert not b.duplicate and b.job.job_id != a.job_id and b.job.spec.tenant == "bob"
+    again = alice.SubmitJob(gateway_pb2.SubmitJobRequest(job=spec))
+    assert again.duplicate and again.job.job_id == a.job_id
+    missing = not_found(lambda: bob.GetJob(gateway_pb2.GetJobRequest(job_id="j000000000000nothere")))
+    hidden = not_found(lambda: bob.GetJob(gateway_pb2.GetJobRequest(job_id=a.job_id)))
+    assert hidden == missing.replace("j000000000000nothere", a.job_id)  # the very answer of a job that is not there
+    not_found(lambda: bob.CancelJob(gateway_pb2.CancelJobRequest(job_id=a.job_id)))
+    not_found(lambda: next(iter(bob.Watch(gateway_pb2.WatchRequest(job_id=a.job_id, after_event_id="0")))))
+    assert a.job_id not in [j.job_id for j in bob.ListJobs(gateway_pb2.ListJobsRequest(tenant="alice")).jobs]
+    assert {a.job_id, b.job.job_id} <= {j.job_id for j in admin.ListJobs(gateway_pb2.ListJobsRequest()).jobs}
+    done = wait_job(admin, a.job_id)
+    assert done.state == pb.JOB_STATE_SUCCEEDED
+    not_found(lambda: bob.Get(gateway_pb2.GetRequest(task_id=done.stages[0].task_ids[0])))
+    assert alice.Get(gateway_pb2.GetRequest(task_id=done.stages[0].task_ids[0])).spec.tenant == "alice"
