@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import graphlib
+import itertools
 import re
 from collections import Counter
 from contextlib import asynccontextmanager
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from hsched.domain.errors import ValidationError
 from hsched.domain.limits import STAGE_MAX_TASKS
-from hsched.jobs import load_job_file, selection_requests, task_id_of, validate_job
+from hsched.jobs import decide, load_job_file, selection_requests, task_id_of, validate_job
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.state.tasks import TaskStore, now_ms, step
@@ -83,7 +84,7 @@ def test_a_cycle_is_named():
     assert cycle[0] == cycle[-1] and set(cycle) == {"a", "b", "c"}, err.rule
     names = ["a", "b", "c", "d"]
     parents = {"a": {"c"}, "b": {"a"}, "c": {"b"}}
-    for parent, child in zip(cycle, cycle[1:]):  # each named step is a real edge, parent first
+    for parent, child in itertools.pairwise(cycle):  # each named step is a real edge, parent first
         assert parent in parents[child], (parent, child)
     assert int(err.field.split("[")[1].split("]")[0]) in [names.index(n) for n in cycle]
 
@@ -182,7 +183,7 @@ async def servicer_on(redis_url: str, prefix: str, argv: list[str], placers: dic
     selector = argv[argv.index("--selector") + 1]
     channels = [grpc.aio.insecure_channel(selector), *(grpc.aio.insecure_channel(t) for t in placers.values())]
     servicer = GatewayServicer(load_fleet(SMALL_FLEET), store, selector_pb2_grpc.SelectorStub(channels[0]),
-                               {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(placers, channels[1:])})
+                               {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(placers, channels[1:], strict=True)})
     await servicer.reconcile(redis, keys)
     servicer.jobs.recover()
     try:
@@ -231,8 +232,8 @@ async def test_stages_are_submitted_only_after_their_parents_succeeded_and_the_j
         done: set[str] = set()
         for wave in (["extract"], ["left", "right"], ["join"]):
             expected = {s for s in parents if parents[s] <= done}
-            await until(lambda: len([t for t in gw.store.tasks.values() if t.spec.job_id == job_id]) ==
-                        sum(s.tasks for s in DIAMOND.stages if s.name in expected), f"stages {wave}")
+            await until(lambda expected=expected: len([t for t in gw.store.tasks.values() if t.spec.job_id == job_id])
+                        == sum(s.tasks for s in DIAMOND.stages if s.name in expected), f"stages {wave}")
             await asyncio.sleep(0.2)  # nothing more comes: no stage runs before its parents succeeded
             assert submitted_stages(gw, job_id) == expected
             for t in [t for t in gw.store.tasks.values() if t.spec.job_id == job_id and t.spec.stage in wave]:
@@ -287,10 +288,11 @@ async def test_a_restarted_gateway_rebuilds_the_job_and_continues_without_submit
             assert duplicate and again.job_id == job_id  # the idempotency key survived the restart
             await finish(gw, ids[2])
             for wave in (["left", "right"], ["join"]):
-                await until(lambda: {t.spec.stage for t in gw.store.tasks.values() if t.spec.job_id == job_id}
-                            >= set(wave), f"stages {wave}")
+                await until(lambda wave=wave: {t.spec.stage for t in gw.store.tasks.values()
+                                               if t.spec.job_id == job_id} >= set(wave), f"stages {wave}")
                 for t in [t for t in gw.store.tasks.values() if t.spec.job_id == job_id and t.spec.stage in wave]:
-                    await until(lambda: gw.store.tasks[t.task_id].state == pb.TASK_STATE_PLACED, "placed")
+                    await until(lambda t=t: gw.store.tasks[t.task_id].state in (pb.TASK_STATE_PLACED,
+                                                                                  pb.TASK_STATE_RUNNING), "placed")
                     await finish(gw, t.task_id)
             await until(lambda: gw.store.jobs[job_id].state == pb.JOB_STATE_SUCCEEDED, "the job to succeed")
         redis = connect(redis_url)
@@ -305,3 +307,29 @@ async def test_a_restarted_gateway_rebuilds_the_job_and_continues_without_submit
 
 def test_example_path_exists():
     assert Path(EXAMPLE).exists()
+
+
+async def test_retention_keeps_a_live_jobs_progress_and_forgets_finished_jobs_with_their_tasks(redis_url, prefix):
+    """prune compacts the stream: a running job's finished tasks are its progress (forgetting them would run them
+    again), so they stay, also across a reload; a finished job goes with its tasks once past retention."""
+    from hsched.state.tasks import job_step, prune
+
+    redis = connect(redis_url)
+    try:
+        store = TaskStore(redis, Keys(prefix).tasks)
+        live = pb.Job(job_id="jlive", spec=job(stage("a", 1), stage("b", 1, ("a",))))
+        done = pb.Job(job_id="jdone", spec=job(stage("a", 1)))
+        await store.write(job_step("job_running", live), job_step("job_succeeded", done))
+        for j in (live, done):
+            t = pb.Task(task_id=task_id_of(j.job_id, "a", 0), spec=pb.TaskSpec(job_id=j.job_id, stage="a"))
+            await store.write(step("succeeded", t))
+        later = now_ms() + 10_000_000
+        forgotten, _ = await prune(store, retention_ms=1000, margin_ms=0, now=later)
+        assert forgotten == 1 and set(store.jobs) == {"jlive"}
+        assert set(store.tasks) == {"jlive.a.0"}
+        again = TaskStore(redis, Keys(prefix).tasks)
+        await again.load()
+        assert set(again.jobs) == {"jlive"} and set(again.tasks) == {"jlive.a.0"}
+        assert [t for t, _ in decide(again.jobs["jlive"], again.tasks).submit] == ["jlive.b.0"]
+    finally:
+        await redis.aclose()

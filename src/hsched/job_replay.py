@@ -30,7 +30,6 @@ from hsched.traces.decima import (
     DEFAULT_MEMORY_MIB_PER_TASK,
     TENANT,
     DagJob,
-    critical_path_s,
     load_tpch_dags,
 )
 from hsched.v1 import common_pb2 as pb

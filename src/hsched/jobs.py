@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -92,7 +91,7 @@ def _find_cycle(names: list[str], parents: Mapping[str, list[str]]) -> list[str]
                 stack.pop()
                 path.pop()
             elif colour.get(nxt) == 1:
-                cycle = path[path.index(nxt):] + [nxt]
+                cycle = [*path[path.index(nxt):], nxt]
                 return list(reversed(cycle))  # parent before child
             elif nxt not in colour:
                 colour[nxt] = 1
