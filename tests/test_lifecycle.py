@@ -29,12 +29,14 @@ from hsched.domain.task import TaskSpec, task_to_dict
 from hsched.engine.executor import Overheads, SimulatedExecutor, Span
 from hsched.engine.placer import PlacerEngine
 from hsched.policies.heuristics import make_policy
+from hsched.stack import Stack, StackConfig
 from hsched.state.follow import LedgerFollower, stream_id_tuple
 from hsched.state.keys import Keys
 from hsched.state.ledger import Ledger, fold_event, load_snapshot, replay, snapshot_and_trim, snapshot_of
 from hsched.state.redis import connect, connect_sync
 from hsched.v1 import common_pb2 as pb
-from hsched.v1 import placer_pb2, placer_pb2_grpc
+from hsched.v1 import gateway_pb2, gateway_pb2_grpc, placer_pb2, placer_pb2_grpc
+from tests.conftest import SMALL_FLEET
 from tests.test_engine import cheap, ledger_events, running
 from tests.test_leases import PlacerProcess, wait_for
 
@@ -391,3 +393,30 @@ def test_the_simulated_plan_is_the_same_in_every_process() -> None:
         assert p.end_ms is not None and p.start_ms <= p.end_ms <= p.start_ms + 20_000
     assert 0 < sum(not p.ok for p in plans) < 50
     assert len({p.start_ms - c.placed_ms for c, p in zip(clocks, plans, strict=True)}) > 1  # drawn, not fixed
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the stack: `hsched up --time-factor F`
+
+
+def test_the_stack_runs_a_submitted_task_for_its_runtime_and_returns_its_room(redis_url, prefix) -> None:
+    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
+                         thermal=False, metrics=False, time_factor=600)  # a task minute = 0.1 s
+    with Stack(config) as stack, grpc.insecure_channel(stack.gateway) as ch:
+        spec = pb.TaskSpec(resources=pb.Resources(cpu_milli=2000, memory_mib=1024), runtime_s=60)
+        task = gateway_pb2_grpc.GatewayStub(ch).Submit(gateway_pb2.SubmitRequest(task=spec), timeout=30).task
+        assert task.state == pb.TASK_STATE_PLACED
+        stream = Keys(prefix).ledger(task.datacenter)
+        client = connect_sync(redis_url)
+
+        def events() -> list[dict]:
+            return [e for _, f in client.xrange(stream) if (e := json.loads(f[b"e"]))["task"] == task.task_id]
+
+        wait_for(lambda: any(e["t"] == "done" for e in events()), "the task completes")
+        alloc, run, done = events()
+        assert [alloc["t"], run["t"], done["t"]] == ["alloc", "run", "done"] and done["ok"]
+        assert done["at"] - run["at"] == 100  # 60 task seconds at 600x
+        assert 1400 / 600 - 1 <= run["at"] - alloc["at"] <= 11_000 / 600 + 1  # paper 001's default overheads
+        with grpc.insecure_channel(stack.placer_target(task.datacenter)) as pch:
+            state = placer_pb2_grpc.PlacerStub(pch).GetState(placer_pb2.PlacerStateRequest(), timeout=10)
+        assert state.summary.running_tasks == 0 and state.summary.free.cpu_milli == state.summary.capacity.cpu_milli
