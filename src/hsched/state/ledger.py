@@ -18,6 +18,11 @@ read with the defaults shown):
   {"t": "done",  "task": id, "ok": bool, "at": ms, "reason": str}   finished (SUCCEEDED / FAILED); frees like free
   {"t": "expire", "task": id, "at": ms}                    deferred past its queue_timeout_s (EXPIRED); like drop
   {"t": "preempt", "task": id, "by": task id, "at": ms}    evicted for an online task (PREEMPTED); frees like free
+A run/done/expire "at" is when it happened (the executor's clock), which may be before the entry was written
+(a placer that was down records a completion that fell due meanwhile). The placer writes them again until
+they land, so after an append whose outcome was unknown (connection lost mid-write) one may appear twice,
+identical: the fold ignores the repeat (a done of a task not held, a run of a task already started), and a
+reader must treat a transition into the state a task is already in as no news.
 
 Retention: the placer periodically writes a snapshot of its fold (allocations and deferred queue, with the
 ledger id it covers) to `{prefix}:dc:{dc}:snapshot` and trims the stream below it (XTRIM MINID), in one
