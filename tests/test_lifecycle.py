@@ -168,6 +168,27 @@ async def test_a_deferred_task_expires_after_its_queue_timeout(redis, prefix) ->
         assert freed.placed_from_queue == [] and "w" not in e.state.allocations  # w had expired: nobody waits
 
 
+async def test_a_completion_whose_append_had_an_unknown_outcome_is_not_written_twice(redis, prefix) -> None:
+    """The done lands on the master but WAIT finds no replica (AppendNotReplicated: outcome unknown to the
+    placer). The placer folds the ledger again before it retries, sees the done there and writes no other."""
+    async with running(engine(redis, prefix, executor(tf=10))) as e:
+        await e.place("t", spec(4, runtime_s=10))  # 1 wall second
+        await until(lambda: _has(redis, prefix, "t", "run"), "t runs")
+        e.ledger.min_replicas, e.ledger.wait_timeout_ms = 1, 50  # this Redis has no replica: never acknowledged
+        await until(lambda: _has(redis, prefix, "t", "done"), "t's done lands on the master")
+        done_id = (await events_of(redis, prefix, "t"))[-1][0]
+        # the failed append moved nothing; the refold before the retry reads the ledger up to the done
+        await until(lambda: _folded_up_to(e, done_id), "the placer refolds and sees t done", timeout_s=30)
+        assert "t" not in e.state.allocations
+        e.ledger.min_replicas = 0
+        await e.place("later", spec(1))  # a later write: anything the retries would add comes before it
+        assert kinds(await events_of(redis, prefix, "t")) == ["alloc", "run", "done"]
+
+
+async def _folded_up_to(e: PlacerEngine, entry_id: str) -> bool:
+    return e.last_id == entry_id
+
+
 async def test_a_new_holder_resumes_the_clocks_from_a_snapshot(redis, prefix) -> None:
     """A placer that takes over folds the snapshot (the stream below it trimmed) and completes the running task
     at the time the first placer would have, once."""
