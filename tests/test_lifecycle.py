@@ -29,12 +29,14 @@ from hsched.domain.task import TaskSpec, task_to_dict
 from hsched.engine.executor import Overheads, SimulatedExecutor, Span
 from hsched.engine.placer import PlacerEngine
 from hsched.policies.heuristics import make_policy
+from hsched.stack import Stack, StackConfig
 from hsched.state.follow import LedgerFollower, stream_id_tuple
 from hsched.state.keys import Keys
 from hsched.state.ledger import Ledger, fold_event, load_snapshot, replay, snapshot_and_trim, snapshot_of
 from hsched.state.redis import connect, connect_sync
 from hsched.v1 import common_pb2 as pb
-from hsched.v1 import placer_pb2, placer_pb2_grpc
+from hsched.v1 import gateway_pb2, gateway_pb2_grpc, placer_pb2, placer_pb2_grpc
+from tests.conftest import SMALL_FLEET
 from tests.test_engine import cheap, ledger_events, running
 from tests.test_leases import PlacerProcess, wait_for
 
@@ -164,6 +166,27 @@ async def test_a_deferred_task_expires_after_its_queue_timeout(redis, prefix) ->
         assert "w" not in e.queue and "w" not in e.state.queued_ms
         freed = await e.release("f0")
         assert freed.placed_from_queue == [] and "w" not in e.state.allocations  # w had expired: nobody waits
+
+
+async def test_a_completion_whose_append_had_an_unknown_outcome_is_not_written_twice(redis, prefix) -> None:
+    """The done lands on the master but WAIT finds no replica (AppendNotReplicated: outcome unknown to the
+    placer). The placer folds the ledger again before it retries, sees the done there and writes no other."""
+    async with running(engine(redis, prefix, executor(tf=10))) as e:
+        await e.place("t", spec(4, runtime_s=10))  # 1 wall second
+        await until(lambda: _has(redis, prefix, "t", "run"), "t runs")
+        e.ledger.min_replicas, e.ledger.wait_timeout_ms = 1, 50  # this Redis has no replica: never acknowledged
+        await until(lambda: _has(redis, prefix, "t", "done"), "t's done lands on the master")
+        done_id = (await events_of(redis, prefix, "t"))[-1][0]
+        # the failed append moved nothing; the refold before the retry reads the ledger up to the done
+        await until(lambda: _folded_up_to(e, done_id), "the placer refolds and sees t done", timeout_s=30)
+        assert "t" not in e.state.allocations
+        e.ledger.min_replicas = 0
+        await e.place("later", spec(1))  # a later write: anything the retries would add comes before it
+        assert kinds(await events_of(redis, prefix, "t")) == ["alloc", "run", "done"]
+
+
+async def _folded_up_to(e: PlacerEngine, entry_id: str) -> bool:
+    return e.last_id == entry_id
 
 
 async def test_a_new_holder_resumes_the_clocks_from_a_snapshot(redis, prefix) -> None:
@@ -391,3 +414,30 @@ def test_the_simulated_plan_is_the_same_in_every_process() -> None:
         assert p.end_ms is not None and p.start_ms <= p.end_ms <= p.start_ms + 20_000
     assert 0 < sum(not p.ok for p in plans) < 50
     assert len({p.start_ms - c.placed_ms for c, p in zip(clocks, plans, strict=True)}) > 1  # drawn, not fixed
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the stack: `hsched up --time-factor F`
+
+
+def test_the_stack_runs_a_submitted_task_for_its_runtime_and_returns_its_room(redis_url, prefix) -> None:
+    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
+                         thermal=False, metrics=False, time_factor=600)  # a task minute = 0.1 s
+    with Stack(config) as stack, grpc.insecure_channel(stack.gateway) as ch:
+        spec = pb.TaskSpec(resources=pb.Resources(cpu_milli=2000, memory_mib=1024), runtime_s=60)
+        task = gateway_pb2_grpc.GatewayStub(ch).Submit(gateway_pb2.SubmitRequest(task=spec), timeout=30).task
+        assert task.state == pb.TASK_STATE_PLACED
+        stream = Keys(prefix).ledger(task.datacenter)
+        client = connect_sync(redis_url)
+
+        def events() -> list[dict]:
+            return [e for _, f in client.xrange(stream) if (e := json.loads(f[b"e"]))["task"] == task.task_id]
+
+        wait_for(lambda: any(e["t"] == "done" for e in events()), "the task completes")
+        alloc, run, done = events()
+        assert [alloc["t"], run["t"], done["t"]] == ["alloc", "run", "done"] and done["ok"]
+        assert done["at"] - run["at"] == 100  # 60 task seconds at 600x
+        assert 1400 / 600 - 1 <= run["at"] - alloc["at"] <= 11_000 / 600 + 1  # paper 001's default overheads
+        with grpc.insecure_channel(stack.placer_target(task.datacenter)) as pch:
+            state = placer_pb2_grpc.PlacerStub(pch).GetState(placer_pb2.PlacerStateRequest(), timeout=10)
+        assert state.summary.running_tasks == 0 and state.summary.free.cpu_milli == state.summary.capacity.cpu_milli

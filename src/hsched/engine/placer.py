@@ -50,6 +50,7 @@ from hsched.state.keys import Keys
 from hsched.state.lease import LeaseKeeper
 from hsched.state.ledger import (
     FREEING,
+    INDETERMINATE,
     UNQUEUING,
     Fenced,
     LeaseHeld,
@@ -186,6 +187,7 @@ class PlacerEngine:
             executor.attach(self._on_report)
         self._expiries: dict[str, asyncio.TimerHandle] = {}  # deferred tasks with a queue timeout
         self._closing = False
+        self._refold_due = False  # set by a failed append of lifecycle events that may have landed
 
     @property
     def fenced(self) -> bool:
@@ -276,16 +278,33 @@ class PlacerEngine:
             last_id = await replay(self.redis, self.ledger.stream, state, queue)
             if self._keeper.token != token:  # lost again while folding; _keep_lease tries again
                 return False
-            self.state, self.queue, self.last_id = state, queue, last_id
-            if isinstance(self.thermal, RoomGuard):  # its cached exact headroom describes the old state
-                self.thermal = RoomGuard(self.thermal.room, state)
-            self._headroom, self._headroom_exact, self.last_thermal = None, False, None
+            self._adopt(state, queue, last_id)
+            self._refold_due = False
             self.holding, self.held_before, self.holder, self.lost_at = True, True, self.ledger.owner, None
             self._resume_clocks()
         log.info("placer %s: token %s, rebuilt %d allocations and %d deferred tasks from the ledger up to %s",
                  self.dc.name, token, len(state.allocations), len(queue), last_id)
         self._dirty.set()
         return True
+
+    def _adopt(self, state: ClusterState, queue: OrderedDict[str, TaskSpec], last_id: str) -> None:
+        """Serve from a fresh fold of the ledger."""
+        self.state, self.queue, self.last_id = state, queue, last_id
+        if isinstance(self.thermal, RoomGuard):  # its cached exact headroom describes the old state
+            self.thermal = RoomGuard(self.thermal.room, state)
+        self._headroom, self._headroom_exact, self.last_thermal = None, False, None
+
+    async def _refold(self) -> None:
+        """After an append of lifecycle events whose outcome was unknown: memory becomes the ledger's fold
+        again (those events may have landed), so a retry never writes a completion twice."""
+        await self.ledger.settle()
+        state, queue = ClusterState(self.dc, self.state.table), OrderedDict()
+        last_id = await replay(self.redis, self.ledger.stream, state, queue)
+        self._adopt(state, queue, last_id)
+        self._refold_due = False
+        self._resume_clocks()
+        log.info("placer %s: refolded the ledger up to %s after an append of unknown outcome", self.dc.name,
+                 last_id)
 
     async def _keep_lease(self) -> None:
         """Step down when the lease is lost; take it back (or over, as a standby) when nobody else holds it."""
@@ -357,6 +376,14 @@ class PlacerEngine:
                         if not op.future.done():
                             op.future.set_exception(refused)
                     continue
+                if self._refold_due:
+                    try:
+                        await self._refold()
+                    except Exception as exc:  # noqa: BLE001 - Redis still away: these ops fail, the next try refolds
+                        for op in batch:
+                            if not op.future.done():
+                                op.future.set_exception(exc)
+                        continue
                 await self._run_batch(batch)
 
     async def _run_batch(self, batch: list[_Op]) -> None:
@@ -369,6 +396,10 @@ class PlacerEngine:
             if isinstance(exc, Fenced):
                 log.error("%s", exc)
                 self._lease_lost(lease_token, str(exc))
+            elif isinstance(exc, INDETERMINATE) and any(op.report is not None for op in batch):
+                log.warning("placer %s: batch of unknown outcome (%s); the ledger is folded again before the next",
+                            self.dc.name, exc)
+                self._refold_due = True
             else:
                 log.exception("placer %s: batch failed", self.dc.name)
             for op in batch:
