@@ -92,7 +92,7 @@ def test_a_task_runs_for_its_runtime_succeeds_and_frees_its_resources(stack):
 def test_a_release_of_a_running_task_frees_it(stack):
     gw = stub(stack)
     idle = free_cores(stack, "cheap")
-    service = gw.Submit(gateway_pb2.SubmitRequest(task=task(cores=2, runtime_s=0)), timeout=30).task  # no end
+    service = gw.Submit(gateway_pb2.SubmitRequest(task=task(cores=2, runtime_s=36_000)), timeout=30).task  # 10 min
     running = wait_for(lambda: (t := gw.Get(gateway_pb2.GetRequest(task_id=service.task_id), timeout=10)).state ==
                        pb.TASK_STATE_RUNNING and t, "the long-running task started")
     released = gw.Release(gateway_pb2.ReleaseRequest(task_id=service.task_id), timeout=30).task
