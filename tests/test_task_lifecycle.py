@@ -18,7 +18,7 @@ from hsched.state.keys import Keys
 from hsched.state.ledger import Ledger, replay, snapshot_and_trim
 from hsched.state.lifecycle import TaskLifecycle
 from hsched.state.redis import connect
-from hsched.state.tasks import TaskStore, step
+from hsched.state.tasks import TaskStore, ledger_ref, now_ms, prune, step
 from hsched.state.transitions import Transitions
 from hsched.v1 import common_pb2 as pb
 from tests.conftest import SMALL_FLEET
@@ -186,3 +186,26 @@ async def test_a_ledger_trimmed_past_the_gateway_is_re_derived_from_its_snapshot
                                                   "c": ["preempted", "deferred"], "d": ["running"]}
     finally:
         await writer.aclose()
+
+
+async def test_retention_forgets_finished_tasks_and_compaction_keeps_the_ledger_cursor(redis_url, prefix):
+    client = connect(redis_url)
+    try:
+        store = TaskStore(client, Keys(prefix).tasks)
+        old = 1_000  # unix ms: long before the retention cut
+        records = []
+        for task_id, kind, entry in (("ok", "succeeded", "5-0"), ("bad", "failed", "6-0"), ("late", "expired", "8-0"),
+                                     ("live", "running", "7-0"), ("queued", "deferred", "")):
+            task = pb.Task(task_id=task_id, datacenter="cheap")
+            records.append(step(kind, task, ledger=ledger_ref("cheap", entry) if entry else "", at_ms=old))
+        await store.write(*records)
+        assert store.ledger_cursor == {"cheap": (8, 0)}
+        gone, trimmed = await prune(store, retention_ms=60_000, now=now_ms() + 3_600_000)
+        assert (gone, trimmed) == (3, 5)  # the three finished tasks; every old entry once the live ones are re-kept
+        again = TaskStore(client, Keys(prefix).tasks)
+        await again.load()
+        assert sorted(again.tasks) == ["live", "queued"]
+        assert again.tasks["live"].state == pb.TASK_STATE_RUNNING
+        assert again.ledger_cursor == {"cheap": (7, 0)}  # the live task's entry: what it reflects is not read twice
+    finally:
+        await client.aclose()

@@ -550,14 +550,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         placed and the client gets UNAVAILABLE: its retry releases again (a no-op at the placer) and records it.
         A task the placer no longer held may have finished meanwhile: once the ledger follower has read what
         the placer wrote, a finished task is answered as it is. (Tasks the release let the placer place from its
-        queue are recorded by the ledger follower.)"""
+        queue are recorded by the ledger follower, and waited for, so a Get after the Release shows them placed.)"""
         task = self.store.copy(task_id)
         if task is None:  # Release found it in the table; only an `abandoned` record removes a task
             raise LookupError(f"task {task_id} not found")
         dc = task.datacenter
         reply = await self.release[dc].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
                                             self.place_timeout_s)
-        if not reply.released:
+        if not reply.released or reply.placed_from_queue:  # what the placer wrote shows once Release answers
             await self.lifecycle.settle(dc, self.place_timeout_s)
         await self.store.settled(task_id)
         task = self.store.copy(task_id) or task
