@@ -799,15 +799,20 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+    rc = 1
     try:
-        return asyncio.run(run(stack, opts))
+        rc = asyncio.run(run(stack, opts))
+        return rc
     finally:
         for svc in stack.services.values():  # nothing left SIGSTOPped, whatever happened
             if svc.proc and svc.proc.poll() is None:
                 with contextlib.suppress(OSError):
                     os.kill(svc.proc.pid, signal.SIGCONT)
+        stack.config.keep_logs = stack.config.keep_logs or rc != 0  # a failed run's logs are its evidence
         stack.stop()
-        log(f"done in {time.monotonic() - t0:.0f} s")
+        where = (f"logs in {opts.log_dir}" if opts.log_dir else f"logs kept in {stack.logs_kept}" if stack.logs_kept
+                 else "logs removed (--log-dir keeps them)")
+        log(f"done in {time.monotonic() - t0:.0f} s; {where}")
 
 
 if __name__ == "__main__":

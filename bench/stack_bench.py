@@ -520,12 +520,13 @@ def main() -> int:
 
     # 2. the stack
     from hsched.stack import Stack, StackConfig
-    from hsched.state.redis import free_port
+    from hsched.state.redis import free_port, redact_url
 
     requests = build_requests(opts.fleet, opts.tasks, opts.seed)
     prefix = f"bench-{os.getpid()}-{secrets.token_hex(3)}"
     redis_url = os.environ.get("REDIS_URL") or None
-    log(f"starting the stack (fleet {opts.fleet or 'default'}, redis {redis_url or 'embedded'}, prefix {prefix}) ...")
+    shown = redact_url(redis_url) if redis_url else "embedded"
+    log(f"starting the stack (fleet {opts.fleet or 'default'}, redis {shown}, prefix {prefix}) ...")
     t0 = time.monotonic()
     stack = Stack(StackConfig(fleet_path=opts.fleet, redis_url=redis_url, prefix=prefix, policy=opts.policy,
                               traces="none", metrics=True, gateway_port=free_port()))

@@ -51,7 +51,7 @@ def measure(tls: bool, opts, requests: list[bytes]) -> dict[str, LoadResult]:
     prefix = f"bench-tls-{os.getpid()}-{secrets.token_hex(3)}"
     redis_url = os.environ.get("REDIS_URL") or None
     stack = Stack(StackConfig(fleet_path=opts.fleet, redis_url=redis_url, prefix=prefix, traces="none",
-                              metrics=False, gateway_port=free_port(), tls=tls,
+                              metrics=False, gateway_port=free_port(), tls=tls, redis_tls=False,  # gRPC only
                               extra_env={"HSCHED_THERMAL_GUARD": "service"}))
     try:
         stack.start()

@@ -220,10 +220,11 @@ def test_supervisor_brings_a_dead_replica_back_so_writes_that_wait_for_it_succee
         while not (replica.running and replica.proc.pid != dead_pid):
             assert time.monotonic() < deadline, "the supervisor did not restart the replica"
             time.sleep(0.2)
-        assert connect_sync(replica.url).info("replication")["role"] == "slave"
-        assert submit_until_placed(gw).state == pb.TASK_STATE_PLACED
-        assert gw.Get(gateway_pb2.GetRequest(task_id=first.task_id), timeout=10).state == pb.TASK_STATE_PLACED
-        deadline = time.monotonic() + 30  # the supervisor logs the restart once the node's start() returned
+        deadline = time.monotonic() + 30  # the supervisor logs the restart once the node's start() returned,
         while "restarted by the supervisor as a replica" not in (stack.log_dir / "supervisor.log").read_text():
             assert time.monotonic() < deadline, "the restart is not in supervisor.log"
             time.sleep(0.2)
+        # ... i.e. once it answers (a running process may not listen yet)
+        assert connect_sync(replica.url).info("replication")["role"] == "slave"
+        assert submit_until_placed(gw).state == pb.TASK_STATE_PLACED
+        assert gw.Get(gateway_pb2.GetRequest(task_id=first.task_id), timeout=10).state == pb.TASK_STATE_PLACED

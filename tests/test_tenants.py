@@ -277,7 +277,7 @@ def gw_tokens(gw) -> list[str]:
 
 @pytest.fixture
 def no_running_stack(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "_running_stack_file", lambda: str(tmp_path / "none.json"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # a private runtime dir with no stack files in it
     for name in ("HSCHED_TOKEN", "HSCHED_TOKEN_FILE", "HSCHED_TLS_CA", "HSCHED_TLS_CERT", "HSCHED_TLS_KEY"):
         monkeypatch.delenv(name, raising=False)
 
@@ -315,11 +315,9 @@ def test_cli_sends_the_token_from_the_environment_or_a_file(stack, creds, gw, tm
 
 def test_cli_uses_the_running_stacks_admin_token_only_for_that_stacks_gateway(stack, gw, tmp_path, monkeypatch,
                                                                                capsys, no_running_stack):
-    running = tmp_path / "stack.json"
-    monkeypatch.setattr(cli, "_running_stack_file", lambda: str(running))
-    import json
+    from hsched.localstate import write_stack
 
-    running.write_text(json.dumps({"gateway": stack.gateway, "token_file": str(stack.admin_token_file)}))
+    write_stack({"gateway": stack.gateway, "token_file": str(stack.admin_token_file)})
     task_id = gw["alice"].submit(spec()).task.task_id
     assert cli.main(["get", "--gateway", stack.gateway, task_id]) == 0
     capsys.readouterr()

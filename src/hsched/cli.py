@@ -20,34 +20,39 @@ from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 
 
-def _running_stack_file() -> str:
-    """Where `hsched up` leaves the addresses of the stack it runs (removed when it stops), so the other
-    commands reach that stack — including its embedded Redis on a random port — without flags."""
-    import tempfile
+def _running_stack(gateway: str | None = None) -> dict:
+    """The stack `hsched up` runs (hsched.localstate: one private file per stack, keyed by the gateway), so the
+    other commands reach it — including its embedded Redis on a random port — without flags: the one on
+    `gateway` / HSCHED_GATEWAY, else the only live one; several and no choice is a LocalStateError."""
+    from hsched.localstate import pick_stack
 
-    return os.path.join(tempfile.gettempdir(), f"hsched-stack-{os.getuid()}.json")
-
-
-def _running_stack() -> dict:
-    try:
-        with open(_running_stack_file()) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
+    return pick_stack(gateway or os.environ.get("HSCHED_GATEWAY"))
 
 
-DEFAULT_GATEWAY = os.environ.get("HSCHED_GATEWAY") or _running_stack().get("gateway", "127.0.0.1:50051")
+FALLBACK_GATEWAY = "127.0.0.1:50051"
+GATEWAY_HELP = ("gateway address (default: $HSCHED_GATEWAY, else the stack `hsched up` runs — the only one, or "
+                "name it when several run — else 127.0.0.1:50051)")
 LINKS_MAXLEN = 10_000  # link metric updates kept on the links stream (approximately; probes re-publish)
 
 
-def _redis_url() -> str | None:
-    return os.environ.get("REDIS_URL") or _running_stack().get("redis_url")
+def _redis_url(gateway: str | None = None) -> str | None:
+    """REDIS_URL, else the running stack's Redis (its password from its password file; for a TLS Redis, its CA and
+    client certificate paths go to this process' HSCHED_REDIS_TLS_* unless set, for the clients connect() makes)."""
+    from hsched.localstate import stack_redis_url
+
+    if os.environ.get("REDIS_URL"):
+        return os.environ["REDIS_URL"]
+    stack = _running_stack(gateway)
+    for name in ("HSCHED_REDIS_TLS_CA", "HSCHED_REDIS_TLS_CERT", "HSCHED_REDIS_TLS_KEY"):
+        if stack.get(name.lower().removeprefix("hsched_")):
+            os.environ.setdefault(name, stack[name.lower().removeprefix("hsched_")])
+    return stack_redis_url(stack)
 
 
 def _credentials(args) -> ClientCredentials:
     """The token and TLS settings for `args.gateway` (hsched.security.client); the running stack's token file
     and CA only for that stack's own gateway."""
-    stack = _running_stack()
+    stack = _running_stack(args.gateway)
     return client_credentials(getattr(args, "token_file", None), getattr(args, "tls_ca", None),
                               stack if stack.get("gateway") == args.gateway else None)
 
@@ -97,8 +102,10 @@ def cmd_up(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from hsched.localstate import remove_stack, write_stack
     from hsched.stack import Stack, StackConfig, default_state_dir
     from hsched.state.epoch import StateLost
+    from hsched.state.redis import RedisUnavailable, redact_url, url_without_password
 
     console = Console(width=max(Console().width, 112))  # the summary table needs ~110 columns
     if args.replay == "tpch" and args.time_factor is None:
@@ -109,7 +116,8 @@ def cmd_up(args) -> int:
     config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
                          policy=args.policy, gpu_policy=args.gpu_policy, path_finder=args.path_finder,
                          thermal=not args.no_thermal, traces=args.traces,
-                         gateway_port=args.port, log_dir=args.log_dir, log_level=args.log_level,
+                         gateway_port=args.port, log_dir=args.log_dir, keep_logs=args.keep_logs,
+                         log_level=args.log_level,
                          state_dir=str(args.state_dir or default_state_dir(args.prefix)), fresh=args.fresh,
                          redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
@@ -121,37 +129,45 @@ def cmd_up(args) -> int:
         with console.status(f"starting Redis, thermal, selector, {len(stack.fleet.datacenters)} placers and the "
                             "gateway"):
             stack.start()
-    except StateLost as exc:
+    except (StateLost, RedisUnavailable) as exc:
         print(f"hsched up: {exc}", file=sys.stderr)
         return 1
+    except RuntimeError as exc:
+        print(f"hsched up: {exc}" + (f"\nlogs kept in {stack.logs_kept}" if stack.logs_kept else ""), file=sys.stderr)
+        return 1
     token_file = stack.admin_token_file
-    with open(_running_stack_file(), "w") as f:
-        json.dump({"gateway": stack.gateway, "redis_url": stack.redis_url, "prefix": args.prefix, "pid": os.getpid(),
-                   "time_factor": args.time_factor,
-                   **({"tls_ca": str(stack.tls_dir / "ca.crt")} if stack.tls_dir else {}),
-                   **({"token_file": str(token_file)} if token_file else {})}, f)
-    table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
-    for col in ("service", "gRPC", "metrics", "RSS MiB"):
-        table.add_column(col)
-    rss = stack.rss_mib()
-    for name, svc in stack.services.items():
-        table.add_row(name, svc.target, f"http://127.0.0.1:{svc.metrics_port}/metrics" if svc.metrics_port else "-",
-                      f"{rss.get(name, 0):.0f}")
-    redis_rss = sum(v for k, v in rss.items() if k.startswith("redis"))
-    table.add_row("redis", stack.redis_url, "-", f"{redis_rss:.0f}")
-    if stack.supervisor_metrics:
-        table.add_row("supervisor", "-", stack.supervisor_metrics.url, "-")
-    console.print(table)
-    console.print(f"logs: {stack.log_dir}; state (Redis AOF, epoch {stack.epoch}): {stack.state_dir}")
-    if stack.tls_dir:
-        console.print(f"mutual TLS on every hop; CA and certificates in {stack.tls_dir} (clients: --tls-ca "
-                      f"{stack.tls_dir / 'ca.crt'}; rotate: hsched certs rotate --dir {stack.tls_dir})")
-    if token_file:
-        console.print(f"tenant authentication on: admin token in {token_file} (the CLI uses it for this stack); "
-                      f"tenant tokens: hsched tokens create --file {stack.tokens_file} --tenant NAME")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
+        write_stack({"gateway": stack.gateway, "redis_url": url_without_password(stack.redis_url),
+                     "prefix": args.prefix, "time_factor": args.time_factor,
+                     "redis_password_file": str(stack.redis_password_file) if stack.redis_password_file else None,
+                     **({"tls_ca": str(stack.tls_dir / "ca.crt")} if stack.tls_dir else {}),
+                     **({"token_file": str(token_file)} if token_file else {}),
+                     **({f"redis_tls_{k}": v for k, v in vars(stack.redis_tls).items() if v} if stack.redis_tls
+                        else {})})
+        if stack.redis_tls:  # this process' own Redis clients (the replay summary) use the stack's TLS files
+            os.environ.update(stack.redis_tls.env())
+        table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
+        for col in ("service", "gRPC", "metrics", "RSS MiB"):
+            table.add_column(col)
+        rss = stack.rss_mib()
+        for name, svc in stack.services.items():
+            table.add_row(name, svc.target, f"http://127.0.0.1:{svc.metrics_port}/metrics" if svc.metrics_port else "-",
+                          f"{rss.get(name, 0):.0f}")
+        redis_rss = sum(v for k, v in rss.items() if k.startswith("redis"))
+        table.add_row("redis", redact_url(stack.redis_url), "-", f"{redis_rss:.0f}")
+        if stack.supervisor_metrics:
+            table.add_row("supervisor", "-", stack.supervisor_metrics.url, "-")
+        console.print(table)
+        kept = "kept" if args.log_dir or args.keep_logs else "removed on a clean stop; --keep-logs keeps them"
+        console.print(f"logs: {stack.log_dir} ({kept}); state (Redis AOF, epoch {stack.epoch}): {stack.state_dir}")
+        if stack.tls_dir:
+            console.print(f"mutual TLS on every hop; CA and certificates in {stack.tls_dir} (clients: --tls-ca "
+                          f"{stack.tls_dir / 'ca.crt'}; rotate: hsched certs rotate --dir {stack.tls_dir})")
+        if token_file:
+            console.print(f"tenant authentication on: admin token in {token_file} (the CLI uses it for this stack); "
+                          f"tenant tokens: hsched tokens create --file {stack.tokens_file} --tenant NAME")
         if args.replay:
             ok = run_replay(console, stack.gateway, stack.fleet, args, stack.redis_url, args.prefix,
                             stack_credentials(stack))
@@ -166,8 +182,9 @@ def cmd_up(args) -> int:
     finally:
         with console.status("stopping"):
             stack.stop()
-        if _running_stack().get("pid") == os.getpid():
-            os.remove(_running_stack_file())
+        remove_stack(stack.gateway)
+        if stack.logs_kept:
+            console.print(f"logs kept in {stack.logs_kept}")
     return 0
 
 
@@ -222,7 +239,7 @@ def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: s
     from hsched.job_replay import replay_jobs
 
     jobs = _tpch_jobs(args)
-    factor = args.time_factor or _running_stack().get("time_factor") or 1.0
+    factor = args.time_factor or _running_stack(gateway).get("time_factor") or 1.0
     tasks = sum(s.tasks for j in jobs for s in j.spec.stages)
     console.print(f"replaying {len(jobs)} TPC-H DAG jobs ({tasks} tasks, sizes {args.tpch_sizes}) arriving over "
                   f"{max(j.arrival_s for j in jobs):.0f} trace seconds, time factor {factor:g} (the placers' clock)")
@@ -297,7 +314,7 @@ def cmd_replay(args) -> int:
     from hsched.domain.fleet import load_fleet
 
     ok = run_replay(Console(width=max(Console().width, 112)), args.gateway, load_fleet(args.fleet), args,
-                    _redis_url(), args.prefix, _credentials(args))
+                    _redis_url(args.gateway), args.prefix, _credentials(args))
     return 0 if ok else 1
 
 
@@ -599,7 +616,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=50051, help="gateway port")
     up.add_argument("--prefix", default="hsched", help="Redis key prefix")
     up.add_argument("--traces", default="none", choices=["none", "console", "otlp"])
-    up.add_argument("--log-dir", default=None)
+    up.add_argument("--log-dir", default=None, help="write the services' logs here (kept; default: a private run "
+                                                     "dir removed on a clean stop)")
+    up.add_argument("--keep-logs", action="store_true",
+                    help="keep the private run dir with the logs after a clean stop (a failed start or a crash "
+                         "always keeps it, and says where)")
     up.add_argument("--state-dir", default=None,
                     help="where the embedded Redis keeps its append-only file (redis/) and the epoch marker; reused "
                          "by the next `hsched up` (default: $XDG_STATE_HOME/hsched/<prefix>, else "
@@ -652,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("replay", help="trace: openb, openb-gpuspec33, thunder, kth, or tpch (DAG jobs)")
     rp.add_argument("--time-factor", type=_positive_float, default=None,
                     help="tpch: the stack's time factor (default: the one `hsched up` recorded, else 1)")
-    rp.add_argument("--gateway", default=DEFAULT_GATEWAY)
+    rp.add_argument("--gateway", default=None, help=GATEWAY_HELP)
     rp.add_argument("--fleet", default=None)
     rp.add_argument("--prefix", default="hsched")
     replay_flags(rp)
@@ -668,7 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
     credential_flags(rp)
 
     def gw(sp):
-        sp.add_argument("--gateway", default=DEFAULT_GATEWAY)
+        sp.add_argument("--gateway", default=None, help=GATEWAY_HELP)
         sp.add_argument("--json", action="store_true")
         credential_flags(sp)
         return sp
@@ -784,13 +805,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hsched.localstate import LocalStateError
+
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "gateway", "") is None:
+            args.gateway = os.environ.get("HSCHED_GATEWAY") or _running_stack().get("gateway") or FALLBACK_GATEWAY
         return args.fn(args)
     except grpc.RpcError as exc:
         print(f"hsched: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
-    except ValidationError as exc:  # bad credentials settings, a broken tokens file: the field and the rule
+    except (LocalStateError, ValidationError) as exc:  # an ambiguous/unsafe stack file; bad credentials settings
         print(f"hsched: {exc}", file=sys.stderr)
         return 2
 

@@ -9,9 +9,12 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 
+from redis.exceptions import AuthenticationError, NoPermissionError
+
 from hsched.security.pki import PkiError
 from hsched.security.tls import TlsFiles
 from hsched.state.epoch import EXIT_STATE_LOST, EpochGuard, StateLost
+from hsched.state.redis import describe_redis_error
 from hsched.telemetry import MetricsServer, setup_tracing
 
 
@@ -19,7 +22,12 @@ def common_args(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--fleet", default=os.environ.get("HSCHED_FLEET") or None,
                    help="fleet YAML (default: the embedded Abilene 11-DC fleet)")
-    p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    url = p.add_mutually_exclusive_group()
+    url.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+                     help="Redis URL (default: $REDIS_URL). One with a password belongs in REDIS_URL or "
+                          "--redis-url-file: a command line shows in ps")
+    url.add_argument("--redis-url-file", dest="redis_url", action=_ReadUrlFile, metavar="FILE",
+                     help="read the Redis URL from this file (e.g. a mounted secret)")
     p.add_argument("--prefix", default=os.environ.get("HSCHED_PREFIX", "hsched"), help="Redis key prefix")
     p.add_argument("--expect-epoch", default=os.environ.get("HSCHED_EPOCH") or None,
                    help="refuse to serve unless Redis holds this epoch marker (set by `hsched up`); without it, "
@@ -43,6 +51,20 @@ def common_args(description: str) -> argparse.ArgumentParser:
     p.add_argument("--reflection", default=os.environ.get("HSCHED_REFLECTION", "on"),
                    help="on|off: serve gRPC server reflection (off in production)")
     return p
+
+
+class _ReadUrlFile(argparse.Action):
+    """--redis-url-file FILE: the URL is the file's first line, so a password stays off the command line."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        try:
+            with open(value) as f:
+                url = f.readline().strip()
+        except OSError as exc:
+            parser.error(f"{option_string}: cannot read {value}: {exc.strerror}")
+        if not url:
+            parser.error(f"{option_string}: {value} is empty (expected a redis:// URL on its first line)")
+        setattr(namespace, self.dest, url)
 
 
 def tls_files(args: argparse.Namespace, role: str) -> TlsFiles | None:
@@ -83,7 +105,11 @@ def run(service_name: str, args: argparse.Namespace, serve: Callable[[asyncio.Ev
             loop.add_signal_handler(sig, stop.set)
         await serve(stop)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (AuthenticationError, NoPermissionError) as exc:  # credentials a retry cannot fix: one line, exit 1
+        logging.getLogger("hsched").error("%s", describe_redis_error(args.redis_url, exc))
+        raise SystemExit(1) from None
 
 
 async def serve_until_stopped(stop: asyncio.Event, server, port: int, args: argparse.Namespace, *,

