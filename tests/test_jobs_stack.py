@@ -210,3 +210,19 @@ def test_a_tenant_sees_only_its_own_jobs_and_its_request_ids_are_its_own(auth_st
     assert done.state == pb.JOB_STATE_SUCCEEDED
     not_found(lambda: bob.Get(gateway_pb2.GetRequest(task_id=done.stages[0].task_ids[0])))
     assert alice.Get(gateway_pb2.GetRequest(task_id=done.stages[0].task_ids[0])).spec.tenant == "alice"
+
+
+def test_the_tpch_replay_runs_dag_jobs_to_completion_and_summarises(stack, redis_url, monkeypatch, capsys):
+    from hsched import cli
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    code = cli.main(["replay", "tpch", "--gateway", stack.gateway, "--prefix", stack.config.prefix, "--limit", "3",
+                     "--tpch-interval-s", "5", "--tpch-max-tasks", "4", "--time-factor", str(TIME_FACTOR)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "replaying 3 TPC-H DAG jobs" in out and "TPC-H DAG replay" in out
+    row = [line for line in out.splitlines() if line.startswith("│")][-1].strip("│ ").split("│")
+    jobs, succeeded, failed, unfinished, avg_jct, p95_jct, bound = (c.strip() for c in row[:7])
+    assert (jobs, succeeded, failed, unfinished) == ("3", "3", "0", "0")
+    assert float(avg_jct) >= float(bound) > 0  # a critical path is a lower bound of the JCT
+    assert float(p95_jct) >= float(avg_jct)  # of 3 jobs, the p95 is the longest
