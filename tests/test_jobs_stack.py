@@ -226,3 +226,46 @@ def test_the_tpch_replay_runs_dag_jobs_to_completion_and_summarises(stack, redis
     assert (jobs, succeeded, failed, unfinished) == ("3", "3", "0", "0")
     assert float(avg_jct) >= float(bound) > 0  # a critical path is a lower bound of the JCT
     assert float(p95_jct) >= float(avg_jct)  # of 3 jobs, the p95 is the longest
+
+
+# -- failures (the placers' executor fails every task: --fail-probability 1) -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def failing_stack(redis_url):
+    prefix = f"test-jobs-fail-{int(time.time() * 1000)}"
+    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
+                         thermal=False, log_level="INFO", time_factor=TIME_FACTOR,
+                         extra_env={"HSCHED_FAIL_PROBABILITY": "1"})
+    with Stack(config) as s:
+        yield s
+    delete_prefix(redis_url, prefix)
+
+
+def test_a_failed_task_fails_the_job_its_other_tasks_are_released_and_no_child_stage_starts(failing_stack):
+    gw = stub(failing_stack)
+    spec = pb.JobSpec(name="doomed", stages=[stage("first", 3, 10.0), stage("second", 2, 10.0, ("first",))])
+    job = wait_job(gw, gw.SubmitJob(gateway_pb2.SubmitJobRequest(job=spec), timeout=30).job.job_id)
+    assert job.state == pb.JOB_STATE_FAILED and "of stage first failed" in job.reason, job.reason
+    assert not job.stages[1].task_ids  # never submitted
+    deadline = time.monotonic() + 30
+    while True:  # the failed one stays FAILED; each other one failed too or was released: none holds anything
+        states = {gw.Get(gateway_pb2.GetRequest(task_id=t), timeout=10).state for t in job.stages[0].task_ids}
+        if states <= {pb.TASK_STATE_FAILED, pb.TASK_STATE_RELEASED}:
+            break
+        assert time.monotonic() < deadline, states
+        time.sleep(0.1)
+    assert pb.TASK_STATE_FAILED in states
+
+
+def test_the_tpch_replay_exits_non_zero_when_jobs_fail(failing_stack, redis_url, monkeypatch, capsys):
+    from hsched import cli
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    code = cli.main(["replay", "tpch", "--gateway", failing_stack.gateway, "--prefix", failing_stack.config.prefix,
+                     "--limit", "2", "--tpch-interval-s", "5", "--tpch-max-tasks", "2",
+                     "--time-factor", str(TIME_FACTOR)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    row = [line for line in out.splitlines() if line.startswith("│")][-1].strip("│ ").split("│")
+    assert [c.strip() for c in row[:4]] == ["2", "0", "2", "0"]

@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 # No dots: a task id is `<job_id>.<stage>.<i>` and must split back unambiguously.
 _STAGE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,47}[a-z0-9])?$")
-PRIORITY_CLASSES = ("", "online", "offline")
 # Task states after which a task of a job never becomes SUCCEEDED: the job fails.
 _LOST = {pb.TASK_STATE_FAILED: "failed", pb.TASK_STATE_EXPIRED: "expired in the queue",
          pb.TASK_STATE_REJECTED: "was rejected", pb.TASK_STATE_RELEASED: "was released by its client"}
@@ -70,7 +69,7 @@ def _stage_spec(job: pb.JobSpec, stage: pb.StageSpec) -> TaskSpec:
                     request_id=job.request_id, priority=job.priority, replicas=1, data_size_mb=job.data_size_mb,
                     entry_vertex=job.entry_vertex,
                     network=NetworkRequirements(n.max_latency_ms, n.max_jitter_ms, n.max_loss_percent),
-                    gpu_models=tuple(job.gpu_models))
+                    gpu_models=tuple(job.gpu_models), priority_class=job.priority_class)
 
 
 def _find_cycle(names: list[str], parents: Mapping[str, list[str]]) -> list[str] | None:
@@ -105,9 +104,6 @@ def validate_job(job: pb.JobSpec) -> None:
     then the job's fields, every stage (name, tasks, its task spec), unknown / duplicate / self parents and
     dependency cycles (the cycle is named)."""
     check_message(job, "job.")
-    if job.priority_class not in PRIORITY_CLASSES:
-        raise ValidationError("job.priority_class", "must be 'online', 'offline' or empty (= offline)",
-                              job.priority_class)
     if not job.stages:
         raise ValidationError("job.stages", "must name at least one stage")
     index: dict[str, int] = {}
@@ -219,7 +215,7 @@ def selection_requests(job: pb.JobSpec) -> tuple[pb.TaskSpec, pb.TaskSpec]:
     feasibility = task_to_pb(TaskSpec(Resources(*largest), runtime_s=max(s.runtime_s for s in job.stages),
                                       tenant=base.tenant, name=base.name, data_size_mb=base.data_size_mb,
                                       entry_vertex=base.entry_vertex, network=base.network,
-                                      gpu_models=base.gpu_models))
+                                      gpu_models=base.gpu_models, priority_class=base.priority_class))
     cost = pb.TaskSpec()
     cost.CopyFrom(feasibility)
     cost.resources.CopyFrom(resources_to_pb(mean))
@@ -246,7 +242,6 @@ def choose_datacenter(feasible: selector_pb2.SelectResponse, by_cost: selector_p
 
 def stage_task_spec(job: pb.Job, stage: pb.StageSpec) -> pb.TaskSpec:
     spec = task_to_pb(_stage_spec(job.spec, stage))
-    spec.priority_class = job.spec.priority_class
     spec.job_id = job.job_id
     spec.stage = stage.name
     spec.request_id = ""  # the task id is the idempotency key of a job's task
