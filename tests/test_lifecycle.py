@@ -169,24 +169,36 @@ async def test_a_deferred_task_expires_after_its_queue_timeout(redis, prefix) ->
 
 
 async def test_a_completion_whose_append_had_an_unknown_outcome_is_not_written_twice(redis, prefix) -> None:
-    """The done lands on the master but WAIT finds no replica (AppendNotReplicated: outcome unknown to the
-    placer). The placer folds the ledger again before it retries, sees the done there and writes no other."""
+    """The done (with the queued task it gives the room to) lands on the master but WAIT finds no replica
+    (AppendNotReplicated: outcome unknown to the placer, which cancels the queued task's alloc). Before its
+    retry the placer folds the ledger afresh: the done is there, so it writes no other, and the queued task,
+    put back in the queue by the cancellation, gets the room."""
     async with running(engine(redis, prefix, executor(tf=10))) as e:
-        await e.place("t", spec(4, runtime_s=10))  # 1 wall second
+        for i in range(3):
+            await e.place(f"f{i}", spec(24))
+        await e.place("t", spec(24, runtime_s=10))  # 1 wall second
+        assert (await e.place("q", spec(8))).outcome == "deferred"
         await until(lambda: _has(redis, prefix, "t", "run"), "t runs")
         e.ledger.min_replicas, e.ledger.wait_timeout_ms = 1, 50  # this Redis has no replica: never acknowledged
         await until(lambda: _has(redis, prefix, "t", "done"), "t's done lands on the master")
-        done_id = (await events_of(redis, prefix, "t"))[-1][0]
-        # the failed append moved nothing; the refold before the retry reads the ledger up to the done
-        await until(lambda: _folded_up_to(e, done_id), "the placer refolds and sees t done", timeout_s=30)
-        assert "t" not in e.state.allocations
+        await until(lambda: _in_doubt(e), "the placer learns the outcome is unknown")
         e.ledger.min_replicas = 0
+        await until(lambda: _holds(e, "q"), "q placed after the refold", timeout_s=30)
         await e.place("later", spec(1))  # a later write: anything the retries would add comes before it
         assert kinds(await events_of(redis, prefix, "t")) == ["alloc", "run", "done"]
+        q_allocs = [ev for _, ev in await events_of(redis, prefix, "q") if ev["t"] == "alloc"]
+        assert len(q_allocs) == 2  # the one in doubt (cancelled) and the one after the refold
+        state, queue = ClusterState(cheap()), OrderedDict()
+        await replay(redis, Keys(prefix).ledger("cheap"), state, queue)
+        assert_same_fold((state, queue), (e.state, e.queue))
 
 
-async def _folded_up_to(e: PlacerEngine, entry_id: str) -> bool:
-    return e.last_id == entry_id
+async def _in_doubt(e: PlacerEngine) -> bool:
+    return bool(e.ledger.pending_undo) or e._refold_due
+
+
+async def _holds(e: PlacerEngine, task: str) -> bool:
+    return task in e.state.allocations
 
 
 async def test_a_new_holder_resumes_the_clocks_from_a_snapshot(redis, prefix) -> None:

@@ -107,7 +107,7 @@ class ReleaseResult:
 
 @dataclass
 class _Op:
-    kind: str  # place | release | run | done | expire (the last three: reports of the execution clock)
+    kind: str  # place | release | run | done | expire (reports of the execution clock) | drain (the queue)
     task_id: str
     spec: TaskSpec | None = None
     allow_defer: bool = False
@@ -303,6 +303,8 @@ class PlacerEngine:
         self._adopt(state, queue, last_id)
         self._refold_due = False
         self._resume_clocks()
+        if self.queue:  # a completion that landed may have freed room its cancelled drain no longer gives
+            self._internal(_Op("drain", ""))
         log.info("placer %s: refolded the ledger up to %s after an append of unknown outcome", self.dc.name,
                  last_id)
 
@@ -420,7 +422,9 @@ class PlacerEngine:
                 self._since_snapshot += len(events)
                 if self._since_snapshot >= self.retention.snapshot_entries:
                     self._snapshot_due.set()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, INDETERMINATE):
+                self._requeue_in_doubt(batch, queue_before)
             self._undo(batch, queue_before)  # memory must stay the fold of the ledger
             raise
         if events:
@@ -524,6 +528,18 @@ class PlacerEngine:
             if isinstance(op.result, PlaceResult) and op.result.outcome == "placed":
                 op.result.thermal = check
 
+    def _requeue_in_doubt(self, batch: list[_Op], queue_before: _Mark) -> None:
+        """The ledger cancels an alloc of unknown outcome with a free; one that took a task from the deferred
+        queue also puts it back there, as memory does (else a refold or a restart would lose the task)."""
+        queued, _, queued_ms = queue_before
+        specs = dict(queued)
+        for op in batch:
+            for e in op.events:
+                if e["t"] == "alloc" and e["task"] in specs:
+                    self.ledger.pending_undo.append({"t": "defer", "task": e["task"],
+                                                     "spec": task_to_dict(specs[e["task"]]),
+                                                     "at": queued_ms.get(e["task"], 0)})
+
     def _mark(self) -> _Mark:
         """What `_undo` restores besides the free arrays: the queue and the clocks, as they are now."""
         return list(self.queue.items()), dict(self.state.clocks), dict(self.state.queued_ms)
@@ -549,6 +565,10 @@ class PlacerEngine:
             op.result = self._decide_place(op, headroom)
         elif op.kind == "release":
             op.result = self._decide_release(op, headroom, try_queue)
+        elif op.kind == "drain":
+            op.result = ReleaseResult(False)
+            if try_queue:
+                self._drain_queue(op, headroom, op.result)
         else:
             op.result = self._decide_report(op, headroom, try_queue)
 
@@ -707,9 +727,13 @@ class PlacerEngine:
             self._expiries.pop(report.task_id, None)
         if not self.holding or self._closing:  # not ours to write: a take-over re-launches from the ledger
             return
-        op = _Op(report.kind, report.task_id, report=report)
+        self._internal(_Op(report.kind, report.task_id, report=report),
+                       lambda future: self._report_written(future, report))
+
+    def _internal(self, op: _Op, done: Callable[[asyncio.Future], None] | None = None) -> None:
+        """Queue an op of the engine's own (nobody awaits it): `done` sees its outcome."""
         op.future = asyncio.get_running_loop().create_future()
-        op.future.add_done_callback(lambda future: self._report_written(future, report))
+        op.future.add_done_callback(done or (lambda future: future.cancelled() or future.exception()))
         self._ops.put_nowait(op)
 
     def _report_written(self, future: asyncio.Future, report: Report) -> None:
