@@ -269,3 +269,31 @@ def test_the_tpch_replay_exits_non_zero_when_jobs_fail(failing_stack, redis_url,
     assert code == 1, out
     row = [line for line in out.splitlines() if line.startswith("│")][-1].strip("│ ").split("│")
     assert [c.strip() for c in row[:4]] == ["2", "0", "2", "0"]
+
+
+def test_cli_submit_f_job_get_list_cancel(stack, tmp_path, capsys):
+    from hsched import cli
+    from tests.test_jobs import EXAMPLE
+
+    gw = ["--gateway", stack.gateway]
+    assert cli.main(["submit", "-f", str(EXAMPLE), *gw]) == 0
+    line = capsys.readouterr().out.strip()
+    job_id, state = line.split()[:2]
+    assert job_id.startswith("j") and state == "PENDING", line
+    assert cli.main(["submit", "-f", str(EXAMPLE), *gw]) == 0  # its request_id: the first answer again
+    again = capsys.readouterr().out.strip()
+    assert again.startswith(job_id) and again.endswith("(duplicate)"), again
+    assert cli.main(["job", "get", job_id, *gw]) == 0
+    assert "extract:" in capsys.readouterr().out
+    assert cli.main(["job", "list", *gw]) == 0
+    assert job_id in capsys.readouterr().out
+    assert cli.main(["job", "cancel", job_id, *gw]) == 0
+    assert capsys.readouterr().out.split()[1] in ("CANCELLED", "SUCCEEDED")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nstages:\n  - {name: a, tasks: 1, runtime_s: 1, resources: {cpu_milli: 1000}, "
+                   "parents: [b]}\n  - {name: b, tasks: 1, runtime_s: 1, resources: {cpu_milli: 1000}, parents: [a]}\n")
+    assert cli.main(["submit", "-f", str(bad), *gw]) == 1
+    assert "job.stages[" in capsys.readouterr().err
+    bad.write_text("name: [\n")
+    assert cli.main(["submit", "-f", str(bad), *gw]) == 2
+    assert str(bad) in capsys.readouterr().err
