@@ -99,6 +99,11 @@ def test_a_three_stage_dag_runs_its_stages_in_dependency_order_and_succeeds(stac
     assert Counter(ev.kind for ev in seen)["succeeded"] == 6
     listed = gw.ListJobs(gateway_pb2.ListJobsRequest(state=pb.JOB_STATE_SUCCEEDED), timeout=10)
     assert job.job_id in [j.job_id for j in listed.jobs]
+    import urllib.request
+    port = stack.services["gateway"].metrics_port
+    scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert f'hsched_jobs{{datacenter="{job.datacenter}",state="succeeded"}}' in scraped or \
+        f'hsched_jobs{{state="succeeded",datacenter="{job.datacenter}"}}' in scraped, scraped[-2000:]
 
 
 @pytest.mark.parametrize("spec, field", [

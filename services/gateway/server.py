@@ -665,6 +665,16 @@ def register_metrics(metrics: MetricsServer, store: TaskStore, servicer: Gateway
 
     metrics.register_gauge_family("hsched_tasks", "Tasks by state and data center", ["state", "datacenter"], by_state)
 
+    def jobs_by_state():
+        counts: dict[tuple[str, str], int] = {}
+        for j in list(store.jobs.values()):  # scraped on the metrics thread: iterate a copy
+            key = (pb.JobState.Name(j.state).removeprefix("JOB_STATE_").lower(), j.datacenter)
+            counts[key] = counts.get(key, 0) + 1
+        return [(k, float(v)) for k, v in counts.items()]
+
+    metrics.register_gauge_family("hsched_jobs", "DAG jobs by state and data center", ["state", "datacenter"],
+                                  jobs_by_state)
+
     coalescers = servicer.coalescers()
 
     def sent(attr: str):
