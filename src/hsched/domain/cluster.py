@@ -11,7 +11,8 @@ a placer that takes a DC over resumes every task's clock from the fold alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,9 +50,9 @@ class Part:
                     tuple(GpuShare(int(c), int(p), int(m)) for c, p, m in v[7]))
 
 
-@dataclass(frozen=True, slots=True)
-class TaskClock:
-    """What the execution clock needs of an allocated task, as its ledger events recorded it."""
+class TaskClock(NamedTuple):
+    """What the execution clock needs of an allocated task, as its ledger events recorded it. (A tuple of
+    scalars: the garbage collector stops tracking it, which matters with many thousands of tasks held.)"""
 
     placed_ms: int  # unix ms of the alloc; also tells two placements of one task apart (a requeued task)
     runtime_s: float = 0.0  # task time; 0 = runs until released
@@ -200,7 +201,7 @@ class ClusterState:
         """The executor started `task_id` at `at_ms` (a run event); ignored for a task not held or unclocked."""
         clock = self.clocks.get(task_id)
         if clock is not None and task_id in self.allocations:
-            self.clocks[task_id] = replace(clock, started_ms=at_ms)
+            self.clocks[task_id] = clock._replace(started_ms=at_ms)
 
     def release(self, task_id: str) -> tuple[Part, ...] | None:
         parts = self.allocations.pop(task_id, None)

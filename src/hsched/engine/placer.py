@@ -39,7 +39,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from redis import Redis as SyncRedis
 
-from hsched.domain.cluster import ClusterState, Part, TaskClock
+from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.fleet import DataCenter
 from hsched.domain.resources import Resources
 from hsched.domain.task import TaskSpec, task_to_dict
@@ -117,10 +117,6 @@ class _Op:
     events: list[dict] = field(default_factory=list)
     trace_context: otel_context.Context | None = None
     report: Report | None = None  # run | done | expire
-
-
-# the queue, the clocks and the queue times before a batch (PlacerEngine._mark)
-_Mark = tuple[list[tuple[str, TaskSpec]], dict[str, TaskClock], dict[str, int]]
 
 
 def _now_ms() -> int:
@@ -412,7 +408,7 @@ class PlacerEngine:
                 otel_context.detach(token)
 
     async def _process(self, batch: list[_Op]) -> None:
-        queue_before = self._mark()
+        queue_before = list(self.queue.items())
         try:
             await self._decide_batch(batch)
             # keys starting with "_" are in-memory bookkeeping for _undo, not ledger content
@@ -443,7 +439,7 @@ class PlacerEngine:
         return self._headroom.copy()
 
     async def _decide_batch(self, batch: list[_Op]) -> None:
-        queue_before = self._mark()
+        queue_before = list(self.queue.items())
         if not self.thermal:
             for op in batch:
                 self._decide(op, None)
@@ -482,7 +478,7 @@ class PlacerEngine:
 
     async def _decide_alone(self, op: _Op, prior: list[_Op], thermal_veto: ThermalCheck | None = None) -> None:
         """Decide `op` on its own, after the already decided (not yet written) `prior` calls of its batch."""
-        queue_before = self._mark()
+        queue_before = list(self.queue.items())
         if thermal_veto is None:
             self._decide(op, await self._fresh_headroom())
             check = await self._check([*prior, op])
@@ -528,36 +524,41 @@ class PlacerEngine:
             if isinstance(op.result, PlaceResult) and op.result.outcome == "placed":
                 op.result.thermal = check
 
-    def _requeue_in_doubt(self, batch: list[_Op], queue_before: _Mark) -> None:
+    def _requeue_in_doubt(self, batch: list[_Op], queue_before: list[tuple[str, TaskSpec]]) -> None:
         """The ledger cancels an alloc of unknown outcome with a free; one that took a task from the deferred
         queue also puts it back there, as memory does (else a refold or a restart would lose the task)."""
-        queued, _, queued_ms = queue_before
-        specs = dict(queued)
+        specs = dict(queue_before)
         for op in batch:
             for e in op.events:
                 if e["t"] == "alloc" and e["task"] in specs:
                     self.ledger.pending_undo.append({"t": "defer", "task": e["task"],
                                                      "spec": task_to_dict(specs[e["task"]]),
-                                                     "at": queued_ms.get(e["task"], 0)})
+                                                     "at": e["_queued_ms"] or 0})
 
-    def _mark(self) -> _Mark:
-        """What `_undo` restores besides the free arrays: the queue and the clocks, as they are now."""
-        return list(self.queue.items()), dict(self.state.clocks), dict(self.state.queued_ms)
-
-    def _undo(self, batch: list[_Op], queue_before: _Mark) -> None:
+    def _undo(self, batch: list[_Op], queue_before: list[tuple[str, TaskSpec]]) -> None:
+        clocks, queued_ms = self.state.clocks, self.state.queued_ms
         for op in reversed(batch):
             for e in reversed(op.events):
+                task = e["task"]
                 if e["t"] == "alloc":
-                    self.state.release(e["task"])
+                    self.state.release(task)
                 elif "_parts" in e:  # an event that freed them (free, done)
-                    self.state.apply(e["task"], e["_parts"])
-        queue, self.state.clocks, self.state.queued_ms = queue_before
-        self.queue = OrderedDict(queue)
+                    self.state.apply(task, e["_parts"])
+                # the clock and queue time as they were before the event (_emit noted them)
+                for book, before in ((clocks, e["_clock"]), (queued_ms, e["_queued_ms"])):
+                    if before is None:
+                        book.pop(task, None)
+                    else:
+                        book[task] = before
+        self.queue = OrderedDict(queue_before)
 
     # -- decisions (pure in-memory; each appends its ledger events to op.events and folds them) --------------
 
     def _emit(self, op: _Op, event: dict) -> None:
+        task = event["task"]
+        clock, queued_ms = self.state.clocks.get(task), self.state.queued_ms.get(task)
         fold_event(event, self.state, self.queue)
+        event["_clock"], event["_queued_ms"] = clock, queued_ms  # for _undo (keys with "_" are not written)
         op.events.append(event)
 
     def _decide(self, op: _Op, headroom: np.ndarray | None, try_queue: bool = True) -> None:
