@@ -77,7 +77,8 @@ async def test_reflection_resolves_a_method_symbol_like_ghz_and_grpcurl(server):
     assert {"hsched.v1.Gateway", "hsched.v1.Placer", "grpc.health.v1.Health",
             "grpc.reflection.v1.ServerReflection"} <= set(services)
     assert method_file.name == "hsched/v1/gateway.proto"
-    assert [m.name for m in method_file.service[0].method] == ["Submit", "Get", "List", "Watch", "Release"]
+    assert [m.name for m in method_file.service[0].method] == ["Submit", "Get", "List", "Watch", "Release", "SubmitJob", "GetJob",
+                                                           "ListJobs", "CancelJob"]
 
 
 @pytest.mark.parametrize("method", ["/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",

@@ -15,11 +15,12 @@ import grpc
 
 from hsched import rpc
 from hsched.batching import Coalescer
-from hsched.convert import parts_to_pb, task_from_pb, task_to_pb
+from hsched.convert import task_from_pb, task_to_pb
 from hsched.costs.selection import METHODS
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
+from hsched.jobs import JobOrchestrator, JobPorts
 from hsched.runtime import (
     common_args,
     exit_if_lost,
@@ -34,10 +35,13 @@ from hsched.security.principals import GatewayAuth, Principal, may_see, submit_t
 from hsched.security.tls import CLIENT_AUTH
 from hsched.security.tokens import TokensFile, TokensFileError
 from hsched.state.feed import TaskFeed, parse_after
+from hsched.state.follow import LedgerFollower, follow
 from hsched.state.keys import Keys
 from hsched.state.ledger import replay
+from hsched.state.lifecycle import LIVE, TaskLifecycle
 from hsched.state.redis import connect
-from hsched.state.tasks import ABANDONED, Record, TaskStore, keep_pruned, now_ms, step
+from hsched.state.tasks import ABANDONED, FINISHED, Record, TaskStore, keep_pruned, now_ms, step
+from hsched.state.transitions import Transitions
 from hsched.telemetry import MetricsServer
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import (
@@ -102,6 +106,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.auth = auth or GatewayAuth()
         self.store = store
         self.feed = feed
+        # every durable task transition, in stream order, for in-process consumers (the job orchestrator)
+        self.transitions = store.transitions = store.transitions or Transitions()
+        # placer-initiated transitions (placed from the queue, running, finished, expired, preempted), read from
+        # the DC ledgers (`follow_ledgers`); a Submit's own records come first
+        self.lifecycle = TaskLifecycle(store, busy=lambda task_id: task_id in self._scheduling)
         # Concurrent Submits' selector and placer calls travel in batches, on one long-lived stream per peer
         # and method (hsched.batching: the per-call gRPC cost, not the decision, is what limits throughput).
         # wait_for_ready: ride out a selector restart.
@@ -122,6 +131,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._releasing: dict[str, set[asyncio.Task]] = {}  # task id -> its background releases under way
         self._failed: dict[tuple[str, str], asyncio.Future] = {}  # request key -> release of its failed attempt
         self._scheduling: set[str] = set()  # task ids placed or being placed whose records are not durable yet
+        self._job_tasks: dict[str, asyncio.Task] = {}  # task ids of DAG jobs being submitted (submit_job_task)
+        self.jobs = JobOrchestrator(store, JobPorts(self._select, self.submit_job_task, self.release_job_task))
+        self.transitions.subscribe(self.jobs.transition_callback)
+        self._following: asyncio.Task | None = None
 
     def coalescers(self) -> list[tuple[tuple[str, str], Coalescer]]:
         """Every coalescer with its (peer, method) labels."""
@@ -304,28 +317,25 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return len(interrupted), await self.release_orphans(redis, keys)
 
     async def release_orphans(self, redis, keys: Keys) -> int:
-        """Release every task a DC's ledger holds (placed or queued) that the table does not show as placed or
-        deferred at that DC and this gateway is not placing now — a Submit that ended without a durable record,
-        a Place whose answer was lost, a release not seen confirmed — there (`_abandon`); record a deferred task
-        the ledger shows placed from the queue as placed. Run at start and once more after the last Place a
-        previous gateway sent can have been committed (its deadline). Returns the releases started."""
+        """Release every task a DC's ledger holds (placed or queued) that the table does not show live (placed,
+        running, deferred or preempted) at that DC and this gateway is not placing now — a Submit that ended
+        without a durable record, a Place whose answer was lost, a release not seen confirmed — there
+        (`_abandon`). (Where a live task is — placed from the queue, requeued — the ledger follower records.) Run
+        at start and once more after the last Place a previous gateway sent can have been committed (its
+        deadline). Returns the releases started."""
         releases = 0
         for dc in self.fleet.datacenters:
             if dc.name not in self.release:
                 continue
             state, queue = ClusterState(dc), OrderedDict()
             await replay(redis, keys.ledger(dc.name), state, queue)
-            for task_id, parts in [*state.allocations.items(), *((t, None) for t in queue)]:
+            for task_id in [*state.allocations, *queue]:
                 if task_id in self._scheduling or task_id in self._releasing:
                     continue
                 task = self.store.tasks.get(task_id)
-                if task is None or task.datacenter != dc.name or task.state not in (pb.TASK_STATE_PLACED,
-                                                                                  pb.TASK_STATE_DEFERRED):
+                if task is None or task.datacenter != dc.name or task.state not in LIVE:
                     self._abandon(task_id, dc.name)
                     releases += 1
-                elif task.state == pb.TASK_STATE_DEFERRED and parts is not None:  # placed from the queue, unseen
-                    await self._placed_from_queue(dc.name, [(task_id, parts_to_pb(parts, state.table))],
-                                                  "found in the ledger at start")
         return releases
 
     def _abandon(self, task_id: str, dc: str) -> asyncio.Task:
@@ -355,32 +365,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 f"retrying in {delay:g} s"), first_retry_s)
         if reply.released:
             log.warning("placer %s had placed %s before the gateway gave up on it; released there", dc, task_id)
-        await self._placed_from_queue(dc, [(q.task_id, q.assignments) for q in reply.placed_from_queue],
-                                      f"when {task_id} was released")
 
-    async def _placed_from_queue(self, dc: str, placed: list[tuple[str, Any]], why: str) -> None:
-        """Record the deferred tasks `placed` (task id, assignments) that `dc` placed from its queue. The placer has
-        placed them whatever the stream says, so each record is written until durable (`_durably`); this waits
-        for the first attempts only (a Release is not held up by an outage of the task stream)."""
-        def placed_record(task_id: str, assignments) -> Callable[[], Awaitable[Record | None]]:
-            async def make() -> Record | None:
-                await self.store.settled(task_id)  # its deferred record may still be on its way
-                waiting = self.store.copy(task_id)
-                if waiting is None:  # queued by a gateway whose history this one lacks; the ledger still holds it
-                    log.warning("placer %s placed unknown queued task %s", dc, task_id)
-                    return None
-                if waiting.state != pb.TASK_STATE_DEFERRED or waiting.datacenter != dc:
-                    return None  # already recorded placed (or released) by now
-                del waiting.assignments[:]
-                waiting.assignments.extend(assignments)
-                waiting.reason = ""
-                waiting.explanation.notes.append(f"placed from the deferred queue {why}")
-                return step("placed", waiting, f"{dc}: from the deferred queue")
-            return make
-
-        jobs = [self._durably(placed_record(t, a), f"placed record of {t} (from {dc}'s queue)") for t, a in placed]
-        if jobs:
-            await asyncio.wait(jobs, timeout=self.place_timeout_s)
+    async def follow_ledgers(self, redis, keys: Keys) -> asyncio.Task:
+        """Catch up with every DC ledger beyond what the task stream already reflects, then follow them all (in
+        the background, on `redis`, a client of its own: the read blocks) until `close`."""
+        followers = [LedgerFollower(redis, keys.ledger(dc.name), dc) for dc in self.fleet.datacenters
+                     if dc.name in self.release]
+        await self.lifecycle.start(redis, followers)
+        self._following = asyncio.create_task(follow(redis, followers), name="ledger followers")
+        return self._following
 
     async def close(self) -> None:
         """Let started Submits and Releases finish, stop the batch streams; say which unanswered placements are
@@ -394,6 +387,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         await asyncio.gather(*self._abandoned, return_exceptions=True)
         for _, c in self.coalescers():
             await c.close()
+        if self._following is not None:
+            self._following.cancel()
+            await asyncio.gather(self._following, return_exceptions=True)
+        await self.transitions.close()
 
     def _explain(self, task: pb.Task, reply: placer_pb2.PlaceResponse) -> None:
         ex = task.explanation
@@ -413,13 +410,135 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         writes.append(step("placed", task, f"{dc}: {', '.join(nodes[:4])}"
                            + (f" (+{len(nodes) - 4} more)" if len(nodes) > 4 else "")))
 
+    # -- DAG jobs (the logic is hsched.jobs; these translate and check) --------------------------------------------
+
+    async def _select(self, spec: pb.TaskSpec, method: str) -> selector_pb2.SelectResponse:
+        return await self.select.call(selector_pb2.SelectRequest(task=spec, method=method), self.select_timeout_s)
+
+    @rpc.grpc_errors
+    async def SubmitJob(self, request: gateway_pb2.SubmitJobRequest, context) -> gateway_pb2.SubmitJobResponse:
+        principal = self.auth.authenticate(context)
+        if not request.HasField("job"):
+            raise ValidationError("job", "is required")
+        job = gateway_pb2.SubmitJobRequest().job
+        job.CopyFrom(request.job)
+        # the same tenant rules as Submit: a tenant's forged field is ignored, its request ids are its own
+        job.tenant = submit_tenant(principal, job.tenant)
+        entry = job.entry_vertex
+        if entry and entry not in self.fleet.wan.entry_vertices:
+            raise ValidationError("job.entry_vertex", "must be one of the fleet's entry vertices "
+                                  f"({', '.join(self.fleet.wan.entry_vertices[:6])}, ...)", entry)
+        if request.selector_method and request.selector_method not in METHODS:
+            raise ValidationError("selector_method", f"must be one of {', '.join(METHODS)} or empty",
+                                  request.selector_method)
+        answer, duplicate = await self.jobs.submit(job, request.selector_method)
+        return gateway_pb2.SubmitJobResponse(job=answer, duplicate=duplicate)
+
+    def _job(self, job_id: str, principal: Principal | None) -> pb.Job:
+        """The job `principal` asked for; another tenant's gets the very answer of a job that does not exist."""
+        if not job_id:
+            raise ValidationError("job_id", "is required")
+        job = self.store.jobs.get(job_id)
+        if job is None or not may_see(principal, job.spec.tenant):
+            raise LookupError(f"job {job_id} not found")
+        return self.jobs.get(job_id)
+
+    @rpc.grpc_errors
+    async def GetJob(self, request: gateway_pb2.GetJobRequest, context) -> pb.Job:
+        return self._job(request.job_id, self.auth.authenticate(context))
+
+    @rpc.grpc_errors
+    async def ListJobs(self, request: gateway_pb2.ListJobsRequest, context) -> gateway_pb2.ListJobsResponse:
+        if request.limit > LIST_MAX:
+            raise ValidationError("limit", f"must be <= {LIST_MAX}", request.limit)
+        tenant = tenant_filter(self.auth.authenticate(context), request.tenant)
+        limit = request.limit or LIST_DEFAULT
+        out: list[pb.Job] = []
+        for job_id in sorted(self.store.jobs):
+            if request.page_token and job_id <= request.page_token:
+                continue
+            j = self.store.jobs[job_id]
+            if (tenant and j.spec.tenant != tenant) or (request.state and j.state != request.state):
+                continue
+            out.append(self.jobs.get(job_id))
+            if len(out) == limit:
+                break
+        return gateway_pb2.ListJobsResponse(jobs=out, next_page_token=out[-1].job_id if len(out) == limit else "")
+
+    @rpc.grpc_errors
+    async def CancelJob(self, request: gateway_pb2.CancelJobRequest, context) -> pb.Job:
+        self._job(request.job_id, self.auth.authenticate(context))
+        return await asyncio.shield(self._start(self.jobs.cancel(request.job_id)))
+
+    async def submit_job_task(self, task_id: str, spec: pb.TaskSpec, dc: str) -> pb.Task:
+        """Submit one task of a DAG job to its job's DC, deduplicated by its (deterministic) task id: a task already
+        recorded, or being submitted, is answered as it stands."""
+        while True:
+            known = self.store.tasks.get(task_id)
+            if known is not None:
+                return known
+            if task_id not in self._job_tasks:
+                break
+            await asyncio.wait([self._job_tasks[task_id]])
+        job = self._job_tasks[task_id] = self._start(self._submit_at(task_id, spec, dc))
+        job.add_done_callback(lambda _: self._job_tasks.pop(task_id, None))
+        return await asyncio.shield(job)
+
+    async def _submit_at(self, task_id: str, spec: pb.TaskSpec, dc: str) -> pb.Task:
+        """Place at `dc` (queueing if full) and record it. Unlike a Submit, nothing is given up: the job is durable
+        and the task id fixed, so an unreachable placer or task stream is waited for (an unanswered Place is
+        released first), and a gateway crash in between is settled by the next one's reconcile and a re-submit."""
+        task = pb.Task(task_id=task_id, spec=spec, created_unix_ms=now_ms(), datacenter=dc)
+        records = [step("submitted", task), step("dc_selected", task, f"{dc}: the data center of job {spec.job_id}")]
+        placer = self.place.get(dc)
+        self._scheduling.add(task_id)
+        try:
+            if placer is None:
+                task.reason = f"{dc}: no placer address configured"
+                records.append(step("rejected", task, task.reason))
+            else:
+                async def place() -> placer_pb2.PlaceResponse:
+                    if releases := self._releasing.get(task_id):  # an earlier unanswered attempt's release first
+                        await asyncio.wait(set(releases))
+                    try:
+                        return await placer.call(placer_pb2.PlaceRequest(task_id=task_id, task=spec, allow_defer=True),
+                                                 self.place_timeout_s)
+                    except grpc.aio.AioRpcError:
+                        self._abandon(task_id, dc)
+                        raise
+
+                reply = await retry_with_backoff(place, grpc.aio.AioRpcError, lambda exc, delay: (
+                    f"placer {dc}: cannot yet place {task_id} of a job ({exc.code().name}); retrying in {delay:g} s"))
+                if reply.outcome == placer_pb2.PLACE_OUTCOME_PLACED:
+                    self._placed(task, dc, reply, records)
+                elif reply.outcome == placer_pb2.PLACE_OUTCOME_DEFERRED:
+                    task.reason = reply.reason
+                    self._explain(task, reply)
+                    records.append(step("deferred", task, f"queued at {dc}: {reply.reason}"))
+                else:
+                    task.reason = f"{dc} cannot hold it: {reply.reason}"
+                    records.append(step("rejected", task, task.reason))
+            await retry_with_backoff(lambda: self.store.write(*records), Exception, lambda exc, delay: (
+                f"cannot yet record {task_id} of a job ({type(exc).__name__}: {exc}); retrying in {delay:g} s"))
+        finally:
+            self._scheduling.discard(task_id)
+        return task
+
+    async def release_job_task(self, task_id: str) -> pb.Task | None:
+        """Release one task of a failed or cancelled job, if it still holds or waits for resources."""
+        await self.store.settled(task_id)
+        task = self.store.tasks.get(task_id)
+        if task is None or task.state not in LIVE:
+            return task
+        return await asyncio.shield(self._start(self._release(task_id)))
+
     # -- Release -----------------------------------------------------------------------------------------------
 
     @rpc.grpc_errors
     async def Release(self, request: gateway_pb2.ReleaseRequest, context) -> gateway_pb2.ReleaseResponse:
         task = self._task(request.task_id, self.auth.authenticate(context))
-        if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED):
-            return gateway_pb2.ReleaseResponse(task=task)  # nothing held: releasing again is a no-op
+        if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
+            return gateway_pb2.ReleaseResponse(task=task)  # nothing held (any more): a no-op, the task unchanged
         if task.state == pb.TASK_STATE_SUBMITTED:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"task {task.task_id} is still being scheduled; release it once Submit returned")
@@ -428,22 +547,29 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def _release(self, task_id: str) -> pb.Task:
         """Release at the placer, then record it. If the record is not taken, the table still shows the task
-        placed and the client gets UNAVAILABLE: its retry releases again (a no-op at the placer) and records it."""
+        placed and the client gets UNAVAILABLE: its retry releases again (a no-op at the placer) and records it.
+        A task the placer no longer held may have finished meanwhile: once the ledger follower has read what
+        the placer wrote, a finished task is answered as it is. (Tasks the release let the placer place from its
+        queue are recorded by the ledger follower, and waited for, so a Get after the Release shows them placed.)"""
         task = self.store.copy(task_id)
         if task is None:  # Release found it in the table; only an `abandoned` record removes a task
             raise LookupError(f"task {task_id} not found")
-        reply = await self.release[task.datacenter].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
-                                                         self.place_timeout_s)
+        dc = task.datacenter
+        reply = await self.release[dc].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
+                                            self.place_timeout_s)
+        if not reply.released or reply.placed_from_queue:  # what the placer wrote shows once Release answers
+            await self.lifecycle.settle(dc, self.place_timeout_s)
+        await self.store.settled(task_id)
+        task = self.store.copy(task_id) or task
+        if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
+            return task
+        task.finished_unix_ms = now_ms()
         try:
             await self.store.record("released", task, f"freed {reply.freed.cpu_milli / 1000:g} cores, "
-                                    f"{reply.freed.gpu_count} GPU slices at {task.datacenter}")
+                                    f"{reply.freed.gpu_count} GPU slices at {dc}")
         except Exception as exc:
-            raise rpc.Unavailable(f"released at {task.datacenter}, but the task store could not record it "
+            raise rpc.Unavailable(f"released at {dc}, but the task store could not record it "
                                   f"({type(exc).__name__}: {exc}); retry the Release") from exc
-        finally:
-            await self._placed_from_queue(task.datacenter, [(q.task_id, q.assignments)
-                                                            for q in reply.placed_from_queue],
-                                          f"when {task.task_id} was released")
         return task
 
     # -- reads -------------------------------------------------------------------------------------------------
@@ -487,9 +613,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         after = parse_after(request.after_event_id)
         if request.task_id:
             self._task(request.task_id, principal)  # NOT_FOUND for a task this gateway does not know (or hides)
+        if request.job_id:
+            self._job(request.job_id, principal)
         assert self.feed is not None, "serve() gives the servicer its feed"
         # a tenant's Watch counts against its own per-tenant cap, so the metric's tenant label stays bounded
-        async for event in self.feed.watch(after, request.task_id, tenant_filter(principal, request.tenant)):
+        async for event in self.feed.watch(after, request.task_id, tenant_filter(principal, request.tenant),
+                                           request.job_id):
             yield event
 
 
@@ -536,6 +665,16 @@ def register_metrics(metrics: MetricsServer, store: TaskStore, servicer: Gateway
 
     metrics.register_gauge_family("hsched_tasks", "Tasks by state and data center", ["state", "datacenter"], by_state)
 
+    def jobs_by_state():
+        counts: dict[tuple[str, str], int] = {}
+        for j in list(store.jobs.values()):  # scraped on the metrics thread: iterate a copy
+            key = (pb.JobState.Name(j.state).removeprefix("JOB_STATE_").lower(), j.datacenter)
+            counts[key] = counts.get(key, 0) + 1
+        return [(k, float(v)) for k, v in counts.items()]
+
+    metrics.register_gauge_family("hsched_jobs", "DAG jobs by state and data center", ["state", "datacenter"],
+                                  jobs_by_state)
+
     coalescers = servicer.coalescers()
 
     def sent(attr: str):
@@ -573,6 +712,9 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
                                {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
                                args.select_timeout_s, args.place_timeout_s, auth=auth)
     settled, released = await servicer.reconcile(redis, Keys(args.prefix))
+    ledger_redis = connect(args.redis_url)  # the followers' blocking read gets a client of its own
+    following = await servicer.follow_ledgers(ledger_redis, Keys(args.prefix))
+    resumed = servicer.jobs.recover()  # after reconcile: a job's unrecorded placements are released, then re-placed
     # Watches read through a client of their own (one reader + a few catch-up pages), never the shared pool
     feed_redis = connect(args.redis_url)
     servicer.feed = TaskFeed(feed_redis, store.stream, store.last_id, args.max_watches, args.max_watches_per_tenant,
@@ -595,11 +737,12 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name], args.listen, metrics,
         tls=tls, client_auth=args.client_auth, reflection=reflection_on(args))
     log.info("gateway serving on port %d (%d task events replayed, %d tasks; %d interrupted Submits settled, %d "
-             "tasks held by a placer without a record to match released)", port, loaded, len(store.tasks), settled,
-             released)
-    await serve_until_stopped(stop, server, port, args, metrics=metrics, tasks=[epoch_watch, late, pruning],
-                              cleanup=[servicer.feed.close, servicer.close, *(ch.close for ch in channels),
-                                       feed_redis.aclose, redis.aclose])
+             "tasks held by a placer without a record to match released; %d jobs resumed)", port, loaded,
+             len(store.tasks), settled, released, resumed)
+    await serve_until_stopped(stop, server, port, args, metrics=metrics, tasks=[epoch_watch, late, pruning, following],
+                              cleanup=[servicer.feed.close, servicer.jobs.close, servicer.close,
+                                       *(ch.close for ch in channels), feed_redis.aclose, ledger_redis.aclose,
+                                       redis.aclose])
     exit_if_lost(guard)
 
 
@@ -617,7 +760,8 @@ def parser():
     p.add_argument("--select-timeout-s", type=float, default=2.0)
     p.add_argument("--place-timeout-s", type=float, default=5.0)
     p.add_argument("--task-retention-s", type=float, default=float(os.environ.get("HSCHED_TASK_RETENTION_S", 86400)),
-                   help="forget released and rejected tasks this long after their last change (docs/operations.md)")
+                   help="forget finished tasks (succeeded, failed, expired, released, rejected) this long after "
+                   "their last change (docs/operations.md)")
     p.add_argument("--task-prune-interval-s", type=float,
                    default=float(os.environ.get("HSCHED_TASK_PRUNE_INTERVAL_S", 300)),
                    help="how often finished tasks are forgotten and the task stream compacted")

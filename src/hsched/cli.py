@@ -76,11 +76,23 @@ def _print(message, as_json: bool = True) -> None:
     print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
 
 
+STATES = [pb.TaskState.Name(v).removeprefix("TASK_STATE_").lower() for v in pb.TaskState.values() if v]
+# states a task never leaves (hsched.state.tasks.TERMINAL, without importing the Redis side here)
+FINAL = (pb.TASK_STATE_REJECTED, pb.TASK_STATE_RELEASED, pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED,
+         pb.TASK_STATE_EXPIRED)
+
+
+def _state_name(state: int) -> str:
+    return pb.TaskState.Name(state).removeprefix("TASK_STATE_")
+
+
 def _task_line(t: pb.Task) -> str:
-    state = pb.TaskState.Name(t.state).removeprefix("TASK_STATE_")
     nodes = sorted({a.node for a in t.assignments})
     where = f"{t.datacenter} {','.join(nodes[:3])}{'…' if len(nodes) > 3 else ''}".strip()
-    return f"{t.task_id}  {state:<9} {where}  {t.reason}".rstrip()
+    ran = f"ran {(t.finished_unix_ms - t.started_unix_ms) / 1000:g} s" if t.started_unix_ms and t.finished_unix_ms \
+        else ""
+    extra = "  ".join(x for x in (ran, f"preempted {t.preemptions}x" if t.preemptions else "", t.reason) if x)
+    return f"{t.task_id}  {_state_name(t.state):<9} {where}  {extra}".rstrip()
 
 
 # -- up ---------------------------------------------------------------------------------------------------------
@@ -96,6 +108,8 @@ def cmd_up(args) -> int:
     from hsched.state.redis import RedisUnavailable, redact_url, url_without_password
 
     console = Console(width=max(Console().width, 112))  # the summary table needs ~110 columns
+    if args.replay == "tpch" and args.time_factor is None:
+        args.time_factor = _tpch_time_factor(args)  # the placers' clock must run at the replay's pace
     if args.redis_replicas < 0:
         print("--redis-replicas must be >= 0", file=sys.stderr)
         return 2
@@ -107,7 +121,8 @@ def cmd_up(args) -> int:
                          state_dir=str(args.state_dir or default_state_dir(args.prefix)), fresh=args.fresh,
                          redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
-                         supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls, auth=args.auth)
+                         supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls, auth=args.auth,
+                         time_factor=args.time_factor)
     _log_supervision_to(console)
     stack = Stack(config)
     try:
@@ -125,7 +140,7 @@ def cmd_up(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         write_stack({"gateway": stack.gateway, "redis_url": url_without_password(stack.redis_url),
-                     "prefix": args.prefix,
+                     "prefix": args.prefix, "time_factor": args.time_factor,
                      "redis_password_file": str(stack.redis_password_file) if stack.redis_password_file else None,
                      **({"tls_ca": str(stack.tls_dir / "ca.crt")} if stack.tls_dir else {}),
                      **({"token_file": str(token_file)} if token_file else {}),
@@ -154,10 +169,10 @@ def cmd_up(args) -> int:
             console.print(f"tenant authentication on: admin token in {token_file} (the CLI uses it for this stack); "
                           f"tenant tokens: hsched tokens create --file {stack.tokens_file} --tenant NAME")
         if args.replay:
-            run_replay(console, stack.gateway, stack.fleet, args, stack.redis_url, args.prefix,
-                       stack_credentials(stack))
+            ok = run_replay(console, stack.gateway, stack.fleet, args, stack.redis_url, args.prefix,
+                            stack_credentials(stack))
             if not args.keep_running:
-                return 0
+                return 0 if ok else 1
         console.print(f"[bold]gateway on {stack.gateway}[/] — try: hsched submit --cpu 4 --memory-gib 8; "
                       "Ctrl-C stops everything")
         while not stop.wait(1):
@@ -201,8 +216,62 @@ def stack_credentials(stack) -> ClientCredentials:
     return ClientCredentials(token, str(tls_dir / "ca.crt"), str(tls_dir / "admin.crt"), str(tls_dir / "admin.key"))
 
 
+def _tpch_jobs(args):
+    from hsched.job_replay import tpch_jobs
+
+    return tpch_jobs(sizes=args.tpch_sizes.split(","), limit=args.limit,
+                     interval_s=args.tpch_interval_s, seed=args.seed, max_tasks_per_stage=args.tpch_max_tasks)
+
+
+def _tpch_time_factor(args) -> float:
+    """Task seconds per wall second so the jobs' arrivals span --duration wall seconds."""
+    jobs = _tpch_jobs(args)
+    span = max(j.arrival_s for j in jobs) + max(j.critical_path_s for j in jobs)
+    return max(1.0, span / args.duration)
+
+
+def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: str,
+                   credentials: ClientCredentials | None = None) -> bool:
+    """Replay TPC-H DAG jobs; print the summary table; True if every job succeeded."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from hsched.job_replay import replay_jobs
+
+    jobs = _tpch_jobs(args)
+    factor = args.time_factor or _running_stack(gateway).get("time_factor") or 1.0
+    tasks = sum(s.tasks for j in jobs for s in j.spec.stages)
+    console.print(f"replaying {len(jobs)} TPC-H DAG jobs ({tasks} tasks, sizes {args.tpch_sizes}) arriving over "
+                  f"{max(j.arrival_s for j in jobs):.0f} trace seconds, time factor {factor:g} (the placers' clock)")
+    with Progress(TextColumn("jobs finished"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        job = bar.add_task("jobs", total=len(jobs))
+        stats = asyncio.run(replay_jobs(gateway, jobs, factor, redis_url, prefix, timeout_s=args.tpch_timeout_s,
+                                        progress=lambda done, total: bar.update(job, completed=done),
+                                        credentials=credentials))
+    s = stats.summary()
+    table = Table(title="TPC-H DAG replay — JCT and critical path (the JCT bound) in trace seconds = wall × "
+                        f"time factor {factor:g}; CPU util = mean over the jobs' data centers while they ran")
+    for col in ("jobs", "succeeded", "failed", "unfinished", "avg JCT", "p95 JCT", "avg crit. path", "CPU util",
+                "preempted", "wall s"):
+        table.add_column(col, justify="right", no_wrap=True)
+
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    table.add_row(str(len(jobs)), str(s["succeeded"]), str(s["failed"]), str(s["unfinished"]),
+                  fmt(s["avg_jct_s"], ".1f"), fmt(s["p95_jct_s"], ".1f"), fmt(s["avg_critical_path_s"], ".1f"),
+                  fmt(s["mean_cpu_utilisation"], ".1%"), str(s["preemptions"]), f"{s['elapsed_s']:.1f}")
+    console.print(table)
+    if stats.errors:
+        console.print(f"SubmitJob errors: {dict(stats.errors)}")
+    return s["succeeded"] == len(jobs)
+
+
 def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix: str,
-               credentials: ClientCredentials | None = None) -> None:
+               credentials: ClientCredentials | None = None) -> bool:
+    if args.replay == "tpch":
+        return run_job_replay(console, gateway, args, redis_url, prefix, credentials)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -236,6 +305,7 @@ def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix
                       fmt(r["mean_total_cost"], ".3f"), fmt(r["cpu_util"], ".1%"), fmt(r["gpu_util"], ".1%"),
                       fmt(r["pue"], ".3f"), fmt(r["max_inlet_c"], ".1f"))
     console.print(table)
+    return True
 
 
 def cmd_replay(args) -> int:
@@ -243,15 +313,69 @@ def cmd_replay(args) -> int:
 
     from hsched.domain.fleet import load_fleet
 
-    run_replay(Console(width=max(Console().width, 112)), args.gateway, load_fleet(args.fleet), args,
-               _redis_url(args.gateway), args.prefix, _credentials(args))
-    return 0
+    ok = run_replay(Console(width=max(Console().width, 112)), args.gateway, load_fleet(args.fleet), args,
+                    _redis_url(args.gateway), args.prefix, _credentials(args))
+    return 0 if ok else 1
 
 
 # -- task commands ----------------------------------------------------------------------------------------------
 
 
+def _job_line(j: pb.Job) -> str:
+    state = pb.JobState.Name(j.state).removeprefix("JOB_STATE_")
+    stages = " ".join(f"{s.name}:{s.succeeded}/{s.tasks}" for s in j.stages)
+    return f"{j.job_id}  {state:<9} {j.datacenter}  {stages}  {j.reason}".rstrip()
+
+
+def cmd_submit_job(args) -> int:
+    from hsched.domain.errors import ValidationError
+    from hsched.jobs import load_job_file
+
+    try:
+        job = load_job_file(args.file)
+    except ValidationError as exc:
+        print(f"hsched submit -f: {exc}", file=sys.stderr)
+        return 2
+    reply = _stub(args).SubmitJob(gateway_pb2.SubmitJobRequest(job=job, selector_method=args.method), timeout=30)
+    _print(reply) if args.json else print(_job_line(reply.job) + ("  (duplicate)" if reply.duplicate else ""))
+    return 1 if reply.job.state == pb.JOB_STATE_FAILED else 0
+
+
+def cmd_job(args) -> int:
+    stub = _stub(args)
+    if args.action in ("get", "cancel", "watch") and not args.job_id:
+        print(f"hsched job {args.action}: a job id is required", file=sys.stderr)
+        return 2
+    if args.action == "get":
+        job = stub.GetJob(gateway_pb2.GetJobRequest(job_id=args.job_id), timeout=10)
+        _print(job) if args.json else print(_job_line(job))
+    elif args.action == "cancel":
+        job = stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=args.job_id), timeout=30)
+        _print(job) if args.json else print(_job_line(job))
+    elif args.action == "list":
+        state = pb.JobState.Value(f"JOB_STATE_{args.state.upper()}") if args.state else 0
+        reply = stub.ListJobs(gateway_pb2.ListJobsRequest(tenant=args.tenant, state=state, limit=args.limit,
+                                                          page_token=args.page_token), timeout=10)
+        if args.json:
+            _print(reply)
+        else:
+            for j in reply.jobs:
+                print(_job_line(j))
+            if reply.next_page_token:
+                print(f"(more: --page-token {reply.next_page_token})")
+    else:
+        try:
+            for ev in stub.Watch(gateway_pb2.WatchRequest(job_id=args.job_id, after_event_id=args.after)):
+                print(f"{ev.event_id}  {ev.task_id or ev.job_id}  {ev.kind:<13} {ev.datacenter}  {ev.detail}",
+                      flush=True)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
 def cmd_submit(args) -> int:
+    if args.file:
+        return cmd_submit_job(args)
     spec = pb.TaskSpec(
         request_id=args.request_id, tenant=args.tenant, name=args.name, priority=args.priority,
         resources=pb.Resources(cpu_milli=round(args.cpu * 1000), memory_mib=round(args.memory_gib * 1024),
@@ -273,7 +397,7 @@ def cmd_get(args) -> int:
 
 
 def cmd_list(args) -> int:
-    state = pb.TaskState.Value(f"TASK_STATE_{args.state.upper()}") if args.state else 0
+    state = pb.TaskState.Value(f"TASK_STATE_{args.state.upper()}") if args.state else 0  # a choice of STATES
     reply = _stub(args).List(gateway_pb2.ListRequest(tenant=args.tenant, state=state, datacenter=args.datacenter,
                                                      limit=args.limit, page_token=args.page_token), timeout=10)
     if args.json:
@@ -287,10 +411,22 @@ def cmd_list(args) -> int:
 
 
 def cmd_watch(args) -> int:
+    """Stream events. Watching one task: its events from the start (unless --after), ending once it reaches a
+    final state; a task already finished prints that final state and exits at once."""
+    stub = _stub(args)
+    after = args.after
+    if args.task_id:
+        task = stub.Get(gateway_pb2.GetRequest(task_id=args.task_id), timeout=10)
+        if task.state in FINAL:
+            print(_task_line(task))
+            return 0
+        after = after or "0"  # it may finish between the Get and the Watch: its past events come too
     try:
-        for ev in _stub(args).Watch(gateway_pb2.WatchRequest(task_id=args.task_id, tenant=args.tenant,
-                                                             after_event_id=args.after)):
-            print(f"{ev.event_id}  {ev.task_id}  {ev.kind:<11} {ev.datacenter}  {ev.detail}", flush=True)
+        for ev in stub.Watch(gateway_pb2.WatchRequest(task_id=args.task_id, tenant=args.tenant, after_event_id=after)):
+            print(f"{ev.event_id}  {ev.task_id}  {ev.kind:<11} {_state_name(ev.state):<9} {ev.datacenter}  "
+                  f"{ev.detail}", flush=True)
+            if args.task_id and ev.state in FINAL:
+                return 0
     except KeyboardInterrupt:
         pass
     return 0
@@ -452,7 +588,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="trace rows to skip first (default: openb 3000, a window of steady arrivals; others 0)")
         sp.add_argument("--duration", type=float, default=30.0, help="wall-clock seconds the slice is compressed to")
         sp.add_argument("--concurrency", type=int, default=64, help="gRPC calls in flight at most")
-        sp.add_argument("--seed", type=int, default=0, help="seed for the entry vertices drawn per task")
+        sp.add_argument("--seed", type=int, default=0, help="seed for the entry vertices drawn per task (tpch: the "
+                        "job order and arrivals)")
+        sp.add_argument("--tpch-sizes", default="2g", help="tpch: input sizes, comma-separated (2g,5g,...,100g)")
+        sp.add_argument("--tpch-interval-s", type=_positive_float, default=30.0,
+                        help="tpch: mean gap between job arrivals, trace seconds (Poisson)")
+        sp.add_argument("--tpch-max-tasks", type=int, default=16,
+                        help="tpch: fold wider stages into this many longer tasks (same executor-seconds; 0 = none)")
+        sp.add_argument("--tpch-timeout-s", type=_positive_float, default=600.0,
+                        help="tpch: wall seconds to wait for the jobs to finish")
 
     up = sub.add_parser("up", help="run Redis (embedded unless REDIS_URL is set), thermal, selector, one placer "
                                    "per DC and the gateway as local processes")
@@ -488,10 +632,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run this many Redis replicas and a Sentinel; services follow the Sentinel's master and "
                          "ledger/task writes wait (WAIT) for every replica before they are acknowledged")
     up.add_argument("--log-level", default="INFO")
+    up.add_argument("--time-factor", type=_positive_float, default=None,
+                    help="run tasks time-compressed: F task seconds per wall second (a task runs runtime_s / F "
+                         "seconds; default: HSCHED_TIME_FACTOR or 1 = real time)")
     up.add_argument("--auth", action="store_true",
                     help="tenant authentication at the gateway: <state-dir>/tokens.yaml with an admin token whose "
                          "value is in <state-dir>/admin.token (0600); the CLI uses it for this stack")
-    up.add_argument("--replay", default="", help="replay a trace once the stack is up: openb, thunder, kth, ...")
+    up.add_argument("--replay", default="", help="replay a trace once the stack is up: openb, thunder, kth, ..., or "
+                    "tpch (TPC-H DAG jobs; sets --time-factor so the arrivals span --duration unless given)")
     up.add_argument("--keep-running", action="store_true", help="keep the stack up after the replay")
     up.add_argument("--no-supervise", action="store_true",
                     help="do not restart dead or hung services (default: restart them with back-off)")
@@ -522,7 +670,9 @@ def build_parser() -> argparse.ArgumentParser:
     ce.set_defaults(fn=cmd_certs)
 
     rp = sub.add_parser("replay", help="replay a real trace through a running gateway")
-    rp.add_argument("replay", help="trace: openb, openb-gpuspec33, thunder, kth")
+    rp.add_argument("replay", help="trace: openb, openb-gpuspec33, thunder, kth, or tpch (DAG jobs)")
+    rp.add_argument("--time-factor", type=_positive_float, default=None,
+                    help="tpch: the stack's time factor (default: the one `hsched up` recorded, else 1)")
     rp.add_argument("--gateway", default=None, help=GATEWAY_HELP)
     rp.add_argument("--fleet", default=None)
     rp.add_argument("--prefix", default="hsched")
@@ -544,7 +694,8 @@ def build_parser() -> argparse.ArgumentParser:
         credential_flags(sp)
         return sp
 
-    s = gw(sub.add_parser("submit", help="submit one task"))
+    s = gw(sub.add_parser("submit", help="submit one task, or a DAG job with -f job.yaml"))
+    s.add_argument("-f", "--file", default="", help="a DAG job as YAML/JSON (JobSpec fields; see examples/job.yaml)")
     s.add_argument("--cpu", type=float, default=1.0, help="cores per replica")
     s.add_argument("--memory-gib", type=float, default=1.0)
     s.add_argument("--disk-gib", type=float, default=0.0)
@@ -573,17 +724,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = gw(sub.add_parser("list", help="list tasks"))
     ls.add_argument("--tenant", default="")
-    ls.add_argument("--state", default="", help="submitted placed deferred rejected released")
+    ls.add_argument("--state", default="", choices=["", *STATES], metavar="STATE", help=" ".join(STATES))
     ls.add_argument("--datacenter", default="")
     ls.add_argument("--limit", type=int, default=100)
     ls.add_argument("--page-token", default="")
     ls.set_defaults(fn=cmd_list)
 
-    w = gw(sub.add_parser("watch", help="stream task events"))
+    w = gw(sub.add_parser("watch", help="stream task events (of one task: until it reaches a final state)"))
     w.add_argument("task_id", nargs="?", default="")
     w.add_argument("--tenant", default="")
     w.add_argument("--after", default="", help="event id to resume after; 0 = from the start")
     w.set_defaults(fn=cmd_watch)
+
+    jb = gw(sub.add_parser("job", help="DAG jobs: get, list, cancel or watch (submit with `hsched submit -f`)"))
+    jb.add_argument("action", choices=["get", "list", "cancel", "watch"])
+    jb.add_argument("job_id", nargs="?", default="")
+    jb.add_argument("--tenant", default="")
+    jb.add_argument("--state", default="", help="pending running succeeded failed cancelled")
+    jb.add_argument("--limit", type=int, default=100)
+    jb.add_argument("--page-token", default="")
+    jb.add_argument("--after", default="0", help="watch: event id to resume after (default 0: from the start)")
+    jb.set_defaults(fn=cmd_job)
 
     r = gw(sub.add_parser("release", help="release a task's resources"))
     r.add_argument("task_id")

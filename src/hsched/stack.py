@@ -136,6 +136,8 @@ class StackConfig:
     fresh: bool = False  # wipe <state_dir> first (a new deployment)
     redis_appendfsync: str = "everysec"  # or "always": fsync every write before it is acknowledged
     redis_replicas: int = 0  # > 0 (embedded only): a master, this many replicas and a Sentinel; writes WAIT for all
+    # the placers' execution clock: task seconds per wall second (None: their default, HSCHED_TIME_FACTOR or 1)
+    time_factor: float | None = None
     # mutual TLS on every gRPC hop (`hsched up --tls`): a CA and per-service certificates in <state_dir>/tls
     # (kept across restarts), or in the run dir without a state dir; the supervisor probes with its own cert
     tls: bool = False
@@ -284,6 +286,8 @@ class Stack:
                 args = [*self._common(name), "--listen", "127.0.0.1:0", "--datacenter", dc.name, "--policy", policy]
                 if self.config.thermal:
                     args += ["--thermal", self.services["thermal"].target]
+                if self.config.time_factor is not None:
+                    args += ["--time-factor", repr(float(self.config.time_factor))]
                 self._spawn(name, "services.placer", args)
                 placers.append(name)
             self._wait_ready(placers, timeout_s)

@@ -33,6 +33,10 @@ STRING_LIMITS: dict[str, int] = {
     "after_event_id": 64,    # a Redis stream id: "<ms>-<seq>"
     "min_ledger_id": 64,
     "trace_context": 512,    # W3C traceparent/tracestate/baggage keys and values
+    "job_id": 128,
+    "stage": 64,             # a DAG job's stage name (hsched.jobs allows 49 characters)
+    "parents": 64,           # stage names
+    "priority_class": 16,
 }
 # entries per repeated (or map) field name
 REPEATED_LIMITS: dict[str, int] = {
@@ -40,7 +44,13 @@ REPEATED_LIMITS: dict[str, int] = {
     "trace_context": 8,
     "calls": 1024,           # the batch streams: the gateway sends at most --max-batch (128) per message
     "deltas": 100_000,       # thermal Predict: at most one per node of a data center
+    "stages": 256,           # a DAG job's stages (TPC-H's largest has 18)
+    "parents": 256,          # a stage's parent stages
 }
+# DAG jobs (hsched.jobs): every task of a job is a task of the gateway's table, so a job's size is bounded like a
+# request's. TPC-H's largest stage has 593 tasks and its largest job 3717.
+STAGE_MAX_TASKS = 1000
+JOB_MAX_TASKS = 10_000
 DEFAULT_STRING_LIMIT = 256
 DEFAULT_REPEATED_LIMIT = 1024
 # a batch's calls are checked one by one (hsched.batching.serve_batch), so one bad call fails only itself

@@ -53,19 +53,25 @@ def _parse_id(raw: bytes | str) -> StreamId:
     return int(ms), int(seq or 0)
 
 
+def matches(event: pb.TaskEvent, task_id: str, tenant: str, job_id: str) -> bool:
+    """Whether a Watch for `task_id`, `tenant` and `job_id` ("" = any) gets `event`."""
+    return (not task_id or event.task_id == task_id) and (not tenant or event.tenant == tenant) and \
+        (not job_id or event.job_id == job_id)
+
+
 @dataclass(eq=False)
 class _Subscriber:
     task_id: str
     tenant: str
     after: StreamId
     buffer: int
+    job_id: str = ""
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # events, then None if it overflowed
     overflowed: bool = False
 
     def offer(self, sid: StreamId, event: pb.TaskEvent) -> bool:
         """Queue `event` if it is for this Watch; False once the subscriber fell too far behind."""
-        if sid <= self.after or (self.task_id and event.task_id != self.task_id) or \
-                (self.tenant and event.tenant != self.tenant):
+        if sid <= self.after or not matches(event, self.task_id, self.tenant, self.job_id):
             return True
         if self.queue.qsize() >= self.buffer:
             self.overflowed = True
@@ -138,8 +144,9 @@ class TaskFeed:
                                     f"tenant (--max-watches-per-tenant); close one or retry later")
         self.open[tenant] = self.open.get(tenant, 0) + 1
 
-    async def watch(self, after: StreamId | None, task_id: str = "", tenant: str = "") -> AsyncIterator[pb.TaskEvent]:
-        """The events after `after` (None: from now on) for `task_id` and `tenant` ("" = all), forever."""
+    async def watch(self, after: StreamId | None, task_id: str = "", tenant: str = "", job_id: str = ""
+                    ) -> AsyncIterator[pb.TaskEvent]:
+        """The events after `after` (None: from now on) for `task_id`, `tenant` and `job_id` ("" = all), forever."""
         self._admit(tenant)
         sub = None
         try:
@@ -154,10 +161,10 @@ class TaskFeed:
                 for entry_id, fields in entries:
                     cursor = _parse_id(entry_id)
                     event = event_of(format_id(cursor), fields)
-                    if (not task_id or event.task_id == task_id) and (not tenant or event.tenant == tenant):
+                    if matches(event, task_id, tenant, job_id):
                         yield event
             # caught up: subscribe in this same step of the event loop, so the reader's next entry is ours
-            sub = _Subscriber(task_id, tenant, cursor, self.buffer)
+            sub = _Subscriber(task_id, tenant, cursor, self.buffer, job_id)
             self._subscribers.add(sub)
             while (event := await sub.queue.get()) is not None:
                 yield event

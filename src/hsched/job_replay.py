@@ -1,0 +1,212 @@
+"""Replay Decima's TPC-H DAG jobs through a running gateway (`hsched up --replay tpch`, `hsched replay tpch`) and
+summarise: jobs succeeded / failed, average and p95 job completion time (JCT), mean utilisation, preemptions.
+
+Each DAG (hsched.traces.decima) becomes a SubmitJob: stage i is `s<i>`, its tasks one executor slot each (the
+loader's assumption: 1 core, 1 GiB), its runtime Decima's mean task duration. Arrivals are a seeded Poisson
+process (Decima's continuous arrivals) with mean gap `interval_s` of trace time. Time is compressed by the
+stack's time factor F (the placers run a task for runtime_s / F wall seconds), so the replay submits job k at
+arrival_k / F wall seconds and reports JCTs back in trace seconds (wall × F).
+
+`max_tasks_per_stage` folds a wide stage into fewer, longer tasks with the same executor-seconds (as
+`dag_stage_to_task` does for replicas) so a replay of ~3000 tasks finishes in about a minute on a laptop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import grpc
+
+from hsched.rpc import CHANNEL_OPTIONS
+from hsched.security.client import ClientCredentials
+from hsched.traces.decima import (
+    DEFAULT_CPU_PER_TASK_MILLI,
+    DEFAULT_MEMORY_MIB_PER_TASK,
+    TENANT,
+    DagJob,
+    load_tpch_dags,
+)
+from hsched.v1 import common_pb2 as pb
+from hsched.v1 import gateway_pb2, gateway_pb2_grpc
+
+FINISHED = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    name: str
+    arrival_s: float  # trace seconds after the first arrival
+    spec: pb.JobSpec
+    critical_path_s: float  # the JCT with unlimited executors and no overheads: a lower bound (trace seconds)
+
+
+def dag_to_job_spec(dag: DagJob, max_tasks_per_stage: int = 0, request_id: str = "", tenant: str = TENANT
+                    ) -> pb.JobSpec:
+    """A JobSpec for a TPC-H DAG; `max_tasks_per_stage` > 0 folds wider stages (same executor-seconds)."""
+    stages = []
+    for s in dag.stages:
+        tasks = s.num_tasks if not max_tasks_per_stage else min(s.num_tasks, max_tasks_per_stage)
+        stages.append(pb.StageSpec(
+            name=f"s{s.index}", tasks=tasks, runtime_s=s.work_s / tasks,
+            resources=pb.Resources(cpu_milli=DEFAULT_CPU_PER_TASK_MILLI, memory_mib=DEFAULT_MEMORY_MIB_PER_TASK),
+            parents=[f"s{p}" for p in s.parents]))
+    return pb.JobSpec(name=dag.name, tenant=tenant, request_id=request_id, priority_class="offline", stages=stages)
+
+
+def tpch_jobs(sizes: list[str] | None = None, limit: int = 0, interval_s: float = 30.0, seed: int = 0,
+              max_tasks_per_stage: int = 16, run_id: str = "") -> list[TraceJob]:
+    """The TPC-H DAGs of `sizes` (default 2g: 22 queries), the first `limit` (0 = all) in a seeded random order,
+    with Poisson arrivals of mean gap `interval_s`. Request ids are `<run_id>-<name>` (idempotent retries within
+    one replay; a new run_id per replay)."""
+    rng = random.Random(seed)
+    dags = load_tpch_dags(sizes=sizes or ["2g"])
+    rng.shuffle(dags)
+    if limit:
+        dags = dags[:limit]
+    run_id = run_id or secrets.token_hex(3)
+    out, at = [], 0.0
+    for i, dag in enumerate(dags):
+        if i:
+            at += rng.expovariate(1.0 / interval_s)
+        spec = dag_to_job_spec(dag, max_tasks_per_stage, f"{run_id}-{dag.name}")
+        # the bound of the job as submitted (folded stages run longer tasks)
+        bound = _critical_path(spec)
+        out.append(TraceJob(dag.name, at, spec, bound))
+    return out
+
+
+def _critical_path(spec: pb.JobSpec) -> float:
+    finish: dict[str, float] = {}
+    for s in spec.stages:  # the loader's stages are in index order and parents have lower indices
+        finish[s.name] = max((finish[p] for p in s.parents), default=0.0) + s.runtime_s
+    return max(finish.values(), default=0.0)
+
+
+@dataclass
+class JobReplayStats:
+    submitted: int = 0
+    final: dict[str, pb.Job] = field(default_factory=dict)  # job id -> last seen
+    bound_s: dict[str, float] = field(default_factory=dict)  # job id -> critical path (trace seconds)
+    errors: Counter = field(default_factory=Counter)
+    utilisation: list[float] = field(default_factory=list)  # CPU utilisation samples of the jobs' DCs
+    preemptions: int = 0
+    elapsed_s: float = 0.0
+    time_factor: float = 1.0
+
+    def states(self) -> Counter:
+        return Counter(pb.JobState.Name(j.state).removeprefix("JOB_STATE_").lower() for j in self.final.values())
+
+    def jct_s(self) -> list[float]:
+        """Completion times of the succeeded jobs in trace seconds (wall × time factor)."""
+        return sorted((j.finished_unix_ms - j.created_unix_ms) / 1000 * self.time_factor
+                      for j in self.final.values() if j.state == pb.JOB_STATE_SUCCEEDED)
+
+    def summary(self) -> dict:
+        jct = self.jct_s()
+        states = self.states()
+        bounds = [self.bound_s[j] for j, job in self.final.items() if job.state == pb.JOB_STATE_SUCCEEDED]
+        return {"submitted": self.submitted, "succeeded": states["succeeded"],
+                "failed": states["failed"] + states["cancelled"] + self.errors.total(),
+                "unfinished": states["pending"] + states["running"],
+                "avg_jct_s": sum(jct) / len(jct) if jct else None,
+                "p95_jct_s": jct[min(len(jct) - 1, int(0.95 * len(jct)))] if jct else None,
+                "avg_critical_path_s": sum(bounds) / len(bounds) if bounds else None,
+                "mean_cpu_utilisation": sum(self.utilisation) / len(self.utilisation) if self.utilisation else None,
+                "preemptions": self.preemptions, "elapsed_s": self.elapsed_s, "time_factor": self.time_factor}
+
+
+async def _utilisation(redis, prefix: str, dcs: set[str]) -> list[float]:
+    from hsched.state.keys import Keys
+
+    keys, out = Keys(prefix), []
+    for dc in sorted(dcs):
+        latest = await redis.xrevrange(keys.summary(dc), count=1)
+        if latest:
+            value = json.loads(latest[0][1][b"s"]).get("cpu_utilisation")
+            if value is not None:
+                out.append(float(value))
+    return out
+
+
+async def replay_jobs(gateway: str, jobs: list[TraceJob], time_factor: float, redis_url: str | None = None,
+                      prefix: str = "hsched", timeout_s: float = 600.0, progress=None, poll_s: float = 0.5,
+                      credentials: ClientCredentials | None = None) -> JobReplayStats:
+    """Submit each job at arrival / time_factor wall seconds, follow them (ListJobs) until all have finished or
+    `timeout_s` passed, sampling the jobs' DCs' CPU utilisation meanwhile; `progress(finished, total)`.
+    `credentials`: token and TLS of the gateway (hsched.security.client; default none)."""
+    credentials = credentials or ClientCredentials()
+    metadata = credentials.metadata
+    stats = JobReplayStats(time_factor=time_factor)
+    redis = None
+    if redis_url:
+        from hsched.state.redis import connect
+        redis = connect(redis_url)
+    ids: dict[str, str] = {}  # job id -> name
+    async with credentials.aio_channel(gateway, options=CHANNEL_OPTIONS) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        start = time.monotonic()
+
+        async def submit(job: TraceJob) -> None:
+            await asyncio.sleep(max(0.0, job.arrival_s / time_factor - (time.monotonic() - start)))
+            for attempt in range(5):  # the request id makes a retry safe
+                try:
+                    reply = await stub.SubmitJob(gateway_pb2.SubmitJobRequest(job=job.spec), timeout=30,
+                                                 metadata=metadata)
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == 4:
+                        stats.errors[exc.code().name] += 1
+                        return
+                    await asyncio.sleep(0.5 * 2 ** attempt)
+            stats.submitted += 1
+            ids[reply.job.job_id] = job.name
+            stats.final[reply.job.job_id] = reply.job
+            stats.bound_s[reply.job.job_id] = job.critical_path_s
+
+        submitting = [asyncio.create_task(submit(j)) for j in jobs]
+        try:
+            while time.monotonic() - start < timeout_s:
+                await asyncio.sleep(poll_s)
+                page = ""
+                while True:
+                    reply = await stub.ListJobs(gateway_pb2.ListJobsRequest(tenant=TENANT, limit=1000,
+                                                                            page_token=page), timeout=30,
+                                                metadata=metadata)
+                    for j in reply.jobs:
+                        if j.job_id in ids:
+                            stats.final[j.job_id] = j
+                    if not (page := reply.next_page_token):
+                        break
+                running_dcs = {j.datacenter for j in stats.final.values() if j.state not in FINISHED}
+                if redis is not None and running_dcs:
+                    stats.utilisation.extend(await _utilisation(redis, prefix, running_dcs))
+                done = sum(j.state in FINISHED for j in stats.final.values()) + stats.errors.total()
+                if progress:
+                    progress(done, len(jobs))
+                if done == len(jobs) and all(t.done() for t in submitting):
+                    break
+            stats.elapsed_s = time.monotonic() - start
+            stats.preemptions = await _preemptions(stub, set(ids), metadata)
+        finally:
+            for t in submitting:
+                t.cancel()
+            await asyncio.gather(*submitting, return_exceptions=True)
+            if redis is not None:
+                await redis.aclose()
+    return stats
+
+
+async def _preemptions(stub, job_ids: set[str], metadata: tuple) -> int:
+    total, page = 0, ""
+    while True:
+        reply = await stub.List(gateway_pb2.ListRequest(tenant=TENANT, limit=1000, page_token=page), timeout=30,
+                                metadata=metadata)
+        total += sum(t.preemptions for t in reply.tasks if t.spec.job_id in job_ids)
+        if not (page := reply.next_page_token):
+            return total

@@ -1,0 +1,492 @@
+"""DAG jobs (issue 15; papers 001 and 004): validation, job files, the job state as a fold of the task stream,
+and the orchestrator that submits each stage's tasks once its parents succeeded.
+
+A job is stages of identical parallel tasks; a stage is runnable when every parent stage has succeeded. Stage 1
+(the selector) chooses ONE data center for the whole job (data gravity: its stages exchange data); every task of
+the job goes to that DC's placer with allow_defer, so a full DC queues the job's tasks instead of sending them
+elsewhere.
+
+Durability: the job's own records (job_submitted / job_running / job_succeeded / job_failed / job_cancelled, a
+serialized hsched.v1.Job each) travel on the task stream with the task records, and each task of a job carries
+job_id and stage and has the deterministic id `<job_id>.<stage>.<i>`. A job's progress is therefore a pure
+function of the task table (`decide`): a restarted gateway folds the stream, calls `JobOrchestrator.recover`,
+and continues every job from where the stream says it is; re-submitting a task whose record is already durable
+returns that record (the gateway deduplicates by task id), so no stage runs twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import json_format
+
+from hsched.convert import resources_from_pb, resources_to_pb, task_to_pb
+from hsched.domain.errors import ValidationError
+from hsched.domain.limits import JOB_MAX_TASKS, STAGE_MAX_TASKS, check_count, check_message
+from hsched.domain.resources import Resources
+from hsched.domain.task import NetworkRequirements, TaskSpec
+from hsched.state.tasks import JOB_TERMINAL, TaskStore, job_step, now_ms
+from hsched.v1 import common_pb2 as pb
+from hsched.v1 import selector_pb2
+
+log = logging.getLogger(__name__)
+
+# No dots: a task id is `<job_id>.<stage>.<i>` and must split back unambiguously.
+_STAGE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,47}[a-z0-9])?$")
+# Task states after which a task of a job never becomes SUCCEEDED: the job fails.
+_LOST = {pb.TASK_STATE_FAILED: "failed", pb.TASK_STATE_EXPIRED: "expired in the queue",
+         pb.TASK_STATE_REJECTED: "was rejected", pb.TASK_STATE_RELEASED: "was released by its client"}
+_FINISHED_TASK = (pb.TASK_STATE_SUCCEEDED, *_LOST)
+_RUNNING_OR_DONE = (pb.TASK_STATE_RUNNING, pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED)
+
+
+def new_job_id() -> str:
+    """Time-ordered like task ids (ListJobs pages by it); no dots (task ids embed it)."""
+    return f"j{now_ms():012x}{secrets.token_hex(4)}"
+
+
+def task_id_of(job_id: str, stage: str, index: int) -> str:
+    return f"{job_id}.{stage}.{index}"
+
+
+# -- validation --------------------------------------------------------------------------------------------------
+
+
+def _stage_spec(job: pb.JobSpec, stage: pb.StageSpec) -> TaskSpec:
+    """The domain TaskSpec of one task of `stage`: the job's tenant, placement needs and priority, the stage's
+    per-task resources and runtime."""
+    n = job.network
+    return TaskSpec(resources=resources_from_pb(stage.resources), runtime_s=stage.runtime_s,
+                    tenant=job.tenant or "default", name=f"{job.name}-{stage.name}" if job.name else stage.name,
+                    request_id=job.request_id, priority=job.priority, replicas=1, data_size_mb=job.data_size_mb,
+                    entry_vertex=job.entry_vertex,
+                    network=NetworkRequirements(n.max_latency_ms, n.max_jitter_ms, n.max_loss_percent),
+                    gpu_models=tuple(job.gpu_models), priority_class=job.priority_class)
+
+
+def _find_cycle(names: list[str], parents: Mapping[str, list[str]]) -> list[str] | None:
+    """A dependency cycle as [a, b, ..., a] (each a parent of the next), or None (iterative DFS)."""
+    colour: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    for root in names:
+        if root in colour:
+            continue
+        path: list[str] = []
+        stack: list[tuple[str, Iterable[str]]] = [(root, iter(parents[root]))]
+        colour[root] = 1
+        path.append(root)
+        while stack:
+            node, todo = stack[-1]
+            nxt = next(todo, None)
+            if nxt is None:
+                colour[node] = 2
+                stack.pop()
+                path.pop()
+            elif colour.get(nxt) == 1:
+                cycle = [*path[path.index(nxt):], nxt]
+                return list(reversed(cycle))  # parent before child
+            elif nxt not in colour:
+                colour[nxt] = 1
+                path.append(nxt)
+                stack.append((nxt, iter(parents[nxt])))
+    return None
+
+
+def validate_job(job: pb.JobSpec) -> None:
+    """Raise ValidationError naming the first field (`job.…`) that breaks a rule: sizes (hsched.domain.limits),
+    then the job's fields, every stage (name, tasks, its task spec), unknown / duplicate / self parents and
+    dependency cycles (the cycle is named)."""
+    check_message(job, "job.")
+    if not job.stages:
+        raise ValidationError("job.stages", "must name at least one stage")
+    index: dict[str, int] = {}
+    total = 0
+    for i, stage in enumerate(job.stages):
+        where = f"job.stages[{i}]"
+        if not _STAGE_NAME_RE.match(stage.name):
+            raise ValidationError(f"{where}.name", "must be 1-49 characters of [a-z0-9_-], starting and ending "
+                                  "alphanumeric (no dots: task ids are <job_id>.<stage>.<i>)", stage.name)
+        if stage.name in index:
+            raise ValidationError(f"{where}.name", f"must be unique in the job (stages[{index[stage.name]}] has it)",
+                                  stage.name)
+        index[stage.name] = i
+        if not 1 <= stage.tasks <= STAGE_MAX_TASKS:
+            raise ValidationError(f"{where}.tasks", f"must be in 1..{STAGE_MAX_TASKS}", stage.tasks)
+        total += stage.tasks
+        try:
+            _stage_spec(job, stage).validate()
+        except ValidationError as exc:  # per-stage fields under the stage, the rest are the job's
+            own = exc.field.split(".")[0].split("[")[0] in ("resources", "runtime_s")
+            raise ValidationError(f"{where}.{exc.field}" if own else f"job.{exc.field}", exc.rule, exc.value) from None
+    if total > JOB_MAX_TASKS:
+        raise ValidationError("job.stages", f"must hold at most {JOB_MAX_TASKS} tasks in all (got {total})")
+    parents: dict[str, list[str]] = {}
+    for i, stage in enumerate(job.stages):
+        check_count(f"job.stages[{i}].parents", len(stage.parents), "parents")
+        seen: set[str] = set()
+        for j, parent in enumerate(stage.parents):
+            where = f"job.stages[{i}].parents[{j}]"
+            if parent not in index:
+                raise ValidationError(where, "must name a stage of the job", parent)
+            if parent == stage.name:
+                raise ValidationError(where, "a stage cannot depend on itself (a cycle)", parent)
+            if parent in seen:
+                raise ValidationError(where, "is listed twice", parent)
+            seen.add(parent)
+        parents[stage.name] = list(stage.parents)
+    cycle = _find_cycle([s.name for s in job.stages], parents)
+    if cycle:
+        raise ValidationError(f"job.stages[{index[cycle[-1]]}].parents",
+                              f"the stages form a dependency cycle: {' -> '.join(cycle)}")
+
+
+def normalized(job: pb.JobSpec) -> pb.JobSpec:
+    """The job as stored: wire defaults applied (tenant "" → "default", priority_class "" → "offline")."""
+    out = pb.JobSpec()
+    out.CopyFrom(job)
+    out.tenant = job.tenant or "default"
+    out.priority_class = job.priority_class or "offline"
+    return out
+
+
+# -- job files (hsched submit -f job.yaml) -----------------------------------------------------------------------
+
+
+def job_from_dict(data: Any, where: str = "job") -> pb.JobSpec:
+    """A JobSpec from a YAML/JSON document whose keys are JobSpec's field names (see examples/job.yaml).
+    A document that is not such a mapping raises ValidationError naming the file and what is wrong."""
+    if not isinstance(data, dict):
+        raise ValidationError(where, "must be a mapping of JobSpec fields (name, stages, ...)", type(data).__name__)
+    try:
+        return json_format.ParseDict(data, pb.JobSpec())
+    except (json_format.ParseError, TypeError, ValueError) as exc:
+        raise ValidationError(where, f"is not a valid job: {exc}") from None
+
+
+def load_job_file(path: str | Path) -> pb.JobSpec:
+    """Read a job from a YAML or JSON file (JSON is YAML); not validated here (the gateway validates)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ValidationError("-f", f"cannot read the job file ({exc.strerror})", str(p)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValidationError(str(p), f"is not valid YAML/JSON: {exc}") from None
+    return job_from_dict(data, str(p))
+
+
+# -- choosing the job's data center -------------------------------------------------------------------------------
+
+
+def selection_requests(job: pb.JobSpec) -> tuple[pb.TaskSpec, pb.TaskSpec]:
+    """The two questions stage 1 answers for a job, as task specs.
+
+    Feasibility: a DC must be able to hold the job's LARGEST task (the per-resource maximum over its stages), one
+    at a time — the job's tasks run in waves and queue at the DC, so its total never has to fit at once.
+    Cost (eq.1 is linear in resources × time): the job's total resource-seconds Σ tasks·runtime·resources, asked
+    as its mean per-task request held for the job's task-seconds W = Σ tasks·runtime, so resources × runtime is
+    exactly that total for any prices (up to integer rounding of the mean).
+    """
+    largest = [0] * 7
+    weighted = [0.0] * 7
+    task_seconds = 0.0
+    for stage in job.stages:
+        r = resources_from_pb(stage.resources)
+        values = [r.cpu_milli, r.memory_mib, r.disk_mib, r.bandwidth_mbps, r.gpu_count, r.gpu_core_percent,
+                  r.gpu_memory_mib]
+        largest = [max(a, b) for a, b in zip(largest, values, strict=True)]
+        w = stage.tasks * stage.runtime_s
+        weighted = [a + w * b for a, b in zip(weighted, values, strict=True)]
+        task_seconds += w
+    mean = [round(x / task_seconds) for x in weighted]
+    if largest[4]:  # a GPU job: the mean may round a GPU count to 0; keep it a GPU request
+        mean[4] = max(mean[4], 1)
+        mean[5], mean[6] = (mean[5] or largest[5]), (mean[6] or largest[6])
+    base = _stage_spec(job, job.stages[0])
+    feasibility = task_to_pb(TaskSpec(Resources(*largest), runtime_s=max(s.runtime_s for s in job.stages),
+                                      tenant=base.tenant, name=base.name, data_size_mb=base.data_size_mb,
+                                      entry_vertex=base.entry_vertex, network=base.network,
+                                      gpu_models=base.gpu_models, priority_class=base.priority_class))
+    cost = pb.TaskSpec()
+    cost.CopyFrom(feasibility)
+    cost.resources.CopyFrom(resources_to_pb(mean))
+    cost.runtime_s = task_seconds
+    return feasibility, cost
+
+
+def choose_datacenter(feasible: selector_pb2.SelectResponse, by_cost: selector_pb2.SelectResponse
+                      ) -> tuple[str, str]:
+    """(DC, why) from the two answers of `selection_requests`: the cheapest by total among those that can hold
+    the largest task; ("", why not) if none can."""
+    can = {c.datacenter for c in feasible.candidates}
+    for c in by_cost.candidates:
+        if c.datacenter in can:
+            return c.datacenter, (f"{c.datacenter}: cheapest of {len(can)} data centers able to hold the largest "
+                                  f"task, at a total job cost of {c.total_cost:.4f}")
+    excluded = {e.datacenter: e.reason for e in [*feasible.excluded, *by_cost.excluded]}
+    return "", "no data center can hold this job: " + ("; ".join(f"{dc}: {why}" for dc, why in excluded.items())
+                                                       or "no data center answered")
+
+
+# -- the job's state, a fold of the task table ---------------------------------------------------------------------
+
+
+def stage_task_spec(job: pb.Job, stage: pb.StageSpec) -> pb.TaskSpec:
+    spec = task_to_pb(_stage_spec(job.spec, stage))
+    spec.job_id = job.job_id
+    spec.stage = stage.name
+    spec.request_id = ""  # the task id is the idempotency key of a job's task
+    return spec
+
+
+def stage_tasks(job: pb.Job, tasks: Mapping[str, pb.Task], stage: pb.StageSpec) -> list[pb.Task | None]:
+    return [tasks.get(task_id_of(job.job_id, stage.name, i)) for i in range(stage.tasks)]
+
+
+def stage_statuses(job: pb.Job, tasks: Mapping[str, pb.Task]) -> list[pb.StageStatus]:
+    out = []
+    for stage in job.spec.stages:
+        st = pb.StageStatus(name=stage.name, tasks=stage.tasks)
+        for t in stage_tasks(job, tasks, stage):
+            if t is None or t.state in (pb.TASK_STATE_SUBMITTED, pb.TASK_STATE_DEFERRED, pb.TASK_STATE_PREEMPTED):
+                st.pending += 1
+            elif t.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_RUNNING):
+                st.running += 1
+            elif t.state == pb.TASK_STATE_SUCCEEDED:
+                st.succeeded += 1
+            else:
+                st.failed += 1
+            if t is not None:
+                st.task_ids.append(t.task_id)
+        out.append(st)
+    return out
+
+
+def view(job: pb.Job, tasks: Mapping[str, pb.Task]) -> pb.Job:
+    """The job as Get/List show it: its record plus every stage's progress from the task table."""
+    out = pb.Job()
+    out.CopyFrom(job)
+    del out.stages[:]
+    out.stages.extend(stage_statuses(job, tasks))
+    return out
+
+
+@dataclass
+class Decision:
+    """What a job needs next, given the task table: exactly one of fail / succeed, or tasks to submit."""
+
+    fail: str = ""                       # the reason the job failed
+    succeed: bool = False
+    running: bool = False                # some task has started: PENDING → RUNNING
+    submit: list[tuple[str, pb.StageSpec]] = field(default_factory=list)  # (task id, stage) not yet submitted
+    live: list[str] = field(default_factory=list)  # task ids holding or waiting for resources
+
+
+def decide(job: pb.Job, tasks: Mapping[str, pb.Task]) -> Decision:
+    """The job state machine: a pure function of the job record and the task table (so a restarted gateway
+    decides exactly what the last one would have)."""
+    d = Decision()
+    succeeded: set[str] = set()
+    for stage in job.spec.stages:
+        done = 0
+        for t in stage_tasks(job, tasks, stage):
+            if t is None:
+                continue
+            if t.state in _LOST and not d.fail:
+                d.fail = f"task {t.task_id} of stage {stage.name} {_LOST[t.state]}" + (f": {t.reason}" if t.reason
+                                                                                     else "")
+            if t.state == pb.TASK_STATE_SUCCEEDED:
+                done += 1
+            elif t.state not in _FINISHED_TASK:
+                d.live.append(t.task_id)
+            if t.state in _RUNNING_OR_DONE or t.started_unix_ms:
+                d.running = True
+        if done == stage.tasks:
+            succeeded.add(stage.name)
+    if d.fail:
+        return d
+    if len(succeeded) == len(job.spec.stages):
+        d.succeed = True
+        return d
+    for stage in job.spec.stages:
+        if stage.name not in succeeded and all(p in succeeded for p in stage.parents):
+            d.submit += [(task_id_of(job.job_id, stage.name, i), stage) for i, t in
+                         enumerate(stage_tasks(job, tasks, stage)) if t is None]
+    return d
+
+
+def live_tasks(job: pb.Job, tasks: Mapping[str, pb.Task]) -> list[str]:
+    """Task ids of the job still holding or waiting for resources (to release when the job fails / is cancelled)."""
+    return [t.task_id for stage in job.spec.stages for t in stage_tasks(job, tasks, stage)
+            if t is not None and t.state not in _FINISHED_TASK]
+
+
+# -- the orchestrator ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class JobPorts:
+    """What the orchestrator needs from its gateway: ask stage 1, submit one task of a job to a DC (deduplicated
+    by task id: a task already recorded is returned as it is), release one task."""
+
+    select: Callable[[pb.TaskSpec, str], Awaitable[selector_pb2.SelectResponse]]
+    submit_task: Callable[[str, pb.TaskSpec, str], Awaitable[pb.Task]]
+    release_task: Callable[[str], Awaitable[Any]]
+
+
+class JobOrchestrator:
+    """Runs every job of a gateway: one `advance` at a time per job, re-run whenever one of its tasks changes
+    (`on_transition`) until `decide` has nothing more to do."""
+
+    def __init__(self, store: TaskStore, ports: JobPorts, retry_s: float = 1.0) -> None:
+        self.store = store
+        self.ports = ports
+        self.retry_s = retry_s
+        self._dirty: set[str] = set()
+        self._workers: dict[str, asyncio.Task] = {}
+        self._inflight: dict[tuple[str, str], asyncio.Future] = {}
+
+    # -- submit / cancel / read
+
+    async def submit(self, spec: pb.JobSpec, method: str = "") -> tuple[pb.Job, bool]:
+        """Validate, choose the DC, record the job durably and start it; (job, duplicate). With a request_id a retry
+        (per tenant) gets the first answer; a failed attempt (nothing durable) binds nothing."""
+        validate_job(spec)
+        spec = normalized(spec)
+        key = (spec.tenant, spec.request_id)
+        if spec.request_id:
+            if key in self._inflight:
+                return await asyncio.shield(self._inflight[key]), True
+            known = self.store.jobs_by_request.get(key)
+            if known is not None:
+                return self.get(known), True
+            work = self._inflight[key] = asyncio.ensure_future(self._submit(spec, method))
+            work.add_done_callback(lambda _: self._inflight.pop(key, None))
+            return await asyncio.shield(work), False
+        return await asyncio.shield(asyncio.ensure_future(self._submit(spec, method))), False
+
+    async def _submit(self, spec: pb.JobSpec, method: str) -> pb.Job:
+        feasibility, cost = selection_requests(spec)
+        feasible, by_cost = await asyncio.gather(self.ports.select(feasibility, method), self.ports.select(cost, method))
+        datacenter, why = choose_datacenter(feasible, by_cost)
+        now = now_ms()
+        job = pb.Job(job_id=new_job_id(), spec=spec, datacenter=datacenter, created_unix_ms=now)
+        if not datacenter:
+            job.reason = why
+            job.finished_unix_ms = now
+            await self.store.write(job_step("job_submitted", job, why), job_step("job_failed", job, why))
+            return self.get(job.job_id)
+        await self.store.write(job_step("job_submitted", job, why))
+        self.poke(job.job_id)
+        return self.get(job.job_id)
+
+    def get(self, job_id: str) -> pb.Job:
+        job = self.store.jobs.get(job_id)
+        if job is None:
+            raise LookupError(f"job {job_id} not found")
+        return view(job, self.store.tasks)
+
+    async def cancel(self, job_id: str) -> pb.Job:
+        """Record the job cancelled (a finished job is left as it is), then release its tasks."""
+        job = self.store.jobs.get(job_id)
+        if job is None:
+            raise LookupError(f"job {job_id} not found")
+        if job.state not in JOB_TERMINAL:
+            mine = pb.Job()
+            mine.CopyFrom(job)
+            mine.reason = "cancelled by its client"
+            mine.finished_unix_ms = now_ms()
+            await self.store.write(job_step("job_cancelled", mine, mine.reason))
+        self.poke(job_id)
+        worker = self._workers.get(job_id)
+        if worker is not None:
+            await asyncio.wait([worker])
+        return self.get(job_id)
+
+    # -- driving
+
+    def on_transition(self, task: pb.Task, kind: str = "") -> None:
+        """A task changed: its job (if any) decides again. Safe to call from any transition hook."""
+        if task.spec.job_id:
+            self.poke(task.spec.job_id)
+
+    async def transition_callback(self, task: pb.Task, kind: str) -> None:
+        """The async form the gateway's transition hub calls."""
+        self.on_transition(task, kind)
+
+    def recover(self) -> int:
+        """After a gateway start (the table rebuilt, placements reconciled): continue every job that is not
+        finished, and finish releasing the tasks of failed/cancelled ones. Returns the jobs resumed."""
+        resumed = 0
+        for job in list(self.store.jobs.values()):
+            if job.state not in JOB_TERMINAL or live_tasks(job, self.store.tasks):
+                self.poke(job.job_id)
+                resumed += 1
+        return resumed
+
+    def poke(self, job_id: str) -> None:
+        self._dirty.add(job_id)
+        if job_id not in self._workers:
+            worker = self._workers[job_id] = asyncio.create_task(self._work(job_id), name=f"job {job_id}")
+            worker.add_done_callback(lambda _: self._workers.pop(job_id, None))
+
+    async def _work(self, job_id: str) -> None:
+        while job_id in self._dirty:
+            self._dirty.discard(job_id)
+            try:
+                await self.advance(job_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis or a peer away: try again, the job is durable
+                log.warning("job %s: cannot advance yet (%s: %s); retrying in %g s", job_id, type(exc).__name__,
+                            exc, self.retry_s)
+                self._dirty.add(job_id)
+                await asyncio.sleep(self.retry_s)
+
+    async def advance(self, job_id: str) -> None:
+        """One step of the job's state machine (never two at once for a job: `poke` runs one worker per job)."""
+        job = self.store.jobs.get(job_id)
+        if job is None:
+            return
+        tasks = self.store.tasks
+        if job.state in JOB_TERMINAL:
+            await self._release(live_tasks(job, tasks))
+            return
+        d = decide(job, tasks)
+        mine = pb.Job()
+        mine.CopyFrom(job)
+        if d.fail or d.succeed:
+            mine.finished_unix_ms = now_ms()
+            mine.reason = d.fail
+            await self.store.write(job_step("job_failed" if d.fail else "job_succeeded", mine,
+                                            d.fail or "every stage succeeded"))
+            if d.fail:
+                await self._release(live_tasks(job, tasks))
+            return
+        if d.running and job.state == pb.JOB_STATE_PENDING:
+            await self.store.write(job_step("job_running", mine, "a task of the job started"))
+        if d.submit:
+            await asyncio.gather(*(self.ports.submit_task(task_id, stage_task_spec(job, stage), job.datacenter)
+                                   for task_id, stage in d.submit))
+            self._dirty.add(job_id)  # what they came back as (placed, rejected ...) may decide more
+
+    async def _release(self, task_ids: list[str]) -> None:
+        results = await asyncio.gather(*(self.ports.release_task(t) for t in task_ids), return_exceptions=True)
+        failed = [(t, r) for t, r in zip(task_ids, results, strict=True) if isinstance(r, Exception)]
+        if failed:
+            raise RuntimeError(f"{len(failed)} of {len(task_ids)} releases failed, first {failed[0][0]}: "
+                               f"{failed[0][1]}")
+
+    async def close(self) -> None:
+        for worker in list(self._workers.values()):
+            worker.cancel()
+        await asyncio.gather(*self._workers.values(), return_exceptions=True)

@@ -1,0 +1,335 @@
+"""DAG jobs (hsched.jobs): validation names the field and the rule, job files, the choice of the job's DC, and
+the job state machine as a fold of the task stream — driven through a real gateway servicer, selector and
+placers on a real Redis. Task completions are recorded here the way the gateway's ledger follower records
+them (a `succeeded` record on the task stream, then the transition callback)."""
+
+from __future__ import annotations
+
+import asyncio
+import graphlib
+import itertools
+import re
+from collections import Counter
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from hsched.domain.errors import ValidationError
+from hsched.domain.limits import STAGE_MAX_TASKS
+from hsched.jobs import decide, load_job_file, selection_requests, task_id_of, validate_job
+from hsched.state.keys import Keys
+from hsched.state.redis import connect
+from hsched.state.tasks import TaskStore, now_ms, step
+from hsched.v1 import common_pb2 as pb
+from hsched.v1 import placer_pb2_grpc, selector_pb2_grpc
+from services.gateway.server import GatewayServicer
+from tests.conftest import ROOT, SMALL_FLEET
+from tests.test_gateway_failures import backends
+
+EXAMPLE = ROOT / "examples" / "job.yaml"
+
+
+def stage(name: str, tasks: int = 1, parents: tuple[str, ...] = (), cores: int = 1, runtime_s: float = 10.0
+          ) -> pb.StageSpec:
+    return pb.StageSpec(name=name, tasks=tasks, parents=list(parents), runtime_s=runtime_s,
+                        resources=pb.Resources(cpu_milli=cores * 1000, memory_mib=1024))
+
+
+def job(*stages: pb.StageSpec, **fields) -> pb.JobSpec:
+    return pb.JobSpec(name="j", stages=list(stages), **fields)
+
+
+def field_of(spec: pb.JobSpec) -> ValidationError:
+    with pytest.raises(ValidationError) as info:
+        validate_job(spec)
+    return info.value
+
+
+# -- validation ----------------------------------------------------------------------------------------------
+
+
+def test_a_valid_dag_passes_and_the_example_file_is_one():
+    validate_job(job(stage("a", 3), stage("b", 2, ("a",)), stage("c", 1, ("a", "b"))))
+    example = load_job_file(EXAMPLE)
+    validate_job(example)
+    assert [s.name for s in example.stages] == ["extract", "transform", "report"]
+
+
+def test_each_rule_names_its_field():
+    assert field_of(job()).field == "job.stages"
+    assert field_of(job(stage("a", 0))).field == "job.stages[0].tasks"
+    assert field_of(job(stage("a", STAGE_MAX_TASKS + 1))).field == "job.stages[0].tasks"
+    assert field_of(job(stage("a"), stage("a"))).field == "job.stages[1].name"
+    assert field_of(job(stage("A.b"))).field == "job.stages[0].name"
+    assert field_of(job(stage("a", parents=("x",)))).field == "job.stages[0].parents[0]"
+    assert field_of(job(stage("a", parents=("a",)))).field == "job.stages[0].parents[0]"
+    assert field_of(job(stage("a"), stage("b", parents=("a", "a")))).field == "job.stages[1].parents[1]"
+    assert field_of(job(stage("a", runtime_s=0))).field == "job.stages[0].runtime_s"
+    assert field_of(job(stage("a", cores=0))).field.startswith("job.stages[0].resources")
+    assert field_of(job(stage("a"), tenant="Not A Label")).field == "job.tenant"
+    assert field_of(job(stage("a"), priority_class="batch")).field == "job.priority_class"
+    assert field_of(job(*(stage(f"s{i}") for i in range(300)))).field == "job.stages"  # the deserializer's limit
+    assert field_of(job(*(stage(f"s{i}", STAGE_MAX_TASKS) for i in range(11)))).field == "job.stages"
+
+
+def test_a_cycle_is_named():
+    err = field_of(job(stage("a", parents=("c",)), stage("b", parents=("a",)), stage("c", parents=("b",)),
+                       stage("d", parents=("a",))))
+    assert err.field.startswith("job.stages[") and err.field.endswith("].parents")
+    cycle = err.rule.rpartition(": ")[2].split(" -> ")
+    assert cycle[0] == cycle[-1] and set(cycle) == {"a", "b", "c"}, err.rule
+    names = ["a", "b", "c", "d"]
+    parents = {"a": {"c"}, "b": {"a"}, "c": {"b"}}
+    for parent, child in itertools.pairwise(cycle):  # each named step is a real edge, parent first
+        assert parent in parents[child], (parent, child)
+    assert int(err.field.split("[")[1].split("]")[0]) in [names.index(n) for n in cycle]
+
+
+def mostly(draw, good, bad):
+    """A valid value 19 times in 20: most drawn jobs break at most one rule, so each rule gets tested alone."""
+    return draw(st.sampled_from(bad)) if draw(st.integers(0, 19)) == 0 else draw(good)
+
+
+@st.composite
+def dags(draw):
+    n = draw(st.integers(0, 6))
+    names = [f"s{i}" for i in range(n)]
+    stages = []
+    for i in range(n):
+        name = mostly(draw, st.just(names[i]), ["", "x.y", "B", "-a", "a" * 60, names[0]])
+        earlier = draw(st.lists(st.sampled_from(names[:i]), unique=True, max_size=3)) if i else []
+        # a broken parent list: unknown, itself, twice, or a later stage (which may close a cycle)
+        parents = mostly(draw, st.just(earlier), [[*earlier, "zz"], [*earlier, names[i]], earlier * 2,
+                                                  [*earlier, names[-1]], [*earlier, names[(i + 1) % n]]])
+        stages.append(pb.StageSpec(
+            name=name, tasks=mostly(draw, st.integers(1, 5), [0, STAGE_MAX_TASKS + 1]),
+            runtime_s=mostly(draw, st.floats(0.5, 100), [0.0, -1.0, float("nan"), float("inf")]),
+            resources=pb.Resources(cpu_milli=mostly(draw, st.integers(100, 4000), [0]), memory_mib=512),
+            parents=parents))
+    return pb.JobSpec(name="j", stages=stages)
+
+
+def oracle_valid(spec: pb.JobSpec) -> bool:
+    """An independent statement of the rules (graphlib for cycles)."""
+    seen = [s.name for s in spec.stages]
+    if not seen or len(set(seen)) != len(seen):
+        return False
+    for s in spec.stages:
+        if not re.fullmatch(r"s[0-9]|a-1", s.name) or not 1 <= s.tasks <= STAGE_MAX_TASKS:
+            return False
+        if not 0 < s.runtime_s < float("inf") or s.resources.cpu_milli == 0 or len(set(s.parents)) != len(s.parents):
+            return False
+        if any(p not in seen or p == s.name for p in s.parents):
+            return False
+    try:
+        graphlib.TopologicalSorter({s.name: set(s.parents) for s in spec.stages}).prepare()
+    except graphlib.CycleError:
+        return False
+    return True
+
+
+@settings(max_examples=400, deadline=None)
+@given(dags())
+def test_random_dags_are_accepted_exactly_when_valid_and_refused_with_a_named_field(spec):
+    event(f"valid: {oracle_valid(spec)}")
+    try:
+        validate_job(spec)
+    except ValidationError as exc:  # never any other exception
+        assert exc.field.startswith("job.") and exc.rule, exc
+        assert not oracle_valid(spec), f"refused a valid job: {exc}"
+    else:
+        assert oracle_valid(spec)
+
+
+def test_bad_job_files_name_the_file_and_the_problem(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nstages:\n  - name: a\n    taks: 2\n")
+    with pytest.raises(ValidationError) as info:
+        load_job_file(bad)
+    assert info.value.field == str(bad) and "taks" in info.value.rule
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ValidationError) as info:
+        load_job_file(bad)
+    assert info.value.field == str(bad)
+    with pytest.raises(ValidationError) as info:
+        load_job_file(tmp_path / "missing.yaml")
+    assert info.value.field == "-f"
+
+
+def test_the_cost_question_carries_the_jobs_total_resource_seconds_and_feasibility_its_largest_task():
+    spec = job(stage("a", 4, cores=2, runtime_s=30), stage("b", 2, ("a",), cores=8, runtime_s=60))
+    feasibility, cost = selection_requests(spec)
+    assert feasibility.resources.cpu_milli == 8000 and feasibility.replicas in (0, 1)
+    total_core_s = 4 * 2 * 30 + 2 * 8 * 60
+    assert cost.resources.cpu_milli / 1000 * cost.runtime_s == pytest.approx(total_core_s, rel=1e-3)
+    assert cost.resources.memory_mib * cost.runtime_s == pytest.approx(1024 * (4 * 30 + 2 * 60), rel=1e-3)
+
+
+# -- the fold and the orchestrator, on the real services ---------------------------------------------------------
+
+
+@asynccontextmanager
+async def servicer_on(redis_url: str, prefix: str, argv: list[str], placers: dict[str, str]):
+    """A gateway servicer on the prefix's task stream (as serve() builds it: load, reconcile, recover)."""
+    from hsched.domain.fleet import load_fleet
+    redis = connect(redis_url)
+    keys = Keys(prefix)
+    store = TaskStore(redis, keys.tasks)
+    await store.load()
+    selector = argv[argv.index("--selector") + 1]
+    channels = [grpc.aio.insecure_channel(selector), *(grpc.aio.insecure_channel(t) for t in placers.values())]
+    servicer = GatewayServicer(load_fleet(SMALL_FLEET), store, selector_pb2_grpc.SelectorStub(channels[0]),
+                               {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(placers, channels[1:], strict=True)})
+    await servicer.reconcile(redis, keys)
+    servicer.jobs.recover()
+    try:
+        yield servicer
+    finally:
+        await servicer.jobs.close()
+        await servicer.close()
+        for ch in channels:
+            await ch.close()
+        await redis.aclose()
+
+
+async def until(predicate, what: str, timeout_s: float = 30.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not (value := predicate()):
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+    return value
+
+
+async def finish(servicer: GatewayServicer, task_id: str, ok: bool = True) -> None:
+    """Record a task finished as the gateway's ledger follower does (the transitions hub tells the jobs)."""
+    task = servicer.store.copy(task_id)
+    task.finished_unix_ms = now_ms()
+    await servicer.store.write(step("succeeded" if ok else "failed", task))
+
+
+DIAMOND = job(stage("extract", 3), stage("left", 2, ("extract",)), stage("right", 1, ("extract",)),
+              stage("join", 1, ("left", "right")), request_id="diamond-1")
+
+
+def submitted_stages(servicer, job_id: str) -> set[str]:
+    return {t.spec.stage for t in servicer.store.tasks.values() if t.spec.job_id == job_id}
+
+
+async def test_stages_are_submitted_only_after_their_parents_succeeded_and_the_job_succeeds(redis_url, prefix,
+                                                                                            tmp_path):
+    async with backends(redis_url, prefix, tmp_path) as (argv, placers), \
+            servicer_on(redis_url, prefix, argv, placers) as gw:
+        first, duplicate = await gw.jobs.submit(DIAMOND)
+        assert not duplicate and first.state == pb.JOB_STATE_PENDING and first.datacenter
+        again, duplicate = await gw.jobs.submit(DIAMOND)
+        assert duplicate and again.job_id == first.job_id
+        job_id = first.job_id
+        parents = {s.name: set(s.parents) for s in DIAMOND.stages}
+        done: set[str] = set()
+        for wave in (["extract"], ["left", "right"], ["join"]):
+            expected = {s for s in parents if parents[s] <= done}
+            await until(lambda expected=expected: len([t for t in gw.store.tasks.values() if t.spec.job_id == job_id])
+                        == sum(s.tasks for s in DIAMOND.stages if s.name in expected), f"stages {wave}")
+            await asyncio.sleep(0.2)  # nothing more comes: no stage runs before its parents succeeded
+            assert submitted_stages(gw, job_id) == expected
+            for t in [t for t in gw.store.tasks.values() if t.spec.job_id == job_id and t.spec.stage in wave]:
+                assert t.state == pb.TASK_STATE_PLACED and t.datacenter == first.datacenter
+                assert t.task_id.startswith(f"{job_id}.{t.spec.stage}.")
+                await finish(gw, t.task_id)
+            done |= set(wave)
+        final = await until(lambda: gw.store.jobs[job_id].state == pb.JOB_STATE_SUCCEEDED and gw.jobs.get(job_id),
+                            "the job to succeed")
+        assert [(s.name, s.succeeded) for s in final.stages] == [(s.name, s.tasks) for s in DIAMOND.stages]
+
+
+async def test_a_failed_task_fails_the_job_and_releases_its_other_tasks(redis_url, prefix, tmp_path):
+    async with backends(redis_url, prefix, tmp_path) as (argv, placers), \
+            servicer_on(redis_url, prefix, argv, placers) as gw:
+        first, _ = await gw.jobs.submit(job(stage("a", 3), stage("b", 1, ("a",))))
+        ids = [task_id_of(first.job_id, "a", i) for i in range(3)]
+        await until(lambda: all(i in gw.store.tasks for i in ids), "stage a")
+        await finish(gw, ids[0], ok=False)
+        await until(lambda: gw.store.jobs[first.job_id].state == pb.JOB_STATE_FAILED, "the job to fail")
+        await until(lambda: all(gw.store.tasks[i].state == pb.TASK_STATE_RELEASED for i in ids[1:]), "releases")
+        assert ids[0] in gw.store.jobs[first.job_id].reason
+        assert submitted_stages(gw, first.job_id) == {"a"}
+
+
+async def test_cancel_releases_the_jobs_tasks(redis_url, prefix, tmp_path):
+    async with backends(redis_url, prefix, tmp_path) as (argv, placers), \
+            servicer_on(redis_url, prefix, argv, placers) as gw:
+        first, _ = await gw.jobs.submit(job(stage("a", 2), stage("b", 1, ("a",))))
+        ids = [task_id_of(first.job_id, "a", i) for i in range(2)]
+        await until(lambda: all(i in gw.store.tasks for i in ids), "stage a")
+        cancelled = await gw.jobs.cancel(first.job_id)
+        assert cancelled.state == pb.JOB_STATE_CANCELLED
+        await until(lambda: all(gw.store.tasks[i].state == pb.TASK_STATE_RELEASED for i in ids), "releases")
+        assert (await gw.jobs.cancel(first.job_id)).state == pb.JOB_STATE_CANCELLED  # again: as it is
+
+
+async def test_a_restarted_gateway_rebuilds_the_job_and_continues_without_submitting_a_task_twice(
+        redis_url, prefix, tmp_path):
+    async with backends(redis_url, prefix, tmp_path) as (argv, placers):
+        async with servicer_on(redis_url, prefix, argv, placers) as gw:
+            first, _ = await gw.jobs.submit(DIAMOND)
+            job_id = first.job_id
+            ids = [task_id_of(job_id, "extract", i) for i in range(3)]
+            await until(lambda: all(i in gw.store.tasks for i in ids), "extract")
+            for i in ids[:2]:
+                await finish(gw, i)
+        # the gateway is gone; its last extract task finishes meanwhile (the next one's follower records it)
+        async with servicer_on(redis_url, prefix, argv, placers) as gw:
+            assert gw.store.jobs[job_id].spec.request_id == "diamond-1"
+            again, duplicate = await gw.jobs.submit(DIAMOND)
+            assert duplicate and again.job_id == job_id  # the idempotency key survived the restart
+            await finish(gw, ids[2])
+            for wave in (["left", "right"], ["join"]):
+                await until(lambda wave=wave: {t.spec.stage for t in gw.store.tasks.values()
+                                               if t.spec.job_id == job_id} >= set(wave), f"stages {wave}")
+                for t in [t for t in gw.store.tasks.values() if t.spec.job_id == job_id and t.spec.stage in wave]:
+                    await until(lambda t=t: gw.store.tasks[t.task_id].state in (pb.TASK_STATE_PLACED,
+                                                                                  pb.TASK_STATE_RUNNING), "placed")
+                    await finish(gw, t.task_id)
+            await until(lambda: gw.store.jobs[job_id].state == pb.JOB_STATE_SUCCEEDED, "the job to succeed")
+        redis = connect(redis_url)
+        try:
+            kinds = Counter(f[b"t"] and (f[b"k"].decode(), pb.Task.FromString(f[b"t"]).task_id)
+                            for _, f in await redis.xrange(Keys(prefix).tasks) if not f[b"k"].startswith(b"job_"))
+        finally:
+            await redis.aclose()
+        submitted = {tid: n for (k, tid), n in kinds.items() if k == "submitted"}
+        assert len(submitted) == sum(s.tasks for s in DIAMOND.stages) and set(submitted.values()) == {1}
+
+
+def test_example_path_exists():
+    assert Path(EXAMPLE).exists()
+
+
+async def test_retention_keeps_a_live_jobs_progress_and_forgets_finished_jobs_with_their_tasks(redis_url, prefix):
+    """prune compacts the stream: a running job's finished tasks are its progress (forgetting them would run them
+    again), so they stay, also across a reload; a finished job goes with its tasks once past retention."""
+    from hsched.state.tasks import job_step, prune
+
+    redis = connect(redis_url)
+    try:
+        store = TaskStore(redis, Keys(prefix).tasks)
+        live = pb.Job(job_id="jlive", spec=job(stage("a", 1), stage("b", 1, ("a",))))
+        done = pb.Job(job_id="jdone", spec=job(stage("a", 1)))
+        await store.write(job_step("job_running", live), job_step("job_succeeded", done))
+        for j in (live, done):
+            t = pb.Task(task_id=task_id_of(j.job_id, "a", 0), spec=pb.TaskSpec(job_id=j.job_id, stage="a"))
+            await store.write(step("succeeded", t))
+        later = now_ms() + 10_000_000
+        forgotten, _ = await prune(store, retention_ms=1000, margin_ms=0, now=later)
+        assert forgotten == 1 and set(store.jobs) == {"jlive"}
+        assert set(store.tasks) == {"jlive.a.0"}
+        again = TaskStore(redis, Keys(prefix).tasks)
+        await again.load()
+        assert set(again.jobs) == {"jlive"} and set(again.tasks) == {"jlive.a.0"}
+        assert [t for t, _ in decide(again.jobs["jlive"], again.tasks).submit] == ["jlive.b.0"]
+    finally:
+        await redis.aclose()
