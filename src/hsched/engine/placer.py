@@ -39,7 +39,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from redis import Redis as SyncRedis
 
-from hsched.domain.cluster import ClusterState, Part, TaskClock
+from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.fleet import DataCenter
 from hsched.domain.resources import Resources
 from hsched.domain.task import TaskSpec, task_to_dict
@@ -50,6 +50,7 @@ from hsched.state.keys import Keys
 from hsched.state.lease import LeaseKeeper
 from hsched.state.ledger import (
     FREEING,
+    INDETERMINATE,
     UNQUEUING,
     Fenced,
     LeaseHeld,
@@ -106,7 +107,7 @@ class ReleaseResult:
 
 @dataclass
 class _Op:
-    kind: str  # place | release | run | done | expire (the last three: reports of the execution clock)
+    kind: str  # place | release | run | done | expire (reports of the execution clock) | drain (the queue)
     task_id: str
     spec: TaskSpec | None = None
     allow_defer: bool = False
@@ -116,10 +117,6 @@ class _Op:
     events: list[dict] = field(default_factory=list)
     trace_context: otel_context.Context | None = None
     report: Report | None = None  # run | done | expire
-
-
-# the queue, the clocks and the queue times before a batch (PlacerEngine._mark)
-_Mark = tuple[list[tuple[str, TaskSpec]], dict[str, TaskClock], dict[str, int]]
 
 
 def _now_ms() -> int:
@@ -186,6 +183,7 @@ class PlacerEngine:
             executor.attach(self._on_report)
         self._expiries: dict[str, asyncio.TimerHandle] = {}  # deferred tasks with a queue timeout
         self._closing = False
+        self._refold_due = False  # set by a failed append of lifecycle events that may have landed
 
     @property
     def fenced(self) -> bool:
@@ -276,16 +274,35 @@ class PlacerEngine:
             last_id = await replay(self.redis, self.ledger.stream, state, queue)
             if self._keeper.token != token:  # lost again while folding; _keep_lease tries again
                 return False
-            self.state, self.queue, self.last_id = state, queue, last_id
-            if isinstance(self.thermal, RoomGuard):  # its cached exact headroom describes the old state
-                self.thermal = RoomGuard(self.thermal.room, state)
-            self._headroom, self._headroom_exact, self.last_thermal = None, False, None
+            self._adopt(state, queue, last_id)
+            self._refold_due = False
             self.holding, self.held_before, self.holder, self.lost_at = True, True, self.ledger.owner, None
             self._resume_clocks()
         log.info("placer %s: token %s, rebuilt %d allocations and %d deferred tasks from the ledger up to %s",
                  self.dc.name, token, len(state.allocations), len(queue), last_id)
         self._dirty.set()
         return True
+
+    def _adopt(self, state: ClusterState, queue: OrderedDict[str, TaskSpec], last_id: str) -> None:
+        """Serve from a fresh fold of the ledger."""
+        self.state, self.queue, self.last_id = state, queue, last_id
+        if isinstance(self.thermal, RoomGuard):  # its cached exact headroom describes the old state
+            self.thermal = RoomGuard(self.thermal.room, state)
+        self._headroom, self._headroom_exact, self.last_thermal = None, False, None
+
+    async def _refold(self) -> None:
+        """After an append of lifecycle events whose outcome was unknown: memory becomes the ledger's fold
+        again (those events may have landed), so a retry never writes a completion twice."""
+        await self.ledger.settle()
+        state, queue = ClusterState(self.dc, self.state.table), OrderedDict()
+        last_id = await replay(self.redis, self.ledger.stream, state, queue)
+        self._adopt(state, queue, last_id)
+        self._refold_due = False
+        self._resume_clocks()
+        if self.queue:  # a completion that landed may have freed room its cancelled drain no longer gives
+            self._internal(_Op("drain", ""))
+        log.info("placer %s: refolded the ledger up to %s after an append of unknown outcome", self.dc.name,
+                 last_id)
 
     async def _keep_lease(self) -> None:
         """Step down when the lease is lost; take it back (or over, as a standby) when nobody else holds it."""
@@ -357,6 +374,14 @@ class PlacerEngine:
                         if not op.future.done():
                             op.future.set_exception(refused)
                     continue
+                if self._refold_due:
+                    try:
+                        await self._refold()
+                    except Exception as exc:  # noqa: BLE001 - Redis still away: these ops fail, the next try refolds
+                        for op in batch:
+                            if not op.future.done():
+                                op.future.set_exception(exc)
+                        continue
                 await self._run_batch(batch)
 
     async def _run_batch(self, batch: list[_Op]) -> None:
@@ -369,6 +394,10 @@ class PlacerEngine:
             if isinstance(exc, Fenced):
                 log.error("%s", exc)
                 self._lease_lost(lease_token, str(exc))
+            elif isinstance(exc, INDETERMINATE) and any(op.report is not None for op in batch):
+                log.warning("placer %s: batch of unknown outcome (%s); the ledger is folded again before the next",
+                            self.dc.name, exc)
+                self._refold_due = True
             else:
                 log.exception("placer %s: batch failed", self.dc.name)
             for op in batch:
@@ -379,7 +408,7 @@ class PlacerEngine:
                 otel_context.detach(token)
 
     async def _process(self, batch: list[_Op]) -> None:
-        queue_before = self._mark()
+        queue_before = list(self.queue.items())
         try:
             await self._decide_batch(batch)
             # keys starting with "_" are in-memory bookkeeping for _undo, not ledger content
@@ -389,7 +418,9 @@ class PlacerEngine:
                 self._since_snapshot += len(events)
                 if self._since_snapshot >= self.retention.snapshot_entries:
                     self._snapshot_due.set()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, INDETERMINATE):
+                self._requeue_in_doubt(batch, queue_before)
             self._undo(batch, queue_before)  # memory must stay the fold of the ledger
             raise
         if events:
@@ -408,7 +439,7 @@ class PlacerEngine:
         return self._headroom.copy()
 
     async def _decide_batch(self, batch: list[_Op]) -> None:
-        queue_before = self._mark()
+        queue_before = list(self.queue.items())
         if not self.thermal:
             for op in batch:
                 self._decide(op, None)
@@ -447,7 +478,7 @@ class PlacerEngine:
 
     async def _decide_alone(self, op: _Op, prior: list[_Op], thermal_veto: ThermalCheck | None = None) -> None:
         """Decide `op` on its own, after the already decided (not yet written) `prior` calls of its batch."""
-        queue_before = self._mark()
+        queue_before = list(self.queue.items())
         if thermal_veto is None:
             self._decide(op, await self._fresh_headroom())
             check = await self._check([*prior, op])
@@ -493,24 +524,41 @@ class PlacerEngine:
             if isinstance(op.result, PlaceResult) and op.result.outcome == "placed":
                 op.result.thermal = check
 
-    def _mark(self) -> _Mark:
-        """What `_undo` restores besides the free arrays: the queue and the clocks, as they are now."""
-        return list(self.queue.items()), dict(self.state.clocks), dict(self.state.queued_ms)
+    def _requeue_in_doubt(self, batch: list[_Op], queue_before: list[tuple[str, TaskSpec]]) -> None:
+        """The ledger cancels an alloc of unknown outcome with a free; one that took a task from the deferred
+        queue also puts it back there, as memory does (else a refold or a restart would lose the task)."""
+        specs = dict(queue_before)
+        for op in batch:
+            for e in op.events:
+                if e["t"] == "alloc" and e["task"] in specs:
+                    self.ledger.pending_undo.append({"t": "defer", "task": e["task"],
+                                                     "spec": task_to_dict(specs[e["task"]]),
+                                                     "at": e["_queued_ms"] or 0})
 
-    def _undo(self, batch: list[_Op], queue_before: _Mark) -> None:
+    def _undo(self, batch: list[_Op], queue_before: list[tuple[str, TaskSpec]]) -> None:
+        clocks, queued_ms = self.state.clocks, self.state.queued_ms
         for op in reversed(batch):
             for e in reversed(op.events):
+                task = e["task"]
                 if e["t"] == "alloc":
-                    self.state.release(e["task"])
+                    self.state.release(task)
                 elif "_parts" in e:  # an event that freed them (free, done)
-                    self.state.apply(e["task"], e["_parts"])
-        queue, self.state.clocks, self.state.queued_ms = queue_before
-        self.queue = OrderedDict(queue)
+                    self.state.apply(task, e["_parts"])
+                # the clock and queue time as they were before the event (_emit noted them)
+                for book, before in ((clocks, e["_clock"]), (queued_ms, e["_queued_ms"])):
+                    if before is None:
+                        book.pop(task, None)
+                    else:
+                        book[task] = before
+        self.queue = OrderedDict(queue_before)
 
     # -- decisions (pure in-memory; each appends its ledger events to op.events and folds them) --------------
 
     def _emit(self, op: _Op, event: dict) -> None:
+        task = event["task"]
+        clock, queued_ms = self.state.clocks.get(task), self.state.queued_ms.get(task)
         fold_event(event, self.state, self.queue)
+        event["_clock"], event["_queued_ms"] = clock, queued_ms  # for _undo (keys with "_" are not written)
         op.events.append(event)
 
     def _decide(self, op: _Op, headroom: np.ndarray | None, try_queue: bool = True) -> None:
@@ -518,6 +566,10 @@ class PlacerEngine:
             op.result = self._decide_place(op, headroom)
         elif op.kind == "release":
             op.result = self._decide_release(op, headroom, try_queue)
+        elif op.kind == "drain":
+            op.result = ReleaseResult(False)
+            if try_queue:
+                self._drain_queue(op, headroom, op.result)
         else:
             op.result = self._decide_report(op, headroom, try_queue)
 
@@ -548,11 +600,15 @@ class PlacerEngine:
         return PlaceResult(outcome.value, reason=reason, notes=notes)
 
     def _alloc(self, op: _Op, task_id: str, spec: TaskSpec, parts: tuple[Part, ...],
-               headroom: np.ndarray | None) -> None:
+               headroom: np.ndarray | None, preempting: bool = False) -> None:
         """Allocate for `task_id` — op's own task, or a queued one that op's release made room for — with the
-        clock data its execution needs (hsched.state.ledger)."""
-        event = {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts], "at": _now_ms(),
+        clock data its execution needs (hsched.state.ledger); `preempting`: it evicts others to get the room,
+        and starts after the executor's preemption overhead."""
+        at = _now_ms()
+        event = {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts], "at": at,
                  "runtime_s": spec.runtime_s, "class": spec.effective_class, "tenant": spec.tenant}
+        if preempting and self.executor is not None:
+            event["delay_s"] = self.executor.preemption_overhead_s(task_id, at)
         if tp := traceparent(op.trace_context):  # services that fold the ledger (thermal) join the call's trace
             event["tp"] = tp
         self._emit(op, event)
@@ -676,9 +732,13 @@ class PlacerEngine:
             self._expiries.pop(report.task_id, None)
         if not self.holding or self._closing:  # not ours to write: a take-over re-launches from the ledger
             return
-        op = _Op(report.kind, report.task_id, report=report)
+        self._internal(_Op(report.kind, report.task_id, report=report),
+                       lambda future: self._report_written(future, report))
+
+    def _internal(self, op: _Op, done: Callable[[asyncio.Future], None] | None = None) -> None:
+        """Queue an op of the engine's own (nobody awaits it): `done` sees its outcome."""
         op.future = asyncio.get_running_loop().create_future()
-        op.future.add_done_callback(lambda future: self._report_written(future, report))
+        op.future.add_done_callback(done or (lambda future: future.cancelled() or future.exception()))
         self._ops.put_nowait(op)
 
     def _report_written(self, future: asyncio.Future, report: Report) -> None:

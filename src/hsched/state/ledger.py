@@ -9,7 +9,8 @@ service, or a simulator) rebuilds exactly the same state.
 Events (field `e`, JSON; times are unix ms; keys absent in ledgers written before the execution clock are
 read with the defaults shown):
   {"t": "alloc", "task": id, "parts": [Part.to_json(), ...],
-   "at": ms placed, "runtime_s": s (0 = runs until released), "class": "online"|"offline", "tenant": str}
+   "at": ms placed, "runtime_s": s (0 = runs until released), "class": "online"|"offline", "tenant": str,
+   "delay_s": extra task seconds before it starts (optional, 0: a preemption's context-switch overhead)}
                                                           (no "at": no execution clock, runs until released)
   {"t": "free",  "task": id}                               released by its client
   {"t": "defer", "task": id, "spec": task_to_dict(...), "at": ms queued (0)}   queued (paper 000's delay action)
@@ -18,6 +19,11 @@ read with the defaults shown):
   {"t": "done",  "task": id, "ok": bool, "at": ms, "reason": str}   finished (SUCCEEDED / FAILED); frees like free
   {"t": "expire", "task": id, "at": ms}                    deferred past its queue_timeout_s (EXPIRED); like drop
   {"t": "preempt", "task": id, "by": task id, "at": ms}    evicted for an online task (PREEMPTED); frees like free
+A run/done/expire "at" is when it happened (the executor's clock), which may be before the entry was written
+(a placer that was down records a completion that fell due meanwhile). The placer writes them again until
+they land; after an append whose outcome was unknown (connection lost mid-write, WAIT short) it folds the
+ledger afresh before the retry, so a transition that did land is not written twice. (The fold would ignore a
+repeat anyway: a done of a task not held, a run of a task already started.)
 
 Retention: the placer periodically writes a snapshot of its fold (allocations and deferred queue, with the
 ledger id it covers) to `{prefix}:dc:{dc}:snapshot` and trims the stream below it (XTRIM MINID), in one
@@ -105,7 +111,8 @@ class AppendNotReplicated(NotReplicated):
 # What cancels an event whose append had an unknown outcome (the fold ignores a free/drop of a task not held).
 # Lifecycle events (run, done, expire) need none: the placer writes them again until they land.
 _UNDO = {"alloc": "free", "defer": "drop"}
-_INDETERMINATE = (RedisConnectionError, RedisTimeoutError, NotReplicated)
+# append failures after which the events may or may not be in the ledger
+INDETERMINATE = (RedisConnectionError, RedisTimeoutError, NotReplicated)
 
 
 class LeaseHeld(RuntimeError):
@@ -123,7 +130,7 @@ def clock_of(event: dict) -> TaskClock | None:
     if "at" not in event:
         return None
     return TaskClock(int(event["at"]), float(event.get("runtime_s", 0.0)), event.get("class") or "offline",
-                     event.get("tenant", "default"))
+                     event.get("tenant", "default"), delay_s=float(event.get("delay_s", 0.0)))
 
 
 def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
@@ -271,7 +278,7 @@ class Ledger:
             if "FENCED" in str(exc):
                 raise Fenced(f"placer for {self.dc} was fenced out (token {self.token} is stale)") from None
             raise
-        except _INDETERMINATE:
+        except INDETERMINATE:
             self.pending_undo = [*undo, *({"t": _UNDO[e["t"]], "task": e["task"]} for e in events if e["t"] in _UNDO)]
             raise
         self.pending_undo = []
