@@ -27,7 +27,7 @@ from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.resources import MILLI, Resources
 from hsched.domain.task import TaskSpec, task_to_dict
 from hsched.engine.executor import Overheads, SimulatedExecutor, Span
-from hsched.engine.placer import PlacerEngine
+from hsched.engine.placer import PlacerEngine, _Op
 from hsched.policies.heuristics import make_policy
 from hsched.stack import Stack, StackConfig
 from hsched.state.follow import LedgerFollower, stream_id_tuple
@@ -327,6 +327,8 @@ def histories(draw) -> list[dict]:
             if draw(st.booleans()):  # written with the execution clock (else: an old ledger's alloc)
                 event.update(at=clock, runtime_s=draw(st.sampled_from([0, 30, 3600])),
                              **{"class": draw(st.sampled_from(["online", "offline"]))}, tenant="t")
+                if draw(st.booleans()):
+                    event["delay_s"] = 7.5
             if task in queued:
                 queued.remove(task)
         elif kind in ("done", "free", "preempt"):
@@ -453,3 +455,19 @@ def test_the_stack_runs_a_submitted_task_for_its_runtime_and_returns_its_room(re
         with grpc.insecure_channel(stack.placer_target(task.datacenter)) as pch:
             state = placer_pb2_grpc.PlacerStub(pch).GetState(placer_pb2.PlacerStateRequest(), timeout=10)
         assert state.summary.running_tasks == 0 and state.summary.free.cpu_milli == state.summary.capacity.cpu_milli
+
+
+async def test_a_preempting_placement_records_its_overhead_and_starts_after_it(redis, prefix) -> None:
+    """The hook the preemption path uses: the alloc carries the drawn overhead (delay_s), and the start waits
+    for it on top of the other overheads — the same after a restart, since the ledger holds it."""
+    ex = SimulatedExecutor(TF, Overheads(Span(0, 0), Span(0, 0), Span(12, 12)), seed=1)  # 12 s = 200 ms
+    async with running(engine(redis, prefix, ex)) as e:
+        op = _Op("place", "online", spec(2, runtime_s=60))
+        e._alloc(op, "online", op.spec, (Part(0, 0, 0, 2000, 512, 0, 0),), None, preempting=True)
+        events = [{k: v for k, v in ev.items() if not k.startswith("_")} for ev in op.events]
+        e.last_id = await e.ledger.append(events)
+        e._follow_events(events)
+        await until(lambda: _has(redis, prefix, "online", "run"), "online runs")
+        (_, alloc), (_, run) = await events_of(redis, prefix, "online")
+        assert alloc["delay_s"] == 12 and run["at"] == alloc["at"] + 200
+        assert e.state.clocks["online"].delay_s == 12

@@ -59,13 +59,14 @@ class TaskClock(NamedTuple):
     priority_class: str = "offline"
     tenant: str = "default"
     started_ms: int = 0  # unix ms of the run event (the executor started it); 0 = not started yet
+    delay_s: float = 0.0  # task seconds of extra start delay recorded at placement (a preemption's overhead)
 
     def to_json(self) -> list:
-        return [self.placed_ms, self.runtime_s, self.priority_class, self.tenant, self.started_ms]
+        return [self.placed_ms, self.runtime_s, self.priority_class, self.tenant, self.started_ms, self.delay_s]
 
     @staticmethod
     def from_json(v: list) -> TaskClock:
-        return TaskClock(int(v[0]), float(v[1]), str(v[2]), str(v[3]), int(v[4]))
+        return TaskClock(int(v[0]), float(v[1]), str(v[2]), str(v[3]), int(v[4]), float(v[5]) if len(v) > 5 else 0.0)
 
 
 class OverAllocation(RuntimeError):

@@ -600,11 +600,15 @@ class PlacerEngine:
         return PlaceResult(outcome.value, reason=reason, notes=notes)
 
     def _alloc(self, op: _Op, task_id: str, spec: TaskSpec, parts: tuple[Part, ...],
-               headroom: np.ndarray | None) -> None:
+               headroom: np.ndarray | None, preempting: bool = False) -> None:
         """Allocate for `task_id` — op's own task, or a queued one that op's release made room for — with the
-        clock data its execution needs (hsched.state.ledger)."""
-        event = {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts], "at": _now_ms(),
+        clock data its execution needs (hsched.state.ledger); `preempting`: it evicts others to get the room,
+        and starts after the executor's preemption overhead."""
+        at = _now_ms()
+        event = {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts], "at": at,
                  "runtime_s": spec.runtime_s, "class": spec.effective_class, "tenant": spec.tenant}
+        if preempting and self.executor is not None:
+            event["delay_s"] = self.executor.preemption_overhead_s(task_id, at)
         if tp := traceparent(op.trace_context):  # services that fold the ledger (thermal) join the call's trace
             event["tp"] = tp
         self._emit(op, event)

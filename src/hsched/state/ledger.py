@@ -9,7 +9,8 @@ service, or a simulator) rebuilds exactly the same state.
 Events (field `e`, JSON; times are unix ms; keys absent in ledgers written before the execution clock are
 read with the defaults shown):
   {"t": "alloc", "task": id, "parts": [Part.to_json(), ...],
-   "at": ms placed, "runtime_s": s (0 = runs until released), "class": "online"|"offline", "tenant": str}
+   "at": ms placed, "runtime_s": s (0 = runs until released), "class": "online"|"offline", "tenant": str,
+   "delay_s": extra task seconds before it starts (optional, 0: a preemption's context-switch overhead)}
                                                           (no "at": no execution clock, runs until released)
   {"t": "free",  "task": id}                               released by its client
   {"t": "defer", "task": id, "spec": task_to_dict(...), "at": ms queued (0)}   queued (paper 000's delay action)
@@ -129,7 +130,7 @@ def clock_of(event: dict) -> TaskClock | None:
     if "at" not in event:
         return None
     return TaskClock(int(event["at"]), float(event.get("runtime_s", 0.0)), event.get("class") or "offline",
-                     event.get("tenant", "default"))
+                     event.get("tenant", "default"), delay_s=float(event.get("delay_s", 0.0)))
 
 
 def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
