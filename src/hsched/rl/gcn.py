@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -79,6 +80,14 @@ def node_levels(num_nodes: int, edges: Sequence[tuple[int, int]]) -> np.ndarray:
     return level
 
 
+@lru_cache(maxsize=8192)
+def _levels(num_nodes: int, edges: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """`node_levels`, cached: a scheduler sees the same few job shapes at every decision."""
+    levels = node_levels(num_nodes, edges)
+    levels.flags.writeable = False
+    return levels
+
+
 @dataclass(frozen=True)
 class GraphBatch:
     """Observations × DAGs × nodes flattened into tensors (build with `GraphBatch.build`)."""
@@ -122,7 +131,7 @@ class GraphBatch:
                     raise ValueError(f"features: {feats.shape[1]} columns, expected {width}")
                 n = feats.shape[0]
                 d = len(dag_obs)
-                lv = node_levels(n, dag.edges)
+                lv = _levels(n, tuple(map(tuple, dag.edges)))
                 edges = np.asarray(list(dag.edges), dtype=np.int64).reshape(-1, 2)
                 for level in np.unique(lv[lv > 0]):
                     level_nodes.setdefault(int(level), []).append(np.flatnonzero(lv == level) + base)
