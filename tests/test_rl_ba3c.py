@@ -19,7 +19,11 @@ from hsched.rl.ba3c import (
     LearnedDagPolicy,
     encode,
     load_dag_policy,
+    Rollout,
+    behaviour_cloning,
+    demonstrations,
     rollout,
+    time_baseline,
     train,
 )
 from hsched.rl.training import TrainArgs
@@ -29,7 +33,7 @@ JOBS = [make_dag_job(1, "2g", [2, 1, 3, 1], [1.0, 2.0, 1.0, 4.0], [(0, 1), (0, 2
         make_dag_job(2, "2g", [1, 4], [3.0, 0.5], [(0, 1)]),
         make_dag_job(3, "2g", [5, 2, 2], [1.0, 1.0, 2.0], [(0, 2), (1, 2)])]
 TINY = Config(episodes=4, episodes_per_update=2, stream_jobs=2, interarrival_s=3.0, executor_counts=(3,),
-              checkpoint_every=2, entropy_decay_episodes=4)
+              checkpoint_every=2, entropy_decay_episodes=4, bc_episodes=1, bc_epochs=1)
 
 
 def test_encode_maps_the_mask_to_node_rows():
@@ -112,3 +116,26 @@ def test_eval_dag_quick(tmp_path, monkeypatch):
     text = dag.report(ctx, table)
     assert "BA3C vs it" in text and "not trained" in text
     assert (tmp_path / "out" / "dag_avg_jct.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_time_baseline_by_hand():
+    a = Rollout([], [], [], [-1.0, -2.0, -3.0], [0.0, 2.0, 5.0], {})  # returns-to-go −6, −5, −3
+    b = Rollout([], [], [], [-4.0, -4.0], [0.0, 3.0], {})              # −8, −4
+    ba, bb = time_baseline([a, b], 1.0)
+    assert ba.tolist() == [-7.0, -6.5, -3.5]  # t = 2: b still at its t = 0 value; t = 5: b's t = 3 value
+    assert bb.tolist() == [-7.0, -4.5]
+
+
+@pytest.mark.parametrize("branching", [True, False])
+def test_behaviour_cloning_fits_the_experts_actions(branching):
+    cfg = Config(bc_episodes=3, bc_epochs=60, executor_counts=(2, 4), expert="sjf-cp", minibatch=64)
+
+    def make(cfg, n):
+        return DagSchedulingEnv(n, jobs=JOBS, num_init_jobs=2, num_stream_jobs=2, interarrival_s=2.0)
+
+    encs, pos, counts = demonstrations(cfg, make)
+    assert len(encs) == len(pos) == len(counts) > 0
+    assert all(1 <= c <= e.unassigned[p] for e, p, c in zip(encs, pos, counts, strict=True))
+    model = DagActorCritic(branching, cfg, seed=0)
+    losses = behaviour_cloning(model, cfg, np.random.default_rng(0), make)
+    assert losses[-1] < 0.5 * losses[0]

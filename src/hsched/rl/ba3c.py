@@ -22,12 +22,23 @@ hyper-parameters and budget.
 
 Learning (advantage actor-critic, paper 004 eq.2-6). Rewards are the env's −Δt·J (seconds × jobs; the
 return is −Σ JCT), scaled by `reward_scale`; returns-to-go are undiscounted (γ = 1: episodes end; the
-objective is the episode's total JCT); advantage A_t = G_t − V(s_t), normalised per update; actor loss
+objective is the episode's total JCT). The episodes of one update share their jobs and arrival times (one
+seed) and differ only by the sampled actions; b(t) = their mean return-to-go at the same wall-clock time
+(Decima's input-dependent baseline, Mao et al. ICLR'19: the arrivals, not the actions, make most of a
+return's variance, and no state tells a critic what will arrive). The shared critic learns the rest:
+V(s_t) ≈ G_t − b(t), advantage A_t = G_t − b(t) − V(s_t), normalised per update; actor loss
 −log π · A − β·entropy (β decays linearly), critic loss (G_t − V)². The paper updates after each complete
 scheduling round (episode); we do the same with `episodes_per_update` episodes per update. A3C runs
 asynchronous workers on threads; on this 2-core shared machine the workers would only fight for the core,
 so the "workers" are synchronous: the episodes of one update are independent rollouts (A2C-style, same
 gradient in expectation, reproducible from the seed).
+
+Warm start (ours, not the paper's; both agents get it). Before the RL phase the actor clones an expert —
+Tetris*, the strongest baseline on our env — for `bc_epochs` passes over `bc_episodes` of its episodes
+(maximum likelihood of its stage and of its effective count min(count, unassigned)). From random weights,
+240 RL episodes (~5 min) left BA3C at 1.6× SJF-CP's average JCT (15 executors, eval seeds), no better than
+at the start: the paper trains 5 000 rounds. The RL phase then starts from a policy that already schedules
+like the expert and has to improve on it.
 
 Training setting (ours; the paper's 100 batches × 20 queries × 5 000 rounds is days of CPU): episodes of
 1 + `stream_jobs` TPC-H jobs (paper 004's sizes) with Poisson arrivals, the executor count drawn per episode
@@ -48,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +82,7 @@ from hsched.rl.training import (
 
 EXECUTOR_COUNTS = (15, 20, 25, 29, 35)  # see hsched.eval.dag: the counts of paper 004's table 1 we evaluate
 TRAIN_SEED0 = 10_000
+EXPERT_SEED0 = 20_000
 SEED_STRIDE = 100_000  # args.seed s trains on episode seeds TRAIN_SEED0 + s·stride + k
 EVAL_SEEDS = (0, 1, 2)
 NODE_INPUTS = ("schedulable", "finished", "log_unassigned", "task_duration", "log_stage_work", "running_share",
@@ -86,15 +98,19 @@ class Config:
     gcn_hidden: int = 16             # Decima's
     gcn_embed: int = 8               # Decima's
     lr: float = 1e-3
-    entropy_start: float = 0.05
-    entropy_end: float = 0.005
-    entropy_decay_episodes: int = 240  # β decays linearly over these episodes (then stays at entropy_end)
+    entropy_start: float = 0.01
+    entropy_end: float = 0.001
+    entropy_decay_episodes: int = 160  # β decays linearly over these episodes (then stays at entropy_end)
+    expert: str = "tetris"           # demonstrations for the warm start (hsched.envs.dag.POLICIES); "" = none
+    bc_episodes: int = 20            # expert episodes (seeds EXPERT_SEED0 + k)
+    bc_epochs: int = 10              # passes of behaviour cloning over them before the RL phase
+    bc_lr: float = 3e-3
     value_weight: float = 0.5
     max_grad_norm: float = 5.0
     reward_scale: float = 1e-3       # seconds × jobs → returns of order 1-10
-    episodes: int = 240              # the default budget (a few minutes on one core)
+    episodes: int = 160              # RL episodes: the default budget (a few minutes on one core)
     episodes_per_update: int = 4
-    stream_jobs: int = 10            # jobs arriving after the first one in a training episode
+    stream_jobs: int = 25            # jobs arriving after the first one in a training episode
     interarrival_s: float = 60.0
     executor_counts: tuple[int, ...] = EXECUTOR_COUNTS
     minibatch: int = 256             # decisions per forward pass in an update (memory bound, same gradient)
@@ -362,14 +378,20 @@ class Rollout:
     pos: list[int]
     count: list[int]
     rewards: list[float]
+    times: list[float]  # wall-clock time of each decision
     episode: dict[str, float]
+
+    def returns(self, scale: float) -> np.ndarray:
+        """Undiscounted returns-to-go of every decision, × scale."""
+        return np.cumsum(np.asarray(self.rewards)[::-1])[::-1] * scale
 
 
 def rollout(model: DagActorCritic, env: DagSchedulingEnv, seed: int, rng: np.random.Generator) -> Rollout:
     obs, info = env.reset(seed=seed)
-    r = Rollout([], [], [], [], {})
+    r = Rollout([], [], [], [], [], {})
     done = False
     while not done:
+        r.times.append(info["time_s"])
         enc = encode(obs, info["action_mask"])
         pos, count = model.act(enc, rng)
         obs, reward, done, _, info = env.step(np.array([enc.node_flat[enc.candidates[pos]], count - 1]))
@@ -381,13 +403,75 @@ def rollout(model: DagActorCritic, env: DagSchedulingEnv, seed: int, rng: np.ran
     return r
 
 
+def time_baseline(rollouts: Sequence[Rollout], scale: float) -> list[np.ndarray]:
+    """Per rollout, b(t) at each of its decisions: the mean over the group's rollouts (same jobs and arrivals)
+    of their return-to-go at the same wall-clock time (Decima's input-dependent baseline; a rollout's
+    return-to-go at time t is its value at its last decision at or before t)."""
+    curves = [(np.asarray(r.times), r.returns(scale)) for r in rollouts]
+
+    def at(times: np.ndarray, g: np.ndarray, t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(times, t, side="right") - 1
+        return np.where(i >= 0, g[np.clip(i, 0, len(g) - 1)], g[0])
+
+    return [np.mean([at(tj, gj, np.asarray(r.times)) for tj, gj in curves], axis=0) for r in rollouts]
+
+
+def demonstrations(cfg: Config, make: Callable[[Config, int], DagSchedulingEnv] = make_env
+                   ) -> tuple[list[Encoded], list[int], list[int]]:
+    """`cfg.bc_episodes` episodes of the expert (seeds EXPERT_SEED0 + k, executor counts in turn): the
+    encoded states, the expert's stage (candidate position) and its effective count min(count, unassigned)
+    (a count above the stage's unassigned tasks gives it the same executors)."""
+    from hsched.envs.dag import POLICIES
+
+    encs, pos, counts = [], [], []
+    for k in range(cfg.bc_episodes):
+        env = make(cfg, cfg.executor_counts[k % len(cfg.executor_counts)])
+        expert = POLICIES[cfg.expert]()
+        obs, info = env.reset(seed=EXPERT_SEED0 + k)
+        done = False
+        while not done:
+            enc = encode(obs, info["action_mask"])
+            stage, count = expert.choose(obs, info["action_mask"])
+            p = int(np.flatnonzero(enc.node_flat[enc.candidates] == stage)[0])
+            encs.append(enc)
+            pos.append(p)
+            counts.append(int(min(count, enc.unassigned[p])))
+            obs, _, done, _, info = env.step(np.array([stage, count - 1]))
+    return encs, pos, counts
+
+
+def behaviour_cloning(model: DagActorCritic, cfg: Config, rng: np.random.Generator,
+                      make: Callable[[Config, int], DagSchedulingEnv] = make_env) -> list[float]:
+    """Warm start (ours, not paper 004's; both agents get it): maximise log π(expert action | s) over the
+    demonstrations for `bc_epochs` epochs; returns the mean loss per epoch."""
+    encs, pos, counts = demonstrations(cfg, make)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.bc_lr)
+    pos_t, count_t = torch.tensor(pos), torch.tensor(counts)
+    losses = []
+    for _ in range(cfg.bc_epochs):
+        order = rng.permutation(len(encs))
+        total = 0.0
+        for i in range(0, len(order), cfg.minibatch):
+            idx = order[i:i + cfg.minibatch]
+            logp, _, _ = model.evaluate([encs[j] for j in idx], pos_t[idx], count_t[idx])
+            loss = -logp.mean()
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            opt.step()
+            total += loss.item() * len(idx)
+        losses.append(total / len(encs))
+    return losses
+
+
 def update(model: DagActorCritic, opt: torch.optim.Optimizer, rollouts: Sequence[Rollout], cfg: Config,
            entropy_weight: float) -> dict[str, float]:
     encs = [e for r in rollouts for e in r.encs]
-    returns = np.concatenate([np.cumsum(np.asarray(r.rewards)[::-1])[::-1] * cfg.reward_scale for r in rollouts])
+    returns = np.concatenate([r.returns(cfg.reward_scale) for r in rollouts])
+    baseline = np.concatenate(time_baseline(rollouts, cfg.reward_scale))
     pos = torch.tensor([p for r in rollouts for p in r.pos])
     count = torch.tensor([c for r in rollouts for c in r.count])
-    G = torch.from_numpy(returns.astype(np.float32))
+    G = torch.from_numpy((returns - baseline).astype(np.float32))  # the critic learns what b(t) leaves
     with torch.no_grad():
         values = torch.cat([model.evaluate(encs[i:i + cfg.minibatch], pos[i:i + cfg.minibatch],
                                            count[i:i + cfg.minibatch])[2] for i in range(0, len(encs), cfg.minibatch)])
@@ -446,13 +530,16 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
         episode, curves, seconds = saved["episode"], saved["curves"], saved["seconds"]
     t0, cpu0 = time.perf_counter() - seconds, time.process_time()
     losses: dict[str, float] = {}
+    if not args.resume:
+        curves["bc_loss"] = behaviour_cloning(model, cfg, rng) if cfg.expert else []
     with progress(f"{name} (DAG scheduling)", episodes, args.progress) as advance:
         advance(episode)
         while episode < episodes:
             batch = []
+            n = int(rng.choice(cfg.executor_counts))
+            group_seed = TRAIN_SEED0 + SEED_STRIDE * args.seed + episode // cfg.episodes_per_update
             for _ in range(min(cfg.episodes_per_update, episodes - episode)):
-                n = int(rng.choice(cfg.executor_counts))
-                r = rollout(model, envs[n], TRAIN_SEED0 + SEED_STRIDE * args.seed + episode, rng)
+                r = rollout(model, envs[n], group_seed, rng)
                 batch.append(r)
                 curves["episode"].append(episode)
                 curves["avg_jct_s"].append(r.episode["avg_jct_s"])
@@ -483,9 +570,13 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
     meta = {"agent": name, "environment": "hsched/DagScheduling-v0 (TPC-H DAGs, paper 004 sizes 2-100 GB)",
             "command": command, "seed": args.seed, "episodes": episode, "hyperparameters": cfg,
             "data": {"train_episode_seeds": f"{TRAIN_SEED0 + SEED_STRIDE * args.seed}.."
-                                            f"{TRAIN_SEED0 + SEED_STRIDE * args.seed + episode - 1}",
+                                            f"{TRAIN_SEED0 + SEED_STRIDE * args.seed + (episode - 1) // cfg.episodes_per_update}"
+                                            f" ({cfg.episodes_per_update} episodes per seed)",
                      "jobs_per_episode": 1 + cfg.stream_jobs, "interarrival_s": cfg.interarrival_s,
-                     "executor_counts": list(cfg.executor_counts), "eval_seeds": list(EVAL_SEEDS)},
+                     "executor_counts": list(cfg.executor_counts), "eval_seeds": list(EVAL_SEEDS),
+                     "expert_episode_seeds": (f"{EXPERT_SEED0}..{EXPERT_SEED0 + cfg.bc_episodes - 1}"
+                                              if cfg.expert else None)},
+            "bc_loss_per_epoch": [round(v, 4) for v in curves.get("bc_loss", [])],
             "inputs": {"node": list(NODE_INPUTS), "cluster": list(CLUSTER_INPUTS), "count": list(COUNT_INPUTS)},
             "evaluation": figures, "train_seconds": figures["train_seconds"],
             "train_cpu_seconds": figures["train_cpu_seconds"], "torch": torch.__version__}
