@@ -27,10 +27,18 @@ from pathlib import Path
 
 import numpy as np
 
-from hsched.envs.dag import DagPolicy, DagSchedulingEnv, Fifo, SjfCp, TetrisStar, run_dag_policy
+from hsched.envs.dag import (
+    PAPER004_EXECUTOR_COUNTS,
+    DagPolicy,
+    DagSchedulingEnv,
+    Fifo,
+    SjfCp,
+    TetrisStar,
+    run_dag_policy,
+)
 from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_lines
 
-EXECUTOR_COUNTS = (15, 20, 25, 29, 35)
+EXECUTOR_COUNTS = PAPER004_EXECUTOR_COUNTS
 STREAM_JOBS, QUICK_STREAM_JOBS = 50, 8
 QUICK_EXECUTOR_COUNTS = (15, 29)
 INTERARRIVAL_S = 60.0
