@@ -1,0 +1,604 @@
+"""Action-branching A3C for Spark DAG scheduling (paper 004 §2.2) and its single-head A3C baseline, on
+`hsched/DagScheduling-v0`.
+
+Network (one shared encoder, paper 004 fig.5). The observation's jobs go through the Decima-style GCN
+(`hsched.rl.gcn.DagGCN`: node, per-job and global embeddings, §2.2.1). Three heads read them:
+
+- **stage head** (branch 1): a score per schedulable stage from [node inputs, node embedding, its job's
+  embedding, global embedding, cluster inputs]; softmax over the stages the mask allows;
+- **executor head** (branch 2): a score per executor count k = 1..free (paper 004: at least one, at most
+  the idle executors) from [the chosen stage's node and job embeddings, global embedding, cluster inputs,
+  k / N, k / free, min(k, u) / u, 1[k ≥ u]] with u the stage's unassigned tasks. Scoring each k by its
+  features (as Decima scores parallelism limits) lets one model serve any executor count N. The count is
+  conditioned on the chosen stage (which stage it is for is what the count should depend on);
+- **critic**: V(s) from [global embedding, cluster inputs], shared by both branches (paper 004: "a shared
+  critic evaluates the joint action").
+
+log π(a|s) = log π_stage + log π_count, entropy = H_stage + H_count.
+The **single-head A3C** baseline (paper 004 §3.2 (4): "only one policy network") scores every
+(stage, count) pair with one head over the concatenation of both branches' inputs and a softmax over all
+allowed pairs — the joint action space the branching architecture decomposes. Same encoder, critic,
+hyper-parameters and budget.
+
+Learning (advantage actor-critic, paper 004 eq.2-6). Rewards are the env's −Δt·J (seconds × jobs; the
+return is −Σ JCT), scaled by `reward_scale`; returns-to-go are undiscounted (γ = 1: episodes end; the
+objective is the episode's total JCT). The episodes of one update share their jobs and arrival times (one
+seed) and differ only by the sampled actions; b(t) = their mean return-to-go at the same wall-clock time
+(Decima's input-dependent baseline, Mao et al. ICLR'19: the arrivals, not the actions, make most of a
+return's variance, and no state tells a critic what will arrive). The shared critic learns the rest:
+V(s_t) ≈ G_t − b(t), advantage A_t = G_t − b(t) − V(s_t), normalised per update; actor loss
+−log π · A − β·entropy (β decays linearly), critic loss (G_t − V)². The paper updates after each complete
+scheduling round (episode); we do the same with `episodes_per_update` episodes per update. A3C runs
+asynchronous workers on threads; on this 2-core shared machine the workers would only fight for the core,
+so the "workers" are synchronous: the episodes of one update are rollouts of the same jobs, one after
+the other on one core (A2C-style: the same gradient in expectation, reproducible from the seed).
+
+Warm start (ours, not the paper's; both agents get it). Before the RL phase the actor clones an expert —
+Tetris*, the strongest baseline on our env — for `bc_epochs` passes over `bc_episodes` of its episodes
+(maximum likelihood of its stage and of its effective count min(count, unassigned)). From random weights,
+240 RL episodes (~5 min) left BA3C at 1.6× SJF-CP's average JCT (15 executors, eval seeds), no better than
+at the start: the paper trains 5 000 rounds. The RL phase then starts from a policy that already schedules
+like the expert and has to improve on it.
+
+Recipe (four pilot runs, compared at 15 and 20 executors on 51-job episodes): RL lr 1e-3, β 0.01 → 0.001,
+4 episodes per update, 160 RL episodes of 11 jobs after 10 cloning epochs. Longer training episodes (26
+jobs) and 8 episodes per update with 240 episodes came out 0.5 % and 9 % worse at 15 executors on seeds 0-2
+(the evaluation seeds — those two pilots were compared there, a leak we note); a smaller RL step (3e-4, 15
+cloning epochs) 9 % worse on validation seeds 40 000-40 002, where this recipe sits between Tetris* (−2 %)
+and SJF-CP (+1 %). The RL phase moves the clone by about as much as run-to-run noise in this budget.
+
+Training setting (ours; the paper's 100 batches × 20 queries × 5 000 rounds is days of CPU): episodes of
+1 + `stream_jobs` TPC-H jobs (paper 004's sizes) with Poisson arrivals, the executor count drawn per episode
+from the evaluated counts (`EXECUTOR_COUNTS`) so one model serves all of them; a budget of a few minutes on
+one core. Episode seeds TRAIN_SEED0 + k; evaluation seeds (`hsched eval dag`) 0, 1, 2, … never trained on.
+
+Inputs (`encode`): per node the env's stage facts scaled (log for counts and work, ÷10 s for durations),
+its job's facts, and the job's rank by remaining work among the jobs in the system (a heuristic hint, ours,
+not the paper's: with a few minutes of CPU the agent starts from what SJF knows instead of rediscovering it).
+
+Serving: `load_dag_policy(path)` → a `DagPolicy` (`choose(observation, mask) -> (stage, count)`) that
+picks the highest-probability stage among those `mask` allows — a stage outside the mask is never returned
+whatever the weights — and the best count in 1..free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hsched.envs.dag import CF, JF, NF, PAPER004_EXECUTOR_COUNTS, DagEpisode, DagSchedulingEnv, run_dag_policy
+from hsched.rl import checkpoint
+from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
+from hsched.rl.training import (
+    TrainArgs,
+    plot_curves,
+    progress,
+    restore_rng_state,
+    rng_state,
+    seed_everything,
+)
+
+EXECUTOR_COUNTS = PAPER004_EXECUTOR_COUNTS
+TRAIN_SEED0 = 10_000
+EXPERT_SEED0 = 20_000
+SEED_STRIDE = 100_000  # args.seed s trains on episode seeds TRAIN_SEED0 + s·stride + k
+EVAL_SEEDS = (0, 1, 2)
+NODE_INPUTS = ("schedulable", "finished", "log_unassigned", "task_duration", "log_stage_work", "running_share",
+               "critical_path", "log_job_work", "job_executor_share", "job_local_free_share", "log_job_age",
+               "job_critical_path", "job_work_rank")
+CLUSTER_INPUTS = ("free_share", "executors", "jobs", "log_time")
+COUNT_INPUTS = ("k_share", "k_of_free", "k_fill", "k_covers")
+
+
+@dataclass(frozen=True)
+class Config:
+    hidden: int = 32                 # head width
+    gcn_hidden: int = 16             # Decima's
+    gcn_embed: int = 8               # Decima's
+    lr: float = 1e-3                 # RL phase
+    entropy_start: float = 0.01
+    entropy_end: float = 0.001
+    entropy_decay_episodes: int = 160  # β decays linearly over these episodes (then stays at entropy_end)
+    expert: str = "tetris"           # demonstrations for the warm start (hsched.envs.dag.POLICIES); "" = none
+    bc_episodes: int = 20            # expert episodes (seeds EXPERT_SEED0 + k)
+    bc_epochs: int = 10              # passes of behaviour cloning over them before the RL phase
+    bc_lr: float = 3e-3
+    value_weight: float = 0.5
+    max_grad_norm: float = 5.0
+    reward_scale: float = 1e-3       # seconds × jobs → returns of order 1-10
+    episodes: int = 160              # RL episodes: the default budget (a few minutes on one core)
+    episodes_per_update: int = 4
+    stream_jobs: int = 10            # jobs arriving after the first one in a training episode
+    interarrival_s: float = 60.0
+    executor_counts: tuple[int, ...] = EXECUTOR_COUNTS
+    minibatch: int = 256             # decisions per forward pass in an update (memory bound, same gradient)
+    checkpoint_every: int = 40       # episodes
+
+
+@dataclass
+class Encoded:
+    """One observation ready for the network."""
+
+    graphs: list[DagGraph]
+    node_flat: np.ndarray      # per node row: the env's flat stage index
+    candidates: np.ndarray     # node rows the mask allows
+    unassigned: np.ndarray     # per candidate: unassigned tasks
+    cluster: np.ndarray        # CLUSTER_INPUTS
+    free: int
+    executors: int
+    node_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+
+
+def encode(obs: dict[str, np.ndarray], mask: np.ndarray) -> Encoded:
+    """The network's view of an env observation and a stage mask (flat stage indices → node rows)."""
+    stages, jobs, parents, cl = obs["stages"], obs["jobs"], obs["parents"], obs["cluster"]
+    S = stages.shape[1]
+    executors = max(int(cl[CF["executors"]]), 1)
+    free = int(cl[CF["free_executors"]])
+    slots = np.flatnonzero(jobs[:, JF["present"]] > 0)
+    work = jobs[slots, JF["remaining_work_s"]]
+    rank = np.empty(len(slots), dtype=np.float32)
+    rank[np.lexsort((jobs[slots, JF["arrival_index"]], work))] = np.arange(len(slots), dtype=np.float32)
+    rank /= max(len(slots) - 1, 1)
+    graphs, flats, offsets = [], [], [0]
+    row_of_flat: dict[int, int] = {}
+    for i, slot in enumerate(slots):
+        n = int((stages[slot, :, NF["present"]] > 0).sum())
+        st = stages[slot, :n]
+        jb = jobs[slot]
+        x = np.empty((n, len(NODE_INPUTS)), dtype=np.float32)
+        x[:, 0] = st[:, NF["schedulable"]]
+        x[:, 1] = st[:, NF["finished"]]
+        x[:, 2] = np.log1p(st[:, NF["unassigned_tasks"]]) / 6.0
+        x[:, 3] = st[:, NF["task_duration_s"]] / 10.0
+        x[:, 4] = np.log1p(st[:, NF["remaining_work_s"]]) / 8.0
+        x[:, 5] = st[:, NF["running_executors"]] / executors
+        x[:, 6] = st[:, NF["critical_path_s"]] / 10.0
+        x[:, 7] = math.log1p(jb[JF["remaining_work_s"]]) / 8.0
+        x[:, 8] = jb[JF["executors"]] / executors
+        x[:, 9] = jb[JF["local_free_executors"]] / executors
+        x[:, 10] = math.log1p(jb[JF["age_s"]]) / 6.0
+        x[:, 11] = jb[JF["critical_path_s"]] / 10.0
+        x[:, 12] = rank[i]
+        c, p = np.nonzero(parents[slot, :n, :n])
+        graphs.append(DagGraph(x, list(zip(p.tolist(), c.tolist(), strict=True))))
+        base = offsets[-1]
+        flat = slot * S + np.arange(n)
+        flats.append(flat)
+        for s in range(n):
+            row_of_flat[int(flat[s])] = base + s
+        offsets.append(base + n)
+    allowed = np.flatnonzero(mask)
+    missing = [int(a) for a in allowed if int(a) not in row_of_flat]
+    if missing:
+        raise ValueError(f"mask: stages {missing[:5]} are not in the observation")
+    if len(allowed) == 0:
+        raise ValueError("mask: no schedulable stage")
+    if free < 1:
+        raise ValueError("observation: no free executor to assign")
+    candidates = np.array([row_of_flat[int(a)] for a in allowed], dtype=np.int64)
+    node_flat = np.concatenate(flats) if flats else np.zeros(0, dtype=np.int64)
+    unassigned = np.concatenate([stages[s, :, NF["unassigned_tasks"]][:int((stages[s, :, 0] > 0).sum())]
+                                 for s in slots])[candidates]
+    cluster = np.array([free / executors, executors / 50.0, len(slots) / 20.0,
+                        math.log1p(float(cl[CF["time_s"]])) / 8.0], dtype=np.float32)
+    return Encoded(graphs, node_flat, candidates, np.maximum(unassigned, 1.0).astype(np.float32), cluster, free,
+                   executors, np.asarray(offsets, dtype=np.int64))
+
+
+def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(inputs, hidden), nn.LeakyReLU(0.2), nn.Linear(hidden, hidden), nn.LeakyReLU(0.2),
+                         nn.Linear(hidden, outputs))
+
+
+def _count_features(k: torch.Tensor, free: torch.Tensor, executors: torch.Tensor, unassigned: torch.Tensor
+                    ) -> torch.Tensor:
+    """COUNT_INPUTS for counts k [.., K] given free, N and the stage's unassigned tasks (broadcast)."""
+    return torch.stack([k / executors, k / free, torch.minimum(k, unassigned) / unassigned,
+                        (k >= unassigned).float()], dim=-1)
+
+
+@dataclass
+class Forward:
+    """Per observation of a batch: the stage-head log-probs over its candidates (padded, −inf) and what
+    the count head needs; the value."""
+
+    stage_logp: torch.Tensor     # [T, C] (C = most candidates in the batch), −inf where padded
+    value: torch.Tensor          # [T]
+    embed: Any                   # closure state for the count / pair head
+
+
+class DagActorCritic(nn.Module):
+    """Shared GCN encoder, and either branching heads (stage + count, BA3C) or one joint head (A3C)."""
+
+    def __init__(self, branching: bool, cfg: Config = Config(), seed: int | None = None) -> None:
+        super().__init__()
+        self.branching = branching
+        F, E, C, K = len(NODE_INPUTS), cfg.gcn_embed, len(CLUSTER_INPUTS), len(COUNT_INPUTS)
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.gcn = DagGCN(F, hidden=cfg.gcn_hidden, embed=E)
+            stage_in = F + 3 * E + C
+            if branching:
+                self.stage_head = _mlp(stage_in, cfg.hidden, 1)
+                self.count_head = _mlp(2 * E + E + C + K, cfg.hidden, 1)
+            else:
+                self.pair_head = _mlp(stage_in + K, cfg.hidden, 1)
+            self.critic = _mlp(E + C, cfg.hidden, 1)
+
+    # -- batched evaluation -------------------------------------------------------------------------------
+
+    def _encode(self, encs: Sequence[Encoded]) -> dict[str, torch.Tensor]:
+        batch = GraphBatch.build([e.graphs for e in encs], in_features=len(NODE_INPUTS))
+        out = self.gcn(batch)
+        starts = np.cumsum([0] + [int(e.node_offsets[-1]) for e in encs])[:-1]
+        T = len(encs)
+        C = max(len(e.candidates) for e in encs)
+        cand = np.zeros((T, C), dtype=np.int64)
+        valid = np.zeros((T, C), dtype=bool)
+        unassigned = np.ones((T, C), dtype=np.float32)
+        for t, e in enumerate(encs):
+            n = len(e.candidates)
+            cand[t, :n] = e.candidates + starts[t]
+            valid[t, :n] = True
+            unassigned[t, :n] = e.unassigned
+        cand_t = torch.from_numpy(cand)
+        node_dag = batch.node_dag[cand_t]
+        cluster = torch.from_numpy(np.stack([e.cluster for e in encs]))
+        stage_in = torch.cat([batch.x[cand_t], out.node[cand_t], out.dag[node_dag],
+                              out.global_.unsqueeze(1).expand(T, C, -1), cluster.unsqueeze(1).expand(T, C, -1)], -1)
+        return {"stage_in": stage_in, "valid": torch.from_numpy(valid), "node": out.node[cand_t],
+                "dag": out.dag[node_dag], "global": out.global_, "cluster": cluster,
+                "unassigned": torch.from_numpy(unassigned),
+                "free": torch.tensor([float(e.free) for e in encs]),
+                "executors": torch.tensor([float(e.executors) for e in encs])}
+
+    def value(self, h: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.critic(torch.cat([h["global"], h["cluster"]], -1)).squeeze(-1)
+
+    def stage_logits(self, h: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[T, C] masked logits of the stage head (−inf on padding)."""
+        logits = self.stage_head(h["stage_in"]).squeeze(-1)
+        return logits.masked_fill(~h["valid"], -math.inf)
+
+    def count_logits(self, h: dict[str, torch.Tensor], chosen: torch.Tensor) -> torch.Tensor:
+        """[T, Kmax] masked logits over counts 1..free for the chosen candidate position of each row."""
+        T = chosen.shape[0]
+        Kmax = int(h["free"].max().item())
+        k = torch.arange(1, Kmax + 1, dtype=torch.float32).unsqueeze(0).expand(T, -1)
+        rows = torch.arange(T)
+        u = h["unassigned"][rows, chosen].unsqueeze(1)
+        kf = _count_features(k, h["free"].unsqueeze(1), h["executors"].unsqueeze(1), u)
+        ctx = torch.cat([h["node"][rows, chosen], h["dag"][rows, chosen], h["global"], h["cluster"]], -1)
+        logits = self.count_head(torch.cat([ctx.unsqueeze(1).expand(T, Kmax, -1), kf], -1)).squeeze(-1)
+        return logits.masked_fill(k > h["free"].unsqueeze(1), -math.inf)
+
+    def pair_logits(self, h: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[T, C, Kmax] masked logits of the single head over (candidate, count) pairs."""
+        T, C = h["valid"].shape
+        Kmax = int(h["free"].max().item())
+        k = torch.arange(1, Kmax + 1, dtype=torch.float32).view(1, 1, Kmax).expand(T, C, Kmax)
+        kf = _count_features(k, h["free"].view(T, 1, 1), h["executors"].view(T, 1, 1), h["unassigned"].unsqueeze(-1))
+        first = self.pair_head[0]
+        n_stage = h["stage_in"].shape[-1]
+        # the first layer split by input: the stage part once per candidate, the count part per pair
+        z = (nn.functional.linear(h["stage_in"], first.weight[:, :n_stage], first.bias).unsqueeze(2)
+             + nn.functional.linear(kf, first.weight[:, n_stage:]))
+        logits = self.pair_head[1:](z).squeeze(-1)
+        allowed = h["valid"].unsqueeze(-1) & (k <= h["free"].view(T, 1, 1))
+        return logits.masked_fill(~allowed, -math.inf)
+
+    def evaluate(self, encs: Sequence[Encoded], stage_pos: torch.Tensor, count: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """log π(a|s), entropy and V(s) for taken actions (candidate position, count 1..free)."""
+        h = self._encode(encs)
+        value = self.value(h)
+        rows = torch.arange(len(encs))
+        if self.branching:
+            ls = torch.log_softmax(self.stage_logits(h), -1)
+            lc = torch.log_softmax(self.count_logits(h, stage_pos), -1)
+            logp = ls[rows, stage_pos] + lc[rows, count - 1]
+            entropy = _entropy(ls) + _entropy(lc)
+        else:
+            pl = self.pair_logits(h)
+            T, C, K = pl.shape
+            lp = torch.log_softmax(pl.reshape(T, C * K), -1)
+            logp = lp[rows, stage_pos * K + count - 1]
+            entropy = _entropy(lp)
+        return logp, entropy, value
+
+    @torch.no_grad()
+    def act(self, enc: Encoded, rng: np.random.Generator | None) -> tuple[int, int]:
+        """(candidate position, count): sampled with `rng`, or the most probable with rng=None."""
+        h = self._encode([enc])
+        if self.branching:
+            pos = _pick(self.stage_logits(h)[0], rng)
+            count = _pick(self.count_logits(h, torch.tensor([pos]))[0], rng) + 1
+            return pos, count
+        pl = self.pair_logits(h)[0]
+        flat = _pick(pl.reshape(-1), rng)
+        return divmod(flat, pl.shape[1])[0], divmod(flat, pl.shape[1])[1] + 1
+
+
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
+    p = logp.exp()
+    return -(p * torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))).sum(-1)
+
+
+def _pick(logits: torch.Tensor, rng: np.random.Generator | None) -> int:
+    if rng is None:
+        return int(torch.argmax(logits).item())
+    p = torch.softmax(logits.double(), -1).numpy()
+    return int(rng.choice(len(p), p=p / p.sum()))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# serving
+
+
+class LearnedDagPolicy:
+    """A trained actor as a `DagPolicy`: most probable allowed stage, then its most probable count."""
+
+    def __init__(self, model: DagActorCritic, name: str) -> None:
+        self.model, self.name = model.eval(), name
+
+    def choose(self, observation: dict[str, np.ndarray], mask: np.ndarray) -> tuple[int, int]:
+        enc = encode(observation, mask)
+        pos, count = self.model.act(enc, None)
+        stage = int(enc.node_flat[enc.candidates[pos]])
+        if not mask[stage]:  # cannot happen: candidates come from the mask; kept as the serving guarantee
+            raise RuntimeError(f"policy chose stage {stage} outside the mask")
+        return stage, int(min(max(count, 1), enc.free))
+
+
+def load_dag_policy(path: str | Path) -> LearnedDagPolicy:
+    """A shipped (or any) ba3c / a3c checkpoint as a DagPolicy."""
+    state = checkpoint.load_state(checkpoint.model_path(str(path)))
+    cfg = Config(**{k: tuple(v) if k == "executor_counts" else v for k, v in state["config"].items()})
+    model = DagActorCritic(state["branching"], cfg)
+    model.load_state_dict(state["model"])
+    return LearnedDagPolicy(model, state["name"])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# training
+
+
+def make_env(cfg: Config, executors: int) -> DagSchedulingEnv:
+    return DagSchedulingEnv(executors, num_init_jobs=1, num_stream_jobs=cfg.stream_jobs,
+                            interarrival_s=cfg.interarrival_s)
+
+
+@dataclass
+class Rollout:
+    encs: list[Encoded]
+    pos: list[int]
+    count: list[int]
+    rewards: list[float]
+    times: list[float]  # wall-clock time of each decision
+    episode: dict[str, float]
+
+    def returns(self, scale: float) -> np.ndarray:
+        """Undiscounted returns-to-go of every decision, × scale."""
+        return np.cumsum(np.asarray(self.rewards)[::-1])[::-1] * scale
+
+
+def rollout(model: DagActorCritic, env: DagSchedulingEnv, seed: int, rng: np.random.Generator) -> Rollout:
+    obs, info = env.reset(seed=seed)
+    r = Rollout([], [], [], [], [], {})
+    done = False
+    while not done:
+        r.times.append(info["time_s"])
+        enc = encode(obs, info["action_mask"])
+        pos, count = model.act(enc, rng)
+        obs, reward, done, _, info = env.step(np.array([enc.node_flat[enc.candidates[pos]], count - 1]))
+        r.encs.append(enc)
+        r.pos.append(pos)
+        r.count.append(count)
+        r.rewards.append(reward)
+    r.episode = info["episode"]
+    return r
+
+
+def time_baseline(rollouts: Sequence[Rollout], scale: float) -> list[np.ndarray]:
+    """Per rollout, b(t) at each of its decisions: the mean over the group's rollouts (same jobs and arrivals)
+    of their return-to-go at the same wall-clock time (Decima's input-dependent baseline; a rollout's
+    return-to-go at time t is its value at its last decision at or before t)."""
+    curves = [(np.asarray(r.times), r.returns(scale)) for r in rollouts]
+
+    def at(times: np.ndarray, g: np.ndarray, t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(times, t, side="right") - 1
+        return np.where(i >= 0, g[np.clip(i, 0, len(g) - 1)], g[0])
+
+    return [np.mean([at(tj, gj, np.asarray(r.times)) for tj, gj in curves], axis=0) for r in rollouts]
+
+
+def demonstrations(cfg: Config, make: Callable[[Config, int], DagSchedulingEnv] = make_env
+                   ) -> tuple[list[Encoded], list[int], list[int]]:
+    """`cfg.bc_episodes` episodes of the expert (seeds EXPERT_SEED0 + k, executor counts in turn): the
+    encoded states, the expert's stage (candidate position) and its effective count min(count, unassigned)
+    (a count above the stage's unassigned tasks gives it the same executors)."""
+    from hsched.envs.dag import POLICIES
+
+    encs, pos, counts = [], [], []
+    for k in range(cfg.bc_episodes):
+        env = make(cfg, cfg.executor_counts[k % len(cfg.executor_counts)])
+        expert = POLICIES[cfg.expert]()
+        obs, info = env.reset(seed=EXPERT_SEED0 + k)
+        done = False
+        while not done:
+            enc = encode(obs, info["action_mask"])
+            stage, count = expert.choose(obs, info["action_mask"])
+            p = int(np.flatnonzero(enc.node_flat[enc.candidates] == stage)[0])
+            encs.append(enc)
+            pos.append(p)
+            counts.append(int(min(count, enc.unassigned[p])))
+            obs, _, done, _, info = env.step(np.array([stage, count - 1]))
+    return encs, pos, counts
+
+
+def behaviour_cloning(model: DagActorCritic, cfg: Config, rng: np.random.Generator,
+                      make: Callable[[Config, int], DagSchedulingEnv] = make_env) -> list[float]:
+    """Warm start (ours, not paper 004's; both agents get it): maximise log π(expert action | s) over the
+    demonstrations for `bc_epochs` epochs; returns the mean loss per epoch."""
+    encs, pos, counts = demonstrations(cfg, make)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.bc_lr)
+    pos_t, count_t = torch.tensor(pos), torch.tensor(counts)
+    losses = []
+    for _ in range(cfg.bc_epochs):
+        order = rng.permutation(len(encs))
+        total = 0.0
+        for i in range(0, len(order), cfg.minibatch):
+            idx = order[i:i + cfg.minibatch]
+            logp, _, _ = model.evaluate([encs[j] for j in idx], pos_t[idx], count_t[idx])
+            loss = -logp.mean()
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            opt.step()
+            total += loss.item() * len(idx)
+        losses.append(total / len(encs))
+    return losses
+
+
+def update(model: DagActorCritic, opt: torch.optim.Optimizer, rollouts: Sequence[Rollout], cfg: Config,
+           entropy_weight: float) -> dict[str, float]:
+    encs = [e for r in rollouts for e in r.encs]
+    returns = np.concatenate([r.returns(cfg.reward_scale) for r in rollouts])
+    baseline = np.concatenate(time_baseline(rollouts, cfg.reward_scale))
+    pos = torch.tensor([p for r in rollouts for p in r.pos])
+    count = torch.tensor([c for r in rollouts for c in r.count])
+    G = torch.from_numpy((returns - baseline).astype(np.float32))  # the critic learns what b(t) leaves
+    with torch.no_grad():
+        values = torch.cat([model.evaluate(encs[i:i + cfg.minibatch], pos[i:i + cfg.minibatch],
+                                           count[i:i + cfg.minibatch])[2] for i in range(0, len(encs), cfg.minibatch)])
+    adv = G - values
+    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    opt.zero_grad()
+    T = len(encs)
+    totals = {"actor": 0.0, "critic": 0.0, "entropy": 0.0}
+    for i in range(0, T, cfg.minibatch):
+        sl = slice(i, i + cfg.minibatch)
+        logp, entropy, value = model.evaluate(encs[sl], pos[sl], count[sl])
+        actor = -(logp * adv[sl]).sum() / T
+        critic = ((G[sl] - value) ** 2).sum() / T
+        ent = entropy.sum() / T
+        (actor + cfg.value_weight * critic - entropy_weight * ent).backward()
+        totals["actor"] += actor.item()
+        totals["critic"] += critic.item()
+        totals["entropy"] += ent.item()
+    nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    opt.step()
+    return totals
+
+
+def evaluate_model(model: DagActorCritic, name: str, cfg: Config, executors: int,
+                   seeds: Sequence[int] = EVAL_SEEDS) -> list[DagEpisode]:
+    env = make_env(cfg, executors)
+    policy = LearnedDagPolicy(model, name)
+    out = [run_dag_policy(env, policy, seed=s) for s in seeds]
+    model.train()
+    return out
+
+
+def _runs_dir(out: Path) -> Path:
+    return checkpoint.models_dir().parent / "runs" if out.parent.resolve() == checkpoint.models_dir().resolve() \
+        else out.parent
+
+
+def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: bool) -> dict[str, Any]:
+    """Train from scratch or resume `out`; write the model (.pt + .json), its learning curve; return figures."""
+    from hsched.envs.dag import SjfCp
+
+    out = Path(args.out) if args.out else checkpoint.model_path(model_name)
+    episodes = args.steps or cfg.episodes  # `--steps` counts episodes for this agent
+    cfg = dataclasses.replace(cfg, episodes=episodes)
+    rng = seed_everything(args.seed)
+    model = DagActorCritic(branching, cfg, seed=args.seed)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    envs = {n: make_env(cfg, n) for n in cfg.executor_counts}
+    episode, curves, seconds = 0, {"episode": [], "avg_jct_s": [], "executors": []}, 0.0
+    train_ckpt = _runs_dir(out) / f"{out.stem}.train.pt"
+    if args.resume:
+        saved = checkpoint.load_state(train_ckpt)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        restore_rng_state(rng, saved["rng"])
+        episode, curves, seconds = saved["episode"], saved["curves"], saved["seconds"]
+    t0, cpu0 = time.perf_counter() - seconds, time.process_time()
+    losses: dict[str, float] = {}
+    if not args.resume:
+        curves["bc_loss"] = behaviour_cloning(model, cfg, rng) if cfg.expert else []
+    with progress(f"{name} (DAG scheduling)", episodes, args.progress) as advance:
+        advance(episode)
+        while episode < episodes:
+            batch = []
+            n = int(rng.choice(cfg.executor_counts))
+            group_seed = TRAIN_SEED0 + SEED_STRIDE * args.seed + episode // cfg.episodes_per_update
+            for _ in range(min(cfg.episodes_per_update, episodes - episode)):
+                r = rollout(model, envs[n], group_seed, rng)
+                batch.append(r)
+                curves["episode"].append(episode)
+                curves["avg_jct_s"].append(r.episode["avg_jct_s"])
+                curves["executors"].append(n)
+                episode += 1
+                advance(1, jct=r.episode["avg_jct_s"], **losses)
+            frac = min(episode / max(cfg.entropy_decay_episodes, 1), 1.0)
+            beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * frac
+            losses = update(model, opt, batch, cfg, beta)
+            if episode % cfg.checkpoint_every < cfg.episodes_per_update or episode >= episodes:
+                seconds = time.perf_counter() - t0
+                checkpoint.save(train_ckpt, {"model": model.state_dict(), "opt": opt.state_dict(),
+                                             "rng": rng_state(rng), "episode": episode, "curves": curves,
+                                             "seconds": seconds},
+                                {"agent": name, "model": str(out), "episode": episode})
+    seconds = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    figures: dict[str, Any] = {"train_seconds": round(seconds, 1), "train_cpu_seconds": round(cpu, 1)}
+    n0 = cfg.executor_counts[0]
+    mine = evaluate_model(model, name, cfg, n0)
+    sjf = [run_dag_policy(make_env(cfg, n0), SjfCp(), seed=s) for s in EVAL_SEEDS]
+    figures[f"avg_jct_s_{n0}_executors"] = round(float(np.mean([e.metrics["avg_jct_s"] for e in mine])), 2)
+    figures[f"sjf_cp_avg_jct_s_{n0}_executors"] = round(float(np.mean([e.metrics["avg_jct_s"] for e in sjf])), 2)
+    command = f"hsched train {name} --seed {args.seed}" + (f" --steps {args.steps}" if args.steps else "") + \
+        (f" --out {args.out}" if args.out else "")
+    state = {"model": model.state_dict(), "config": dataclasses.asdict(cfg), "branching": branching, "name": name,
+             "node_inputs": NODE_INPUTS, "cluster_inputs": CLUSTER_INPUTS, "count_inputs": COUNT_INPUTS}
+    meta = {"agent": name, "environment": "hsched/DagScheduling-v0 (TPC-H DAGs, paper 004 sizes 2-100 GB)",
+            "command": command, "seed": args.seed, "episodes": episode, "hyperparameters": cfg,
+            "data": {"train_episode_seeds": f"{TRAIN_SEED0 + SEED_STRIDE * args.seed}.."
+                                            f"{TRAIN_SEED0 + SEED_STRIDE * args.seed + (episode - 1) // cfg.episodes_per_update}"
+                                            f" ({cfg.episodes_per_update} episodes per seed)",
+                     "jobs_per_episode": 1 + cfg.stream_jobs, "interarrival_s": cfg.interarrival_s,
+                     "executor_counts": list(cfg.executor_counts), "eval_seeds": list(EVAL_SEEDS),
+                     "expert_episode_seeds": (f"{EXPERT_SEED0}..{EXPERT_SEED0 + cfg.bc_episodes - 1}"
+                                              if cfg.expert else None)},
+            "bc_loss_per_epoch": [round(v, 4) for v in curves.get("bc_loss", [])],
+            "inputs": {"node": list(NODE_INPUTS), "cluster": list(CLUSTER_INPUTS), "count": list(COUNT_INPUTS)},
+            "evaluation": figures, "train_seconds": figures["train_seconds"],
+            "train_cpu_seconds": figures["train_cpu_seconds"], "torch": torch.__version__}
+    checkpoint.save(out, state, meta)
+    plot_curves(out.with_suffix(".png"), {f"{name}: average JCT": (curves["episode"], curves["avg_jct_s"])},
+                title=f"{name} on DagScheduling-v0 (executors drawn from {list(cfg.executor_counts)})",
+                xlabel="episode", ylabel="average JCT per episode (s)", window=20)
+    return {"model": str(out), "episodes": episode, **figures}
+
+
+def train_ba3c(args: TrainArgs) -> dict[str, Any]:
+    """Paper 004's action-branching A3C: stage head + executor-count head + shared critic."""
+    return train(Config(), args, "ba3c", "ba3c_dag", branching=True)
+
+
+def train_a3c(args: TrainArgs) -> dict[str, Any]:
+    """Paper 004's single-head A3C baseline: one head over (stage, count) pairs, same budget."""
+    return train(Config(), args, "a3c", "a3c_dag", branching=False)

@@ -1,0 +1,141 @@
+"""Paper 004's BA3C / single-head A3C: the serving mask, the encoder's mapping, tiny training runs (files,
+resume, determinism) and `hsched eval dag --quick`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hsched.envs.dag import DagSchedulingEnv, run_dag_policy
+from hsched.eval.report import EvalContext
+from hsched.rl.ba3c import (
+    Config,
+    DagActorCritic,
+    LearnedDagPolicy,
+    Rollout,
+    behaviour_cloning,
+    demonstrations,
+    encode,
+    load_dag_policy,
+    rollout,
+    time_baseline,
+    train,
+)
+from hsched.rl.training import TrainArgs
+from hsched.traces.decima import make_dag_job
+
+JOBS = [make_dag_job(1, "2g", [2, 1, 3, 1], [1.0, 2.0, 1.0, 4.0], [(0, 1), (0, 2), (1, 3), (2, 3)]),
+        make_dag_job(2, "2g", [1, 4], [3.0, 0.5], [(0, 1)]),
+        make_dag_job(3, "2g", [5, 2, 2], [1.0, 1.0, 2.0], [(0, 2), (1, 2)])]
+TINY = Config(episodes=4, episodes_per_update=2, stream_jobs=2, interarrival_s=3.0, executor_counts=(3,),
+              checkpoint_every=2, entropy_decay_episodes=4, bc_episodes=1, bc_epochs=1)
+
+
+def test_encode_maps_the_mask_to_node_rows():
+    env = DagSchedulingEnv(3, fixed_jobs=JOBS, num_init_jobs=3)
+    obs, info = env.reset(seed=0)
+    enc = encode(obs, info["action_mask"])
+    assert [len(g.features) for g in enc.graphs] == [4, 2, 3]
+    assert sorted(enc.node_flat[enc.candidates].tolist()) == np.flatnonzero(info["action_mask"]).tolist()
+    assert enc.graphs[0].edges == [(0, 1), (0, 2), (1, 3), (2, 3)]
+    assert enc.unassigned.tolist() == [2.0, 1.0, 5.0, 2.0]  # stage 0 of jobs 1-2, stages 0 and 1 of job 3
+    with pytest.raises(ValueError, match="mask"):
+        encode(obs, np.zeros_like(info["action_mask"]))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**16), branching=st.booleans(), keep=st.floats(0.1, 1.0))
+def test_random_weights_never_choose_a_masked_stage(seed, branching, keep):
+    """A placer's safety mask may allow fewer stages than the env: whatever the weights, the policy picks in it."""
+    policy = LearnedDagPolicy(DagActorCritic(branching, Config(), seed=seed), "random")
+    env = DagSchedulingEnv(4, fixed_jobs=JOBS, num_init_jobs=1, interarrival_s=2.0)
+    rng = np.random.default_rng(seed)
+    obs, info = env.reset(seed=seed)
+    done = False
+    while not done:
+        allowed = np.flatnonzero(info["action_mask"])
+        mask = np.zeros_like(info["action_mask"])
+        mask[rng.choice(allowed, size=max(1, int(len(allowed) * keep)), replace=False)] = True
+        stage, count = policy.choose(obs, mask)
+        assert mask[stage]
+        assert 1 <= count <= int(info["count_mask"].sum())
+        obs, _, done, _, info = env.step(np.array([stage, count - 1]))
+
+
+@pytest.mark.parametrize("branching", [True, False])
+def test_log_probs_and_entropy_of_sampled_actions(branching):
+    model = DagActorCritic(branching, Config(), seed=1)
+    env = DagSchedulingEnv(3, fixed_jobs=JOBS, num_init_jobs=2, interarrival_s=2.0)
+    r = rollout(model, env, seed=0, rng=np.random.default_rng(0))
+    assert r.episode["finished"] == 3 and len(r.encs) == len(r.rewards) >= 3
+    logp, entropy, value = model.evaluate(r.encs, torch.tensor(r.pos), torch.tensor(r.count))
+    assert torch.isfinite(logp).all() and (logp <= 0).all()
+    assert (entropy >= -1e-6).all() and torch.isfinite(value).all()
+
+
+def test_tiny_training_writes_model_resumes_and_is_deterministic(tmp_path, monkeypatch):
+    import hsched.rl.ba3c as ba3c
+
+    monkeypatch.setattr(ba3c, "EVAL_SEEDS", (0,))
+    a = train(TINY, TrainArgs(seed=0, out=tmp_path / "a.pt", progress=False, steps=2), "ba3c", "ba3c_dag", True)
+    meta = json.loads((tmp_path / "a.json").read_text())
+    assert meta["command"] == f"hsched train ba3c --seed 0 --steps 2 --out {tmp_path / 'a.pt'}"
+    assert meta["episodes"] == 2 and a["episodes"] == 2
+    assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+    resumed = train(TINY, TrainArgs(seed=0, out=tmp_path / "a.pt", progress=False, steps=4, resume=True),
+                    "ba3c", "ba3c_dag", True)
+    assert resumed["episodes"] == 4
+    straight = train(TINY, TrainArgs(seed=0, out=tmp_path / "b.pt", progress=False, steps=4), "ba3c", "ba3c_dag",
+                     True)
+    wa, wb = torch.load(tmp_path / "a.pt")["model"], torch.load(tmp_path / "b.pt")["model"]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)  # resume == one straight run, same seed
+    assert straight["avg_jct_s_3_executors"] == resumed["avg_jct_s_3_executors"]
+    policy = load_dag_policy(tmp_path / "b.pt")
+    env = DagSchedulingEnv(3, fixed_jobs=JOBS, num_init_jobs=1, interarrival_s=2.0)
+    assert run_dag_policy(env, policy, seed=0).metrics["finished"] == 3
+
+
+def test_eval_dag_quick(tmp_path, monkeypatch):
+    import hsched.eval.dag as dag
+
+    monkeypatch.setattr(dag, "QUICK_STREAM_JOBS", 2)
+    monkeypatch.setattr(dag, "QUICK_EXECUTOR_COUNTS", (15,))
+    train(TINY, TrainArgs(seed=0, out=tmp_path / "models" / "ba3c_dag.pt", progress=False, steps=2), "ba3c",
+          "ba3c_dag", True)
+    ctx = EvalContext(seeds=[0, 1], out_dir=tmp_path / "out", quick=True)
+    table = dag.evaluate(ctx, models_dir=tmp_path / "models")
+    assert set(table.jct) == {"FIFO", "SJF-CP", "Tetris*", "BA3C", dag.BOUND}
+    assert "A3C (single head)" in table.missing
+    for label in ("FIFO", "SJF-CP", "Tetris*", "BA3C"):
+        assert all(j >= b for j, b in zip(table.jct[label][15], table.jct[dag.BOUND][15], strict=True))
+    text = dag.report(ctx, table)
+    assert "BA3C vs it" in text and "not trained" in text
+    assert (tmp_path / "out" / "dag_avg_jct.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_time_baseline_by_hand():
+    a = Rollout([], [], [], [-1.0, -2.0, -3.0], [0.0, 2.0, 5.0], {})  # returns-to-go −6, −5, −3
+    b = Rollout([], [], [], [-4.0, -4.0], [0.0, 3.0], {})              # −8, −4
+    ba, bb = time_baseline([a, b], 1.0)
+    assert ba.tolist() == [-7.0, -6.5, -3.5]  # t = 2: b still at its t = 0 value; t = 5: b's t = 3 value
+    assert bb.tolist() == [-7.0, -4.5]
+
+
+@pytest.mark.parametrize("branching", [True, False])
+def test_behaviour_cloning_fits_the_experts_actions(branching):
+    cfg = Config(bc_episodes=3, bc_epochs=60, executor_counts=(2, 4), expert="sjf-cp", minibatch=64)
+
+    def make(cfg, n):
+        return DagSchedulingEnv(n, jobs=JOBS, num_init_jobs=2, num_stream_jobs=2, interarrival_s=2.0)
+
+    encs, pos, counts = demonstrations(cfg, make)
+    assert len(encs) == len(pos) == len(counts) > 0
+    assert all(1 <= c <= e.unassigned[p] for e, p, c in zip(encs, pos, counts, strict=True))
+    model = DagActorCritic(branching, cfg, seed=0)
+    losses = behaviour_cloning(model, cfg, np.random.default_rng(0), make)
+    assert losses[-1] < 0.5 * losses[0]
