@@ -4,6 +4,7 @@ cost and thermal code. Importing this package registers them (entry points load 
     hsched/Path-v0         paper 003 §2.1: next-hop choice on a WAN graph, reward eq.11
     hsched/DcPlacement-v0  paper 003 §2.2: server choice in a thermal room, reward eq.12
     hsched/GpuCluster-v0   paper 000 §3: host (or wait) choice across GPU clusters, reward eq.15-17
+    hsched/Colocation-v0   paper 001: offline DAG stages onto container slices beside preempting online tasks
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ _ENVS = {
     "hsched/Path-v0": "hsched.envs.path:PathEnv",
     "hsched/DcPlacement-v0": "hsched.envs.dc:DcPlacementEnv",
     "hsched/GpuCluster-v0": "hsched.envs.gpu:GpuClusterEnv",
+    "hsched/Colocation-v0": "hsched.envs.colocation:ColocationEnv",
 }
 
 for _id, _entry in _ENVS.items():
