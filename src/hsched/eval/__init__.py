@@ -12,4 +12,6 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
     "gpu": ("hsched.eval.gpu:run", "paper 000 tables 6-9: utilisation, deployed, fragmentation, load variance"),
     "node-vs-cluster": ("hsched.eval.node_vs_cluster:run",
                         "paper 002 table 2: node-level vs cluster-level (Volcano-style) placement"),
+    "colocation": ("hsched.eval.colocation:run",
+                   "paper 001: slice types vs Q; JobFusion vs Decima, shortest-first, random (JCT, utilisation)"),
 }

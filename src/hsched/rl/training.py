@@ -25,6 +25,10 @@ TRAINERS: dict[str, tuple[str, str]] = {
     "double-dqn": ("hsched.rl.ddqn:train_double_dqn", "thermal-aware Double DQN for DC placement (paper 003)"),
     "ddpg": ("hsched.rl.ddpg:train_ddpg", "DDPG for GPU cluster placement (paper 000 baseline)"),
     "eade-ddpg": ("hsched.rl.ddpg:train_eade_ddpg", "EADE-DDPG: DDPG + expert demonstrations (paper 000)"),
+    "jobfusion": ("hsched.rl.jobfusion:train_jobfusion",
+                  "JobFusion: GCN + policy gradient over slice types for co-located DAG jobs (paper 001)"),
+    "decima-colocation": ("hsched.rl.jobfusion:train_decima_colocation",
+                          "paper 001's Decima baseline: the same learner, uniform slices, no resource inputs"),
 }
 
 
