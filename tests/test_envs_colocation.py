@@ -130,11 +130,12 @@ def check_invariants(env: ColocationEnv) -> None:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), choices=st.lists(st.integers(0, 10_000), min_size=1, max_size=40),
-       slicing=st.sampled_from(["constrained", "plain", "uniform"]), online_rate=st.sampled_from([0.0, 0.1, 0.3]),
+       slicing=st.sampled_from(["constrained", "plain", "uniform"]), online_rate=st.sampled_from([0.0, 0.05, 0.1]),
        nodes=st.integers(1, 2))
 def test_invariants_hold_for_any_valid_action_sequence(seed, choices, slicing, online_rate, nodes):
-    # online load (each task holds a slice ~5 s + a 1-10 s start: ≤ 3.2 busy on average) stays below the
-    # smallest layout's 7 slices, so episodes end (an overloaded cloud starves offline work: truncation)
+    # light online load (each task holds a slice ~5 s + a 1-10 s start: ≤ 1.6 slices busy at the tidal peak)
+    # on ≥ 7 slices. Under heavy load a long offline instance can be preempted again and again (it only
+    # finishes in a lull): that starvation is real, and the episode then ends by truncation.
     env = ColocationEnv(num_jobs=5, job_interarrival_s=2.0, online_rate=online_rate, online_duration_s=5.0,
                         slicing=slicing, nodes=nodes, node_capacity=(12.0, 12.0), q=4, horizon_s=50_000.0)
     obs, info = env.reset(seed=seed)

@@ -392,12 +392,20 @@ class ColocationEnv(gymnasium.Env):
         """(job, stage) pairs with pending instances, all parents done and a free slice that fits."""
         if self.t >= self.cfg.horizon_s:
             return []
+        free_types = [k for k in range(self.q) if self.free[k]]
+        if not free_types:
+            return []
+        fits: dict[tuple[float, float], bool] = {}  # per demand vector: does a free slice fit it?
         out = []
         for j in self.arrived:
             for s, st in enumerate(self.jobs[j].stages):
-                if st.pending > 0 and st.parents_left == 0 and any(
-                        self.free[k] and self._fits(st.spec.demand, k) for k in range(self.q)):
-                    out.append((j, s))
+                if st.pending > 0 and st.parents_left == 0:
+                    d = st.spec.demand
+                    ok = fits.get(d)
+                    if ok is None:
+                        ok = fits[d] = any(self._fits(d, k) for k in free_types)
+                    if ok:
+                        out.append((j, s))
         return out[:MAX_CANDIDATES]
 
     def type_mask(self, cands: Sequence[tuple[int, int]] | None = None) -> np.ndarray:
@@ -595,13 +603,14 @@ class ColocationEnv(gymnasium.Env):
                 self.jobs_done += 1
 
     def _obs(self) -> dict[str, np.ndarray]:
+        self._cands = self.candidates()  # reused by _info, which the API calls right after
         return {"free_slices": self.free_counts(),
                 "jobs_in_system": np.array([len(self.arrived)], dtype=np.float32),
-                "runnable_stages": np.array([len(self.candidates())], dtype=np.float32),
+                "runnable_stages": np.array([len(self._cands)], dtype=np.float32),
                 "time": np.array([self.t], dtype=np.float32)}
 
     def _info(self) -> dict[str, Any]:
-        cands = self.candidates()
+        cands = self._cands
         info: dict[str, Any] = {"candidates": cands, "type_mask": self.type_mask(cands), "time": self.t}
         if self._all_done() or self.t >= self.cfg.horizon_s:
             info["metrics"] = self.metrics()
