@@ -22,10 +22,10 @@ FIXED = dict(nodes=1, node_capacity=(2.0, 2.0), q=1, num_jobs=1, online_rate=0.0
 
 
 def run(env, policy, seed=0, options=None):
-    obs, info = env.reset(seed=seed, options=options)
+    _, info = env.reset(seed=seed, options=options)
     rewards, done = [], False
     while not done:
-        obs, r, term, trunc, info = env.step(policy(env))
+        _obs, r, term, trunc, info = env.step(policy(env))
         rewards.append(r)
         done = term or trunc
     return rewards, info
@@ -138,7 +138,7 @@ def test_invariants_hold_for_any_valid_action_sequence(seed, choices, slicing, o
     # finishes in a lull): that starvation is real, and the episode then ends by truncation.
     env = ColocationEnv(num_jobs=5, job_interarrival_s=2.0, online_rate=online_rate, online_duration_s=5.0,
                         slicing=slicing, nodes=nodes, node_capacity=(12.0, 12.0), q=4, horizon_s=50_000.0)
-    obs, info = env.reset(seed=seed)
+    _, info = env.reset(seed=seed)
     done, step = False, 0
     while not done:
         check_invariants(env)
@@ -147,7 +147,7 @@ def test_invariants_hold_for_any_valid_action_sequence(seed, choices, slicing, o
         c = pick % len(cands)
         types = np.flatnonzero(info["type_mask"][c])
         action = (c, int(types[pick % len(types)]), pick % len(COUNT_LEVELS))
-        obs, r, term, trunc, info = env.step(action)
+        _obs, r, term, trunc, info = env.step(action)
         assert r <= 0
         done = term or trunc
         step += 1

@@ -74,7 +74,7 @@ def test_q_curve_is_monotone_for_the_constrained_method_on_a_chain():
     demands = np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]])
     curve = q_curve(demands, np.ones(4), q_max=4, min_gain=0.01)
     assert curve.constrained[-1] == 0.0 and curve.constrained[0] == pytest.approx(1 - 10 / 16)
-    assert all(a >= b for a, b in zip(curve.constrained, curve.constrained[1:]))
+    assert all(a >= b for a, b in zip(curve.constrained, curve.constrained[1:], strict=False))
     assert curve.uniform == curve.constrained[0] and curve.chosen_q == 4
 
 

@@ -27,15 +27,15 @@ def test_sampled_and_greedy_actions_are_always_valid(resource_features, slicing)
     cfg = Config(resource_features=resource_features, slicing=slicing)
     net = JobFusionNet(cfg, seed=0)
     env = ColocationEnv(cfg.env_config(6))
-    obs, info = env.reset(seed=3)
+    _, info = env.reset(seed=3)
     rng = np.random.default_rng(0)
     done, step = False, 0
     while not done:
         with torch.no_grad():
             d = decide(net, env, info, greedy=step % 2 == 0, rng=rng)
-        c, k, n = d.action
+        c, k, _n = d.action
         assert info["type_mask"][c, k] and float(d.log_prob) <= 0
-        obs, r, term, trunc, info = env.step(d.action)
+        _obs, _r, term, trunc, info = env.step(d.action)
         done = term or trunc
         step += 1
     assert info["metrics"]["jobs_finished"] == 6
@@ -56,10 +56,10 @@ def test_tiny_training_run_writes_resumes_and_loads(tmp_path):
     policy, loaded = load_policy(out)
     assert loaded.train_jobs == 3 and loaded.env.num_jobs == 3
     env = ColocationEnv(loaded.env_config())
-    obs, info = env.reset(seed=0)
+    _, info = env.reset(seed=0)
     done = False
     while not done:
-        obs, r, term, trunc, info = env.step(policy(env))
+        _obs, _r, term, trunc, info = env.step(policy(env))
         done = term or trunc
     assert info["metrics"]["jobs_finished"] == 3
 

@@ -49,7 +49,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -178,9 +178,9 @@ def layout_for(pool: Sequence[JobSpec], cfg: ColocationConfig) -> tuple[SliceTyp
         types = uniform_type(demands)
     else:
         types = cluster_demands(demands, cfg.q, scale=scale, constrained=cfg.slicing == "constrained")
-    index = {tuple(v): k for v, k in zip(map(tuple, types.demands), types.assignment)}
+    index = {tuple(v): k for v, k in zip(map(tuple, types.demands), types.assignment, strict=False)}
     reserve = np.zeros(types.q)
-    for r, w in zip(demands, weights):
+    for r, w in zip(demands, weights, strict=False):
         k = index[tuple(r)]
         reserve[k] += w * float((types.sizes[k] / scale).mean())
     if reserve.sum() <= 0:
@@ -275,7 +275,7 @@ class _Online:
 class ColocationEnv(gymnasium.Env):
     """See the module docstring."""
 
-    metadata = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(self, config: ColocationConfig | None = None, *, pool: Sequence[JobSpec] | None = None,
                  **overrides: Any) -> None:
@@ -331,7 +331,7 @@ class ColocationEnv(gymnasium.Env):
         self.jobs: list[_Job] = []
         self.arrived: list[int] = []        # job indices in the system (arrived, not finished)
         self.job_specs = [self.pool[int(p)] for p in picks]
-        for j, spec in enumerate(self.job_specs):
+        for j, _spec in enumerate(self.job_specs):
             self._push(float(arrivals[j]), "job", j)
         self.instances: dict[int, _Instance] = {}
         self._next_instance = 0

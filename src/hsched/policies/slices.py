@@ -150,7 +150,7 @@ def idle_fraction(types: SliceTypes, demands: np.ndarray, weights: np.ndarray,
     d = np.asarray(demands, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
     s = np.ones(d.shape[1]) if scale is None else np.asarray(scale, dtype=np.float64)
-    index = {tuple(v): k for v, k in zip(map(tuple, types.demands), types.assignment)}
+    index = {tuple(v): k for v, k in zip(map(tuple, types.demands), types.assignment, strict=False)}
     try:
         sizes = np.array([types.sizes[index[tuple(r)]] for r in d])
     except KeyError as exc:

@@ -185,14 +185,14 @@ def _pick(logits: torch.Tensor, mask: torch.Tensor, greedy: bool, rng: np.random
 def run_episode(net: JobFusionNet, env: ColocationEnv, seed: int, *, greedy: bool,
                 rng: np.random.Generator | None = None, track: bool = False) -> dict[str, Any]:
     """One episode; with `track`, the per-decision log-probs, entropies, rewards and times for training."""
-    obs, info = env.reset(seed=seed)
+    _, info = env.reset(seed=seed)
     logps, ents, rewards, times = [], [], [], []
     done = False
     while not done:
         times.append(env.t)
         with torch.set_grad_enabled(track):
             d = decide(net, env, info, greedy=greedy, rng=rng)
-        obs, r, term, trunc, info = env.step(d.action)
+        _obs, r, term, trunc, info = env.step(d.action)
         done = term or trunc
         if track:
             logps.append(d.log_prob)
@@ -205,14 +205,14 @@ def imitation_episode(net: JobFusionNet, env: ColocationEnv, seed: int, optim: t
                       batch: int = 32) -> float:
     """Behaviour cloning along one shortest-stage-first episode: an Adam step on the mean negative
     log-likelihood of every `batch` of its decisions. Returns the episode's mean NLL."""
-    obs, info = env.reset(seed=seed)
+    _, info = env.reset(seed=seed)
     nll: list[torch.Tensor] = []
     total, count, done = 0.0, 0, False
     while not done:
         expert = sjf_action(env)
         d = decide(net, env, info, greedy=True, forced=expert)
         nll.append(-d.log_prob)
-        obs, r, term, trunc, info = env.step(d.action)
+        _obs, _r, term, trunc, info = env.step(d.action)
         done = term or trunc
         if len(nll) == batch or (done and nll):
             loss = torch.stack(nll).mean()
@@ -271,10 +271,10 @@ def evaluate(policy: Any, env: ColocationEnv, seeds: tuple[int, ...] = EVAL_SEED
     """Mean metrics of a policy (callable env → action) over `seeds`."""
     rows = []
     for seed in seeds:
-        obs, info = env.reset(seed=seed)
+        _, info = env.reset(seed=seed)
         done = False
         while not done:
-            obs, r, term, trunc, info = env.step(policy(env))
+            _obs, _r, term, trunc, info = env.step(policy(env))
             done = term or trunc
         rows.append(info["metrics"])
     return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
@@ -316,13 +316,13 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
                         for _ in range(cfg.rollouts)]
             baselines = time_baseline(rollouts)
             advs = []
-            for ro, b in zip(rollouts, baselines):
+            for ro, b in zip(rollouts, baselines, strict=False):
                 rtg = np.cumsum(np.asarray(ro["rewards"])[::-1])[::-1]
                 advs.append((rtg - b) * cfg.reward_scale)
             scale = float(np.std(np.concatenate(advs))) + 1e-6
             loss = torch.zeros(())
             steps = sum(len(ro["logps"]) for ro in rollouts)
-            for ro, adv in zip(rollouts, advs):
+            for ro, adv in zip(rollouts, advs, strict=False):
                 lp = torch.stack(ro["logps"])
                 ent = torch.stack(ro["entropies"])
                 loss = loss - (lp * torch.from_numpy(adv / scale).float()).sum() / steps \
