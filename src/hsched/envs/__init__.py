@@ -4,7 +4,8 @@ cost and thermal code. Importing this package registers them (entry points load 
     hsched/Path-v0         paper 003 §2.1: next-hop choice on a WAN graph, reward eq.11
     hsched/DcPlacement-v0  paper 003 §2.2: server choice in a thermal room, reward eq.12
     hsched/GpuCluster-v0   paper 000 §3: host (or wait) choice across GPU clusters, reward eq.15-17
-    hsched/DagScheduling-v0  papers 004/001: (stage, executor count) choice for Spark DAG jobs, reward −Δt·J
+    hsched/DagScheduling-v0  paper 004: (stage, executor count) choice for Spark DAG jobs, reward −Δt·J
+    hsched/Colocation-v0   paper 001: offline DAG stages onto container slices beside preempting online tasks
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ _ENVS = {
     "hsched/DcPlacement-v0": "hsched.envs.dc:DcPlacementEnv",
     "hsched/GpuCluster-v0": "hsched.envs.gpu:GpuClusterEnv",
     "hsched/DagScheduling-v0": "hsched.envs.dag:DagSchedulingEnv",
+    "hsched/Colocation-v0": "hsched.envs.colocation:ColocationEnv",
 }
 
 for _id, _entry in _ENVS.items():

@@ -14,4 +14,6 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
                         "paper 002 table 2: node-level vs cluster-level (Volcano-style) placement"),
     "dag": ("hsched.eval.dag:run", "paper 004 table 1: average JCT per executor count (FIFO, SJF-CP, Tetris*, "
                                    "A3C, BA3C) and the critical-path bound"),
+    "colocation": ("hsched.eval.colocation:run",
+                   "paper 001: slice types vs Q; JobFusion vs Decima, shortest-first, random (JCT, utilisation)"),
 }

@@ -27,6 +27,10 @@ TRAINERS: dict[str, tuple[str, str]] = {
     "eade-ddpg": ("hsched.rl.ddpg:train_eade_ddpg", "EADE-DDPG: DDPG + expert demonstrations (paper 000)"),
     "ba3c": ("hsched.rl.ba3c:train_ba3c", "action-branching A3C for Spark DAG scheduling (paper 004; --steps = episodes)"),
     "a3c": ("hsched.rl.ba3c:train_a3c", "single-head A3C, paper 004's baseline (--steps = episodes)"),
+    "jobfusion": ("hsched.rl.jobfusion:train_jobfusion",
+                  "JobFusion: GCN + policy gradient over slice types for co-located DAG jobs (paper 001)"),
+    "decima-colocation": ("hsched.rl.jobfusion:train_decima_colocation",
+                          "paper 001's Decima baseline: the same learner, uniform slices, no resource inputs"),
 }
 
 

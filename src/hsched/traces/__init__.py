@@ -7,6 +7,8 @@ Each loader converts the source's units once, into hsched's integer units (milli
 - `openb`: Alibaba GPU-sharing cluster trace "openb" (2023) nodes and pods → `TaskSpec`.
 - `pai`: Alibaba PAI 2020 machine inventory → node-pool configurations.
 - `decima`: Decima TPC-H Spark DAGs (stages, dependencies, task durations) → `DagJob` → `TaskSpec` per stage.
+- `alibaba2018`: Alibaba cluster-trace-v2018 batch DAG jobs (tasks, dependencies from task names, instances,
+  CPU/memory, durations) → `AlibabaJob`.
 
 Provenance, licences and units of every file are in `data/<dataset>/README.md`.
 """
