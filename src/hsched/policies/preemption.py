@@ -115,7 +115,7 @@ def _search(cands: list[Candidate], ok: Callable[[Iterable[str]], bool], checks:
             return  # cands are sorted: any extension costs at least cands[i].lost_work more
         if not ok(chosen + suffix_all[i]):
             return  # even all the rest would not be enough (fits is monotone)
-        visit(i + 1, chosen + (cands[i].task_id,), cost + cands[i].lost_work)
+        visit(i + 1, (*chosen, cands[i].task_id), cost + cands[i].lost_work)
         visit(i + 1, chosen, cost)
 
     visit(0, (), 0.0)
