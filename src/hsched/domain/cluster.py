@@ -3,11 +3,15 @@
 This is the fold target of a DC's ledger (hsched.state.ledger), the state the placer's policies read,
 and the state the simulators step. `apply` and `release` keep the invariant that no free amount ever
 goes below zero or above capacity: an allocation that would break it raises and changes nothing.
+
+It also holds the execution clock's inputs as the ledger recorded them (`clocks`: when each allocated task
+was placed and started, its runtime, class and tenant; `queued_ms`: when each deferred task was queued), so
+a placer that takes a DC over resumes every task's clock from the fold alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -45,6 +49,24 @@ class Part:
                     tuple(GpuShare(int(c), int(p), int(m)) for c, p, m in v[7]))
 
 
+@dataclass(frozen=True, slots=True)
+class TaskClock:
+    """What the execution clock needs of an allocated task, as its ledger events recorded it."""
+
+    placed_ms: int  # unix ms of the alloc; also tells two placements of one task apart (a requeued task)
+    runtime_s: float = 0.0  # task time; 0 = runs until released
+    priority_class: str = "offline"
+    tenant: str = "default"
+    started_ms: int = 0  # unix ms of the run event (the executor started it); 0 = not started yet
+
+    def to_json(self) -> list:
+        return [self.placed_ms, self.runtime_s, self.priority_class, self.tenant, self.started_ms]
+
+    @staticmethod
+    def from_json(v: list) -> TaskClock:
+        return TaskClock(int(v[0]), float(v[1]), str(v[2]), str(v[3]), int(v[4]))
+
+
 class OverAllocation(RuntimeError):
     """An allocation that does not fit (a bug upstream, or a ledger from another fleet description)."""
 
@@ -61,6 +83,8 @@ class ClusterState:
         self.gpu_free_core = t.gpu_core_percent.copy()  # [n, max_gpus]
         self.gpu_free_memory = t.gpu_memory_mib.copy()
         self.allocations: dict[str, tuple[Part, ...]] = {}
+        self.clocks: dict[str, TaskClock] = {}  # allocated tasks whose alloc event carried its clock data
+        self.queued_ms: dict[str, int] = {}  # deferred tasks: unix ms they were queued (queue timeouts)
         self._models = np.array(t.gpu_model)
 
     # -- queries ---------------------------------------------------------------------------------------------
@@ -152,7 +176,9 @@ class ClusterState:
                     return False
         return True
 
-    def apply(self, task_id: str, parts: tuple[Part, ...]) -> None:
+    def apply(self, task_id: str, parts: tuple[Part, ...], clock: TaskClock | None = None) -> None:
+        """Allocate `parts` to `task_id`; `clock` (None: a ledger from before the execution clock, or a
+        simulator's own bookkeeping) is kept while it holds them."""
         if task_id in self.allocations:
             raise OverAllocation(f"task {task_id} already holds an allocation here")
         if any(not 0 <= p.node < self.n for p in parts):
@@ -167,9 +193,18 @@ class ClusterState:
             self._delta(parts, +1)
             raise OverAllocation(f"task {task_id} does not fit: it would over-allocate a node or a card")
         self.allocations[task_id] = parts
+        if clock is not None:
+            self.clocks[task_id] = clock
+
+    def start(self, task_id: str, at_ms: int) -> None:
+        """The executor started `task_id` at `at_ms` (a run event); ignored for a task not held or unclocked."""
+        clock = self.clocks.get(task_id)
+        if clock is not None and task_id in self.allocations:
+            self.clocks[task_id] = replace(clock, started_ms=at_ms)
 
     def release(self, task_id: str) -> tuple[Part, ...] | None:
         parts = self.allocations.pop(task_id, None)
+        self.clocks.pop(task_id, None)
         if parts is not None:
             self._delta(parts, +1)
         return parts

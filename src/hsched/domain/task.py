@@ -12,6 +12,7 @@ from hsched.domain.resources import Resources
 
 MAX_REPLICAS = 256
 MAX_RUNTIME_S = 366 * 24 * 3600
+PRIORITY_CLASSES = ("", "online", "offline")
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -46,6 +47,13 @@ class TaskSpec:
     entry_vertex: str = ""  # "" = the fleet's scheduler vertex
     network: NetworkRequirements = field(default_factory=NetworkRequirements)
     gpu_models: tuple[str, ...] = ()  # allowed GPU models (openb gpu_spec); empty = any
+    priority_class: str = ""  # "online" | "offline"; "" = offline (as on the wire)
+    queue_timeout_s: float = 0.0  # a task still deferred after this long (task time) expires; 0 = never
+
+    @property
+    def effective_class(self) -> str:
+        """The priority class with the wire default applied ("" = offline)."""
+        return self.priority_class or "offline"
 
     @property
     def total(self) -> Resources:
@@ -53,7 +61,7 @@ class TaskSpec:
 
     def validate(self) -> None:
         """Raise ValidationError naming the first field that breaks a rule (sizes first, then in wire order)."""
-        for name in ("request_id", "tenant", "name", "entry_vertex"):
+        for name in ("request_id", "tenant", "name", "entry_vertex", "priority_class"):
             check_string(name, getattr(self, name))
         check_count("gpu_models", len(self.gpu_models))
         for i, model in enumerate(self.gpu_models):
@@ -74,6 +82,12 @@ class TaskSpec:
             raise ValidationError("replicas", f"must be in 1..{MAX_REPLICAS}", self.replicas)
         if not math.isfinite(self.runtime_s) or not 0 < self.runtime_s <= MAX_RUNTIME_S:
             raise ValidationError("runtime_s", f"must be > 0 and <= {MAX_RUNTIME_S} (one year)", self.runtime_s)
+        if self.priority_class not in PRIORITY_CLASSES:
+            raise ValidationError("priority_class", "must be \"online\", \"offline\" or \"\" (= offline)",
+                                  self.priority_class)
+        if not math.isfinite(self.queue_timeout_s) or not 0 <= self.queue_timeout_s <= MAX_RUNTIME_S:
+            raise ValidationError("queue_timeout_s", f"must be >= 0 and <= {MAX_RUNTIME_S} (0 = never)",
+                                  self.queue_timeout_s)
         if not math.isfinite(self.data_size_mb) or self.data_size_mb < 0:
             raise ValidationError("data_size_mb", "must be a finite number >= 0", self.data_size_mb)
         self.network.validate("network")
@@ -92,11 +106,14 @@ def task_to_dict(task: TaskSpec) -> dict:
             "runtime_s": task.runtime_s, "tenant": task.tenant, "name": task.name, "request_id": task.request_id,
             "priority": task.priority, "replicas": task.replicas, "data_size_mb": task.data_size_mb,
             "entry_vertex": task.entry_vertex,
-            "network": [n.max_latency_ms, n.max_jitter_ms, n.max_loss_percent], "gpu_models": list(task.gpu_models)}
+            "network": [n.max_latency_ms, n.max_jitter_ms, n.max_loss_percent], "gpu_models": list(task.gpu_models),
+            "priority_class": task.priority_class, "queue_timeout_s": task.queue_timeout_s}
 
 
 def task_from_dict(d: dict) -> TaskSpec:
     return TaskSpec(resources=Resources(*d["resources"]), runtime_s=d["runtime_s"], tenant=d["tenant"],
                     name=d["name"], request_id=d["request_id"], priority=d["priority"], replicas=d["replicas"],
                     data_size_mb=d["data_size_mb"], entry_vertex=d["entry_vertex"],
-                    network=NetworkRequirements(*d["network"]), gpu_models=tuple(d["gpu_models"]))
+                    network=NetworkRequirements(*d["network"]), gpu_models=tuple(d["gpu_models"]),
+                    # absent in ledgers written before issue 15
+                    priority_class=d.get("priority_class", ""), queue_timeout_s=d.get("queue_timeout_s", 0.0))

@@ -6,11 +6,18 @@ partitioned, or replaced by a second instance — can never write again. Appends
 placer answers; its in-memory state is `fold` of the stream, so a restarted placer (or the thermal
 service, or a simulator) rebuilds exactly the same state.
 
-Events (field `e`, JSON):
-  {"t": "alloc", "task": id, "parts": [Part.to_json(), ...]}
-  {"t": "free",  "task": id}
-  {"t": "defer", "task": id, "spec": task_to_dict(...)}   queued (paper 000's delay action)
+Events (field `e`, JSON; times are unix ms; keys absent in ledgers written before the execution clock are
+read with the defaults shown):
+  {"t": "alloc", "task": id, "parts": [Part.to_json(), ...],
+   "at": ms placed, "runtime_s": s (0 = runs until released), "class": "online"|"offline", "tenant": str}
+                                                          (no "at": no execution clock, runs until released)
+  {"t": "free",  "task": id}                               released by its client
+  {"t": "defer", "task": id, "spec": task_to_dict(...), "at": ms queued (0)}   queued (paper 000's delay action)
   {"t": "drop",  "task": id}                               a deferred task released before it ran
+  {"t": "run",   "task": id, "at": ms}                     the executor started it (PLACED -> RUNNING)
+  {"t": "done",  "task": id, "ok": bool, "at": ms, "reason": str}   finished (SUCCEEDED / FAILED); frees like free
+  {"t": "expire", "task": id, "at": ms}                    deferred past its queue_timeout_s (EXPIRED); like drop
+  {"t": "preempt", "task": id, "by": task id, "at": ms}    evicted for an online task (PREEMPTED); frees like free
 
 Retention: the placer periodically writes a snapshot of its fold (allocations and deferred queue, with the
 ledger id it covers) to `{prefix}:dc:{dc}:snapshot` and trims the stream below it (XTRIM MINID), in one
@@ -34,7 +41,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from hsched.domain.cluster import ClusterState, Part
+from hsched.domain.cluster import ClusterState, Part, TaskClock
 from hsched.domain.task import TaskSpec, task_from_dict, task_to_dict
 from hsched.state.keys import Keys
 from hsched.state.redis import NotReplicated, check_replicated
@@ -96,6 +103,7 @@ class AppendNotReplicated(NotReplicated):
 
 
 # What cancels an event whose append had an unknown outcome (the fold ignores a free/drop of a task not held).
+# Lifecycle events (run, done, expire) need none: the placer writes them again until they land.
 _UNDO = {"alloc": "free", "defer": "drop"}
 _INDETERMINATE = (RedisConnectionError, RedisTimeoutError, NotReplicated)
 
@@ -104,17 +112,36 @@ class LeaseHeld(RuntimeError):
     """Another live placer holds the DC's lease."""
 
 
+# events that return a task's resources (the thermal follower and the gateway treat them alike)
+FREEING = frozenset({"free", "done", "preempt"})
+# events that take a task out of the deferred queue without placing it
+UNQUEUING = frozenset({"drop", "expire"})
+
+
+def clock_of(event: dict) -> TaskClock | None:
+    """The execution clock data an alloc event carries (None: written before the execution clock)."""
+    if "at" not in event:
+        return None
+    return TaskClock(int(event["at"]), float(event.get("runtime_s", 0.0)), event.get("class") or "offline",
+                     event.get("tenant", "default"))
+
+
 def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
     kind, task = event["t"], event["task"]
     if kind == "alloc":
         queue.pop(task, None)
-        state.apply(task, tuple(Part.from_json(p) for p in event["parts"]))
-    elif kind == "free":
+        state.queued_ms.pop(task, None)
+        state.apply(task, tuple(Part.from_json(p) for p in event["parts"]), clock_of(event))
+    elif kind in FREEING:
         state.release(task)
+    elif kind == "run":
+        state.start(task, int(event["at"]))
     elif kind == "defer":
         queue[task] = task_from_dict(event["spec"])
-    elif kind == "drop":
+        state.queued_ms[task] = int(event.get("at", 0))
+    elif kind in UNQUEUING:
         queue.pop(task, None)
+        state.queued_ms.pop(task, None)
     else:
         raise ValueError(f"ledger event type {kind!r} is unknown")
 
@@ -257,18 +284,24 @@ def snapshot_key(stream: str) -> str:
 
 
 def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
-    """The fold as JSON: allocations and the deferred queue in its order."""
+    """The fold as JSON: allocations, the running tasks' clocks and the deferred queue in its order (with
+    when each was queued)."""
     return json.dumps({"alloc": {t: [p.to_json() for p in parts] for t, parts in state.allocations.items()},
-                       "queue": [[t, task_to_dict(spec)] for t, spec in queue.items()]}, separators=(",", ":"))
+                       "clocks": {t: c.to_json() for t, c in state.clocks.items()},
+                       "queue": [[t, task_to_dict(spec), state.queued_ms.get(t, 0)] for t, spec in queue.items()]},
+                      separators=(",", ":"))
 
 
 def load_snapshot(data: bytes | str, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
-    """Fold a `snapshot_of` into an empty state/queue."""
+    """Fold a `snapshot_of` into an empty state/queue (one written before the execution clock has no clocks)."""
     snap = json.loads(data)
+    clocks = snap.get("clocks", {})
     for task, parts in snap["alloc"].items():
-        state.apply(task, tuple(Part.from_json(p) for p in parts))
-    for task, spec in snap["queue"]:
+        clock = clocks.get(task)
+        state.apply(task, tuple(Part.from_json(p) for p in parts), TaskClock.from_json(clock) if clock else None)
+    for task, spec, *queued in snap["queue"]:
         queue[task] = task_from_dict(spec)
+        state.queued_ms[task] = int(queued[0]) if queued else 0
 
 
 def _id(entry_id: str) -> tuple[int, int]:
