@@ -32,23 +32,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import yaml
 
-from hsched.domain.cluster import Part
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import NodeTable
 from hsched.domain.resources import Resources
 
-# What a share is measured on: CPU, memory and GPU (core percent summed over cards; 100 = one whole card).
+# What a share is measured on: CPU, memory and GPU (core percent summed over cards; 100 = one whole card),
+# in the order of hsched.domain.cluster.usage_vector (what the DC's fold keeps per tenant).
 DIMENSIONS = ("cpu_milli", "memory_mib", "gpu_core_percent")
 _EPS = 1e-9
 ONLINE, OFFLINE = "online", "offline"
-
-
-def parts_vector(parts: Iterable[Part]) -> np.ndarray:
-    """What an allocation holds, over DIMENSIONS."""
-    v = np.zeros(len(DIMENSIONS))
-    for p in parts:
-        v += (p.cpu_milli, p.memory_mib, sum(g.core_percent for g in p.gpus))
-    return v
 
 
 def demand_vector(r: Resources, replicas: int = 1) -> np.ndarray:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hsched.domain.cluster import Part
-from hsched.policies.fairshare import dominant_share, parts_vector
+from hsched.domain.cluster import Part, usage_vector
+from hsched.policies.fairshare import dominant_share
 
 MAX_CHECKS = 512
 
@@ -50,7 +50,7 @@ def lost_work(parts: Iterable[Part], started_ms: int, now_ms: int, capacity: np.
     parts = tuple(parts)
     if started_ms <= 0 or now_ms <= started_ms:
         return 0.0
-    return (now_ms - started_ms) / 1000.0 * time_factor * dominant_share(parts_vector(parts), capacity)
+    return (now_ms - started_ms) / 1000.0 * time_factor * dominant_share(usage_vector(parts), capacity)
 
 
 def candidate(task_id: str, parts: Iterable[Part], lost: float) -> Candidate:

@@ -9,15 +9,18 @@ service, or a simulator) rebuilds exactly the same state.
 Events (field `e`, JSON; times are unix ms; keys absent in ledgers written before the execution clock are
 read with the defaults shown):
   {"t": "alloc", "task": id, "parts": [Part.to_json(), ...],
-   "at": ms placed, "runtime_s": s (0 = runs until released), "class": "online"|"offline", "tenant": str}
+   "at": ms placed, "runtime_s": s (0 = runs until released), "class": "online"|"offline", "tenant": str,
+   "spec": task_to_dict(...) (offline tasks: what a preemption requeues)}
                                                           (no "at": no execution clock, runs until released)
   {"t": "free",  "task": id}                               released by its client
   {"t": "defer", "task": id, "spec": task_to_dict(...), "at": ms queued (0)}   queued (paper 000's delay action)
+                                                          "after": ms (a requeued victim, not placed before then)
   {"t": "drop",  "task": id}                               a deferred task released before it ran
   {"t": "run",   "task": id, "at": ms}                     the executor started it (PLACED -> RUNNING)
   {"t": "done",  "task": id, "ok": bool, "at": ms, "reason": str}   finished (SUCCEEDED / FAILED); frees like free
   {"t": "expire", "task": id, "at": ms}                    deferred past its queue_timeout_s (EXPIRED); like drop
-  {"t": "preempt", "task": id, "by": task id, "at": ms}    evicted for an online task (PREEMPTED); frees like free
+  {"t": "preempt", "task": id, "by": task id, "at": ms}    evicted for an online task (PREEMPTED); frees like free;
+                                                          the same append requeues it (defer) and allocates "by"
 
 Retention: the placer periodically writes a snapshot of its fold (allocations and deferred queue, with the
 ledger id it covers) to `{prefix}:dc:{dc}:snapshot` and trims the stream below it (XTRIM MINID), in one
@@ -131,7 +134,10 @@ def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpe
     if kind == "alloc":
         queue.pop(task, None)
         state.queued_ms.pop(task, None)
-        state.apply(task, tuple(Part.from_json(p) for p in event["parts"]), clock_of(event))
+        state.ready_ms.pop(task, None)
+        spec = event.get("spec")
+        state.apply(task, tuple(Part.from_json(p) for p in event["parts"]), clock_of(event),
+                    task_from_dict(spec) if spec is not None else None)
     elif kind in FREEING:
         state.release(task)
     elif kind == "run":
@@ -139,9 +145,12 @@ def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpe
     elif kind == "defer":
         queue[task] = task_from_dict(event["spec"])
         state.queued_ms[task] = int(event.get("at", 0))
+        if event.get("after"):
+            state.ready_ms[task] = int(event["after"])
     elif kind in UNQUEUING:
         queue.pop(task, None)
         state.queued_ms.pop(task, None)
+        state.ready_ms.pop(task, None)
     else:
         raise ValueError(f"ledger event type {kind!r} is unknown")
 
@@ -288,20 +297,25 @@ def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
     when each was queued)."""
     return json.dumps({"alloc": {t: [p.to_json() for p in parts] for t, parts in state.allocations.items()},
                        "clocks": {t: c.to_json() for t, c in state.clocks.items()},
-                       "queue": [[t, task_to_dict(spec), state.queued_ms.get(t, 0)] for t, spec in queue.items()]},
+                       "specs": {t: task_to_dict(spec) for t, spec in state.specs.items()},
+                       "queue": [[t, task_to_dict(spec), state.queued_ms.get(t, 0), state.ready_ms.get(t, 0)]
+                                 for t, spec in queue.items()]},
                       separators=(",", ":"))
 
 
 def load_snapshot(data: bytes | str, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
     """Fold a `snapshot_of` into an empty state/queue (one written before the execution clock has no clocks)."""
     snap = json.loads(data)
-    clocks = snap.get("clocks", {})
+    clocks, specs = snap.get("clocks", {}), snap.get("specs", {})
     for task, parts in snap["alloc"].items():
-        clock = clocks.get(task)
-        state.apply(task, tuple(Part.from_json(p) for p in parts), TaskClock.from_json(clock) if clock else None)
+        clock, spec = clocks.get(task), specs.get(task)
+        state.apply(task, tuple(Part.from_json(p) for p in parts), TaskClock.from_json(clock) if clock else None,
+                    task_from_dict(spec) if spec else None)
     for task, spec, *queued in snap["queue"]:
         queue[task] = task_from_dict(spec)
         state.queued_ms[task] = int(queued[0]) if queued else 0
+        if len(queued) > 1 and queued[1]:
+            state.ready_ms[task] = int(queued[1])
 
 
 def _id(entry_id: str) -> tuple[int, int]:
