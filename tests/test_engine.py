@@ -144,11 +144,16 @@ async def fill(engine: PlacerEngine, n: int = 4) -> None:
 
 async def test_place_is_in_the_ledger_before_the_answer(redis, prefix) -> None:
     async with running(new_engine(cheap(), redis, prefix)) as e:
+        before = int(time.time() * 1000)
         r = await e.place("t1", spec(8))
+        after = int(time.time() * 1000)
         assert r.outcome == "placed"
         assert r.parts == (Part(0, 0, 0, 8000, 2048, 0, 0),)  # FirstFit: node 0
         events = await ledger_events(redis, prefix)
-        assert events == [(r.ledger_id, {"t": "alloc", "task": "t1", "parts": [[0, 0, 0, 8000, 2048, 0, 0, []]]})]
+        at = events[0][1]["at"]  # when it was placed: the execution clock starts there
+        assert before <= at <= after
+        assert events == [(r.ledger_id, {"t": "alloc", "task": "t1", "parts": [[0, 0, 0, 8000, 2048, 0, 0, []]],
+                                         "at": at, "runtime_s": 60.0, "class": "offline", "tenant": "default"})]
         assert e.state.free_cpu[0] == 16_000  # 24 000 - 8 000
         assert e.last_id == r.ledger_id
 
@@ -178,7 +183,8 @@ async def test_deferred_task_runs_when_a_release_frees_room_under_its_own_id(red
         assert freed.placed_from_queue == [("q", (Part(0, 0, 2, 8000, 2048, 0, 0),))]  # node 2 is the free one
         events = [ev for _, ev in await ledger_events(redis, prefix)]
         assert events[-2:] == [{"t": "free", "task": "f2"},
-                               {"t": "alloc", "task": "q", "parts": [[0, 0, 2, 8000, 2048, 0, 0, []]]}]
+                               {"t": "alloc", "task": "q", "parts": [[0, 0, 2, 8000, 2048, 0, 0, []]],
+                                "at": events[-1]["at"], "runtime_s": 60.0, "class": "offline", "tenant": "default"}]
         assert sorted(e.state.allocations) == ["f0", "f1", "f3", "q"] and not e.queue
 
         # the queued task's cores are booked under "q", so releasing q frees them

@@ -15,6 +15,9 @@ from hsched import rpc
 from hsched.batching import serve_batch
 from hsched.convert import parts_to_pb, resources_to_pb, task_from_pb
 from hsched.domain.fleet import load_fleet
+from hsched.domain.errors import ValidationError, shown
+from hsched.engine.executor import (PAPER_CONTAINER_START, PAPER_PREEMPTION_OVERHEAD, PAPER_SCHEDULING_DELAY,
+                                    Overheads, SimulatedExecutor, Span)
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
 from hsched.policies.heuristics import POLICY_NAMES, make_policy
 from hsched.runtime import common_args, exit_if_lost, guard_epoch, metrics_server, run, serve_until_stopped
@@ -225,7 +228,8 @@ async def serve(args, stop: asyncio.Event) -> None:
                           lease_ms=args.lease_ms, fenced_exit_s=args.fenced_exit_s,
                           lease_client=connect_sync(args.redis_url),
                           retention=Retention(args.ledger_snapshot_entries, args.ledger_snapshot_interval_s,
-                                              args.ledger_trim_margin_s))
+                                              args.ledger_trim_margin_s),
+                          executor=executor_of(args))
     engine.ledger.epoch = guard.epoch  # every append re-checks it, atomically with the fencing token
     engine.ledger.min_replicas, engine.ledger.wait_timeout_ms = args.redis_min_replicas, args.redis_wait_ms
     try:
@@ -267,6 +271,12 @@ async def serve(args, stop: asyncio.Event) -> None:
                          f"({engine.unavailable_reason()}); exiting so that a supervisor restarts it")
 
 
+def executor_of(args) -> SimulatedExecutor:
+    """The simulated executor the flags describe (hsched.engine.executor; flags checked by `main`)."""
+    overheads = Overheads(args.scheduling_delay_s, args.container_start_s, args.preemption_overhead_s)
+    return SimulatedExecutor(args.time_factor, overheads, args.fail_probability, args.seed)
+
+
 def parser():
     p = common_args("hsched placer: node and GPU-slice placement for one data center")
     p.add_argument("--datacenter", required=True)
@@ -296,7 +306,32 @@ def parser():
                    help="... or this long after the last snapshot, when there is anything new")
     p.add_argument("--ledger-trim-margin-s", type=float, default=float(env("HSCHED_LEDGER_TRIM_MARGIN_S", 300)),
                    help="never trim ledger entries younger than this (readers lagging less never reload)")
+    p.add_argument("--time-factor", type=float, default=env("HSCHED_TIME_FACTOR", "1"),
+                   help="task seconds per wall second of the simulated executor: a task runs runtime_s / F seconds "
+                        "(1 = real time; 60 = a minute of runtime per second); overheads and queue timeouts too")
+    p.add_argument("--scheduling-delay-s", default=env("HSCHED_SCHEDULING_DELAY_S", str(PAPER_SCHEDULING_DELAY)),
+                   help="task seconds between placement and the container start, fixed or uniform LO-HI "
+                        "(default: paper 001's 0.4-1.0)")
+    p.add_argument("--container-start-s", default=env("HSCHED_CONTAINER_START_S", str(PAPER_CONTAINER_START)),
+                   help="container initialisation before a task runs, fixed or LO-HI (default: paper 001's 1-10)")
+    p.add_argument("--preemption-overhead-s",
+                   default=env("HSCHED_PREEMPTION_OVERHEAD_S", str(PAPER_PREEMPTION_OVERHEAD)),
+                   help="context save and disk remount when a task is preempted, fixed or LO-HI "
+                        "(default: paper 001's 5-25)")
+    p.add_argument("--fail-probability", type=float, default=env("HSCHED_FAIL_PROBABILITY", "0"),
+                   help="chance that a simulated task fails partway (seeded by --seed; default 0)")
     return p
+
+
+def check_executor_args(p: argparse.ArgumentParser, args) -> None:
+    """Parse the overhead spans and check the executor's numbers; a bad one exits naming its flag."""
+    try:
+        for name in ("scheduling_delay_s", "container_start_s", "preemption_overhead_s"):
+            setattr(args, name, Span.parse(getattr(args, name), "--" + name.replace("_", "-")))
+        executor_of(args)
+    except ValidationError as exc:
+        field = exc.field if exc.field.startswith("--") else "--" + exc.field.replace("_", "-")
+        p.error(f"{field} {exc.rule} (got {shown(exc.value)})")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -306,4 +341,5 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--lease-ms must be at least 100 (renewals run every third of it), got {args.lease_ms}")
     if args.fenced_exit_s < 0 or args.lease_wait_s < 0:
         p.error("--fenced-exit-s and --lease-wait-s must be >= 0")
+    check_executor_args(p, args)
     run(f"placer-{args.datacenter}", args, lambda stop: serve(args, stop))

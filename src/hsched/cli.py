@@ -77,7 +77,7 @@ def cmd_up(args) -> int:
                          state_dir=str(args.state_dir or default_state_dir(args.prefix)), fresh=args.fresh,
                          redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
-                         supervisor_metrics_port=args.supervisor_metrics_port)
+                         supervisor_metrics_port=args.supervisor_metrics_port, time_factor=args.time_factor)
     _log_supervision_to(console)
     stack = Stack(config)
     try:
@@ -358,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run this many Redis replicas and a Sentinel; services follow the Sentinel's master and "
                          "ledger/task writes wait (WAIT) for every replica before they are acknowledged")
     up.add_argument("--log-level", default="INFO")
+    up.add_argument("--time-factor", type=_positive_float, default=None,
+                    help="run tasks time-compressed: F task seconds per wall second (a task runs runtime_s / F "
+                         "seconds; default: HSCHED_TIME_FACTOR or 1 = real time)")
     up.add_argument("--replay", default="", help="replay a trace once the stack is up: openb, thunder, kth, ...")
     up.add_argument("--keep-running", action="store_true", help="keep the stack up after the replay")
     up.add_argument("--no-supervise", action="store_true",

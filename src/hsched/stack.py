@@ -108,6 +108,8 @@ class StackConfig:
     fresh: bool = False  # wipe <state_dir> first (a new deployment)
     redis_appendfsync: str = "everysec"  # or "always": fsync every write before it is acknowledged
     redis_replicas: int = 0  # > 0 (embedded only): a master, this many replicas and a Sentinel; writes WAIT for all
+    # the placers' execution clock: task seconds per wall second (None: their default, HSCHED_TIME_FACTOR or 1)
+    time_factor: float | None = None
 
 
 def default_state_dir(prefix: str) -> Path:
@@ -201,6 +203,8 @@ class Stack:
                 args = [*self._common(name), "--listen", "127.0.0.1:0", "--datacenter", dc.name, "--policy", policy]
                 if self.config.thermal:
                     args += ["--thermal", self.services["thermal"].target]
+                if self.config.time_factor is not None:
+                    args += ["--time-factor", repr(float(self.config.time_factor))]
                 self._spawn(name, "services.placer", args)
                 placers.append(name)
             self._wait_ready(placers, timeout_s)

@@ -39,15 +39,17 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from redis import Redis as SyncRedis
 
-from hsched.domain.cluster import ClusterState, Part
+from hsched.domain.cluster import ClusterState, Part, TaskClock
 from hsched.domain.fleet import DataCenter
 from hsched.domain.resources import Resources
 from hsched.domain.task import TaskSpec, task_to_dict
+from hsched.engine.executor import Executor, Report
 from hsched.policies.base import NodePolicy
 from hsched.policies.placement import Outcome, Plan, part_power_w, plan
 from hsched.state.keys import Keys
 from hsched.state.lease import LeaseKeeper
-from hsched.state.ledger import Fenced, LeaseHeld, Ledger, Retention, fold_event, replay, snapshot_and_trim
+from hsched.state.ledger import (FREEING, UNQUEUING, Fenced, LeaseHeld, Ledger, Retention, fold_event, replay,
+                                 snapshot_and_trim)
 from hsched.telemetry.tracing import traceparent
 from hsched.thermal.guard import LoadDelta, RoomGuard, ThermalCheck
 from hsched.thermal.room import RoomModel
@@ -58,6 +60,7 @@ tracer = trace.get_tracer(__name__)
 MAX_BATCH = 256
 SUMMARY_HEARTBEAT_S = 5.0  # a serving placer publishes its summary at least this often (readers judge staleness)
 MAX_QUEUE_TRIES_PER_RELEASE = 64
+REPORT_RETRY_S = 0.5  # a lifecycle event that could not be written is tried again after this
 
 
 class ThermalGuard(Protocol):
@@ -94,7 +97,7 @@ class ReleaseResult:
 
 @dataclass
 class _Op:
-    kind: str  # place | release
+    kind: str  # place | release | run | done | expire (the last three: reports of the execution clock)
     task_id: str
     spec: TaskSpec | None = None
     allow_defer: bool = False
@@ -103,6 +106,15 @@ class _Op:
     result: PlaceResult | ReleaseResult | None = None
     events: list[dict] = field(default_factory=list)
     trace_context: otel_context.Context | None = None
+    report: Report | None = None  # run | done | expire
+
+
+# the queue, the clocks and the queue times before a batch (PlacerEngine._mark)
+_Mark = tuple[list[tuple[str, TaskSpec]], dict[str, TaskClock], dict[str, int]]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def deltas_of(parts: tuple[Part, ...], sign: int = 1) -> list[LoadDelta]:
@@ -118,11 +130,13 @@ class PlacerEngine:
     def __init__(self, dc: DataCenter, redis: aioredis.Redis, keys: Keys, policy: NodePolicy, owner: str,
                  thermal: ThermalGuard | RoomModel | None = None, lease_ms: int = 3000, fenced_exit_s: float = 0.0,
                  max_loop_stall_s: float = 30.0, lease_client: SyncRedis | None = None,
-                 retention: Retention | None = None) -> None:
+                 retention: Retention | None = None, executor: Executor | None = None) -> None:
         """`thermal`: the DC's room model (checked in-process over this engine's state), another ThermalGuard,
         or None for no thermal guard. `fenced_exit_s` (0 = never): after losing its lease, give up (`gave_up` is
         set) if it cannot take it back for that long, so a supervisor restarts the process. `lease_client`: a
-        synchronous client for the renewal thread (hsched.state.lease; default: one like `redis`)."""
+        synchronous client for the renewal thread (hsched.state.lease; default: one like `redis`). `executor`:
+        runs the placed tasks and reports their start and end (hsched.engine.executor); None = no execution
+        clock: tasks hold their resources until released, and queue timeouts pass in wall time."""
         self.dc = dc
         self.redis = redis
         self.keys = keys
@@ -158,6 +172,11 @@ class PlacerEngine:
         self._since_snapshot = 0  # ledger entries appended since the last snapshot
         self._held_back = False  # the last trim kept entries younger than the margin
         self._snapshot_due = asyncio.Event()
+        self.executor = executor
+        if executor is not None:
+            executor.attach(self._on_report)
+        self._expiries: dict[str, asyncio.TimerHandle] = {}  # deferred tasks with a queue timeout
+        self._closing = False
 
     @property
     def fenced(self) -> bool:
@@ -196,6 +215,8 @@ class PlacerEngine:
                        asyncio.create_task(self._retain(), name=f"retain-{self.dc.name}")]
 
     async def stop(self) -> None:
+        self._closing = True
+        self._stop_clocks()
         pending = set(self._tasks)
         while pending:  # cancel again until done: a cancel can be swallowed (3.11 asyncio.wait_for, redis-py mid-command)
             for t in pending:
@@ -227,6 +248,7 @@ class PlacerEngine:
         if token != self.ledger.token or not self.holding:
             return
         self.holding, self.lost_reason, self.lost_at = False, reason, time.monotonic()
+        self._stop_clocks()  # what they would report is the next holder's to write
         self._lost.set()
 
     async def _take_over(self) -> bool:
@@ -250,6 +272,7 @@ class PlacerEngine:
                 self.thermal = RoomGuard(self.thermal.room, state)
             self._headroom, self._headroom_exact, self.last_thermal = None, False, None
             self.holding, self.held_before, self.holder, self.lost_at = True, True, self.ledger.owner, None
+            self._resume_clocks()
         log.info("placer %s: token %s, rebuilt %d allocations and %d deferred tasks from the ledger up to %s",
                  self.dc.name, token, len(state.allocations), len(queue), last_id)
         self._dirty.set()
@@ -347,7 +370,7 @@ class PlacerEngine:
                 otel_context.detach(token)
 
     async def _process(self, batch: list[_Op]) -> None:
-        queue_before = list(self.queue.items())
+        queue_before = self._mark()
         try:
             await self._decide_batch(batch)
             # keys starting with "_" are in-memory bookkeeping for _undo, not ledger content
@@ -362,6 +385,7 @@ class PlacerEngine:
             raise
         if events:
             self._dirty.set()
+            self._follow_events(events)
         for op in batch:
             if isinstance(op.result, PlaceResult) and op.events:
                 op.result.ledger_id = self.last_id
@@ -375,7 +399,7 @@ class PlacerEngine:
         return self._headroom.copy()
 
     async def _decide_batch(self, batch: list[_Op]) -> None:
-        queue_before = list(self.queue.items())
+        queue_before = self._mark()
         if not self.thermal:
             for op in batch:
                 self._decide(op, None)
@@ -414,7 +438,7 @@ class PlacerEngine:
 
     async def _decide_alone(self, op: _Op, prior: list[_Op], thermal_veto: ThermalCheck | None = None) -> None:
         """Decide `op` on its own, after the already decided (not yet written) `prior` calls of its batch."""
-        queue_before = list(self.queue.items())
+        queue_before = self._mark()
         if thermal_veto is None:
             self._decide(op, await self._fresh_headroom())
             check = await self._check([*prior, op])
@@ -446,7 +470,7 @@ class PlacerEngine:
                 if e["t"] == "alloc":
                     placing = True
                     deltas += deltas_of(tuple(Part.from_json(p) for p in e["parts"]))
-                elif e["t"] == "free":
+                elif "_parts" in e:  # free, done
                     deltas += deltas_of(e["_parts"], sign=-1)
         if not self.thermal or not placing:
             return None
@@ -460,14 +484,19 @@ class PlacerEngine:
             if isinstance(op.result, PlaceResult) and op.result.outcome == "placed":
                 op.result.thermal = check
 
-    def _undo(self, batch: list[_Op], queue_before: list[tuple[str, TaskSpec]]) -> None:
+    def _mark(self) -> _Mark:
+        """What `_undo` restores besides the free arrays: the queue and the clocks, as they are now."""
+        return list(self.queue.items()), dict(self.state.clocks), dict(self.state.queued_ms)
+
+    def _undo(self, batch: list[_Op], queue_before: _Mark) -> None:
         for op in reversed(batch):
             for e in reversed(op.events):
                 if e["t"] == "alloc":
                     self.state.release(e["task"])
-                elif e["t"] == "free":
+                elif "_parts" in e:  # an event that freed them (free, done)
                     self.state.apply(e["task"], e["_parts"])
-        self.queue = OrderedDict(queue_before)
+        queue, self.state.clocks, self.state.queued_ms = queue_before
+        self.queue = OrderedDict(queue)
 
     # -- decisions (pure in-memory; each appends its ledger events to op.events and folds them) --------------
 
@@ -478,8 +507,10 @@ class PlacerEngine:
     def _decide(self, op: _Op, headroom: np.ndarray | None, try_queue: bool = True) -> None:
         if op.kind == "place":
             op.result = self._decide_place(op, headroom)
-        else:
+        elif op.kind == "release":
             op.result = self._decide_release(op, headroom, try_queue)
+        else:
+            op.result = self._decide_report(op, headroom, try_queue)
 
     def _decide_place(self, op: _Op, headroom: np.ndarray | None) -> PlaceResult:
         assert op.spec is not None
@@ -494,7 +525,7 @@ class PlacerEngine:
                                                  "placed or queued")
         decision = plan(self.state, op.spec, self.policy, headroom)
         if decision.outcome is Outcome.PLACED:
-            self._alloc(op, op.task_id, decision.parts, headroom)
+            self._alloc(op, op.task_id, op.spec, decision.parts, headroom)
             return PlaceResult("placed", decision.parts, decision.alternatives, notes=decision.notes)
         refusal = self._refuse(op, decision.outcome, decision.reason, decision.notes)
         refusal.thermal_limited = decision.thermal_limited
@@ -503,13 +534,16 @@ class PlacerEngine:
     def _refuse(self, op: _Op, outcome: Outcome, reason: str, notes: list[str]) -> PlaceResult:
         if outcome is Outcome.NO_ROOM and op.allow_defer:
             assert op.spec is not None
-            self._emit(op, {"t": "defer", "task": op.task_id, "spec": task_to_dict(op.spec)})
+            self._emit(op, {"t": "defer", "task": op.task_id, "spec": task_to_dict(op.spec), "at": _now_ms()})
             return PlaceResult("deferred", reason=reason, notes=[*notes, f"queued at position {len(self.queue)}"])
         return PlaceResult(outcome.value, reason=reason, notes=notes)
 
-    def _alloc(self, op: _Op, task_id: str, parts: tuple[Part, ...], headroom: np.ndarray | None) -> None:
-        """Allocate for `task_id` — op's own task, or a queued one that op's release made room for."""
-        event = {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts]}
+    def _alloc(self, op: _Op, task_id: str, spec: TaskSpec, parts: tuple[Part, ...],
+               headroom: np.ndarray | None) -> None:
+        """Allocate for `task_id` — op's own task, or a queued one that op's release made room for — with the
+        clock data its execution needs (hsched.state.ledger)."""
+        event = {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts], "at": _now_ms(),
+                 "runtime_s": spec.runtime_s, "class": spec.effective_class, "tenant": spec.tenant}
         if tp := traceparent(op.trace_context):  # services that fold the ledger (thermal) join the call's trace
             event["tp"] = tp
         self._emit(op, event)
@@ -524,7 +558,11 @@ class PlacerEngine:
                 self._emit(op, {"t": "drop", "task": op.task_id})
                 return ReleaseResult(True)
             return ReleaseResult(False)
-        event = {"t": "free", "task": op.task_id}
+        return self._free(op, {"t": "free", "task": op.task_id}, parts, headroom, try_queue)
+
+    def _free(self, op: _Op, event: dict, parts: tuple[Part, ...], headroom: np.ndarray | None,
+              try_queue: bool) -> ReleaseResult:
+        """Emit `event` (one that frees op's task: free, done) and give the room to the deferred queue."""
         self._emit(op, event)
         event["_parts"] = parts  # for _undo only; stripped before the ledger write
         result = ReleaseResult(True, freed_total(parts))
@@ -535,13 +573,114 @@ class PlacerEngine:
             self._drain_queue(op, headroom, result)
         return result
 
+    def _decide_report(self, op: _Op, headroom: np.ndarray | None, try_queue: bool) -> ReleaseResult:
+        """Record what the executor (or the queue-timeout clock) reported, if the fold still agrees that it is
+        news: the same placement (or queued entry), not recorded yet. `released` says whether it wrote."""
+        r = op.report
+        assert r is not None
+        if op.kind == "expire":
+            if op.task_id not in self.queue or self.state.queued_ms.get(op.task_id) != r.placed_ms:
+                return ReleaseResult(False)  # placed, dropped or requeued since
+            self._emit(op, {"t": "expire", "task": op.task_id, "at": r.at_ms})
+            return ReleaseResult(True)
+        clock = self.state.clocks.get(op.task_id)
+        if clock is None or clock.placed_ms != r.placed_ms:
+            return ReleaseResult(False)  # released, finished or placed anew since
+        if op.kind == "run":
+            if clock.started_ms:
+                return ReleaseResult(False)
+            self._emit(op, {"t": "run", "task": op.task_id, "at": r.at_ms})
+            return ReleaseResult(True)
+        if not clock.started_ms:  # the ledger says RUNNING before it says finished
+            self._emit(op, {"t": "run", "task": op.task_id, "at": r.started_ms or r.at_ms})
+        done = {"t": "done", "task": op.task_id, "ok": r.ok, "at": r.at_ms, "reason": r.reason}
+        return self._free(op, done, self.state.allocations[op.task_id], headroom, try_queue)
+
     def _drain_queue(self, op: _Op, headroom: np.ndarray | None, result: ReleaseResult) -> None:
         """Freed resources go to waiting tasks in arrival order; those that still do not fit keep waiting."""
         for task_id, spec in list(self.queue.items())[:MAX_QUEUE_TRIES_PER_RELEASE]:
             decision: Plan = plan(self.state, spec, self.policy, headroom)
             if decision.outcome is Outcome.PLACED:
-                self._alloc(op, task_id, decision.parts, headroom)
+                self._alloc(op, task_id, spec, decision.parts, headroom)
                 result.placed_from_queue.append((task_id, decision.parts))
+
+    # -- execution clock -------------------------------------------------------------------------------------
+
+    @property
+    def time_factor(self) -> float:
+        """Task seconds per wall second (the executor's; 1 without one)."""
+        return self.executor.time_factor if self.executor is not None else 1.0
+
+    def _follow_events(self, events: list[dict]) -> None:
+        """After an append: hand new allocations to the executor, stop freed tasks, time queued tasks out."""
+        for e in events:
+            kind, task = e["t"], e["task"]
+            if kind == "alloc":
+                self._cancel_expiry(task)
+                clock = self.state.clocks.get(task)
+                if self.executor is not None and clock is not None and task in self.state.allocations \
+                        and clock.placed_ms == e["at"]:  # not freed again later in the same append
+                    self.executor.launch(task, self.state.allocations[task], clock)
+            elif kind in FREEING:
+                if self.executor is not None:
+                    self.executor.stop(task)
+            elif kind == "defer":
+                self._expire_later(task)
+            elif kind in UNQUEUING:
+                self._cancel_expiry(task)
+
+    def _resume_clocks(self) -> None:
+        """After folding the ledger under a new token: every task's clock goes on from what the ledger says."""
+        self._stop_clocks()
+        if self.executor is not None:
+            for task, clock in self.state.clocks.items():
+                self.executor.launch(task, self.state.allocations[task], clock)
+        for task in self.queue:
+            self._expire_later(task)
+
+    def _stop_clocks(self) -> None:
+        if self.executor is not None:
+            self.executor.stop_all()
+        for timer in self._expiries.values():
+            timer.cancel()
+        self._expiries.clear()
+
+    def _expire_later(self, task: str) -> None:
+        spec, queued_ms = self.queue.get(task), self.state.queued_ms.get(task, 0)
+        self._cancel_expiry(task)
+        if spec is None or not spec.queue_timeout_s or not queued_ms:
+            return
+        due_ms = queued_ms + round(spec.queue_timeout_s * 1000 / self.time_factor)
+        report = Report("expire", task, queued_ms, due_ms)
+        self._expiries[task] = asyncio.get_running_loop().call_later(
+            max(0.0, due_ms / 1000 - time.time()), self._on_report, report)
+
+    def _cancel_expiry(self, task: str) -> None:
+        timer = self._expiries.pop(task, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _on_report(self, report: Report) -> None:
+        """(on the loop) A transition to record: queued as an op of the batch loop, written behind the fencing
+        token like every decision, and tried again until written or moot (Redis away, a failed batch)."""
+        if report.kind == "expire":
+            self._expiries.pop(report.task_id, None)
+        if not self.holding or self._closing:  # not ours to write: a take-over re-launches from the ledger
+            return
+        op = _Op(report.kind, report.task_id, report=report)
+        op.future = asyncio.get_running_loop().create_future()
+        op.future.add_done_callback(lambda future: self._report_written(future, report))
+        self._ops.put_nowait(op)
+
+    def _report_written(self, future: asyncio.Future, report: Report) -> None:
+        if future.cancelled():
+            return
+        exc = future.exception()  # also marks it retrieved: nobody awaits these futures
+        if exc is None or isinstance(exc, Fenced) or not self.holding or self._closing:
+            return
+        log.warning("placer %s: recording %s of %s failed (%s); retrying", self.dc.name, report.kind,
+                    report.task_id, exc)
+        asyncio.get_running_loop().call_later(REPORT_RETRY_S, self._on_report, report)
 
     # -- background ------------------------------------------------------------------------------------------
 
