@@ -14,10 +14,10 @@ running while its placer is down, and its completion is recorded at the time it 
 `SimulatedExecutor` runs nothing: a task starts `scheduling delay + container start` after it was placed
 and runs `runtime_s` (task time); task time passes `time_factor` times faster than wall time. The
 overheads are paper 001's (JobFusion §3.1): scheduling delay 0.4-1.0 s (mean 0.7 s, its measured decision
-latency), container initialisation 1-10 s, preemption/context switch 5-25 s (the preemption overhead is kept
-here for the preemption path). Each is a fixed value or a uniform range, drawn per task placement from a
-generator seeded by (seed, task, placement time): a placer that takes over draws the same numbers and
-resumes the same clock. With `fail_probability` p a placement fails with probability p at a uniformly drawn
+latency), container initialisation 1-10 s, preemption/context switch 5-25 s (`preemption_delay_ms`: how
+long a preempted task waits before the placer may place it again). Each is a fixed value or a uniform range,
+drawn per task placement (per preemption) from a generator seeded by (seed, task, placement time): a placer
+that takes over draws the same numbers and resumes the same clock. With `fail_probability` p a placement fails with probability p at a uniformly drawn
 point of its runtime (same seeding).
 """
 
@@ -74,6 +74,11 @@ class Executor(ABC):
     @abstractmethod
     def stop_all(self) -> None:
         """This placer no longer owns the DC: report nothing more (the next owner re-launches from its ledger)."""
+
+    def preemption_delay_ms(self, task_id: str, clock: TaskClock, at_ms: int) -> int:
+        """Wall ms after its preemption at `at_ms` before `task_id` may be placed again (context save, disk
+        remount: paper 001's preemption overhead). A backend whose stop already waited for that returns 0."""
+        return 0
 
     @property
     @abstractmethod
@@ -174,6 +179,10 @@ class SimulatedExecutor(Executor):
 
     def attach(self, sink: ReportSink) -> None:
         self._sink = sink
+
+    def preemption_delay_ms(self, task_id: str, clock: TaskClock, at_ms: int) -> int:
+        """The preemption overhead, drawn per preemption (seeded by task and time: the same in every process)."""
+        return self.wall_ms(self.overheads.preemption.draw(placement_rng(self.seed, task_id, at_ms, "preempt")))
 
     def launch(self, task_id: str, parts: tuple[Part, ...], clock: TaskClock) -> None:
         self.stop(task_id)

@@ -18,6 +18,14 @@ token (fencing out anything it had in flight), folds the ledger afresh — anoth
 meanwhile — and serves again. A placer started while another holds the lease runs the same loop as a
 standby and takes over when the holder's lease lapses.
 
+Priorities (issue 15, paper 001's co-location): an online task that finds no room (it would be refused or
+deferred) evicts offline tasks — PLACED or RUNNING, never online ones — from one node, the set that loses the
+least work (hsched.policies.preemption), checked by the same planner, masks and thermal headroom as any
+placement; in the batch's one append: a `preempt` event per victim, a `defer` requeueing it with its spec (not
+placed again before the executor's preemption overhead has passed: "after") and the online task's alloc. The
+deferred queue is served online first, then the tenant furthest below its deserved share (Volcano proportion,
+hsched.policies.fairshare), then by priority and arrival.
+
 The gRPC service (services/placer) only translates protobuf to these calls.
 """
 
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -45,7 +54,17 @@ from hsched.domain.resources import Resources
 from hsched.domain.task import TaskSpec, task_to_dict
 from hsched.engine.executor import Executor, Report
 from hsched.policies.base import NodePolicy
+from hsched.policies.fairshare import (
+    ONLINE,
+    FairQueue,
+    TenantWeights,
+    Waiting,
+    capacity_vector,
+    demand_vector,
+)
+from hsched.policies.heuristics import FirstFit
 from hsched.policies.placement import Outcome, Plan, part_power_w, plan
+from hsched.policies.preemption import Eviction, candidate, choose_victims, lost_work
 from hsched.state.keys import Keys
 from hsched.state.lease import LeaseKeeper
 from hsched.state.ledger import (FREEING, UNQUEUING, Fenced, LeaseHeld, Ledger, Retention, fold_event, replay,
@@ -97,7 +116,7 @@ class ReleaseResult:
 
 @dataclass
 class _Op:
-    kind: str  # place | release | run | done | expire (the last three: reports of the execution clock)
+    kind: str  # place | release | run | done | expire (reports of the execution clock) | drain (requeue ready)
     task_id: str
     spec: TaskSpec | None = None
     allow_defer: bool = False
@@ -109,8 +128,10 @@ class _Op:
     report: Report | None = None  # run | done | expire
 
 
-# the queue, the clocks and the queue times before a batch (PlacerEngine._mark)
-_Mark = tuple[list[tuple[str, TaskSpec]], dict[str, TaskClock], dict[str, int]]
+# the queue, the clocks, the queue times, the specs, the ready times and the tenants' usage before a batch
+# (PlacerEngine._mark)
+_Mark = tuple[list[tuple[str, TaskSpec]], dict[str, TaskClock], dict[str, int], dict[str, TaskSpec],
+              dict[str, int], dict[str, np.ndarray]]
 
 
 def _now_ms() -> int:
@@ -130,13 +151,15 @@ class PlacerEngine:
     def __init__(self, dc: DataCenter, redis: aioredis.Redis, keys: Keys, policy: NodePolicy, owner: str,
                  thermal: ThermalGuard | RoomModel | None = None, lease_ms: int = 3000, fenced_exit_s: float = 0.0,
                  max_loop_stall_s: float = 30.0, lease_client: SyncRedis | None = None,
-                 retention: Retention | None = None, executor: Executor | None = None) -> None:
+                 retention: Retention | None = None, executor: Executor | None = None,
+                 tenant_weights: TenantWeights | None = None) -> None:
         """`thermal`: the DC's room model (checked in-process over this engine's state), another ThermalGuard,
         or None for no thermal guard. `fenced_exit_s` (0 = never): after losing its lease, give up (`gave_up` is
         set) if it cannot take it back for that long, so a supervisor restarts the process. `lease_client`: a
         synchronous client for the renewal thread (hsched.state.lease; default: one like `redis`). `executor`:
         runs the placed tasks and reports their start and end (hsched.engine.executor); None = no execution
-        clock: tasks hold their resources until released, and queue timeouts pass in wall time."""
+        clock: tasks hold their resources until released, and queue timeouts pass in wall time.
+        `tenant_weights`: the tenants' weights in the deferred queue's fair share (default: equal)."""
         self.dc = dc
         self.redis = redis
         self.keys = keys
@@ -177,6 +200,11 @@ class PlacerEngine:
             executor.attach(self._on_report)
         self._expiries: dict[str, asyncio.TimerHandle] = {}  # deferred tasks with a queue timeout
         self._closing = False
+        self.tenant_weights = tenant_weights or TenantWeights()
+        self._capacity = capacity_vector(self.state.table)
+        self._probe = FirstFit()  # "would it fit?" for preemption: any feasible placement will do
+        self._ready_timers: dict[int, asyncio.TimerHandle] = {}  # unix ms -> a drain when requeued victims are ready
+        self.preemptions_total = 0  # victims evicted (written to the ledger) since this engine started
 
     @property
     def fenced(self) -> bool:
@@ -485,17 +513,21 @@ class PlacerEngine:
                 op.result.thermal = check
 
     def _mark(self) -> _Mark:
-        """What `_undo` restores besides the free arrays: the queue and the clocks, as they are now."""
-        return list(self.queue.items()), dict(self.state.clocks), dict(self.state.queued_ms)
+        """What `_undo` restores besides the free arrays: the queue, the clocks and the rest of the fold's
+        bookkeeping, as they are now."""
+        s = self.state
+        return (list(self.queue.items()), dict(s.clocks), dict(s.queued_ms), dict(s.specs), dict(s.ready_ms),
+                dict(s.tenant_usage))
 
     def _undo(self, batch: list[_Op], queue_before: _Mark) -> None:
         for op in reversed(batch):
             for e in reversed(op.events):
                 if e["t"] == "alloc":
                     self.state.release(e["task"])
-                elif "_parts" in e:  # an event that freed them (free, done)
+                elif "_parts" in e:  # an event that freed them (free, done, preempt)
                     self.state.apply(e["task"], e["_parts"])
-        queue, self.state.clocks, self.state.queued_ms = queue_before
+        s = self.state
+        queue, s.clocks, s.queued_ms, s.specs, s.ready_ms, s.tenant_usage = queue_before
         self.queue = OrderedDict(queue)
 
     # -- decisions (pure in-memory; each appends its ledger events to op.events and folds them) --------------
@@ -509,6 +541,10 @@ class PlacerEngine:
             op.result = self._decide_place(op, headroom)
         elif op.kind == "release":
             op.result = self._decide_release(op, headroom, try_queue)
+        elif op.kind == "drain":
+            op.result = ReleaseResult(False)
+            if try_queue:
+                self._drain_queue(op, headroom, op.result)
         else:
             op.result = self._decide_report(op, headroom, try_queue)
 
@@ -527,9 +563,75 @@ class PlacerEngine:
         if decision.outcome is Outcome.PLACED:
             self._alloc(op, op.task_id, op.spec, decision.parts, headroom)
             return PlaceResult("placed", decision.parts, decision.alternatives, notes=decision.notes)
+        thermal_limited = decision.thermal_limited
+        if decision.outcome is Outcome.NO_ROOM and op.spec.effective_class == ONLINE:
+            inexact = headroom is not None and not self._headroom_exact
+            if not (inexact and thermal_limited):  # else: first decided again on exact numbers (_decide_batch)
+                placed = self._preempt_for(op, headroom, decision.notes)
+                if placed is not None:
+                    return placed
+                thermal_limited = thermal_limited or inexact  # a conservative bound may have ruled victims out
         refusal = self._refuse(op, decision.outcome, decision.reason, decision.notes)
-        refusal.thermal_limited = decision.thermal_limited
+        refusal.thermal_limited = thermal_limited
         return refusal
+
+    def _preempt_for(self, op: _Op, headroom: np.ndarray | None, notes: list[str]) -> PlaceResult | None:
+        """Evict the offline tasks of one node that lose the least work and place op's online task in the room
+        (module docstring); None (nothing changed) when no such eviction would let it in."""
+        spec = op.spec
+        assert spec is not None
+        now = _now_ms()
+        state = self.state
+        cands = [candidate(t, parts, lost_work(parts, clock.started_ms, now, self._capacity, self.time_factor))
+                 for t, parts in state.allocations.items()
+                 if (clock := state.clocks.get(t)) is not None and clock.priority_class != ONLINE and t in state.specs]
+        if not cands:
+            return None
+
+        def fits(victims: tuple[str, ...]) -> bool:
+            freed = [state.allocations[t] for t in victims]
+            room = None if headroom is None else headroom.copy()
+            for parts in freed:
+                state._delta(parts, +1)  # tentative, undone below (as plan() itself does)
+                if room is not None:
+                    for p in parts:
+                        room[p.node] += part_power_w(state, _demand_of(p), p.node)[0]
+            try:
+                return plan(state, spec, self._probe, room).outcome is Outcome.PLACED
+            finally:
+                for parts in freed:
+                    state._delta(parts, -1)
+
+        eviction = choose_victims(cands, fits)
+        if eviction is None:
+            return None
+        self._evict(op, eviction, headroom, now)
+        decision = plan(state, spec, self.policy, headroom)
+        if decision.outcome is not Outcome.PLACED:  # the policy's greedy part order missed what the probe found
+            decision = plan(state, spec, self._probe, headroom)
+        assert decision.outcome is Outcome.PLACED, "fits() said the eviction lets the task in"
+        self._alloc(op, op.task_id, spec, decision.parts, headroom)
+        return PlaceResult("placed", decision.parts, decision.alternatives, notes=[
+            *notes, *decision.notes,
+            f"preempted {len(eviction.victims)} offline task(s) on node {state.table.names[eviction.node]}: "
+            f"{', '.join(eviction.victims)} (lost work {eviction.lost_work:.4g} DC-seconds); requeued"])
+
+    def _evict(self, op: _Op, eviction: Eviction, headroom: np.ndarray | None, now: int) -> None:
+        """A preempt event per victim (frees it) and its requeue with its spec, after the preemption overhead."""
+        for victim in eviction.victims:
+            parts, spec, clock = (self.state.allocations[victim], self.state.specs[victim],
+                                  self.state.clocks[victim])
+            event = {"t": "preempt", "task": victim, "by": op.task_id, "at": now}
+            self._emit(op, event)
+            event["_parts"] = parts  # for _undo and the thermal check only; stripped before the ledger write
+            if headroom is not None:
+                for p in parts:
+                    headroom[p.node] += part_power_w(self.state, _demand_of(p), p.node)[0]
+            requeue = {"t": "defer", "task": victim, "spec": task_to_dict(spec), "at": now}
+            delay_ms = self.executor.preemption_delay_ms(victim, clock, now) if self.executor is not None else 0
+            if delay_ms > 0:
+                requeue["after"] = now + delay_ms
+            self._emit(op, requeue)
 
     def _refuse(self, op: _Op, outcome: Outcome, reason: str, notes: list[str]) -> PlaceResult:
         if outcome is Outcome.NO_ROOM and op.allow_defer:
@@ -544,6 +646,8 @@ class PlacerEngine:
         clock data its execution needs (hsched.state.ledger)."""
         event = {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts], "at": _now_ms(),
                  "runtime_s": spec.runtime_s, "class": spec.effective_class, "tenant": spec.tenant}
+        if spec.effective_class != ONLINE:  # preemptible: a preemption requeues it with this spec
+            event["spec"] = task_to_dict(spec)
         if tp := traceparent(op.trace_context):  # services that fold the ledger (thermal) join the call's trace
             event["tp"] = tp
         self._emit(op, event)
@@ -597,12 +701,22 @@ class PlacerEngine:
         return self._free(op, done, self.state.allocations[op.task_id], headroom, try_queue)
 
     def _drain_queue(self, op: _Op, headroom: np.ndarray | None, result: ReleaseResult) -> None:
-        """Freed resources go to waiting tasks in arrival order; those that still do not fit keep waiting."""
-        for task_id, spec in list(self.queue.items())[:MAX_QUEUE_TRIES_PER_RELEASE]:
+        """Freed resources go to waiting tasks in the fair order (hsched.policies.fairshare: online first, then
+        the tenant furthest below its deserved share, then priority, then arrival); those that still do not fit,
+        or wait out a preemption overhead, keep waiting."""
+        if not self.queue:
+            return
+        now, ready = _now_ms(), self.state.ready_ms
+        waiting = [Waiting(t, s.tenant, s.effective_class, s.priority, i, demand_vector(s.resources, s.replicas))
+                   for i, (t, s) in enumerate(self.queue.items()) if ready.get(t, 0) <= now]
+        fair = FairQueue(waiting, self.state.tenant_usage, self._capacity, self.tenant_weights)
+        for w in itertools.islice(fair, MAX_QUEUE_TRIES_PER_RELEASE):
+            spec = self.queue[w.task_id]
             decision: Plan = plan(self.state, spec, self.policy, headroom)
             if decision.outcome is Outcome.PLACED:
-                self._alloc(op, task_id, spec, decision.parts, headroom)
-                result.placed_from_queue.append((task_id, decision.parts))
+                self._alloc(op, w.task_id, spec, decision.parts, headroom)
+                result.placed_from_queue.append((w.task_id, decision.parts))
+                fair.placed(w)
 
     # -- execution clock -------------------------------------------------------------------------------------
 
@@ -624,8 +738,11 @@ class PlacerEngine:
             elif kind in FREEING:
                 if self.executor is not None:
                     self.executor.stop(task)
+                if kind == "preempt":
+                    self.preemptions_total += 1
             elif kind == "defer":
                 self._expire_later(task)
+                self._drain_when_ready(task)
             elif kind in UNQUEUING:
                 self._cancel_expiry(task)
 
@@ -637,13 +754,27 @@ class PlacerEngine:
                 self.executor.launch(task, self.state.allocations[task], clock)
         for task in self.queue:
             self._expire_later(task)
+            self._drain_when_ready(task)
 
     def _stop_clocks(self) -> None:
         if self.executor is not None:
             self.executor.stop_all()
-        for timer in self._expiries.values():
+        for timer in (*self._expiries.values(), *self._ready_timers.values()):
             timer.cancel()
         self._expiries.clear()
+        self._ready_timers.clear()
+
+    def _drain_when_ready(self, task: str) -> None:
+        """A requeued victim waits out the preemption overhead; then the queue is served again (a `drain` op)."""
+        at_ms = self.state.ready_ms.get(task, 0)
+        if at_ms <= _now_ms() or at_ms in self._ready_timers:
+            return
+
+        def fire() -> None:
+            self._ready_timers.pop(at_ms, None)
+            self._on_report(Report("drain", "", 0, at_ms))
+
+        self._ready_timers[at_ms] = asyncio.get_running_loop().call_later(at_ms / 1000 - time.time(), fire)
 
     def _expire_later(self, task: str) -> None:
         spec, queued_ms = self.queue.get(task), self.state.queued_ms.get(task, 0)
