@@ -36,8 +36,11 @@ def small_task(request_id: str, cores: int = 1) -> pb.TaskSpec:
 
 
 def config(tmp_path, **kw) -> StackConfig:
+    # tasks are placed, never started, here (a day of container start): a ledger's length counts placement
+    # decisions only, not the execution clock's run events (tests/test_lifecycle.py covers those)
     return StackConfig(fleet_path=SMALL_FLEET, gateway_port=0, thermal=False, metrics=False,
-                       state_dir=str(tmp_path / "state"), log_level="INFO", **kw)
+                       state_dir=str(tmp_path / "state"), log_level="INFO",
+                       extra_env={"HSCHED_CONTAINER_START_S": "86400"}, **kw)
 
 
 def submit(gw, request_id: str, timeout: float = 10) -> pb.Task:

@@ -32,14 +32,35 @@ from hsched.policies.heuristics import make_policy
 from hsched.state.follow import LedgerFollower, stream_id_tuple
 from hsched.state.keys import Keys
 from hsched.state.ledger import Ledger, fold_event, load_snapshot, replay, snapshot_and_trim, snapshot_of
-from hsched.state.redis import connect_sync
+from hsched.state.redis import connect, connect_sync
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import placer_pb2, placer_pb2_grpc
-from tests.test_engine import cheap, ledger_events, redis, running  # noqa: F401 - redis is a fixture
-from tests.test_leases import placers, wait_for  # noqa: F401 - placers is a fixture
+from tests.test_engine import cheap, ledger_events, running
+from tests.test_leases import PlacerProcess, wait_for
 
 GIB = 1024
 TF = 60.0  # a task minute per wall second
+
+
+@pytest.fixture
+async def redis(redis_url):
+    client = connect(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def placers(redis_url, prefix, tmp_path):
+    """Start placer processes for the small fleet's "cheap" (lease 1 s); stopped at the end."""
+    started: list[PlacerProcess] = []
+
+    def start(name: str, *extra: str) -> PlacerProcess:
+        started.append(PlacerProcess(redis_url, prefix, tmp_path, name, *extra))
+        return started[-1]
+
+    yield start
+    for p in started:
+        p.stop()
 
 
 def executor(tf: float = TF, start_s: str = "0", delay_s: str = "0", fail: float = 0.0) -> SimulatedExecutor:
@@ -84,7 +105,7 @@ async def test_a_task_runs_for_its_runtime_then_frees_its_room_for_the_queue(red
         assert (short.outcome, queued.outcome) == ("placed", "deferred")
         await until(lambda: _has(redis, prefix, "q", "alloc"), "q placed from the queue")
         ledger = await ledger_events(redis, prefix)
-        (alloc_id, alloc), (run_id, run), (done_id, done) = await events_of(redis, prefix, "short")
+        (_, alloc), (_, run), (done_id, done) = await events_of(redis, prefix, "short")
         assert (alloc["t"], alloc["runtime_s"], alloc["class"], alloc["tenant"]) == ("alloc", 120, "offline", "team-a")
         assert run == {"t": "run", "task": "short", "at": alloc["at"] + 150}
         assert done == {"t": "done", "task": "short", "ok": True, "at": run["at"] + 2000, "reason": ""}
@@ -125,7 +146,7 @@ async def test_a_failure_is_recorded_and_frees_the_room(redis, prefix) -> None:
     async with running(engine(redis, prefix, executor(fail=1.0))) as e:
         await e.place("doomed", spec(24, runtime_s=60))
         await until(lambda: _has(redis, prefix, "doomed", "done"), "doomed done")
-        (_, alloc), (_, run), (_, done) = await events_of(redis, prefix, "doomed")
+        (_, _alloc), (_, run), (_, done) = await events_of(redis, prefix, "doomed")
         assert done["ok"] is False and "simulated failure" in done["reason"]
         assert run["at"] <= done["at"] <= run["at"] + 1000  # partway through its runtime
         assert "doomed" not in e.state.allocations and e.state.free_cpu[0] == 24_000

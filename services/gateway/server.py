@@ -14,17 +14,20 @@ import grpc
 
 from hsched import rpc
 from hsched.batching import Coalescer
-from hsched.convert import parts_to_pb, task_from_pb, task_to_pb
+from hsched.convert import task_from_pb, task_to_pb
 from hsched.costs.selection import METHODS
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.runtime import common_args, exit_if_lost, guard_epoch, metrics_server, run, serve_until_stopped
 from hsched.state.feed import TaskFeed, parse_after
+from hsched.state.follow import LedgerFollower, follow
 from hsched.state.keys import Keys
 from hsched.state.ledger import replay
+from hsched.state.lifecycle import LIVE, TaskLifecycle
 from hsched.state.redis import connect
-from hsched.state.tasks import ABANDONED, Record, TaskStore, keep_pruned, now_ms, step
+from hsched.state.tasks import ABANDONED, FINISHED, Record, TaskStore, keep_pruned, now_ms, step
+from hsched.state.transitions import Transitions
 from hsched.telemetry import MetricsServer
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import (
@@ -83,6 +86,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.fleet = fleet
         self.store = store
         self.feed = feed
+        # every durable task transition, in stream order, for in-process consumers (the job orchestrator)
+        self.transitions = store.transitions = store.transitions or Transitions()
+        # placer-initiated transitions (placed from the queue, running, finished, expired, preempted), read from
+        # the DC ledgers (`follow_ledgers`); a Submit's own records come first
+        self.lifecycle = TaskLifecycle(store, busy=lambda task_id: task_id in self._scheduling)
         # Concurrent Submits' selector and placer calls travel in batches, on one long-lived stream per peer
         # and method (hsched.batching: the per-call gRPC cost, not the decision, is what limits throughput).
         # wait_for_ready: ride out a selector restart.
@@ -103,6 +111,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._releasing: dict[str, set[asyncio.Task]] = {}  # task id -> its background releases under way
         self._failed: dict[tuple[str, str], asyncio.Future] = {}  # request key -> release of its failed attempt
         self._scheduling: set[str] = set()  # task ids placed or being placed whose records are not durable yet
+        self._following: asyncio.Task | None = None
 
     def coalescers(self) -> list[tuple[tuple[str, str], Coalescer]]:
         """Every coalescer with its (peer, method) labels."""
@@ -283,28 +292,25 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return len(interrupted), await self.release_orphans(redis, keys)
 
     async def release_orphans(self, redis, keys: Keys) -> int:
-        """Release every task a DC's ledger holds (placed or queued) that the table does not show as placed or
-        deferred at that DC and this gateway is not placing now — a Submit that ended without a durable record,
-        a Place whose answer was lost, a release not seen confirmed — there (`_abandon`); record a deferred task
-        the ledger shows placed from the queue as placed. Run at start and once more after the last Place a
-        previous gateway sent can have been committed (its deadline). Returns the releases started."""
+        """Release every task a DC's ledger holds (placed or queued) that the table does not show live (placed,
+        running, deferred or preempted) at that DC and this gateway is not placing now — a Submit that ended
+        without a durable record, a Place whose answer was lost, a release not seen confirmed — there
+        (`_abandon`). (Where a live task is — placed from the queue, requeued — the ledger follower records.) Run
+        at start and once more after the last Place a previous gateway sent can have been committed (its
+        deadline). Returns the releases started."""
         releases = 0
         for dc in self.fleet.datacenters:
             if dc.name not in self.release:
                 continue
             state, queue = ClusterState(dc), OrderedDict()
             await replay(redis, keys.ledger(dc.name), state, queue)
-            for task_id, parts in [*state.allocations.items(), *((t, None) for t in queue)]:
+            for task_id in [*state.allocations, *queue]:
                 if task_id in self._scheduling or task_id in self._releasing:
                     continue
                 task = self.store.tasks.get(task_id)
-                if task is None or task.datacenter != dc.name or task.state not in (pb.TASK_STATE_PLACED,
-                                                                                  pb.TASK_STATE_DEFERRED):
+                if task is None or task.datacenter != dc.name or task.state not in LIVE:
                     self._abandon(task_id, dc.name)
                     releases += 1
-                elif task.state == pb.TASK_STATE_DEFERRED and parts is not None:  # placed from the queue, unseen
-                    await self._placed_from_queue(dc.name, [(task_id, parts_to_pb(parts, state.table))],
-                                                  "found in the ledger at start")
         return releases
 
     def _abandon(self, task_id: str, dc: str) -> asyncio.Task:
@@ -334,32 +340,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 f"retrying in {delay:g} s"), first_retry_s)
         if reply.released:
             log.warning("placer %s had placed %s before the gateway gave up on it; released there", dc, task_id)
-        await self._placed_from_queue(dc, [(q.task_id, q.assignments) for q in reply.placed_from_queue],
-                                      f"when {task_id} was released")
 
-    async def _placed_from_queue(self, dc: str, placed: list[tuple[str, Any]], why: str) -> None:
-        """Record the deferred tasks `placed` (task id, assignments) that `dc` placed from its queue. The placer has
-        placed them whatever the stream says, so each record is written until durable (`_durably`); this waits
-        for the first attempts only (a Release is not held up by an outage of the task stream)."""
-        def placed_record(task_id: str, assignments) -> Callable[[], Awaitable[Record | None]]:
-            async def make() -> Record | None:
-                await self.store.settled(task_id)  # its deferred record may still be on its way
-                waiting = self.store.copy(task_id)
-                if waiting is None:  # queued by a gateway whose history this one lacks; the ledger still holds it
-                    log.warning("placer %s placed unknown queued task %s", dc, task_id)
-                    return None
-                if waiting.state != pb.TASK_STATE_DEFERRED or waiting.datacenter != dc:
-                    return None  # already recorded placed (or released) by now
-                del waiting.assignments[:]
-                waiting.assignments.extend(assignments)
-                waiting.reason = ""
-                waiting.explanation.notes.append(f"placed from the deferred queue {why}")
-                return step("placed", waiting, f"{dc}: from the deferred queue")
-            return make
-
-        jobs = [self._durably(placed_record(t, a), f"placed record of {t} (from {dc}'s queue)") for t, a in placed]
-        if jobs:
-            await asyncio.wait(jobs, timeout=self.place_timeout_s)
+    async def follow_ledgers(self, redis, keys: Keys) -> asyncio.Task:
+        """Catch up with every DC ledger beyond what the task stream already reflects, then follow them all (in
+        the background, on `redis`, a client of its own: the read blocks) until `close`."""
+        followers = [LedgerFollower(redis, keys.ledger(dc.name), dc) for dc in self.fleet.datacenters
+                     if dc.name in self.release]
+        await self.lifecycle.start(redis, followers)
+        self._following = asyncio.create_task(follow(redis, followers), name="ledger followers")
+        return self._following
 
     async def close(self) -> None:
         """Let started Submits and Releases finish, stop the batch streams; say which unanswered placements are
@@ -373,6 +362,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         await asyncio.gather(*self._abandoned, return_exceptions=True)
         for _, c in self.coalescers():
             await c.close()
+        if self._following is not None:
+            self._following.cancel()
+            await asyncio.gather(self._following, return_exceptions=True)
+        await self.transitions.close()
 
     def _explain(self, task: pb.Task, reply: placer_pb2.PlaceResponse) -> None:
         ex = task.explanation
@@ -397,8 +390,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     @rpc.grpc_errors
     async def Release(self, request: gateway_pb2.ReleaseRequest, context) -> gateway_pb2.ReleaseResponse:
         task = self._task(request.task_id)
-        if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED):
-            return gateway_pb2.ReleaseResponse(task=task)  # nothing held: releasing again is a no-op
+        if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
+            return gateway_pb2.ReleaseResponse(task=task)  # nothing held (any more): a no-op, the task unchanged
         if task.state == pb.TASK_STATE_SUBMITTED:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"task {task.task_id} is still being scheduled; release it once Submit returned")
@@ -407,22 +400,29 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def _release(self, task_id: str) -> pb.Task:
         """Release at the placer, then record it. If the record is not taken, the table still shows the task
-        placed and the client gets UNAVAILABLE: its retry releases again (a no-op at the placer) and records it."""
+        placed and the client gets UNAVAILABLE: its retry releases again (a no-op at the placer) and records it.
+        A task the placer no longer held may have finished meanwhile: once the ledger follower has read what
+        the placer wrote, a finished task is answered as it is. (Tasks the release let the placer place from its
+        queue are recorded by the ledger follower, and waited for, so a Get after the Release shows them placed.)"""
         task = self.store.copy(task_id)
         if task is None:  # Release found it in the table; only an `abandoned` record removes a task
             raise LookupError(f"task {task_id} not found")
-        reply = await self.release[task.datacenter].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
-                                                         self.place_timeout_s)
+        dc = task.datacenter
+        reply = await self.release[dc].call(placer_pb2.PlacerReleaseRequest(task_id=task.task_id),
+                                            self.place_timeout_s)
+        if not reply.released or reply.placed_from_queue:  # what the placer wrote shows once Release answers
+            await self.lifecycle.settle(dc, self.place_timeout_s)
+        await self.store.settled(task_id)
+        task = self.store.copy(task_id) or task
+        if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
+            return task
+        task.finished_unix_ms = now_ms()
         try:
             await self.store.record("released", task, f"freed {reply.freed.cpu_milli / 1000:g} cores, "
-                                    f"{reply.freed.gpu_count} GPU slices at {task.datacenter}")
+                                    f"{reply.freed.gpu_count} GPU slices at {dc}")
         except Exception as exc:
-            raise rpc.Unavailable(f"released at {task.datacenter}, but the task store could not record it "
+            raise rpc.Unavailable(f"released at {dc}, but the task store could not record it "
                                   f"({type(exc).__name__}: {exc}); retry the Release") from exc
-        finally:
-            await self._placed_from_queue(task.datacenter, [(q.task_id, q.assignments)
-                                                            for q in reply.placed_from_queue],
-                                          f"when {task.task_id} was released")
         return task
 
     # -- reads -------------------------------------------------------------------------------------------------
@@ -523,6 +523,8 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
                                {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
                                args.select_timeout_s, args.place_timeout_s)
     settled, released = await servicer.reconcile(redis, Keys(args.prefix))
+    ledger_redis = connect(args.redis_url)  # the followers' blocking read gets a client of its own
+    following = await servicer.follow_ledgers(ledger_redis, Keys(args.prefix))
     # Watches read through a client of their own (one reader + a few catch-up pages), never the shared pool
     feed_redis = connect(args.redis_url)
     servicer.feed = TaskFeed(feed_redis, store.stream, store.last_id, args.max_watches, args.max_watches_per_tenant,
@@ -546,9 +548,9 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     log.info("gateway serving on port %d (%d task events replayed, %d tasks; %d interrupted Submits settled, %d "
              "tasks held by a placer without a record to match released)", port, loaded, len(store.tasks), settled,
              released)
-    await serve_until_stopped(stop, server, port, args, metrics=metrics, tasks=[epoch_watch, late, pruning],
+    await serve_until_stopped(stop, server, port, args, metrics=metrics, tasks=[epoch_watch, late, pruning, following],
                               cleanup=[servicer.feed.close, servicer.close, *(ch.close for ch in channels),
-                                       feed_redis.aclose, redis.aclose])
+                                       feed_redis.aclose, ledger_redis.aclose, redis.aclose])
     exit_if_lost(guard)
 
 
@@ -560,7 +562,8 @@ def parser():
     p.add_argument("--select-timeout-s", type=float, default=2.0)
     p.add_argument("--place-timeout-s", type=float, default=5.0)
     p.add_argument("--task-retention-s", type=float, default=float(os.environ.get("HSCHED_TASK_RETENTION_S", 86400)),
-                   help="forget released and rejected tasks this long after their last change (docs/operations.md)")
+                   help="forget finished tasks (succeeded, failed, expired, released, rejected) this long after "
+                   "their last change (docs/operations.md)")
     p.add_argument("--task-prune-interval-s", type=float,
                    default=float(os.environ.get("HSCHED_TASK_PRUNE_INTERVAL_S", 300)),
                    help="how often finished tasks are forgotten and the task stream compacted")

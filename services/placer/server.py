@@ -17,10 +17,16 @@ from prometheus_client.registry import Collector
 from hsched import rpc
 from hsched.batching import serve_batch
 from hsched.convert import parts_to_pb, resources_to_pb, task_from_pb
-from hsched.domain.fleet import load_fleet
 from hsched.domain.errors import ValidationError, shown
-from hsched.engine.executor import (PAPER_CONTAINER_START, PAPER_PREEMPTION_OVERHEAD, PAPER_SCHEDULING_DELAY,
-                                    Overheads, SimulatedExecutor, Span)
+from hsched.domain.fleet import load_fleet
+from hsched.engine.executor import (
+    PAPER_CONTAINER_START,
+    PAPER_PREEMPTION_OVERHEAD,
+    PAPER_SCHEDULING_DELAY,
+    Overheads,
+    SimulatedExecutor,
+    Span,
+)
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
 from hsched.policies.fairshare import TenantWeights
 from hsched.policies.heuristics import POLICY_NAMES, make_policy
@@ -294,9 +300,10 @@ async def serve(args, stop: asyncio.Event) -> None:
 
 
 def executor_of(args) -> SimulatedExecutor:
-    """The simulated executor the flags describe (hsched.engine.executor; flags checked by `main`)."""
-    overheads = Overheads(args.scheduling_delay_s, args.container_start_s, args.preemption_overhead_s)
-    return SimulatedExecutor(args.time_factor, overheads, args.fail_probability, args.seed)
+    """The simulated executor the flags describe (hsched.engine.executor); ValidationError names a bad flag."""
+    spans = [Span.parse(getattr(args, name), "--" + name.replace("_", "-"))
+             for name in ("scheduling_delay_s", "container_start_s", "preemption_overhead_s")]
+    return SimulatedExecutor(args.time_factor, Overheads(*spans), args.fail_probability, args.seed)
 
 
 def parser():
@@ -357,10 +364,8 @@ def check_tenant_weights(p: argparse.ArgumentParser, args) -> None:
 
 
 def check_executor_args(p: argparse.ArgumentParser, args) -> None:
-    """Parse the overhead spans and check the executor's numbers; a bad one exits naming its flag."""
+    """Exit with the flag's name and rule when the executor's flags are bad."""
     try:
-        for name in ("scheduling_delay_s", "container_start_s", "preemption_overhead_s"):
-            setattr(args, name, Span.parse(getattr(args, name), "--" + name.replace("_", "-")))
         executor_of(args)
     except ValidationError as exc:
         field = exc.field if exc.field.startswith("--") else "--" + exc.field.replace("_", "-")

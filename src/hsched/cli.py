@@ -49,11 +49,23 @@ def _print(message, as_json: bool = True) -> None:
     print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
 
 
+STATES = [pb.TaskState.Name(v).removeprefix("TASK_STATE_").lower() for v in pb.TaskState.values() if v]
+# states a task never leaves (hsched.state.tasks.TERMINAL, without importing the Redis side here)
+FINAL = (pb.TASK_STATE_REJECTED, pb.TASK_STATE_RELEASED, pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED,
+         pb.TASK_STATE_EXPIRED)
+
+
+def _state_name(state: int) -> str:
+    return pb.TaskState.Name(state).removeprefix("TASK_STATE_")
+
+
 def _task_line(t: pb.Task) -> str:
-    state = pb.TaskState.Name(t.state).removeprefix("TASK_STATE_")
     nodes = sorted({a.node for a in t.assignments})
     where = f"{t.datacenter} {','.join(nodes[:3])}{'…' if len(nodes) > 3 else ''}".strip()
-    return f"{t.task_id}  {state:<9} {where}  {t.reason}".rstrip()
+    ran = f"ran {(t.finished_unix_ms - t.started_unix_ms) / 1000:g} s" if t.started_unix_ms and t.finished_unix_ms \
+        else ""
+    extra = "  ".join(x for x in (ran, f"preempted {t.preemptions}x" if t.preemptions else "", t.reason) if x)
+    return f"{t.task_id}  {_state_name(t.state):<9} {where}  {extra}".rstrip()
 
 
 # -- up ---------------------------------------------------------------------------------------------------------
@@ -208,7 +220,7 @@ def cmd_get(args) -> int:
 
 
 def cmd_list(args) -> int:
-    state = pb.TaskState.Value(f"TASK_STATE_{args.state.upper()}") if args.state else 0
+    state = pb.TaskState.Value(f"TASK_STATE_{args.state.upper()}") if args.state else 0  # a choice of STATES
     reply = _stub(args).List(gateway_pb2.ListRequest(tenant=args.tenant, state=state, datacenter=args.datacenter,
                                                      limit=args.limit, page_token=args.page_token), timeout=10)
     if args.json:
@@ -222,10 +234,22 @@ def cmd_list(args) -> int:
 
 
 def cmd_watch(args) -> int:
+    """Stream events. Watching one task: its events from the start (unless --after), ending once it reaches a
+    final state; a task already finished prints that final state and exits at once."""
+    stub = _stub(args)
+    after = args.after
+    if args.task_id:
+        task = stub.Get(gateway_pb2.GetRequest(task_id=args.task_id), timeout=10)
+        if task.state in FINAL:
+            print(_task_line(task))
+            return 0
+        after = after or "0"  # it may finish between the Get and the Watch: its past events come too
     try:
-        for ev in _stub(args).Watch(gateway_pb2.WatchRequest(task_id=args.task_id, tenant=args.tenant,
-                                                             after_event_id=args.after)):
-            print(f"{ev.event_id}  {ev.task_id}  {ev.kind:<11} {ev.datacenter}  {ev.detail}", flush=True)
+        for ev in stub.Watch(gateway_pb2.WatchRequest(task_id=args.task_id, tenant=args.tenant, after_event_id=after)):
+            print(f"{ev.event_id}  {ev.task_id}  {ev.kind:<11} {_state_name(ev.state):<9} {ev.datacenter}  "
+                  f"{ev.detail}", flush=True)
+            if args.task_id and ev.state in FINAL:
+                return 0
     except KeyboardInterrupt:
         pass
     return 0
@@ -414,13 +438,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = gw(sub.add_parser("list", help="list tasks"))
     ls.add_argument("--tenant", default="")
-    ls.add_argument("--state", default="", help="submitted placed deferred rejected released")
+    ls.add_argument("--state", default="", choices=["", *STATES], metavar="STATE", help=" ".join(STATES))
     ls.add_argument("--datacenter", default="")
     ls.add_argument("--limit", type=int, default=100)
     ls.add_argument("--page-token", default="")
     ls.set_defaults(fn=cmd_list)
 
-    w = gw(sub.add_parser("watch", help="stream task events"))
+    w = gw(sub.add_parser("watch", help="stream task events (of one task: until it reaches a final state)"))
     w.add_argument("task_id", nargs="?", default="")
     w.add_argument("--tenant", default="")
     w.add_argument("--after", default="", help="event id to resume after; 0 = from the start")

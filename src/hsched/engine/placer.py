@@ -67,8 +67,17 @@ from hsched.policies.placement import Outcome, Plan, part_power_w, plan
 from hsched.policies.preemption import Eviction, candidate, choose_victims, lost_work
 from hsched.state.keys import Keys
 from hsched.state.lease import LeaseKeeper
-from hsched.state.ledger import (FREEING, UNQUEUING, Fenced, LeaseHeld, Ledger, Retention, fold_event, replay,
-                                 snapshot_and_trim)
+from hsched.state.ledger import (
+    FREEING,
+    UNQUEUING,
+    Fenced,
+    LeaseHeld,
+    Ledger,
+    Retention,
+    fold_event,
+    replay,
+    snapshot_and_trim,
+)
 from hsched.telemetry.tracing import traceparent
 from hsched.thermal.guard import LoadDelta, RoomGuard, ThermalCheck
 from hsched.thermal.room import RoomModel

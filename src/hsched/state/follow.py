@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 from collections import OrderedDict
+from typing import Protocol
 
 import redis.asyncio as aioredis
 from opentelemetry import propagate, trace
@@ -25,9 +26,19 @@ def stream_id_tuple(entry_id: str) -> tuple[int, int]:
     return int(ms or 0), int(seq or 0)
 
 
+class LedgerObserver(Protocol):
+    """Told of every ledger entry a follower folds (the gateway records placer-initiated task transitions)."""
+
+    async def entries(self, follower: LedgerFollower, entries: list[tuple[str, dict]]) -> None:
+        """Newly folded entries (id, event), in ledger order; the follower reads on once this returns."""
+
+    async def reloaded(self, follower: LedgerFollower) -> None:
+        """The follower rebuilt its fold from the snapshot: entries it had not passed on may be gone."""
+
+
 class LedgerFollower:
     """Folds one DC's ledger into a ClusterState as entries arrive (see `follow`); `wait_for(id)` gives
-    read-your-writes."""
+    read-your-writes. An `observer` is handed every entry once folded."""
 
     def __init__(self, redis: aioredis.Redis, stream: str, dc: DataCenter) -> None:
         self.redis = redis
@@ -38,6 +49,7 @@ class LedgerFollower:
         self.version = 0  # bumps on every folded batch (cache key for derived values)
         self._advanced = asyncio.Condition()
         self._wake = asyncio.Event()  # set by wait_for: `follow` reads at once instead of batching
+        self.observer: LedgerObserver | None = None
 
     async def load(self) -> None:
         """Fold the ledger as it stands (before `follow` tails it)."""
@@ -57,11 +69,14 @@ class LedgerFollower:
         self.state = ClusterState(self.state.dc, self.state.table)
         self.queue.clear()
         await self.load()
+        if self.observer is not None:
+            await self.observer.reloaded(self)
         self.version += 1
         async with self._advanced:
             self._advanced.notify_all()
 
     async def _fold(self, entries: list) -> None:
+        folded: list[tuple[str, dict]] = []
         try:
             for entry_id, fields in entries:
                 event = json.loads(fields[b"e"])
@@ -70,10 +85,13 @@ class LedgerFollower:
                 else:
                     fold_event(event, self.state, self.queue)
                 self.last_id = entry_id.decode()
+                folded.append((self.last_id, event))
         except Exception:
             log.exception("folding %s failed at %s; rebuilding from the start", self.stream, self.last_id)
             await self._reload()
             return
+        if self.observer is not None:
+            await self.observer.entries(self, folded)
         self.version += 1
         async with self._advanced:
             self._advanced.notify_all()

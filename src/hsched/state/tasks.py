@@ -28,6 +28,7 @@ from redis.exceptions import ResponseError
 
 from hsched.state.ledger import StateLost
 from hsched.state.redis import check_replicated
+from hsched.state.transitions import Transitions
 from hsched.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -35,16 +36,24 @@ ABANDONED = "abandoned"  # an attempt that never reached a final answer: not in 
 STATE_OF_KIND = {"submitted": pb.TASK_STATE_SUBMITTED, "dc_selected": pb.TASK_STATE_SUBMITTED,
                  "placed": pb.TASK_STATE_PLACED, "deferred": pb.TASK_STATE_DEFERRED,
                  "rejected": pb.TASK_STATE_REJECTED, "released": pb.TASK_STATE_RELEASED,
+                 "running": pb.TASK_STATE_RUNNING, "succeeded": pb.TASK_STATE_SUCCEEDED,
+                 "failed": pb.TASK_STATE_FAILED, "preempted": pb.TASK_STATE_PREEMPTED, "expired": pb.TASK_STATE_EXPIRED,
                  ABANDONED: pb.TASK_STATE_REJECTED}
 
 
-_RECORD_FIELDS = (b"k", b"t", b"d")
-# KEYS: stream, epoch key; ARGV: epoch ('' = unchecked), then k, t, d of each record. Returns the entry ids.
+_RECORD_FIELDS = (b"k", b"t", b"d", b"l")
+# KEYS: stream, epoch key; ARGV: epoch ('' = unchecked), then k, t, d, l of each record (field l only when not
+# empty). Returns the entry ids.
 _APPEND = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('EPOCH') end
 local ids = {}
-for i = 2, #ARGV, 3 do
-  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'k', ARGV[i], 't', ARGV[i + 1], 'd', ARGV[i + 2])
+for i = 2, #ARGV, 4 do
+  if ARGV[i + 3] == '' then
+    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'k', ARGV[i], 't', ARGV[i + 1], 'd', ARGV[i + 2])
+  else
+    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'k', ARGV[i], 't', ARGV[i + 1], 'd', ARGV[i + 2],
+                               'l', ARGV[i + 3])
+  end
 end
 return ids
 """
@@ -63,11 +72,24 @@ class Record:
     fields: dict[bytes, bytes]
 
 
-def step(kind: str, task: pb.Task, detail: str = "") -> Record:
-    """Apply lifecycle step `kind` to `task` (state, time) and take the record of this moment."""
+def ledger_ref(dc: str, entry_id: str) -> str:
+    """The `l` field of a record that reflects DC ledger entry `entry_id` ("<dc> <entry id>")."""
+    return f"{dc} {entry_id}"
+
+
+def parse_ledger_ref(ref: bytes | str) -> tuple[str, tuple[int, int]]:
+    dc, _, entry_id = (ref.decode() if isinstance(ref, bytes) else ref).rpartition(" ")
+    return dc, _entry_id(entry_id.encode())
+
+
+def step(kind: str, task: pb.Task, detail: str = "", ledger: str = "", at_ms: int = 0) -> Record:
+    """Apply lifecycle step `kind` to `task` (state, time) and take the record of this moment. `ledger`: the
+    `ledger_ref` of the DC ledger entry this step reflects (a placer-initiated transition); `at_ms`: when the
+    step happened if not now (a placer's time)."""
     task.state = STATE_OF_KIND[kind]
-    task.updated_unix_ms = now_ms()
-    return Record(kind, task.task_id, {b"k": kind.encode(), b"t": task.SerializeToString(), b"d": detail.encode()})
+    task.updated_unix_ms = at_ms or now_ms()
+    return Record(kind, task.task_id, {b"k": kind.encode(), b"t": task.SerializeToString(), b"d": detail.encode(),
+                                       b"l": ledger.encode()})
 
 
 @dataclass
@@ -92,6 +114,10 @@ class TaskStore:
     min_replicas: int = 0  # replicas that must hold a flush before its callers hear it is durable (WAIT)
     wait_timeout_ms: int = 1000
     _writing: dict[str, asyncio.Future] = field(default_factory=dict)  # task id -> its latest write in flight
+    # DC -> the newest ledger entry id a record reflects (where that DC's ledger follower resumes)
+    ledger_cursor: dict[str, tuple[int, int]] = field(default_factory=dict)
+    ledger_refs: dict[str, bytes] = field(default_factory=dict)  # task id -> the `l` of its newest such record
+    transitions: Transitions | None = None  # told of every record once durable (not of those `load` replays)
 
     def __post_init__(self) -> None:
         self._append = self.redis.register_script(_APPEND)
@@ -102,7 +128,9 @@ class TaskStore:
         while True:
             entries = await self.redis.xrange(self.stream, min=start, max="+", count=batch)
             for entry_id, fields in entries:
-                self._fold(fields[b"k"].decode(), pb.Task.FromString(fields[b"t"]))
+                task = pb.Task.FromString(fields[b"t"])
+                self._fold(fields[b"k"].decode(), task)
+                self._ledger_seen(task.task_id, fields.get(b"l"))
                 self.last_id = entry_id.decode()
             count += len(entries)
             if len(entries) < batch:
@@ -123,6 +151,14 @@ class TaskStore:
         self.tasks[task.task_id] = task
         if task.spec.request_id:
             self.by_request[(task.spec.tenant, task.spec.request_id)] = task.task_id
+
+    def _ledger_seen(self, task_id: str, ref: bytes | None) -> None:
+        if not ref:
+            return
+        dc, entry = parse_ledger_ref(ref)
+        if entry > self.ledger_cursor.get(dc, (0, 0)):
+            self.ledger_cursor[dc] = entry
+        self.ledger_refs[task_id] = ref
 
     def copy(self, task_id: str) -> pb.Task | None:
         """A copy of the table's record to take the next step on: the table changes only once that is durable."""
@@ -167,7 +203,7 @@ class TaskStore:
         while self._pending:
             batch, self._pending = self._pending, []
             try:
-                args = [self.epoch or "", *(r.fields[f] for p in batch for r in p.records for f in _RECORD_FIELDS)]
+                args = [self.epoch or "", *(r.fields.get(f, b"") for p in batch for r in p.records for f in _RECORD_FIELDS)]
                 async with self.redis.pipeline(transaction=False) as pipe:
                     await self._append(keys=[self.stream, self.epoch_key or self.stream], args=args, client=pipe)
                     if self.min_replicas:
@@ -193,6 +229,10 @@ class TaskStore:
                 for r in p.records:
                     if r.kind == ABANDONED or last[r.task_id] is r:
                         self._fold(r.kind, pb.Task.FromString(r.fields[b"t"]))
+                    self._ledger_seen(r.task_id, r.fields.get(b"l"))
+                if self.transitions is not None and self.transitions.active:
+                    for r in p.records:
+                        self.transitions.notify(pb.Task.FromString(r.fields[b"t"]), r.kind)
                 if entry_ids:
                     self.last_id = entry_ids[-1]
                 if not p.future.done():
@@ -205,10 +245,14 @@ def _fail_batch(batch: list[_Pending], exc: BaseException) -> None:
             p.future.set_exception(exc)
 
 
-TERMINAL = (pb.TASK_STATE_REJECTED, pb.TASK_STATE_RELEASED)
+# states a task never leaves (retention forgets them); FINISHED: ran (or waited) to an end the placer reported
+FINISHED = (pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED, pb.TASK_STATE_EXPIRED)
+TERMINAL = (pb.TASK_STATE_REJECTED, pb.TASK_STATE_RELEASED, *FINISHED)
 KIND_OF_STATE = {pb.TASK_STATE_SUBMITTED: "submitted", pb.TASK_STATE_PLACED: "placed",
                  pb.TASK_STATE_DEFERRED: "deferred", pb.TASK_STATE_REJECTED: "rejected",
-                 pb.TASK_STATE_RELEASED: "released"}
+                 pb.TASK_STATE_RELEASED: "released", pb.TASK_STATE_RUNNING: "running",
+                 pb.TASK_STATE_SUCCEEDED: "succeeded", pb.TASK_STATE_FAILED: "failed",
+                 pb.TASK_STATE_PREEMPTED: "preempted", pb.TASK_STATE_EXPIRED: "expired"}
 
 
 def _entry_id(entry_id: bytes) -> tuple[int, int]:
@@ -229,6 +273,7 @@ async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, no
     for task in gone:
         del store.tasks[task.task_id]
         store._kept.pop(task.task_id, None)
+        store.ledger_refs.pop(task.task_id, None)
         key = (task.spec.tenant, task.spec.request_id)
         if store.by_request.get(key) == task.task_id:
             del store.by_request[key]
@@ -239,7 +284,9 @@ async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, no
         # through the store's own append script: the same epoch check as every task-stream write
         args = [store.epoch or ""]
         for task in old:
-            args += [KIND_OF_STATE.get(task.state, "submitted"), task.SerializeToString(), "kept by compaction"]
+            # with the ledger entry its state reflects: a restarted gateway's ledger followers resume from there
+            args += [KIND_OF_STATE.get(task.state, "submitted"), task.SerializeToString(), "kept by compaction",
+                     store.ledger_refs.get(task.task_id, b"")]
         kept = await store._append(keys=[store.stream, store.epoch_key or store.stream], args=args)
         for task, entry_id in zip(old, kept, strict=True):
             store._kept[task.task_id] = _entry_id(entry_id)
@@ -266,4 +313,4 @@ def event_of(entry_id: str, fields: dict[bytes, bytes]) -> pb.TaskEvent:
     task = pb.Task.FromString(fields[b"t"])
     return pb.TaskEvent(event_id=entry_id, task_id=task.task_id, kind=fields[b"k"].decode(), state=task.state,
                         datacenter=task.datacenter, detail=fields.get(b"d", b"").decode(),
-                        unix_ms=task.updated_unix_ms, tenant=task.spec.tenant)
+                        unix_ms=task.updated_unix_ms, tenant=task.spec.tenant, job_id=task.spec.job_id)
