@@ -10,21 +10,24 @@ No timed assertions: time factors are large and the times compared are the ledge
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import OrderedDict
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from hsched.domain.cluster import ClusterState
+from hsched.domain.cluster import ClusterState, Part, usage_vector
 from hsched.domain.errors import ValidationError
 from hsched.domain.resources import MILLI, Resources
-from hsched.domain.task import TaskSpec
+from hsched.domain.task import TaskSpec, task_to_dict
 from hsched.engine.executor import Overheads, SimulatedExecutor, Span
 from hsched.engine.placer import PlacerEngine
 from hsched.policies.fairshare import TenantWeights
 from hsched.policies.heuristics import make_policy
 from hsched.state.keys import Keys
-from hsched.state.ledger import replay
+from hsched.state.ledger import fold_event, load_snapshot, replay, snapshot_of
 from hsched.state.redis import connect
 from hsched.thermal.datacenter import room_for
 from tests.test_engine import cheap, ledger_events, running
@@ -240,3 +243,93 @@ def test_an_unknown_priority_class_is_refused_naming_the_field() -> None:
 def test_capacity_of_cheap_is_what_shares_are_measured_on() -> None:
     from hsched.policies.fairshare import capacity_vector
     assert np.array_equal(capacity_vector(cheap().node_table()), [96 * MILLI, 4 * 96 * GIB, 0])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the fold keeps what preemption and fair share need, from a snapshot as from the whole stream
+
+@st.composite
+def preemption_histories(draw) -> list[dict]:
+    """Ledgers a placer could write: allocs of online/offline tasks of two tenants (offline ones with their spec),
+    runs, completions, and preemptions written as the placer does (preempt + requeue with "after" + the online
+    task's alloc), requeued victims placed again."""
+    events, held, queued, clock = [], {}, {}, 1_000
+    for i in range(draw(st.integers(0, 30))):
+        clock += draw(st.integers(0, 5000))
+        kind = draw(st.sampled_from(["alloc", "run", "done", "preempt", "requeued"]))
+        if kind == "alloc":
+            task_id, cls, tenant = f"t{i}", draw(st.sampled_from(["online", "offline"])), draw(st.sampled_from("ab"))
+            cores, node = draw(st.integers(1, 12)), draw(st.integers(0, 3))
+            if sum(c for n, c, _ in held.values() if n == node) + cores > 24:
+                continue
+            spec = TaskSpec(Resources(cores * MILLI, 512), runtime_s=60, tenant=f"team-{tenant}", priority_class=cls)
+            events.append(_alloc(task_id, node, spec, clock))
+            held[task_id] = (node, cores, spec)
+        elif kind in ("run", "done") and held:
+            task_id = draw(st.sampled_from(sorted(held)))
+            events.append({"t": kind, "task": task_id, "at": clock, **({"ok": True, "reason": ""} if kind == "done"
+                                                                        else {})})
+            if kind == "done":
+                held.pop(task_id)
+        elif kind == "preempt":
+            offline = sorted(t for t, (_, _, s) in held.items() if s.priority_class == "offline")
+            if not offline:
+                continue
+            victim = draw(st.sampled_from(offline))
+            node, cores, spec = held.pop(victim)
+            after = clock + draw(st.sampled_from([0, 500, 20_000]))
+            events += [{"t": "preempt", "task": victim, "by": f"on{i}", "at": clock},
+                       {"t": "defer", "task": victim, "spec": task_to_dict(spec), "at": clock,
+                        **({"after": after} if after > clock else {})}]
+            online = TaskSpec(Resources(cores * MILLI, 512), runtime_s=60, tenant="team-a", priority_class="online")
+            events.append(_alloc(f"on{i}", node, online, clock))
+            held[f"on{i}"] = (node, cores, online)
+            queued[victim] = (node, cores, spec)
+        elif kind == "requeued" and queued:
+            victim = draw(st.sampled_from(sorted(queued)))
+            node, cores, spec = queued[victim]
+            if sum(c for n, c, _ in held.values() if n == node) + cores > 24:
+                continue
+            events.append(_alloc(victim, node, spec, clock))
+            held[victim] = queued.pop(victim)
+    return events
+
+
+def _alloc(task_id: str, node: int, spec: TaskSpec, at: int) -> dict:
+    event = {"t": "alloc", "task": task_id, "parts": [Part(0, 0, node, spec.resources.cpu_milli, 512, 0, 0).to_json()],
+             "at": at, "runtime_s": spec.runtime_s, "class": spec.effective_class, "tenant": spec.tenant}
+    if spec.effective_class == "offline":
+        event["spec"] = task_to_dict(spec)
+    return event
+
+
+def _fold(events: list[dict], state: ClusterState | None = None, queue: OrderedDict | None = None):
+    state = state if state is not None else ClusterState(cheap())
+    queue = queue if queue is not None else OrderedDict()
+    for e in events:
+        fold_event(json.loads(json.dumps(e)), state, queue)  # as read back from the stream
+    return state, queue
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(preemption_histories(), st.data())
+def test_the_fold_keeps_specs_ready_times_and_tenant_usage_from_a_snapshot_too(history, data) -> None:
+    cut = data.draw(st.integers(0, len(history)))
+    whole_state, whole_queue = _fold(history)
+    head_state, head_queue = _fold(history[:cut])
+    state, queue = ClusterState(cheap()), OrderedDict()
+    load_snapshot(snapshot_of(head_state, head_queue), state, queue)
+    state, queue = _fold(history[cut:], state, queue)
+    assert state.allocations == whole_state.allocations and list(queue) == list(whole_queue)
+    assert state.specs == whole_state.specs and state.ready_ms == whole_state.ready_ms
+    assert state.tenant_usage.keys() == whole_state.tenant_usage.keys()
+    for tenant, used in whole_state.tenant_usage.items():
+        assert np.array_equal(state.tenant_usage[tenant], used)
+    # what each tenant uses is exactly the sum of its allocations; every held offline task can be requeued
+    expected: dict[str, np.ndarray] = {}
+    for task_id, parts in whole_state.allocations.items():
+        tenant = whole_state.clocks[task_id].tenant
+        expected[tenant] = expected.get(tenant, 0) + usage_vector(parts)
+    assert {t: list(v) for t, v in expected.items()} == {t: list(v) for t, v in whole_state.tenant_usage.items()}
+    assert set(whole_state.specs) == {t for t, c in whole_state.clocks.items() if c.priority_class == "offline"}
+    assert set(whole_state.ready_ms) <= set(whole_queue)
