@@ -209,10 +209,11 @@ def test_victims_a_free_task_is_not_evicted_for_nothing():
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=3),
        st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=2, unique=True), st.integers(1, 6),
                           st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5, 7.0])), max_size=7),
-       st.integers(1, 12), st.sampled_from([3, 10, 512]))
-def test_victims_minimal_lost_work(free, tasks, demand, max_checks):
+       st.integers(1, 12), st.sampled_from([3, 10, 512]), st.booleans())
+def test_victims_minimal_lost_work(free, tasks, demand, max_checks, bounded):
     """Against brute force: the victims sit on the chosen node, let the task in, and lose the least work any
-    single-node set could (with a small check budget: still a set that lets it in)."""
+    single-node set could (with a small check budget: still a set that lets it in); with a lower bound on the
+    victims a node needs (here the exact fewest, by brute force), the same."""
     n = len(free)
     tasks = [([x for x in nodes if x < n] or [0], cpu, lost) for nodes, cpu, lost in tasks]
     cands = [Candidate(f"t{i}", frozenset(nodes), lost) for i, (nodes, _, lost) in enumerate(tasks)]
@@ -226,7 +227,13 @@ def test_victims_minimal_lost_work(free, tasks, demand, max_checks):
 
     if fits(()):
         return  # the placer only preempts when the task does not fit as is
-    e = choose_victims(cands, fits, max_checks=max_checks)
+    def fewest(node, on_node):  # the exact fewest victims among on_node that fit (len + 1: none do)
+        for r in range(1, len(on_node) + 1):
+            if any(fits(tuple(c.task_id for c in sub)) for sub in itertools.combinations(on_node, r)):
+                return r
+        return len(on_node) + 1
+
+    e = choose_victims(cands, fits, max_checks=max_checks, min_victims=fewest if bounded else None)
     best = None
     for k in range(n):
         on_k = [c for c in cands if k in c.nodes]

@@ -71,12 +71,18 @@ class TaskClock:
         return TaskClock(int(v[0]), float(v[1]), str(v[2]), str(v[3]), int(v[4]))
 
 
-def usage_vector(parts: tuple[Part, ...]) -> np.ndarray:
-    """What an allocation holds as [cpu milli, memory MiB, GPU core percent summed over cards] (fair share)."""
-    v = np.zeros(3)
+def usage_of(parts: tuple[Part, ...]) -> tuple[int, int, int]:
+    """What an allocation holds as (cpu milli, memory MiB, GPU core percent summed over cards) (fair share)."""
+    cpu = memory = gpu = 0
     for p in parts:
-        v += (p.cpu_milli, p.memory_mib, sum(g.core_percent for g in p.gpus))
-    return v
+        cpu, memory = cpu + p.cpu_milli, memory + p.memory_mib
+        gpu += sum(g.core_percent for g in p.gpus)
+    return cpu, memory, gpu
+
+
+def usage_vector(parts: tuple[Part, ...]) -> np.ndarray:
+    """`usage_of` as an array."""
+    return np.array(usage_of(parts), dtype=np.float64)
 
 
 class OverAllocation(RuntimeError):

@@ -63,7 +63,7 @@ from hsched.policies.fairshare import (
     demand_vector,
 )
 from hsched.policies.heuristics import FirstFit
-from hsched.policies.placement import Outcome, Plan, part_power_w, plan
+from hsched.policies.placement import Outcome, Plan, part_power_w, plan, split_task
 from hsched.policies.preemption import Eviction, candidate, choose_victims, lost_work
 from hsched.state.keys import Keys
 from hsched.state.lease import LeaseKeeper
@@ -211,6 +211,7 @@ class PlacerEngine:
         self._closing = False
         self.tenant_weights = tenant_weights or TenantWeights()
         self._capacity = capacity_vector(self.state.table)
+        self._capacity_t = tuple(float(c) for c in self._capacity)
         self._probe = FirstFit()  # "would it fit?" for preemption: any feasible placement will do
         self._ready_timers: dict[int, asyncio.TimerHandle] = {}  # unix ms -> a drain when requeued victims are ready
         self.preemptions_total = 0  # victims evicted (written to the ledger) since this engine started
@@ -591,27 +592,44 @@ class PlacerEngine:
         assert spec is not None
         now = _now_ms()
         state = self.state
-        cands = [candidate(t, parts, lost_work(parts, clock.started_ms, now, self._capacity, self.time_factor))
-                 for t, parts in state.allocations.items()
-                 if (clock := state.clocks.get(t)) is not None and clock.priority_class != ONLINE and t in state.specs]
+        offline = [t for t, clock in state.clocks.items() if clock.priority_class != ONLINE and t in state.specs]
+        if not offline:
+            return None
+        reclaimable = self._reclaimable(spec, offline)
+        cands = []
+        for t in offline:
+            parts = state.allocations[t]
+            if any(reclaimable[p.node] for p in parts):
+                lost = lost_work(parts, state.clocks[t].started_ms, now, self._capacity_t, self.time_factor)
+                cands.append(candidate(t, [p for p in parts if reclaimable[p.node]], lost))
         if not cands:
             return None
 
+        demands = [d.demand for d in split_task(spec, self.dc)]
+        smallest = (min(d.cpu_milli for d in demands), min(d.memory_mib for d in demands),
+                    min(d.disk_mib for d in demands), min(d.bandwidth_mbps for d in demands))
+        power: dict[str, list[tuple[int, float]]] = {}  # victim -> the heat its parts make, per node
+
         def fits(victims: tuple[str, ...]) -> bool:
             freed = [state.allocations[t] for t in victims]
+            if not _room_for_some_part(state, freed, smallest):
+                return False  # cheap necessary condition: the planner need not be asked
             room = None if headroom is None else headroom.copy()
-            for parts in freed:
+            for t, parts in zip(victims, freed, strict=True):
                 state._delta(parts, +1)  # tentative, undone below (as plan() itself does)
                 if room is not None:
-                    for p in parts:
-                        room[p.node] += part_power_w(state, _demand_of(p), p.node)[0]
+                    if t not in power:
+                        power[t] = [(p.node, part_power_w(state, _demand_of(p), p.node)[0]) for p in parts]
+                    for node, watts in power[t]:
+                        room[node] += watts
             try:
                 return plan(state, spec, self._probe, room).outcome is Outcome.PLACED
             finally:
                 for parts in freed:
                     state._delta(parts, -1)
 
-        eviction = choose_victims(cands, fits)
+        eviction = choose_victims(cands, fits, min_victims=lambda node, on_node: _fewest_victims(
+            state, node, [state.allocations[c.task_id] for c in on_node], smallest))
         if eviction is None:
             return None
         self._evict(op, eviction, headroom, now)
@@ -624,6 +642,21 @@ class PlacerEngine:
             *notes, *decision.notes,
             f"preempted {len(eviction.victims)} offline task(s) on node {state.table.names[eviction.node]}: "
             f"{', '.join(eviction.victims)} (lost work {eviction.lost_work:.4g} DC-seconds); requeued"])
+
+    def _reclaimable(self, spec: TaskSpec, offline: list[str]) -> np.ndarray:
+        """Nodes where a part of `spec` would fit if all their offline tasks were gone: the only nodes whose
+        evictions are worth asking the planner about (a cheap necessary condition, one mask per part size)."""
+        held = [self.state.allocations[t] for t in offline]
+        for parts in held:
+            self.state._delta(parts, +1)
+        try:
+            mask = np.zeros(self.state.n, dtype=bool)
+            for demand in {d.demand for d in split_task(spec, self.dc)}:
+                mask |= self.state.feasible(demand, spec.gpu_models)
+            return mask
+        finally:
+            for parts in held:
+                self.state._delta(parts, -1)
 
     def _evict(self, op: _Op, eviction: Eviction, headroom: np.ndarray | None, now: int) -> None:
         """A preempt event per victim (frees it) and its requeue with its spec, after the preemption overhead."""
@@ -893,6 +926,51 @@ class PlacerEngine:
                 log.exception("placer %s: publishing the summary failed", self.dc.name)
                 self._dirty.set()
             await asyncio.sleep(period_s)
+
+
+def _room_for_some_part(state: ClusterState, freed: list[tuple[Part, ...]], smallest: tuple[int, int, int, int]) -> bool:
+    """Whether a node the victims' parts free would hold the task's smallest part in CPU, memory, disk and
+    bandwidth (GPU cards are left to the planner): the task fits nowhere now, so some part must go there."""
+    room: dict[int, list[int]] = {}
+    for parts in freed:
+        for p in parts:
+            r = room.setdefault(p.node, [int(state.free_cpu[p.node]), int(state.free_memory[p.node]),
+                                         int(state.free_disk[p.node]), int(state.free_bandwidth[p.node])])
+            r[0] += p.cpu_milli
+            r[1] += p.memory_mib
+            r[2] += p.disk_mib
+            r[3] += p.bandwidth_mbps
+    return any(all(have >= need for have, need in zip(r, smallest, strict=True)) for r in room.values())
+
+
+def _fewest_victims(state: ClusterState, node: int, victims: list[tuple[Part, ...]],
+                    smallest: tuple[int, int, int, int]) -> int:
+    """A lower bound on how many of `victims` (the offline tasks on `node`) must go before the task's smallest
+    part fits there, in CPU, memory, disk and bandwidth (largest first; more than there are: never); 1 when some
+    victim also holds other nodes (it frees room elsewhere too). The task fits nowhere now, so with victims on
+    this node only, some part must go here."""
+    have = (int(state.free_cpu[node]), int(state.free_memory[node]), int(state.free_disk[node]),
+            int(state.free_bandwidth[node]))
+    deficit = [need - h for need, h in zip(smallest, have, strict=True)]
+    if all(d <= 0 for d in deficit):
+        return 1
+    if any(p.node != node for parts in victims for p in parts):
+        return 1
+    sizes = [(sum(p.cpu_milli for p in parts), sum(p.memory_mib for p in parts), sum(p.disk_mib for p in parts),
+              sum(p.bandwidth_mbps for p in parts)) for parts in victims]
+    fewest = 1
+    for k, d in enumerate(deficit):
+        if d <= 0:
+            continue
+        freed = 0
+        for count, size in enumerate(sorted((s[k] for s in sizes), reverse=True), start=1):
+            freed += size
+            if freed >= d:
+                fewest = max(fewest, count)
+                break
+        else:
+            return len(victims) + 1
+    return fewest
 
 
 def _demand_of(p: Part) -> Resources:

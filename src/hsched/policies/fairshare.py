@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,11 +53,9 @@ def capacity_vector(table: NodeTable) -> np.ndarray:
     return np.array([table.cpu_milli.sum(), table.memory_mib.sum(), table.gpu_core_percent.sum()], dtype=np.float64)
 
 
-def dominant_share(v: np.ndarray, capacity: np.ndarray) -> float:
+def dominant_share(v: Sequence[float], capacity: Sequence[float]) -> float:
     """The largest fraction of the DC's capacity `v` takes in any dimension (DRF's dominant share)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        f = np.where(capacity > 0, v / np.where(capacity > 0, capacity, 1), 0.0)
-    return float(f.max(initial=0.0))
+    return max((float(a) / float(c) for a, c in zip(v, capacity, strict=True) if c > 0), default=0.0)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ its size, the dominant share of the data center it holds (hsched.policies.fairsh
 
 The victims all sit on ONE node (a task with parts on several nodes counts for each of them and frees all its
 parts): for every node holding offline tasks, the cheapest set of them that lets the online task in is found by
-an exact branch-and-bound search, and the cheapest node wins (ties: fewer victims, then the lower node index).
+an exact branch-and-bound search, and the cheapest node wins (ties: fewer victims; then the first found).
 Whether a set "lets the task in" is the caller's `fits` — the placer asks the same planner, masks and thermal
 headroom as for any placement — and must be monotone (evicting more never makes it not fit), which holding
 resources and heat are. The search asks `fits` at most `max_checks` times; past that it keeps the best set found
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hsched.domain.cluster import Part, usage_vector
+from hsched.domain.cluster import Part, usage_of
 from hsched.policies.fairshare import dominant_share
 
-MAX_CHECKS = 512
+MAX_CHECKS = 1024
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,9 @@ class Eviction:
 def lost_work(parts: Iterable[Part], started_ms: int, now_ms: int, capacity: np.ndarray,
               time_factor: float = 1.0) -> float:
     """Task seconds run so far (wall time × `time_factor`; 0 when not started) × dominant share of the DC."""
-    parts = tuple(parts)
     if started_ms <= 0 or now_ms <= started_ms:
         return 0.0
-    return (now_ms - started_ms) / 1000.0 * time_factor * dominant_share(usage_vector(parts), capacity)
+    return (now_ms - started_ms) / 1000.0 * time_factor * dominant_share(usage_of(tuple(parts)), capacity)
 
 
 def candidate(task_id: str, parts: Iterable[Part], lost: float) -> Candidate:
@@ -58,9 +57,12 @@ def candidate(task_id: str, parts: Iterable[Part], lost: float) -> Candidate:
 
 
 def choose_victims(candidates: Iterable[Candidate], fits: Callable[[tuple[str, ...]], bool],
-                   max_checks: int = MAX_CHECKS) -> Eviction | None:
+                   max_checks: int = MAX_CHECKS,
+                   min_victims: Callable[[int, list[Candidate]], int] | None = None) -> Eviction | None:
     """The cheapest single-node eviction that makes `fits(victim ids)` true, or None if no node's offline tasks
-    would be enough even all evicted."""
+    would be enough even all evicted. `min_victims(node, its candidates)`, if given, is a lower bound on how
+    many of them any set that fits needs (more than there are: none does); nodes whose cheapest sets of that
+    size cannot beat the best found are not searched."""
     by_node: dict[int, list[Candidate]] = {}
     for c in candidates:
         for n in c.nodes:
@@ -76,10 +78,17 @@ def choose_victims(candidates: Iterable[Candidate], fits: Callable[[tuple[str, .
         return memo[key]
 
     best: tuple[float, int, int, tuple[str, ...]] | None = None  # (lost work, victims, node, ids)
-    for node in sorted(by_node):
-        cands = sorted(by_node[node], key=lambda c: (c.lost_work, c.task_id))
-        if not ok(c.task_id for c in cands):
-            continue
+    ranked = {n: sorted(cs, key=lambda c: (c.lost_work, c.task_id)) for n, cs in by_node.items()}
+    bounds = {}  # node -> (lowest lost work, fewest victims) any set of its candidates that fits can have
+    for n, cands in ranked.items():
+        m = max(1, min_victims(n, cands)) if min_victims is not None else 1
+        if m <= len(cands):
+            bounds[n] = (sum(c.lost_work for c in cands[:m]), m)
+    # nodes with the lowest bound first: a good set found early bounds the search on the others
+    for node in sorted(bounds, key=lambda n: (bounds[n], n)):
+        cands = ranked[node]
+        if best is not None and bounds[node] >= best[:2]:
+            continue  # even its cheapest sets of the fewest victims cannot beat the best set found
         found = _search(cands, ok, checks, None if best is None else best[:2])
         if found is None and checks[0] <= 0 and best is None:
             found = _greedy(cands, ok)  # out of checks before any set was confirmed
@@ -107,10 +116,12 @@ def _search(cands: list[Candidate], ok: Callable[[Iterable[str]], bool], checks:
     def visit(i: int, chosen: tuple[str, ...], cost: float) -> None:
         if checks[0] <= 0:
             return
-        if chosen and ok(chosen):
-            if better(cost, len(chosen)):
+        if chosen:
+            if not better(cost, len(chosen)):
+                return  # neither it nor a superset (more lost work or victims) can beat the best
+            if ok(chosen):
                 best[0], best[1] = (cost, len(chosen)), chosen
-            return  # a superset only adds lost work or victims
+                return
         if i == len(cands) or not better(cost + cands[i].lost_work, len(chosen) + 1):
             return  # cands are sorted: any extension costs at least cands[i].lost_work more
         if not ok(chosen + suffix_all[i]):
@@ -124,12 +135,14 @@ def _search(cands: list[Candidate], ok: Callable[[Iterable[str]], bool], checks:
     return best[0][0], tuple(sorted(best[1]))
 
 
-def _greedy(cands: list[Candidate], ok: Callable[[Iterable[str]], bool]) -> tuple[float, tuple[str, ...]]:
+def _greedy(cands: list[Candidate], ok: Callable[[Iterable[str]], bool]) -> tuple[float, tuple[str, ...]] | None:
     chosen: list[Candidate] = []
     for c in cands:
         chosen.append(c)
         if ok(x.task_id for x in chosen):
             break
+    else:
+        return None  # even all of them are not enough
     for c in sorted(chosen, key=lambda c: -c.lost_work):  # the most expensive first: drop it if not needed
         rest = [x for x in chosen if x is not c]
         if rest and ok(x.task_id for x in rest):
