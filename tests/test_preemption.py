@@ -27,8 +27,8 @@ from hsched.engine.placer import PlacerEngine
 from hsched.policies.fairshare import TenantWeights
 from hsched.policies.heuristics import make_policy
 from hsched.state.keys import Keys
-from hsched.state.ledger import fold_event, load_snapshot, replay, snapshot_of
-from hsched.state.redis import connect
+from hsched.state.ledger import AppendNotReplicated, fold_event, load_snapshot, replay, snapshot_of
+from hsched.state.redis import EmbeddedRedis, connect
 from hsched.thermal.datacenter import room_for
 from tests.test_engine import cheap, ledger_events, running
 from tests.test_lifecycle import events_of, kinds, until
@@ -333,3 +333,45 @@ def test_the_fold_keeps_specs_ready_times_and_tenant_usage_from_a_snapshot_too(h
     assert {t: list(v) for t, v in expected.items()} == {t: list(v) for t, v in whole_state.tenant_usage.items()}
     assert set(whole_state.specs) == {t for t, c in whole_state.clocks.items() if c.priority_class == "offline"}
     assert set(whole_state.ready_ms) <= set(whole_queue)
+
+
+async def test_a_preemption_whose_write_is_in_doubt_is_cancelled_and_the_victim_keeps_running(prefix) -> None:
+    """The append lands on the master but no replica confirms it: not acknowledged, so the engine undoes the
+    preemption in memory and the ledger's next write cancels it — the online task freed, the victim re-allocated
+    as it was (same placement, same start), its requeue gone — and the fold is the engine's state again."""
+    server = EmbeddedRedis().start()  # a master without replicas: WAIT 1 answers 0
+    client = connect(server.url)
+    try:
+        async with running(engine(client, prefix, executor())) as e:
+            await fill(e, client, prefix, ["a", "b", "c", "v"])
+            before = e.state.clocks["v"]
+            e.ledger.min_replicas, e.ledger.wait_timeout_ms = 1, 50
+            with pytest.raises(AppendNotReplicated):
+                await e.place("on", task(24, "online"))
+            assert e.state.clocks["v"] == before and "on" not in e.state.allocations and not e.queue
+            e.ledger.min_replicas = 0
+            await e.ledger.settle()
+            state, queue = ClusterState(cheap()), OrderedDict()
+            await replay(client, Keys(prefix).ledger("cheap"), state, queue)
+            assert state.allocations == e.state.allocations and state.clocks == e.state.clocks and not queue
+            assert state.specs.keys() == e.state.specs.keys() and state.clocks["v"] == before
+            assert kinds(await events_of(client, prefix, "v")) == ["alloc", "run", "preempt", "defer", "alloc", "run"]
+            assert kinds(await events_of(client, prefix, "on")) == ["alloc", "free"]
+            assert e.preemptions_total == 0  # nothing acknowledged
+            # and the engine goes on: the next online task preempts for real
+            assert (await e.place("on2", task(24, "online"))).outcome == "placed" and e.preemptions_total == 1
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+def test_the_cancellation_of_a_preemption_that_was_not_written_changes_nothing() -> None:
+    """The same cancellation when the preemption's write never landed: the victim is still held, so its
+    re-allocation and its run are no-ops for the fold, and the free and the drop of tasks not held too."""
+    spec_v = task(24, runtime_s=60)
+    alloc_v = _alloc("v", 3, spec_v, 1_000)
+    state, queue = _fold([alloc_v, {"t": "run", "task": "v", "at": 1_500}])
+    held, clocks = dict(state.allocations), dict(state.clocks)
+    _fold([{"t": "free", "task": "on"}, {**alloc_v, "restore": True}, {"t": "run", "task": "v", "at": 1_500}],
+          state, queue)
+    assert state.allocations == held and state.clocks == clocks and not queue

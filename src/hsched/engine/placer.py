@@ -411,8 +411,8 @@ class PlacerEngine:
         queue_before = self._mark()
         try:
             await self._decide_batch(batch)
-            # keys starting with "_" are in-memory bookkeeping for _undo, not ledger content
-            events = [{k: v for k, v in e.items() if not k.startswith("_")} for op in batch for e in op.events]
+            # keys starting with "_" are in-memory bookkeeping (for _undo and the ledger's cancellations), never stored
+            events = [e for op in batch for e in op.events]
             if events:
                 self.last_id = await self.ledger.append(events)
                 self._since_snapshot += len(events)
@@ -666,10 +666,18 @@ class PlacerEngine:
             event = {"t": "preempt", "task": victim, "by": op.task_id, "at": now}
             self._emit(op, event)
             event["_parts"] = parts  # for _undo and the thermal check only; stripped before the ledger write
+            # if the append's outcome is unknown, the ledger cancels it by re-allocating the victim as it was
+            restore = {"t": "alloc", "task": victim, "parts": [p.to_json() for p in parts], "at": clock.placed_ms,
+                       "runtime_s": clock.runtime_s, "class": clock.priority_class, "tenant": clock.tenant,
+                       "spec": task_to_dict(spec), "restore": True}
+            event["_undo"] = [restore, *([{"t": "run", "task": victim, "at": clock.started_ms}]
+                                         if clock.started_ms else [])]
             if headroom is not None:
                 for p in parts:
                     headroom[p.node] += part_power_w(self.state, _demand_of(p), p.node)[0]
-            requeue = {"t": "defer", "task": victim, "spec": task_to_dict(spec), "at": now}
+            # (its cancellation: none — the victim's re-allocation takes it out of the queue; a drop would read as a
+            # release to the gateway)
+            requeue = {"t": "defer", "task": victim, "spec": task_to_dict(spec), "at": now, "_undo": []}
             delay_ms = self.executor.preemption_delay_ms(victim, clock, now) if self.executor is not None else 0
             if delay_ms > 0:
                 requeue["after"] = now + delay_ms

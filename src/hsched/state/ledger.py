@@ -21,6 +21,8 @@ read with the defaults shown):
   {"t": "expire", "task": id, "at": ms}                    deferred past its queue_timeout_s (EXPIRED); like drop
   {"t": "preempt", "task": id, "by": task id, "at": ms}    evicted for an online task (PREEMPTED); frees like free;
                                                           the same append requeues it (defer) and allocates "by"
+  an alloc with "restore": true (and the victim's original "at", then its run) cancels a preemption whose write
+  had an unknown outcome; ignored when the task is still held (the preemption had not been written)
 
 Retention: the placer periodically writes a snapshot of its fold (allocations and deferred queue, with the
 ledger id it covers) to `{prefix}:dc:{dc}:snapshot` and trims the stream below it (XTRIM MINID), in one
@@ -106,6 +108,8 @@ class AppendNotReplicated(NotReplicated):
 
 
 # What cancels an event whose append had an unknown outcome (the fold ignores a free/drop of a task not held).
+# An event may bring its own cancellations instead, under "_undo" (a preemption: re-allocating its victim);
+# keys starting with "_" are the writer's bookkeeping and never stored.
 # Lifecycle events (run, done, expire) need none: the placer writes them again until they land.
 _UNDO = {"alloc": "free", "defer": "drop"}
 _INDETERMINATE = (RedisConnectionError, RedisTimeoutError, NotReplicated)
@@ -129,8 +133,27 @@ def clock_of(event: dict) -> TaskClock | None:
                      event.get("tenant", "default"))
 
 
+def _stored(event: dict) -> dict:
+    """The event as the ledger stores it: without the writer's "_" bookkeeping keys."""
+    return {k: v for k, v in event.items() if not k.startswith("_")} if any(k[0] == "_" for k in event) else event
+
+
+def cancellations(events: list[dict]) -> list[dict]:
+    """Events that cancel `events` whatever part of them was written, latest first (a preemption's victim is
+    re-allocated only after the online task that took its room is freed)."""
+    out: list[dict] = []
+    for e in reversed(events):
+        if "_undo" in e:
+            out += e["_undo"]
+        elif e["t"] in _UNDO:
+            out.append({"t": _UNDO[e["t"]], "task": e["task"]})
+    return out
+
+
 def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
     kind, task = event["t"], event["task"]
+    if kind == "alloc" and event.get("restore") and task in state.allocations:
+        return  # the cancellation of a preemption whose write did not land: the victim never left
     if kind == "alloc":
         queue.pop(task, None)
         state.queued_ms.pop(task, None)
@@ -258,7 +281,7 @@ class Ledger:
         if self.token is None:
             raise Fenced(f"placer for {self.dc} has no fencing token (acquire() first)")
         undo = list(self.pending_undo)
-        payload = [json.dumps(e, separators=(",", ":")) for e in (*undo, *events)]
+        payload = [json.dumps(_stored(e), separators=(",", ":")) for e in (*undo, *events)]
         keys = [self.stream, self.keys.fence(self.dc), self.keys.epoch]
         args = [self.token, self.epoch or "", *payload]
         try:
@@ -281,7 +304,7 @@ class Ledger:
                 raise Fenced(f"placer for {self.dc} was fenced out (token {self.token} is stale)") from None
             raise
         except _INDETERMINATE:
-            self.pending_undo = [*undo, *({"t": _UNDO[e["t"]], "task": e["task"]} for e in events if e["t"] in _UNDO)]
+            self.pending_undo = [*undo, *cancellations(events)]
             raise
         self.pending_undo = []
         return last.decode() if isinstance(last, bytes) else last
