@@ -27,14 +27,16 @@ from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.resources import MILLI, Resources
 from hsched.domain.task import TaskSpec, task_to_dict
 from hsched.engine.executor import Overheads, SimulatedExecutor, Span
-from hsched.engine.placer import PlacerEngine
+from hsched.engine.placer import PlacerEngine, _Op
 from hsched.policies.heuristics import make_policy
+from hsched.stack import Stack, StackConfig
 from hsched.state.follow import LedgerFollower, stream_id_tuple
 from hsched.state.keys import Keys
 from hsched.state.ledger import Ledger, fold_event, load_snapshot, replay, snapshot_and_trim, snapshot_of
 from hsched.state.redis import connect, connect_sync
 from hsched.v1 import common_pb2 as pb
-from hsched.v1 import placer_pb2, placer_pb2_grpc
+from hsched.v1 import gateway_pb2, gateway_pb2_grpc, placer_pb2, placer_pb2_grpc
+from tests.conftest import SMALL_FLEET
 from tests.test_engine import cheap, ledger_events, running
 from tests.test_leases import PlacerProcess, wait_for
 
@@ -166,6 +168,39 @@ async def test_a_deferred_task_expires_after_its_queue_timeout(redis, prefix) ->
         assert freed.placed_from_queue == [] and "w" not in e.state.allocations  # w had expired: nobody waits
 
 
+async def test_a_completion_whose_append_had_an_unknown_outcome_is_not_written_twice(redis, prefix) -> None:
+    """The done (with the queued task it gives the room to) lands on the master but WAIT finds no replica
+    (AppendNotReplicated: outcome unknown to the placer, which cancels the queued task's alloc). Before its
+    retry the placer folds the ledger afresh: the done is there, so it writes no other, and the queued task,
+    put back in the queue by the cancellation, gets the room."""
+    async with running(engine(redis, prefix, executor(tf=10))) as e:
+        for i in range(3):
+            await e.place(f"f{i}", spec(24))
+        await e.place("t", spec(24, runtime_s=10))  # 1 wall second
+        assert (await e.place("q", spec(8))).outcome == "deferred"
+        await until(lambda: _has(redis, prefix, "t", "run"), "t runs")
+        e.ledger.min_replicas, e.ledger.wait_timeout_ms = 1, 50  # this Redis has no replica: never acknowledged
+        await until(lambda: _has(redis, prefix, "t", "done"), "t's done lands on the master")
+        await until(lambda: _in_doubt(e), "the placer learns the outcome is unknown")
+        e.ledger.min_replicas = 0
+        await until(lambda: _holds(e, "q"), "q placed after the refold", timeout_s=30)
+        await e.place("later", spec(1))  # a later write: anything the retries would add comes before it
+        assert kinds(await events_of(redis, prefix, "t")) == ["alloc", "run", "done"]
+        q_allocs = [ev for _, ev in await events_of(redis, prefix, "q") if ev["t"] == "alloc"]
+        assert len(q_allocs) == 2  # the one in doubt (cancelled) and the one after the refold
+        state, queue = ClusterState(cheap()), OrderedDict()
+        await replay(redis, Keys(prefix).ledger("cheap"), state, queue)
+        assert_same_fold((state, queue), (e.state, e.queue))
+
+
+async def _in_doubt(e: PlacerEngine) -> bool:
+    return bool(e.ledger.pending_undo) or e._refold_due
+
+
+async def _holds(e: PlacerEngine, task: str) -> bool:
+    return task in e.state.allocations
+
+
 async def test_a_new_holder_resumes_the_clocks_from_a_snapshot(redis, prefix) -> None:
     """A placer that takes over folds the snapshot (the stream below it trimmed) and completes the running task
     at the time the first placer would have, once."""
@@ -292,6 +327,8 @@ def histories(draw) -> list[dict]:
             if draw(st.booleans()):  # written with the execution clock (else: an old ledger's alloc)
                 event.update(at=clock, runtime_s=draw(st.sampled_from([0, 30, 3600])),
                              **{"class": draw(st.sampled_from(["online", "offline"]))}, tenant="t")
+                if draw(st.booleans()):
+                    event["delay_s"] = 7.5
             if task in queued:
                 queued.remove(task)
         elif kind in ("done", "free", "preempt"):
@@ -391,3 +428,46 @@ def test_the_simulated_plan_is_the_same_in_every_process() -> None:
         assert p.end_ms is not None and p.start_ms <= p.end_ms <= p.start_ms + 20_000
     assert 0 < sum(not p.ok for p in plans) < 50
     assert len({p.start_ms - c.placed_ms for c, p in zip(clocks, plans, strict=True)}) > 1  # drawn, not fixed
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the stack: `hsched up --time-factor F`
+
+
+def test_the_stack_runs_a_submitted_task_for_its_runtime_and_returns_its_room(redis_url, prefix) -> None:
+    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
+                         thermal=False, metrics=False, time_factor=600)  # a task minute = 0.1 s
+    with Stack(config) as stack, grpc.insecure_channel(stack.gateway) as ch:
+        spec = pb.TaskSpec(resources=pb.Resources(cpu_milli=2000, memory_mib=1024), runtime_s=60)
+        task = gateway_pb2_grpc.GatewayStub(ch).Submit(gateway_pb2.SubmitRequest(task=spec), timeout=30).task
+        assert task.state == pb.TASK_STATE_PLACED
+        stream = Keys(prefix).ledger(task.datacenter)
+        client = connect_sync(redis_url)
+
+        def events() -> list[dict]:
+            return [e for _, f in client.xrange(stream) if (e := json.loads(f[b"e"]))["task"] == task.task_id]
+
+        wait_for(lambda: any(e["t"] == "done" for e in events()), "the task completes")
+        alloc, run, done = events()
+        assert [alloc["t"], run["t"], done["t"]] == ["alloc", "run", "done"] and done["ok"]
+        assert done["at"] - run["at"] == 100  # 60 task seconds at 600x
+        assert 1400 / 600 - 1 <= run["at"] - alloc["at"] <= 11_000 / 600 + 1  # paper 001's default overheads
+        with grpc.insecure_channel(stack.placer_target(task.datacenter)) as pch:
+            state = placer_pb2_grpc.PlacerStub(pch).GetState(placer_pb2.PlacerStateRequest(), timeout=10)
+        assert state.summary.running_tasks == 0 and state.summary.free.cpu_milli == state.summary.capacity.cpu_milli
+
+
+async def test_a_preempting_placement_records_its_overhead_and_starts_after_it(redis, prefix) -> None:
+    """The hook the preemption path uses: the alloc carries the drawn overhead (delay_s), and the start waits
+    for it on top of the other overheads — the same after a restart, since the ledger holds it."""
+    ex = SimulatedExecutor(TF, Overheads(Span(0, 0), Span(0, 0), Span(12, 12)), seed=1)  # 12 s = 200 ms
+    async with running(engine(redis, prefix, ex)) as e:
+        op = _Op("place", "online", spec(2, runtime_s=60))
+        e._alloc(op, "online", op.spec, (Part(0, 0, 0, 2000, 512, 0, 0),), None, preempting=True)
+        events = [{k: v for k, v in ev.items() if not k.startswith("_")} for ev in op.events]
+        e.last_id = await e.ledger.append(events)
+        e._follow_events(events)
+        await until(lambda: _has(redis, prefix, "online", "run"), "online runs")
+        (_, alloc), (_, run) = await events_of(redis, prefix, "online")
+        assert alloc["delay_s"] == 12 and run["at"] == alloc["at"] + 200
+        assert e.state.clocks["online"].delay_s == 12

@@ -84,8 +84,8 @@ def test_an_online_task_preempts_only_when_it_cannot_be_placed_and_the_victim_su
     started = {e["task"]: e["at"] for e in events if e["t"] == "run" and e["task"] in {t.task_id for t in offline}}
     assert started[victim] == max(started.values())  # least lost work: all hold the same, it ran the shortest
     i = next(k for k, e in enumerate(events) if e["t"] == "preempt")
-    assert [(e["t"], e["task"]) for e in events[i:i + 3]] == [("preempt", victim), ("defer", victim),
-                                                              ("alloc", urgent.task_id)]
+    assert [(e["t"], e["task"]) for e in events[i:i + 3]] == [("preempt", victim), ("alloc", urgent.task_id),
+                                                              ("defer", victim)]
     # the victim is requeued, placed again when room comes back (the online tasks finish), and succeeds
     done = wait_for(lambda: (t := get(victim)).state == pb.TASK_STATE_SUCCEEDED and t, "the victim succeeded")
     assert done.preemptions == 1

@@ -228,6 +228,10 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine) -> None:
                                   lambda: [((dc,), float(len(engine.queue)))])
     metrics.register_gauge_family("hsched_running_tasks", "Tasks holding resources", ["datacenter"],
                                   lambda: [((dc,), float(len(engine.state.allocations)))])
+    metrics.register_gauge_family("hsched_started_tasks", "Tasks holding resources that the executor started "
+                                  "(RUNNING; the others wait for their container)", ["datacenter"],
+                                  lambda: [((dc,), float(sum(1 for c in list(engine.state.clocks.values())
+                                                             if c.started_ms)))])
     metrics.register_gauge_family("hsched_placer_lease_held", "1 while this placer holds the DC's lease and serves, "
                                   "0 while fenced or standby", ["datacenter"],
                                   lambda: [((dc,), float(engine.holding))])

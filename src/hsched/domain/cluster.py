@@ -14,7 +14,8 @@ kept as allocations come and go, over `usage_vector`'s dimensions).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -53,22 +54,23 @@ class Part:
                     tuple(GpuShare(int(c), int(p), int(m)) for c, p, m in v[7]))
 
 
-@dataclass(frozen=True, slots=True)
-class TaskClock:
-    """What the execution clock needs of an allocated task, as its ledger events recorded it."""
+class TaskClock(NamedTuple):
+    """What the execution clock needs of an allocated task, as its ledger events recorded it. (A tuple of
+    scalars: the garbage collector stops tracking it, which matters with many thousands of tasks held.)"""
 
     placed_ms: int  # unix ms of the alloc; also tells two placements of one task apart (a requeued task)
     runtime_s: float = 0.0  # task time; 0 = runs until released
     priority_class: str = "offline"
     tenant: str = "default"
     started_ms: int = 0  # unix ms of the run event (the executor started it); 0 = not started yet
+    delay_s: float = 0.0  # task seconds of extra start delay recorded at placement (a preemption's overhead)
 
     def to_json(self) -> list:
-        return [self.placed_ms, self.runtime_s, self.priority_class, self.tenant, self.started_ms]
+        return [self.placed_ms, self.runtime_s, self.priority_class, self.tenant, self.started_ms, self.delay_s]
 
     @staticmethod
     def from_json(v: list) -> TaskClock:
-        return TaskClock(int(v[0]), float(v[1]), str(v[2]), str(v[3]), int(v[4]))
+        return TaskClock(int(v[0]), float(v[1]), str(v[2]), str(v[3]), int(v[4]), float(v[5]) if len(v) > 5 else 0.0)
 
 
 def usage_of(parts: tuple[Part, ...]) -> tuple[int, int, int]:
@@ -232,7 +234,7 @@ class ClusterState:
         """The executor started `task_id` at `at_ms` (a run event); ignored for a task not held or unclocked."""
         clock = self.clocks.get(task_id)
         if clock is not None and task_id in self.allocations:
-            self.clocks[task_id] = replace(clock, started_ms=at_ms)
+            self.clocks[task_id] = clock._replace(started_ms=at_ms)
 
     def release(self, task_id: str) -> tuple[Part, ...] | None:
         parts = self.allocations.pop(task_id, None)

@@ -11,14 +11,15 @@ and preemption `stop` a task; losing the lease stops reporting altogether (`stop
 Reports carry the time the transition happened (unix ms), not the time the placer heard of it: a task keeps
 running while its placer is down, and its completion is recorded at the time it completed.
 
-`SimulatedExecutor` runs nothing: a task starts `scheduling delay + container start` after it was placed
-and runs `runtime_s` (task time); task time passes `time_factor` times faster than wall time. The
-overheads are paper 001's (JobFusion §3.1): scheduling delay 0.4-1.0 s (mean 0.7 s, its measured decision
-latency), container initialisation 1-10 s, preemption/context switch 5-25 s (`preemption_delay_ms`: how
-long a preempted task waits before the placer may place it again). Each is a fixed value or a uniform range,
-drawn per task placement (per preemption) from a generator seeded by (seed, task, placement time): a placer
-that takes over draws the same numbers and resumes the same clock. With `fail_probability` p a placement fails with probability p at a uniformly drawn
-point of its runtime (same seeding).
+`SimulatedExecutor` runs nothing: a task starts `scheduling delay + container start` (+ the preemption
+overhead its alloc recorded, when it evicted others) after it was placed and runs `runtime_s` (task time);
+task time passes `time_factor` times faster than wall time. The overheads are paper 001's (JobFusion §3.1):
+scheduling delay 0.4-1.0 s (mean 0.7 s, its measured decision latency), container initialisation 1-10 s,
+preemption/context switch 5-25 s (`preemption_overhead_s`; the placer also keeps the victims from being placed
+again before it has passed). Each is a fixed value or a uniform range, drawn
+per task placement from a generator seeded by (seed, task, placement time): a placer that takes over draws
+the same numbers and resumes the same clock. With `fail_probability` p a placement fails with probability p
+at a uniformly drawn point of its runtime (same seeding).
 """
 
 from __future__ import annotations
@@ -75,15 +76,15 @@ class Executor(ABC):
     def stop_all(self) -> None:
         """This placer no longer owns the DC: report nothing more (the next owner re-launches from its ledger)."""
 
-    def preemption_delay_ms(self, task_id: str, clock: TaskClock, at_ms: int) -> int:
-        """Wall ms after its preemption at `at_ms` before `task_id` may be placed again (context save, disk
-        remount: paper 001's preemption overhead). A backend whose stop already waited for that returns 0."""
-        return 0
-
     @property
     @abstractmethod
     def time_factor(self) -> float:
         """Task seconds per wall second (queue timeouts are task time too)."""
+
+    def preemption_overhead_s(self, task_id: str, placed_ms: int) -> float:
+        """Task seconds a placement that preempted other tasks waits before it starts (context save, disk
+        remount), recorded in its alloc event (`delay_s`). A real backend spends that time for real: 0."""
+        return 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +170,7 @@ class SimulatedExecutor(Executor):
         o = self.overheads
         rng = placement_rng(self.seed, task_id, clock.placed_ms, "start")
         start = clock.started_ms or clock.placed_ms + self.wall_ms(o.scheduling_delay.draw(rng)
-                                                                   + o.container_start.draw(rng))
+                                                                   + o.container_start.draw(rng) + clock.delay_s)
         if clock.runtime_s <= 0:
             return Plan(start, None)
         rng = placement_rng(self.seed, task_id, clock.placed_ms, "fail")
@@ -177,12 +178,11 @@ class SimulatedExecutor(Executor):
         runtime_s = clock.runtime_s * (rng.random() if fails else 1.0)
         return Plan(start, start + self.wall_ms(runtime_s), not fails)
 
+    def preemption_overhead_s(self, task_id: str, placed_ms: int) -> float:
+        return self.overheads.preemption.draw(placement_rng(self.seed, task_id, placed_ms, "preemption"))
+
     def attach(self, sink: ReportSink) -> None:
         self._sink = sink
-
-    def preemption_delay_ms(self, task_id: str, clock: TaskClock, at_ms: int) -> int:
-        """The preemption overhead, drawn per preemption (seeded by task and time: the same in every process)."""
-        return self.wall_ms(self.overheads.preemption.draw(placement_rng(self.seed, task_id, at_ms, "preempt")))
 
     def launch(self, task_id: str, parts: tuple[Part, ...], clock: TaskClock) -> None:
         self.stop(task_id)

@@ -21,8 +21,9 @@ standby and takes over when the holder's lease lapses.
 Priorities (issue 15, paper 001's co-location): an online task that finds no room (it would be refused or
 deferred) evicts offline tasks — PLACED or RUNNING, never online ones — from one node, the set that loses the
 least work (hsched.policies.preemption), checked by the same planner, masks and thermal headroom as any
-placement; in the batch's one append: a `preempt` event per victim, a `defer` requeueing it with its spec (not
-placed again before the executor's preemption overhead has passed: "after") and the online task's alloc. The
+placement; in the batch's one append: a `preempt` event per victim, the online task's alloc (which starts after
+the executor's preemption overhead, `delay_s`) and a `defer` requeueing each victim with its spec (not placed
+again before that overhead has passed: "after"). The
 deferred queue is served online first, then the tenant furthest below its deserved share (Volcano proportion,
 hsched.policies.fairshare), then by priority and arrival.
 
@@ -48,7 +49,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from redis import Redis as SyncRedis
 
-from hsched.domain.cluster import ClusterState, Part, TaskClock
+from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.fleet import DataCenter
 from hsched.domain.resources import Resources
 from hsched.domain.task import TaskSpec, task_to_dict
@@ -69,6 +70,7 @@ from hsched.state.keys import Keys
 from hsched.state.lease import LeaseKeeper
 from hsched.state.ledger import (
     FREEING,
+    INDETERMINATE,
     UNQUEUING,
     Fenced,
     LeaseHeld,
@@ -125,7 +127,7 @@ class ReleaseResult:
 
 @dataclass
 class _Op:
-    kind: str  # place | release | run | done | expire (reports of the execution clock) | drain (requeue ready)
+    kind: str  # place | release | run | done | expire (reports of the execution clock) | drain (the queue)
     task_id: str
     spec: TaskSpec | None = None
     allow_defer: bool = False
@@ -135,12 +137,6 @@ class _Op:
     events: list[dict] = field(default_factory=list)
     trace_context: otel_context.Context | None = None
     report: Report | None = None  # run | done | expire
-
-
-# the queue, the clocks, the queue times, the specs, the ready times and the tenants' usage before a batch
-# (PlacerEngine._mark)
-_Mark = tuple[list[tuple[str, TaskSpec]], dict[str, TaskClock], dict[str, int], dict[str, TaskSpec],
-              dict[str, int], dict[str, np.ndarray]]
 
 
 def _now_ms() -> int:
@@ -215,6 +211,7 @@ class PlacerEngine:
         self._probe = FirstFit()  # "would it fit?" for preemption: any feasible placement will do
         self._ready_timers: dict[int, asyncio.TimerHandle] = {}  # unix ms -> a drain when requeued victims are ready
         self.preemptions_total = 0  # victims evicted (written to the ledger) since this engine started
+        self._refold_due = False  # set by a failed append of lifecycle events that may have landed
 
     @property
     def fenced(self) -> bool:
@@ -305,16 +302,35 @@ class PlacerEngine:
             last_id = await replay(self.redis, self.ledger.stream, state, queue)
             if self._keeper.token != token:  # lost again while folding; _keep_lease tries again
                 return False
-            self.state, self.queue, self.last_id = state, queue, last_id
-            if isinstance(self.thermal, RoomGuard):  # its cached exact headroom describes the old state
-                self.thermal = RoomGuard(self.thermal.room, state)
-            self._headroom, self._headroom_exact, self.last_thermal = None, False, None
+            self._adopt(state, queue, last_id)
+            self._refold_due = False
             self.holding, self.held_before, self.holder, self.lost_at = True, True, self.ledger.owner, None
             self._resume_clocks()
         log.info("placer %s: token %s, rebuilt %d allocations and %d deferred tasks from the ledger up to %s",
                  self.dc.name, token, len(state.allocations), len(queue), last_id)
         self._dirty.set()
         return True
+
+    def _adopt(self, state: ClusterState, queue: OrderedDict[str, TaskSpec], last_id: str) -> None:
+        """Serve from a fresh fold of the ledger."""
+        self.state, self.queue, self.last_id = state, queue, last_id
+        if isinstance(self.thermal, RoomGuard):  # its cached exact headroom describes the old state
+            self.thermal = RoomGuard(self.thermal.room, state)
+        self._headroom, self._headroom_exact, self.last_thermal = None, False, None
+
+    async def _refold(self) -> None:
+        """After an append of lifecycle events whose outcome was unknown: memory becomes the ledger's fold
+        again (those events may have landed), so a retry never writes a completion twice."""
+        await self.ledger.settle()
+        state, queue = ClusterState(self.dc, self.state.table), OrderedDict()
+        last_id = await replay(self.redis, self.ledger.stream, state, queue)
+        self._adopt(state, queue, last_id)
+        self._refold_due = False
+        self._resume_clocks()
+        if self.queue:  # a completion that landed may have freed room its cancelled drain no longer gives
+            self._internal(_Op("drain", ""))
+        log.info("placer %s: refolded the ledger up to %s after an append of unknown outcome", self.dc.name,
+                 last_id)
 
     async def _keep_lease(self) -> None:
         """Step down when the lease is lost; take it back (or over, as a standby) when nobody else holds it."""
@@ -386,6 +402,14 @@ class PlacerEngine:
                         if not op.future.done():
                             op.future.set_exception(refused)
                     continue
+                if self._refold_due:
+                    try:
+                        await self._refold()
+                    except Exception as exc:  # noqa: BLE001 - Redis still away: these ops fail, the next try refolds
+                        for op in batch:
+                            if not op.future.done():
+                                op.future.set_exception(exc)
+                        continue
                 await self._run_batch(batch)
 
     async def _run_batch(self, batch: list[_Op]) -> None:
@@ -398,6 +422,10 @@ class PlacerEngine:
             if isinstance(exc, Fenced):
                 log.error("%s", exc)
                 self._lease_lost(lease_token, str(exc))
+            elif isinstance(exc, INDETERMINATE) and any(op.report is not None for op in batch):
+                log.warning("placer %s: batch of unknown outcome (%s); the ledger is folded again before the next",
+                            self.dc.name, exc)
+                self._refold_due = True
             else:
                 log.exception("placer %s: batch failed", self.dc.name)
             for op in batch:
@@ -408,7 +436,7 @@ class PlacerEngine:
                 otel_context.detach(token)
 
     async def _process(self, batch: list[_Op]) -> None:
-        queue_before = self._mark()
+        queue_before = list(self.queue.items())
         try:
             await self._decide_batch(batch)
             # keys starting with "_" are in-memory bookkeeping (for _undo and the ledger's cancellations), never stored
@@ -418,7 +446,9 @@ class PlacerEngine:
                 self._since_snapshot += len(events)
                 if self._since_snapshot >= self.retention.snapshot_entries:
                     self._snapshot_due.set()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, INDETERMINATE):
+                self._requeue_in_doubt(batch, queue_before)
             self._undo(batch, queue_before)  # memory must stay the fold of the ledger
             raise
         if events:
@@ -437,7 +467,7 @@ class PlacerEngine:
         return self._headroom.copy()
 
     async def _decide_batch(self, batch: list[_Op]) -> None:
-        queue_before = self._mark()
+        queue_before = list(self.queue.items())
         if not self.thermal:
             for op in batch:
                 self._decide(op, None)
@@ -476,7 +506,7 @@ class PlacerEngine:
 
     async def _decide_alone(self, op: _Op, prior: list[_Op], thermal_veto: ThermalCheck | None = None) -> None:
         """Decide `op` on its own, after the already decided (not yet written) `prior` calls of its batch."""
-        queue_before = self._mark()
+        queue_before = list(self.queue.items())
         if thermal_veto is None:
             self._decide(op, await self._fresh_headroom())
             check = await self._check([*prior, op])
@@ -522,28 +552,43 @@ class PlacerEngine:
             if isinstance(op.result, PlaceResult) and op.result.outcome == "placed":
                 op.result.thermal = check
 
-    def _mark(self) -> _Mark:
-        """What `_undo` restores besides the free arrays: the queue, the clocks and the rest of the fold's
-        bookkeeping, as they are now."""
-        s = self.state
-        return (list(self.queue.items()), dict(s.clocks), dict(s.queued_ms), dict(s.specs), dict(s.ready_ms),
-                dict(s.tenant_usage))
+    def _requeue_in_doubt(self, batch: list[_Op], queue_before: list[tuple[str, TaskSpec]]) -> None:
+        """The ledger cancels an alloc of unknown outcome with a free; one that took a task from the deferred
+        queue also puts it back there, as memory does (else a refold or a restart would lose the task)."""
+        specs = dict(queue_before)
+        for op in batch:
+            for e in op.events:
+                if e["t"] == "alloc" and e["task"] in specs:
+                    self.ledger.pending_undo.append({"t": "defer", "task": e["task"],
+                                                     "spec": task_to_dict(specs[e["task"]]),
+                                                     "at": e["_queued_ms"] or 0})
 
-    def _undo(self, batch: list[_Op], queue_before: _Mark) -> None:
+    def _undo(self, batch: list[_Op], queue_before: list[tuple[str, TaskSpec]]) -> None:
+        clocks, queued_ms = self.state.clocks, self.state.queued_ms
         for op in reversed(batch):
             for e in reversed(op.events):
+                task = e["task"]
                 if e["t"] == "alloc":
-                    self.state.release(e["task"])
+                    self.state.release(task)
                 elif "_parts" in e:  # an event that freed them (free, done, preempt)
-                    self.state.apply(e["task"], e["_parts"])
-        s = self.state
-        queue, s.clocks, s.queued_ms, s.specs, s.ready_ms, s.tenant_usage = queue_before
-        self.queue = OrderedDict(queue)
+                    self.state.apply(task, e["_parts"], e["_clock"], e["_spec"])
+                # the fold's bookkeeping as it was before the event (_emit noted it)
+                for book, before in ((clocks, e["_clock"]), (queued_ms, e["_queued_ms"]),
+                                     (self.state.specs, e["_spec"]), (self.state.ready_ms, e["_ready_ms"])):
+                    if before is None:
+                        book.pop(task, None)
+                    else:
+                        book[task] = before
+        self.queue = OrderedDict(queue_before)
 
     # -- decisions (pure in-memory; each appends its ledger events to op.events and folds them) --------------
 
     def _emit(self, op: _Op, event: dict) -> None:
-        fold_event(event, self.state, self.queue)
+        task, state = event["task"], self.state
+        before = state.clocks.get(task), state.queued_ms.get(task), state.specs.get(task), state.ready_ms.get(task)
+        fold_event(event, state, self.queue)
+        # for _undo (keys with "_" are not written)
+        event["_clock"], event["_queued_ms"], event["_spec"], event["_ready_ms"] = before
         op.events.append(event)
 
     def _decide(self, op: _Op, headroom: np.ndarray | None, try_queue: bool = True) -> None:
@@ -632,12 +677,20 @@ class PlacerEngine:
             state, node, [state.allocations[c.task_id] for c in on_node], smallest))
         if eviction is None:
             return None
-        self._evict(op, eviction, headroom, now)
+        requeues = self._evict(op, eviction, headroom, now)
         decision = plan(state, spec, self.policy, headroom)
         if decision.outcome is not Outcome.PLACED:  # the policy's greedy part order missed what the probe found
             decision = plan(state, spec, self._probe, headroom)
         assert decision.outcome is Outcome.PLACED, "fits() said the eviction lets the task in"
-        self._alloc(op, op.task_id, spec, decision.parts, headroom)
+        self._alloc(op, op.task_id, spec, decision.parts, headroom, preempting=True)
+        alloc = op.events[-1]
+        # the context switch (paper 001's preemption overhead, drawn once and recorded in the alloc) delays the
+        # online task's start and keeps the victims from being placed again before it has passed
+        ready_ms = alloc["at"] + round(alloc.get("delay_s", 0.0) * 1000 / self.time_factor)
+        for requeue in requeues:
+            if ready_ms > requeue["at"]:
+                requeue["after"] = ready_ms
+            self._emit(op, requeue)
         return PlaceResult("placed", decision.parts, decision.alternatives, notes=[
             *notes, *decision.notes,
             f"preempted {len(eviction.victims)} offline task(s) on node {state.table.names[eviction.node]}: "
@@ -658,8 +711,10 @@ class PlacerEngine:
             for parts in held:
                 self.state._delta(parts, -1)
 
-    def _evict(self, op: _Op, eviction: Eviction, headroom: np.ndarray | None, now: int) -> None:
-        """A preempt event per victim (frees it) and its requeue with its spec, after the preemption overhead."""
+    def _evict(self, op: _Op, eviction: Eviction, headroom: np.ndarray | None, now: int) -> list[dict]:
+        """A preempt event per victim (frees it); returns their requeues (defer with the spec), emitted by the
+        caller after the online task's alloc, which draws the preemption overhead they wait out."""
+        requeues = []
         for victim in eviction.victims:
             parts, spec, clock = (self.state.allocations[victim], self.state.specs[victim],
                                   self.state.clocks[victim])
@@ -677,11 +732,8 @@ class PlacerEngine:
                     headroom[p.node] += part_power_w(self.state, _demand_of(p), p.node)[0]
             # (its cancellation: none — the victim's re-allocation takes it out of the queue; a drop would read as a
             # release to the gateway)
-            requeue = {"t": "defer", "task": victim, "spec": task_to_dict(spec), "at": now, "_undo": []}
-            delay_ms = self.executor.preemption_delay_ms(victim, clock, now) if self.executor is not None else 0
-            if delay_ms > 0:
-                requeue["after"] = now + delay_ms
-            self._emit(op, requeue)
+            requeues.append({"t": "defer", "task": victim, "spec": task_to_dict(spec), "at": now, "_undo": []})
+        return requeues
 
     def _refuse(self, op: _Op, outcome: Outcome, reason: str, notes: list[str]) -> PlaceResult:
         if outcome is Outcome.NO_ROOM and op.allow_defer:
@@ -691,11 +743,15 @@ class PlacerEngine:
         return PlaceResult(outcome.value, reason=reason, notes=notes)
 
     def _alloc(self, op: _Op, task_id: str, spec: TaskSpec, parts: tuple[Part, ...],
-               headroom: np.ndarray | None) -> None:
+               headroom: np.ndarray | None, preempting: bool = False) -> None:
         """Allocate for `task_id` — op's own task, or a queued one that op's release made room for — with the
-        clock data its execution needs (hsched.state.ledger)."""
-        event = {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts], "at": _now_ms(),
+        clock data its execution needs (hsched.state.ledger); `preempting`: it evicts others to get the room,
+        and starts after the executor's preemption overhead."""
+        at = _now_ms()
+        event = {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts], "at": at,
                  "runtime_s": spec.runtime_s, "class": spec.effective_class, "tenant": spec.tenant}
+        if preempting and self.executor is not None:
+            event["delay_s"] = self.executor.preemption_overhead_s(task_id, at)
         if spec.effective_class != ONLINE:  # preemptible: a preemption requeues it with this spec
             event["spec"] = task_to_dict(spec)
         if tp := traceparent(op.trace_context):  # services that fold the ledger (thermal) join the call's trace
@@ -848,9 +904,13 @@ class PlacerEngine:
             self._expiries.pop(report.task_id, None)
         if not self.holding or self._closing:  # not ours to write: a take-over re-launches from the ledger
             return
-        op = _Op(report.kind, report.task_id, report=report)
+        self._internal(_Op(report.kind, report.task_id, report=report),
+                       lambda future: self._report_written(future, report))
+
+    def _internal(self, op: _Op, done: Callable[[asyncio.Future], None] | None = None) -> None:
+        """Queue an op of the engine's own (nobody awaits it): `done` sees its outcome."""
         op.future = asyncio.get_running_loop().create_future()
-        op.future.add_done_callback(lambda future: self._report_written(future, report))
+        op.future.add_done_callback(done or (lambda future: future.cancelled() or future.exception()))
         self._ops.put_nowait(op)
 
     def _report_written(self, future: asyncio.Future, report: Report) -> None:

@@ -10,6 +10,7 @@ Events (field `e`, JSON; times are unix ms; keys absent in ledgers written befor
 read with the defaults shown):
   {"t": "alloc", "task": id, "parts": [Part.to_json(), ...],
    "at": ms placed, "runtime_s": s (0 = runs until released), "class": "online"|"offline", "tenant": str,
+   "delay_s": extra task seconds before it starts (optional, 0: a preemption's context-switch overhead),
    "spec": task_to_dict(...) (offline tasks: what a preemption requeues)}
                                                           (no "at": no execution clock, runs until released)
   {"t": "free",  "task": id}                               released by its client
@@ -23,6 +24,11 @@ read with the defaults shown):
                                                           the same append requeues it (defer) and allocates "by"
   an alloc with "restore": true (and the victim's original "at", then its run) cancels a preemption whose write
   had an unknown outcome; ignored when the task is still held (the preemption had not been written)
+A run/done/expire "at" is when it happened (the executor's clock), which may be before the entry was written
+(a placer that was down records a completion that fell due meanwhile). The placer writes them again until
+they land; after an append whose outcome was unknown (connection lost mid-write, WAIT short) it folds the
+ledger afresh before the retry, so a transition that did land is not written twice. (The fold would ignore a
+repeat anyway: a done of a task not held, a run of a task already started.)
 
 Retention: the placer periodically writes a snapshot of its fold (allocations and deferred queue, with the
 ledger id it covers) to `{prefix}:dc:{dc}:snapshot` and trims the stream below it (XTRIM MINID), in one
@@ -112,7 +118,8 @@ class AppendNotReplicated(NotReplicated):
 # keys starting with "_" are the writer's bookkeeping and never stored.
 # Lifecycle events (run, done, expire) need none: the placer writes them again until they land.
 _UNDO = {"alloc": "free", "defer": "drop"}
-_INDETERMINATE = (RedisConnectionError, RedisTimeoutError, NotReplicated)
+# append failures after which the events may or may not be in the ledger
+INDETERMINATE = (RedisConnectionError, RedisTimeoutError, NotReplicated)
 
 
 class LeaseHeld(RuntimeError):
@@ -130,7 +137,7 @@ def clock_of(event: dict) -> TaskClock | None:
     if "at" not in event:
         return None
     return TaskClock(int(event["at"]), float(event.get("runtime_s", 0.0)), event.get("class") or "offline",
-                     event.get("tenant", "default"))
+                     event.get("tenant", "default"), delay_s=float(event.get("delay_s", 0.0)))
 
 
 def _stored(event: dict) -> dict:
@@ -303,7 +310,7 @@ class Ledger:
             if "FENCED" in str(exc):
                 raise Fenced(f"placer for {self.dc} was fenced out (token {self.token} is stale)") from None
             raise
-        except _INDETERMINATE:
+        except INDETERMINATE:
             self.pending_undo = [*undo, *cancellations(events)]
             raise
         self.pending_undo = []
