@@ -12,6 +12,7 @@ import grpc
 import pytest
 import redis
 
+from hsched import cli
 from hsched.stack import Stack, StackConfig
 from hsched.state.keys import Keys
 from hsched.v1 import common_pb2 as pb
@@ -135,3 +136,15 @@ def _queue_empty(stack) -> bool:
     with grpc.insecure_channel(stack.placer_target("cheap")) as ch:
         state = placer_pb2_grpc.PlacerStub(ch).GetState(placer_pb2.PlacerStateRequest(), timeout=10)
     return not state.deferred_task_ids
+
+
+def test_cli_watch_of_one_task_ends_with_its_final_state(stack, capsys):
+    gw = stub(stack)
+    placed = gw.Submit(gateway_pb2.SubmitRequest(task=task(cores=2, runtime_s=60)), timeout=30).task
+    assert cli.main(["watch", placed.task_id, "--gateway", stack.gateway]) == 0  # returns once it finished
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[2] for line in lines] == ["submitted", "dc_selected", "placed", "running", "succeeded"]
+    assert cli.main(["watch", placed.task_id, "--gateway", stack.gateway]) == 0  # finished already: at once
+    assert capsys.readouterr().out.split()[:2] == [placed.task_id, "SUCCEEDED"]
+    assert cli.main(["list", "--state", "succeeded", "--gateway", stack.gateway]) == 0
+    assert placed.task_id in capsys.readouterr().out

@@ -112,7 +112,7 @@ async def appended(ledger: Ledger, lifecycle: TaskLifecycle, *batches: list[dict
 
 
 EXPECTED = {"p": ["running", "succeeded"],
-            "q": ["placed", "running", "preempted", "deferred", "placed", "running", "failed"],
+            "q": ["placed", "running", "preempted", "deferred", "placed", "deferred", "placed", "running", "failed"],
             "e": ["expired"]}
 
 
@@ -136,10 +136,12 @@ async def test_placer_events_become_task_events_once_each_across_restarts(redis_
             assert got["r"].state == pb.TASK_STATE_PLACED
         # the gateway is gone while the placer goes on: preempted + requeued in one append, placed again, failed
         await ledger.append([{"t": "preempt", "task": "q", "by": "o", "at": 400}, defer("q", 400)])
+        # ... and a placement from the queue whose append had an unknown outcome is undone (free + defer)
         await ledger.append([alloc("q", 500, node=2)])
+        await ledger.append([{"t": "free", "task": "q"}, defer("q", 501)])
         async with following(redis_url, prefix) as (store, lifecycle):  # a restarted gateway catches up
-            assert store.tasks["q"].state == pb.TASK_STATE_PLACED and store.tasks["q"].preemptions == 1
-            await appended(ledger, lifecycle, [{"t": "run", "task": "q", "at": 510}],
+            assert store.tasks["q"].state == pb.TASK_STATE_DEFERRED and store.tasks["q"].preemptions == 1
+            await appended(ledger, lifecycle, [alloc("q", 507, node=2)], [{"t": "run", "task": "q", "at": 510}],
                            [{"t": "done", "task": "q", "ok": False, "at": 600, "reason": "exit 3"}],
                            [{"t": "expire", "task": "e", "at": 700}], [{"t": "free", "task": "r"}])
             q = store.tasks["q"]

@@ -124,7 +124,10 @@ async def follow(redis: aioredis.Redis, followers: list[LedgerFollower], batch_s
         f._wake = wake
     checked = float("-inf")
     loop = asyncio.get_running_loop()
+    me = asyncio.current_task()
     while True:
+        if me is not None and me.cancelling():  # a cancel that a read swallowed still stops the loop
+            raise asyncio.CancelledError
         try:
             if loop.time() - checked >= trim_check_s:  # a trim past a cursor is rare: looked for now and then
                 checked = loop.time()

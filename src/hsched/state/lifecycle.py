@@ -7,7 +7,8 @@ to requeue it). The gateway follows every DC ledger (hsched.state.follow) and re
 the task's next step (`transition`): kinds placed / running / succeeded / failed / expired / preempted /
 deferred. Events the gateway itself caused (a Submit's alloc or defer, a Release's free or drop) are already
 recorded by that call and change nothing here: a step is taken only when the task's recorded state is the
-one the event moves it from.
+one the event moves it from. (A `defer` of a task recorded on nodes is the placer's own: the requeue after a
+preemption, or the undo — free + defer — of a placement from the queue whose append had an unknown outcome.)
 
 Idempotent across restarts: every such record carries the ledger entry it reflects (`ledger_ref`), the store
 keeps the newest per DC (`TaskStore.ledger_cursor`), and a restarted gateway reads each ledger on from
@@ -75,6 +76,10 @@ def transition(task: pb.Task | None, event: dict, dc: str, ref: str, table) -> R
         return step("preempted", task, task.reason, ref, at)
     if kind == "defer" and task.state == pb.TASK_STATE_PREEMPTED:
         task.reason = f"requeued at {dc} after preemption"
+        return step("deferred", task, task.reason, ref, at)
+    if kind == "defer" and task.state in _ON_NODES:  # a placement from the queue the placer undid (free + defer)
+        del task.assignments[:]
+        task.reason = f"back in the queue at {dc}: its placement from the queue was not confirmed"
         return step("deferred", task, task.reason, ref, at)
     return None
 
