@@ -23,9 +23,10 @@ deferred) evicts offline tasks — PLACED or RUNNING, never online ones — from
 least work (hsched.policies.preemption), checked by the same planner, masks and thermal headroom as any
 placement; in the batch's one append: a `preempt` event per victim, the online task's alloc (which starts after
 the executor's preemption overhead, `delay_s`) and a `defer` requeueing each victim with its spec (not placed
-again before that overhead has passed: "after"). The
-deferred queue is served online first, then the tenant furthest below its deserved share (Volcano proportion,
-hsched.policies.fairshare), then by priority and arrival.
+again before that overhead has passed: "after"). The deferred queue is served online first, then the tenant
+furthest below its deserved share (Volcano proportion, hsched.policies.fairshare), then by priority and
+arrival. An online task that waits in the queue (no eviction could make room) preempts nothing from there: it
+is served first when room frees.
 
 The gRPC service (services/placer) only translates protobuf to these calls.
 """
