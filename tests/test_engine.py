@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.fleet import DataCenter, parse_fleet
 from hsched.domain.resources import MILLI, Resources
-from hsched.domain.task import TaskSpec
+from hsched.domain.task import TaskSpec, task_to_dict
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
 from hsched.policies.heuristics import HEURISTICS, make_policy
 from hsched.state.follow import stream_id_tuple
@@ -153,7 +153,8 @@ async def test_place_is_in_the_ledger_before_the_answer(redis, prefix) -> None:
         at = events[0][1]["at"]  # when it was placed: the execution clock starts there
         assert before <= at <= after
         assert events == [(r.ledger_id, {"t": "alloc", "task": "t1", "parts": [[0, 0, 0, 8000, 2048, 0, 0, []]],
-                                         "at": at, "runtime_s": 60.0, "class": "offline", "tenant": "default"})]
+                                         "at": at, "runtime_s": 60.0, "class": "offline", "tenant": "default",
+                                         "spec": task_to_dict(spec(8))})]  # offline: what a preemption requeues
         assert e.state.free_cpu[0] == 16_000  # 24 000 - 8 000
         assert e.last_id == r.ledger_id
 
@@ -184,7 +185,8 @@ async def test_deferred_task_runs_when_a_release_frees_room_under_its_own_id(red
         events = [ev for _, ev in await ledger_events(redis, prefix)]
         assert events[-2:] == [{"t": "free", "task": "f2"},
                                {"t": "alloc", "task": "q", "parts": [[0, 0, 2, 8000, 2048, 0, 0, []]],
-                                "at": events[-1]["at"], "runtime_s": 60.0, "class": "offline", "tenant": "default"}]
+                                "at": events[-1]["at"], "runtime_s": 60.0, "class": "offline", "tenant": "default",
+                                "spec": task_to_dict(spec(8))}]
         assert sorted(e.state.allocations) == ["f0", "f1", "f3", "q"] and not e.queue
 
         # the queued task's cores are booked under "q", so releasing q frees them

@@ -8,8 +8,11 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 
 import numpy as np
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from hsched import rpc
 from hsched.batching import serve_batch
@@ -25,6 +28,7 @@ from hsched.engine.executor import (
     Span,
 )
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
+from hsched.policies.fairshare import TenantWeights
 from hsched.policies.heuristics import POLICY_NAMES, make_policy
 from hsched.runtime import (
     common_args,
@@ -175,6 +179,21 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
         return out
 
 
+class _EngineCounter(Collector):
+    """A counter read from the engine at scrape time (exposed as `<name>_total`)."""
+
+    def __init__(self, name: str, help: str, dc: str, value: Callable[[], float]) -> None:
+        self._name, self._help, self._dc, self._value = name, help, dc, value
+
+    def describe(self):
+        return [CounterMetricFamily(self._name, self._help, labels=["datacenter"])]
+
+    def collect(self):
+        family = CounterMetricFamily(self._name, self._help, labels=["datacenter"])
+        family.add_metric([self._dc], float(self._value()))
+        yield family
+
+
 def register_metrics(metrics: MetricsServer, engine: PlacerEngine) -> None:
     """Paper 002 table 1 metrics at scrape time (no per-operation gauge updates on the hot path)."""
     dc, t = engine.dc.name, engine.state.table
@@ -226,6 +245,9 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine) -> None:
     metrics.register_gauge_family("hsched_placer_lease_held", "1 while this placer holds the DC's lease and serves, "
                                   "0 while fenced or standby", ["datacenter"],
                                   lambda: [((dc,), float(engine.holding))])
+    metrics.registry.register(_EngineCounter(
+        "hsched_placer_preemptions", "Offline tasks this placer evicted for online ones (preempt ledger events it "
+        "wrote since it started)", dc, lambda: engine.preemptions_total))
     metrics.register_gauge_family("hsched_placer_fencing_token", "Fencing token of the lease this placer holds or "
                                   "last held (0: never held)", ["datacenter"],
                                   lambda: [((dc,), float(engine.ledger.token or 0))])
@@ -250,7 +272,7 @@ async def serve(args, stop: asyncio.Event) -> None:
                           lease_client=connect_sync(args.redis_url),
                           retention=Retention(args.ledger_snapshot_entries, args.ledger_snapshot_interval_s,
                                               args.ledger_trim_margin_s),
-                          executor=executor_of(args))
+                          executor=executor_of(args), tenant_weights=args.tenant_weights)
     engine.ledger.epoch = guard.epoch  # every append re-checks it, atomically with the fencing token
     engine.ledger.min_replicas, engine.ledger.wait_timeout_ms = args.redis_min_replicas, args.redis_wait_ms
     try:
@@ -343,7 +365,18 @@ def parser():
                         "(default: paper 001's 5-25)")
     p.add_argument("--fail-probability", type=float, default=env("HSCHED_FAIL_PROBABILITY", "0"),
                    help="chance that a simulated task fails partway (seeded by --seed; default 0)")
+    p.add_argument("--tenant-weights", default=env("HSCHED_TENANT_WEIGHTS", ""),
+                   help="the tenants' weights in the deferred queue's fair share (Volcano proportion): "
+                        "tenant=weight,... or a YAML/JSON file {tenants: {tenant: weight}, default: w} "
+                        "(default: every tenant weight 1)")
     return p
+
+
+def check_tenant_weights(p: argparse.ArgumentParser, args) -> None:
+    try:
+        args.tenant_weights = TenantWeights.parse(args.tenant_weights)
+    except ValidationError as exc:
+        p.error(str(exc))
 
 
 def check_executor_args(p: argparse.ArgumentParser, args) -> None:
@@ -363,4 +396,5 @@ def main(argv: list[str] | None = None) -> None:
     if args.fenced_exit_s < 0 or args.lease_wait_s < 0:
         p.error("--fenced-exit-s and --lease-wait-s must be >= 0")
     check_executor_args(p, args)
+    check_tenant_weights(p, args)
     run(f"placer-{args.datacenter}", args, lambda stop: serve(args, stop))

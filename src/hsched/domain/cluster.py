@@ -6,7 +6,10 @@ goes below zero or above capacity: an allocation that would break it raises and 
 
 It also holds the execution clock's inputs as the ledger recorded them (`clocks`: when each allocated task
 was placed and started, its runtime, class and tenant; `queued_ms`: when each deferred task was queued), so
-a placer that takes a DC over resumes every task's clock from the fold alone.
+a placer that takes a DC over resumes every task's clock from the fold alone — and what preemption and the
+fair share need: `specs` (an offline task's spec, to requeue it when it is preempted), `ready_ms` (a requeued
+victim waits out the preemption overhead before it is placed again) and `tenant_usage` (what each tenant holds,
+kept as allocations come and go, over `usage_vector`'s dimensions).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 
 from hsched.domain.fleet import DataCenter, NodeTable
 from hsched.domain.resources import Resources
+from hsched.domain.task import TaskSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,20 @@ class TaskClock(NamedTuple):
         return TaskClock(int(v[0]), float(v[1]), str(v[2]), str(v[3]), int(v[4]), float(v[5]) if len(v) > 5 else 0.0)
 
 
+def usage_of(parts: tuple[Part, ...]) -> tuple[int, int, int]:
+    """What an allocation holds as (cpu milli, memory MiB, GPU core percent summed over cards) (fair share)."""
+    cpu = memory = gpu = 0
+    for p in parts:
+        cpu, memory = cpu + p.cpu_milli, memory + p.memory_mib
+        gpu += sum(g.core_percent for g in p.gpus)
+    return cpu, memory, gpu
+
+
+def usage_vector(parts: tuple[Part, ...]) -> np.ndarray:
+    """`usage_of` as an array."""
+    return np.array(usage_of(parts), dtype=np.float64)
+
+
 class OverAllocation(RuntimeError):
     """An allocation that does not fit (a bug upstream, or a ledger from another fleet description)."""
 
@@ -87,6 +105,9 @@ class ClusterState:
         self.allocations: dict[str, tuple[Part, ...]] = {}
         self.clocks: dict[str, TaskClock] = {}  # allocated tasks whose alloc event carried its clock data
         self.queued_ms: dict[str, int] = {}  # deferred tasks: unix ms they were queued (queue timeouts)
+        self.specs: dict[str, TaskSpec] = {}  # allocated tasks whose alloc event carried the spec (offline ones)
+        self.ready_ms: dict[str, int] = {}  # deferred tasks not to be placed before this unix ms (requeued victims)
+        self.tenant_usage: dict[str, np.ndarray] = {}  # per tenant, the usage_vector of its clocked allocations
         self._models = np.array(t.gpu_model)
 
     # -- queries ---------------------------------------------------------------------------------------------
@@ -178,9 +199,10 @@ class ClusterState:
                     return False
         return True
 
-    def apply(self, task_id: str, parts: tuple[Part, ...], clock: TaskClock | None = None) -> None:
+    def apply(self, task_id: str, parts: tuple[Part, ...], clock: TaskClock | None = None,
+              spec: TaskSpec | None = None) -> None:
         """Allocate `parts` to `task_id`; `clock` (None: a ledger from before the execution clock, or a
-        simulator's own bookkeeping) is kept while it holds them."""
+        simulator's own bookkeeping) and `spec` are kept while it holds them."""
         if task_id in self.allocations:
             raise OverAllocation(f"task {task_id} already holds an allocation here")
         if any(not 0 <= p.node < self.n for p in parts):
@@ -197,6 +219,16 @@ class ClusterState:
         self.allocations[task_id] = parts
         if clock is not None:
             self.clocks[task_id] = clock
+            self._use(clock.tenant, parts, +1)
+        if spec is not None:
+            self.specs[task_id] = spec
+
+    def _use(self, tenant: str, parts: tuple[Part, ...], sign: int) -> None:
+        used = self.tenant_usage.get(tenant, 0.0) + sign * usage_vector(parts)  # a new array: marks may share the old
+        if sign < 0 and not used.any():
+            self.tenant_usage.pop(tenant, None)
+        else:
+            self.tenant_usage[tenant] = used
 
     def start(self, task_id: str, at_ms: int) -> None:
         """The executor started `task_id` at `at_ms` (a run event); ignored for a task not held or unclocked."""
@@ -206,9 +238,12 @@ class ClusterState:
 
     def release(self, task_id: str) -> tuple[Part, ...] | None:
         parts = self.allocations.pop(task_id, None)
-        self.clocks.pop(task_id, None)
+        clock = self.clocks.pop(task_id, None)
+        self.specs.pop(task_id, None)
         if parts is not None:
             self._delta(parts, +1)
+            if clock is not None:
+                self._use(clock.tenant, parts, -1)
         return parts
 
     def snapshot(self) -> tuple[np.ndarray, ...]:

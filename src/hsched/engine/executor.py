@@ -15,7 +15,8 @@ running while its placer is down, and its completion is recorded at the time it 
 overhead its alloc recorded, when it evicted others) after it was placed and runs `runtime_s` (task time);
 task time passes `time_factor` times faster than wall time. The overheads are paper 001's (JobFusion §3.1):
 scheduling delay 0.4-1.0 s (mean 0.7 s, its measured decision latency), container initialisation 1-10 s,
-preemption/context switch 5-25 s (`preemption_overhead_s`). Each is a fixed value or a uniform range, drawn
+preemption/context switch 5-25 s (`preemption_overhead_s`; the placer also keeps the victims from being placed
+again before it has passed). Each is a fixed value or a uniform range, drawn
 per task placement from a generator seeded by (seed, task, placement time): a placer that takes over draws
 the same numbers and resumes the same clock. With `fail_probability` p a placement fails with probability p
 at a uniformly drawn point of its runtime (same seeding).

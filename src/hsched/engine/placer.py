@@ -18,6 +18,16 @@ token (fencing out anything it had in flight), folds the ledger afresh — anoth
 meanwhile — and serves again. A placer started while another holds the lease runs the same loop as a
 standby and takes over when the holder's lease lapses.
 
+Priorities (issue 15, paper 001's co-location): an online task that finds no room (it would be refused or
+deferred) evicts offline tasks — PLACED or RUNNING, never online ones — from one node, the set that loses the
+least work (hsched.policies.preemption), checked by the same planner, masks and thermal headroom as any
+placement; in the batch's one append: a `preempt` event per victim, the online task's alloc (which starts after
+the executor's preemption overhead, `delay_s`) and a `defer` requeueing each victim with its spec (not placed
+again before that overhead has passed: "after"). The deferred queue is served online first, then the tenant
+furthest below its deserved share (Volcano proportion, hsched.policies.fairshare), then by priority and
+arrival. An online task that waits in the queue (no eviction could make room) preempts nothing from there: it
+is served first when room frees.
+
 The gRPC service (services/placer) only translates protobuf to these calls.
 """
 
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -45,7 +56,17 @@ from hsched.domain.resources import Resources
 from hsched.domain.task import TaskSpec, task_to_dict
 from hsched.engine.executor import Executor, Report
 from hsched.policies.base import NodePolicy
-from hsched.policies.placement import Outcome, Plan, part_power_w, plan
+from hsched.policies.fairshare import (
+    ONLINE,
+    FairQueue,
+    TenantWeights,
+    Waiting,
+    capacity_vector,
+    demand_vector,
+)
+from hsched.policies.heuristics import FirstFit
+from hsched.policies.placement import Outcome, Plan, part_power_w, plan, split_task
+from hsched.policies.preemption import Eviction, candidate, choose_victims, lost_work
 from hsched.state.keys import Keys
 from hsched.state.lease import LeaseKeeper
 from hsched.state.ledger import (
@@ -136,13 +157,15 @@ class PlacerEngine:
     def __init__(self, dc: DataCenter, redis: aioredis.Redis, keys: Keys, policy: NodePolicy, owner: str,
                  thermal: ThermalGuard | RoomModel | None = None, lease_ms: int = 3000, fenced_exit_s: float = 0.0,
                  max_loop_stall_s: float = 30.0, lease_client: SyncRedis | None = None,
-                 retention: Retention | None = None, executor: Executor | None = None) -> None:
+                 retention: Retention | None = None, executor: Executor | None = None,
+                 tenant_weights: TenantWeights | None = None) -> None:
         """`thermal`: the DC's room model (checked in-process over this engine's state), another ThermalGuard,
         or None for no thermal guard. `fenced_exit_s` (0 = never): after losing its lease, give up (`gave_up` is
         set) if it cannot take it back for that long, so a supervisor restarts the process. `lease_client`: a
         synchronous client for the renewal thread (hsched.state.lease; default: one like `redis`). `executor`:
         runs the placed tasks and reports their start and end (hsched.engine.executor); None = no execution
-        clock: tasks hold their resources until released, and queue timeouts pass in wall time."""
+        clock: tasks hold their resources until released, and queue timeouts pass in wall time.
+        `tenant_weights`: the tenants' weights in the deferred queue's fair share (default: equal)."""
         self.dc = dc
         self.redis = redis
         self.keys = keys
@@ -183,6 +206,12 @@ class PlacerEngine:
             executor.attach(self._on_report)
         self._expiries: dict[str, asyncio.TimerHandle] = {}  # deferred tasks with a queue timeout
         self._closing = False
+        self.tenant_weights = tenant_weights or TenantWeights()
+        self._capacity = capacity_vector(self.state.table)
+        self._capacity_t = tuple(float(c) for c in self._capacity)
+        self._probe = FirstFit()  # "would it fit?" for preemption: any feasible placement will do
+        self._ready_timers: dict[int, asyncio.TimerHandle] = {}  # unix ms -> a drain when requeued victims are ready
+        self.preemptions_total = 0  # victims evicted (written to the ledger) since this engine started
         self._refold_due = False  # set by a failed append of lifecycle events that may have landed
 
     @property
@@ -411,8 +440,8 @@ class PlacerEngine:
         queue_before = list(self.queue.items())
         try:
             await self._decide_batch(batch)
-            # keys starting with "_" are in-memory bookkeeping for _undo, not ledger content
-            events = [{k: v for k, v in e.items() if not k.startswith("_")} for op in batch for e in op.events]
+            # keys starting with "_" are in-memory bookkeeping (for _undo and the ledger's cancellations), never stored
+            events = [e for op in batch for e in op.events]
             if events:
                 self.last_id = await self.ledger.append(events)
                 self._since_snapshot += len(events)
@@ -542,10 +571,11 @@ class PlacerEngine:
                 task = e["task"]
                 if e["t"] == "alloc":
                     self.state.release(task)
-                elif "_parts" in e:  # an event that freed them (free, done)
-                    self.state.apply(task, e["_parts"])
-                # the clock and queue time as they were before the event (_emit noted them)
-                for book, before in ((clocks, e["_clock"]), (queued_ms, e["_queued_ms"])):
+                elif "_parts" in e:  # an event that freed them (free, done, preempt)
+                    self.state.apply(task, e["_parts"], e["_clock"], e["_spec"])
+                # the fold's bookkeeping as it was before the event (_emit noted it)
+                for book, before in ((clocks, e["_clock"]), (queued_ms, e["_queued_ms"]),
+                                     (self.state.specs, e["_spec"]), (self.state.ready_ms, e["_ready_ms"])):
                     if before is None:
                         book.pop(task, None)
                     else:
@@ -555,10 +585,11 @@ class PlacerEngine:
     # -- decisions (pure in-memory; each appends its ledger events to op.events and folds them) --------------
 
     def _emit(self, op: _Op, event: dict) -> None:
-        task = event["task"]
-        clock, queued_ms = self.state.clocks.get(task), self.state.queued_ms.get(task)
-        fold_event(event, self.state, self.queue)
-        event["_clock"], event["_queued_ms"] = clock, queued_ms  # for _undo (keys with "_" are not written)
+        task, state = event["task"], self.state
+        before = state.clocks.get(task), state.queued_ms.get(task), state.specs.get(task), state.ready_ms.get(task)
+        fold_event(event, state, self.queue)
+        # for _undo (keys with "_" are not written)
+        event["_clock"], event["_queued_ms"], event["_spec"], event["_ready_ms"] = before
         op.events.append(event)
 
     def _decide(self, op: _Op, headroom: np.ndarray | None, try_queue: bool = True) -> None:
@@ -588,9 +619,122 @@ class PlacerEngine:
         if decision.outcome is Outcome.PLACED:
             self._alloc(op, op.task_id, op.spec, decision.parts, headroom)
             return PlaceResult("placed", decision.parts, decision.alternatives, notes=decision.notes)
+        thermal_limited = decision.thermal_limited
+        if decision.outcome is Outcome.NO_ROOM and op.spec.effective_class == ONLINE:
+            inexact = headroom is not None and not self._headroom_exact
+            if not (inexact and thermal_limited):  # else: first decided again on exact numbers (_decide_batch)
+                placed = self._preempt_for(op, headroom, decision.notes)
+                if placed is not None:
+                    return placed
+                thermal_limited = thermal_limited or inexact  # a conservative bound may have ruled victims out
         refusal = self._refuse(op, decision.outcome, decision.reason, decision.notes)
-        refusal.thermal_limited = decision.thermal_limited
+        refusal.thermal_limited = thermal_limited
         return refusal
+
+    def _preempt_for(self, op: _Op, headroom: np.ndarray | None, notes: list[str]) -> PlaceResult | None:
+        """Evict the offline tasks of one node that lose the least work and place op's online task in the room
+        (module docstring); None (nothing changed) when no such eviction would let it in."""
+        spec = op.spec
+        assert spec is not None
+        now = _now_ms()
+        state = self.state
+        offline = [t for t, clock in state.clocks.items() if clock.priority_class != ONLINE and t in state.specs]
+        if not offline:
+            return None
+        reclaimable = self._reclaimable(spec, offline)
+        cands = []
+        for t in offline:
+            parts = state.allocations[t]
+            if any(reclaimable[p.node] for p in parts):
+                lost = lost_work(parts, state.clocks[t].started_ms, now, self._capacity_t, self.time_factor)
+                cands.append(candidate(t, [p for p in parts if reclaimable[p.node]], lost))
+        if not cands:
+            return None
+
+        demands = [d.demand for d in split_task(spec, self.dc)]
+        smallest = (min(d.cpu_milli for d in demands), min(d.memory_mib for d in demands),
+                    min(d.disk_mib for d in demands), min(d.bandwidth_mbps for d in demands))
+        power: dict[str, list[tuple[int, float]]] = {}  # victim -> the heat its parts make, per node
+
+        def fits(victims: tuple[str, ...]) -> bool:
+            freed = [state.allocations[t] for t in victims]
+            if not _room_for_some_part(state, freed, smallest):
+                return False  # cheap necessary condition: the planner need not be asked
+            room = None if headroom is None else headroom.copy()
+            for t, parts in zip(victims, freed, strict=True):
+                state._delta(parts, +1)  # tentative, undone below (as plan() itself does)
+                if room is not None:
+                    if t not in power:
+                        power[t] = [(p.node, part_power_w(state, _demand_of(p), p.node)[0]) for p in parts]
+                    for node, watts in power[t]:
+                        room[node] += watts
+            try:
+                return plan(state, spec, self._probe, room).outcome is Outcome.PLACED
+            finally:
+                for parts in freed:
+                    state._delta(parts, -1)
+
+        eviction = choose_victims(cands, fits, min_victims=lambda node, on_node: _fewest_victims(
+            state, node, [state.allocations[c.task_id] for c in on_node], smallest))
+        if eviction is None:
+            return None
+        requeues = self._evict(op, eviction, headroom, now)
+        decision = plan(state, spec, self.policy, headroom)
+        if decision.outcome is not Outcome.PLACED:  # the policy's greedy part order missed what the probe found
+            decision = plan(state, spec, self._probe, headroom)
+        assert decision.outcome is Outcome.PLACED, "fits() said the eviction lets the task in"
+        self._alloc(op, op.task_id, spec, decision.parts, headroom, preempting=True)
+        alloc = op.events[-1]
+        # the context switch (paper 001's preemption overhead, drawn once and recorded in the alloc) delays the
+        # online task's start and keeps the victims from being placed again before it has passed
+        ready_ms = alloc["at"] + round(alloc.get("delay_s", 0.0) * 1000 / self.time_factor)
+        for requeue in requeues:
+            if ready_ms > requeue["at"]:
+                requeue["after"] = ready_ms
+            self._emit(op, requeue)
+        return PlaceResult("placed", decision.parts, decision.alternatives, notes=[
+            *notes, *decision.notes,
+            f"preempted {len(eviction.victims)} offline task(s) on node {state.table.names[eviction.node]}: "
+            f"{', '.join(eviction.victims)} (lost work {eviction.lost_work:.4g} DC-seconds); requeued"])
+
+    def _reclaimable(self, spec: TaskSpec, offline: list[str]) -> np.ndarray:
+        """Nodes where a part of `spec` would fit if all their offline tasks were gone: the only nodes whose
+        evictions are worth asking the planner about (a cheap necessary condition, one mask per part size)."""
+        held = [self.state.allocations[t] for t in offline]
+        for parts in held:
+            self.state._delta(parts, +1)
+        try:
+            mask = np.zeros(self.state.n, dtype=bool)
+            for demand in {d.demand for d in split_task(spec, self.dc)}:
+                mask |= self.state.feasible(demand, spec.gpu_models)
+            return mask
+        finally:
+            for parts in held:
+                self.state._delta(parts, -1)
+
+    def _evict(self, op: _Op, eviction: Eviction, headroom: np.ndarray | None, now: int) -> list[dict]:
+        """A preempt event per victim (frees it); returns their requeues (defer with the spec), emitted by the
+        caller after the online task's alloc, which draws the preemption overhead they wait out."""
+        requeues = []
+        for victim in eviction.victims:
+            parts, spec, clock = (self.state.allocations[victim], self.state.specs[victim],
+                                  self.state.clocks[victim])
+            event = {"t": "preempt", "task": victim, "by": op.task_id, "at": now}
+            self._emit(op, event)
+            event["_parts"] = parts  # for _undo and the thermal check only; stripped before the ledger write
+            # if the append's outcome is unknown, the ledger cancels it by re-allocating the victim as it was
+            restore = {"t": "alloc", "task": victim, "parts": [p.to_json() for p in parts], "at": clock.placed_ms,
+                       "runtime_s": clock.runtime_s, "class": clock.priority_class, "tenant": clock.tenant,
+                       "spec": task_to_dict(spec), "restore": True}
+            event["_undo"] = [restore, *([{"t": "run", "task": victim, "at": clock.started_ms}]
+                                         if clock.started_ms else [])]
+            if headroom is not None:
+                for p in parts:
+                    headroom[p.node] += part_power_w(self.state, _demand_of(p), p.node)[0]
+            # (its cancellation: none — the victim's re-allocation takes it out of the queue; a drop would read as a
+            # release to the gateway)
+            requeues.append({"t": "defer", "task": victim, "spec": task_to_dict(spec), "at": now, "_undo": []})
+        return requeues
 
     def _refuse(self, op: _Op, outcome: Outcome, reason: str, notes: list[str]) -> PlaceResult:
         if outcome is Outcome.NO_ROOM and op.allow_defer:
@@ -609,6 +753,8 @@ class PlacerEngine:
                  "runtime_s": spec.runtime_s, "class": spec.effective_class, "tenant": spec.tenant}
         if preempting and self.executor is not None:
             event["delay_s"] = self.executor.preemption_overhead_s(task_id, at)
+        if spec.effective_class != ONLINE:  # preemptible: a preemption requeues it with this spec
+            event["spec"] = task_to_dict(spec)
         if tp := traceparent(op.trace_context):  # services that fold the ledger (thermal) join the call's trace
             event["tp"] = tp
         self._emit(op, event)
@@ -662,12 +808,22 @@ class PlacerEngine:
         return self._free(op, done, self.state.allocations[op.task_id], headroom, try_queue)
 
     def _drain_queue(self, op: _Op, headroom: np.ndarray | None, result: ReleaseResult) -> None:
-        """Freed resources go to waiting tasks in arrival order; those that still do not fit keep waiting."""
-        for task_id, spec in list(self.queue.items())[:MAX_QUEUE_TRIES_PER_RELEASE]:
+        """Freed resources go to waiting tasks in the fair order (hsched.policies.fairshare: online first, then
+        the tenant furthest below its deserved share, then priority, then arrival); those that still do not fit,
+        or wait out a preemption overhead, keep waiting."""
+        if not self.queue:
+            return
+        now, ready = _now_ms(), self.state.ready_ms
+        waiting = [Waiting(t, s.tenant, s.effective_class, s.priority, i, demand_vector(s.resources, s.replicas))
+                   for i, (t, s) in enumerate(self.queue.items()) if ready.get(t, 0) <= now]
+        fair = FairQueue(waiting, self.state.tenant_usage, self._capacity, self.tenant_weights)
+        for w in itertools.islice(fair, MAX_QUEUE_TRIES_PER_RELEASE):
+            spec = self.queue[w.task_id]
             decision: Plan = plan(self.state, spec, self.policy, headroom)
             if decision.outcome is Outcome.PLACED:
-                self._alloc(op, task_id, spec, decision.parts, headroom)
-                result.placed_from_queue.append((task_id, decision.parts))
+                self._alloc(op, w.task_id, spec, decision.parts, headroom)
+                result.placed_from_queue.append((w.task_id, decision.parts))
+                fair.placed(w)
 
     # -- execution clock -------------------------------------------------------------------------------------
 
@@ -689,8 +845,11 @@ class PlacerEngine:
             elif kind in FREEING:
                 if self.executor is not None:
                     self.executor.stop(task)
+                if kind == "preempt":
+                    self.preemptions_total += 1
             elif kind == "defer":
                 self._expire_later(task)
+                self._drain_when_ready(task)
             elif kind in UNQUEUING:
                 self._cancel_expiry(task)
 
@@ -702,13 +861,27 @@ class PlacerEngine:
                 self.executor.launch(task, self.state.allocations[task], clock)
         for task in self.queue:
             self._expire_later(task)
+            self._drain_when_ready(task)
 
     def _stop_clocks(self) -> None:
         if self.executor is not None:
             self.executor.stop_all()
-        for timer in self._expiries.values():
+        for timer in (*self._expiries.values(), *self._ready_timers.values()):
             timer.cancel()
         self._expiries.clear()
+        self._ready_timers.clear()
+
+    def _drain_when_ready(self, task: str) -> None:
+        """A requeued victim waits out the preemption overhead; then the queue is served again (a `drain` op)."""
+        at_ms = self.state.ready_ms.get(task, 0)
+        if at_ms <= _now_ms() or at_ms in self._ready_timers:
+            return
+
+        def fire() -> None:
+            self._ready_timers.pop(at_ms, None)
+            self._on_report(Report("drain", "", 0, at_ms))
+
+        self._ready_timers[at_ms] = asyncio.get_running_loop().call_later(at_ms / 1000 - time.time(), fire)
 
     def _expire_later(self, task: str) -> None:
         spec, queued_ms = self.queue.get(task), self.state.queued_ms.get(task, 0)
@@ -822,6 +995,51 @@ class PlacerEngine:
                 log.exception("placer %s: publishing the summary failed", self.dc.name)
                 self._dirty.set()
             await asyncio.sleep(period_s)
+
+
+def _room_for_some_part(state: ClusterState, freed: list[tuple[Part, ...]], smallest: tuple[int, int, int, int]) -> bool:
+    """Whether a node the victims' parts free would hold the task's smallest part in CPU, memory, disk and
+    bandwidth (GPU cards are left to the planner): the task fits nowhere now, so some part must go there."""
+    room: dict[int, list[int]] = {}
+    for parts in freed:
+        for p in parts:
+            r = room.setdefault(p.node, [int(state.free_cpu[p.node]), int(state.free_memory[p.node]),
+                                         int(state.free_disk[p.node]), int(state.free_bandwidth[p.node])])
+            r[0] += p.cpu_milli
+            r[1] += p.memory_mib
+            r[2] += p.disk_mib
+            r[3] += p.bandwidth_mbps
+    return any(all(have >= need for have, need in zip(r, smallest, strict=True)) for r in room.values())
+
+
+def _fewest_victims(state: ClusterState, node: int, victims: list[tuple[Part, ...]],
+                    smallest: tuple[int, int, int, int]) -> int:
+    """A lower bound on how many of `victims` (the offline tasks on `node`) must go before the task's smallest
+    part fits there, in CPU, memory, disk and bandwidth (largest first; more than there are: never); 1 when some
+    victim also holds other nodes (it frees room elsewhere too). The task fits nowhere now, so with victims on
+    this node only, some part must go here."""
+    have = (int(state.free_cpu[node]), int(state.free_memory[node]), int(state.free_disk[node]),
+            int(state.free_bandwidth[node]))
+    deficit = [need - h for need, h in zip(smallest, have, strict=True)]
+    if all(d <= 0 for d in deficit):
+        return 1
+    if any(p.node != node for parts in victims for p in parts):
+        return 1
+    sizes = [(sum(p.cpu_milli for p in parts), sum(p.memory_mib for p in parts), sum(p.disk_mib for p in parts),
+              sum(p.bandwidth_mbps for p in parts)) for parts in victims]
+    fewest = 1
+    for k, d in enumerate(deficit):
+        if d <= 0:
+            continue
+        freed = 0
+        for count, size in enumerate(sorted((s[k] for s in sizes), reverse=True), start=1):
+            freed += size
+            if freed >= d:
+                fewest = max(fewest, count)
+                break
+        else:
+            return len(victims) + 1
+    return fewest
 
 
 def _demand_of(p: Part) -> Resources:

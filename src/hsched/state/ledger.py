@@ -10,15 +10,20 @@ Events (field `e`, JSON; times are unix ms; keys absent in ledgers written befor
 read with the defaults shown):
   {"t": "alloc", "task": id, "parts": [Part.to_json(), ...],
    "at": ms placed, "runtime_s": s (0 = runs until released), "class": "online"|"offline", "tenant": str,
-   "delay_s": extra task seconds before it starts (optional, 0: a preemption's context-switch overhead)}
+   "delay_s": extra task seconds before it starts (optional, 0: a preemption's context-switch overhead),
+   "spec": task_to_dict(...) (offline tasks: what a preemption requeues)}
                                                           (no "at": no execution clock, runs until released)
   {"t": "free",  "task": id}                               released by its client
   {"t": "defer", "task": id, "spec": task_to_dict(...), "at": ms queued (0)}   queued (paper 000's delay action)
+                                                          "after": ms (a requeued victim, not placed before then)
   {"t": "drop",  "task": id}                               a deferred task released before it ran
   {"t": "run",   "task": id, "at": ms}                     the executor started it (PLACED -> RUNNING)
   {"t": "done",  "task": id, "ok": bool, "at": ms, "reason": str}   finished (SUCCEEDED / FAILED); frees like free
   {"t": "expire", "task": id, "at": ms}                    deferred past its queue_timeout_s (EXPIRED); like drop
-  {"t": "preempt", "task": id, "by": task id, "at": ms}    evicted for an online task (PREEMPTED); frees like free
+  {"t": "preempt", "task": id, "by": task id, "at": ms}    evicted for an online task (PREEMPTED); frees like free;
+                                                          the same append requeues it (defer) and allocates "by"
+  an alloc with "restore": true (and the victim's original "at", then its run) cancels a preemption whose write
+  had an unknown outcome; ignored when the task is still held (the preemption had not been written)
 A run/done/expire "at" is when it happened (the executor's clock), which may be before the entry was written
 (a placer that was down records a completion that fell due meanwhile). The placer writes them again until
 they land; after an append whose outcome was unknown (connection lost mid-write, WAIT short) it folds the
@@ -109,6 +114,8 @@ class AppendNotReplicated(NotReplicated):
 
 
 # What cancels an event whose append had an unknown outcome (the fold ignores a free/drop of a task not held).
+# An event may bring its own cancellations instead, under "_undo" (a preemption: re-allocating its victim);
+# keys starting with "_" are the writer's bookkeeping and never stored.
 # Lifecycle events (run, done, expire) need none: the placer writes them again until they land.
 _UNDO = {"alloc": "free", "defer": "drop"}
 # append failures after which the events may or may not be in the ledger
@@ -133,12 +140,34 @@ def clock_of(event: dict) -> TaskClock | None:
                      event.get("tenant", "default"), delay_s=float(event.get("delay_s", 0.0)))
 
 
+def _stored(event: dict) -> dict:
+    """The event as the ledger stores it: without the writer's "_" bookkeeping keys."""
+    return {k: v for k, v in event.items() if not k.startswith("_")} if any(k[0] == "_" for k in event) else event
+
+
+def cancellations(events: list[dict]) -> list[dict]:
+    """Events that cancel `events` whatever part of them was written, latest first (a preemption's victim is
+    re-allocated only after the online task that took its room is freed)."""
+    out: list[dict] = []
+    for e in reversed(events):
+        if "_undo" in e:
+            out += e["_undo"]
+        elif e["t"] in _UNDO:
+            out.append({"t": _UNDO[e["t"]], "task": e["task"]})
+    return out
+
+
 def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
     kind, task = event["t"], event["task"]
+    if kind == "alloc" and event.get("restore") and task in state.allocations:
+        return  # the cancellation of a preemption whose write did not land: the victim never left
     if kind == "alloc":
         queue.pop(task, None)
         state.queued_ms.pop(task, None)
-        state.apply(task, tuple(Part.from_json(p) for p in event["parts"]), clock_of(event))
+        state.ready_ms.pop(task, None)
+        spec = event.get("spec")
+        state.apply(task, tuple(Part.from_json(p) for p in event["parts"]), clock_of(event),
+                    task_from_dict(spec) if spec is not None else None)
     elif kind in FREEING:
         state.release(task)
     elif kind == "run":
@@ -146,9 +175,12 @@ def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpe
     elif kind == "defer":
         queue[task] = task_from_dict(event["spec"])
         state.queued_ms[task] = int(event.get("at", 0))
+        if event.get("after"):
+            state.ready_ms[task] = int(event["after"])
     elif kind in UNQUEUING:
         queue.pop(task, None)
         state.queued_ms.pop(task, None)
+        state.ready_ms.pop(task, None)
     else:
         raise ValueError(f"ledger event type {kind!r} is unknown")
 
@@ -256,7 +288,7 @@ class Ledger:
         if self.token is None:
             raise Fenced(f"placer for {self.dc} has no fencing token (acquire() first)")
         undo = list(self.pending_undo)
-        payload = [json.dumps(e, separators=(",", ":")) for e in (*undo, *events)]
+        payload = [json.dumps(_stored(e), separators=(",", ":")) for e in (*undo, *events)]
         keys = [self.stream, self.keys.fence(self.dc), self.keys.epoch]
         args = [self.token, self.epoch or "", *payload]
         try:
@@ -279,7 +311,7 @@ class Ledger:
                 raise Fenced(f"placer for {self.dc} was fenced out (token {self.token} is stale)") from None
             raise
         except INDETERMINATE:
-            self.pending_undo = [*undo, *({"t": _UNDO[e["t"]], "task": e["task"]} for e in events if e["t"] in _UNDO)]
+            self.pending_undo = [*undo, *cancellations(events)]
             raise
         self.pending_undo = []
         return last.decode() if isinstance(last, bytes) else last
@@ -295,20 +327,25 @@ def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
     when each was queued)."""
     return json.dumps({"alloc": {t: [p.to_json() for p in parts] for t, parts in state.allocations.items()},
                        "clocks": {t: c.to_json() for t, c in state.clocks.items()},
-                       "queue": [[t, task_to_dict(spec), state.queued_ms.get(t, 0)] for t, spec in queue.items()]},
+                       "specs": {t: task_to_dict(spec) for t, spec in state.specs.items()},
+                       "queue": [[t, task_to_dict(spec), state.queued_ms.get(t, 0), state.ready_ms.get(t, 0)]
+                                 for t, spec in queue.items()]},
                       separators=(",", ":"))
 
 
 def load_snapshot(data: bytes | str, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
     """Fold a `snapshot_of` into an empty state/queue (one written before the execution clock has no clocks)."""
     snap = json.loads(data)
-    clocks = snap.get("clocks", {})
+    clocks, specs = snap.get("clocks", {}), snap.get("specs", {})
     for task, parts in snap["alloc"].items():
-        clock = clocks.get(task)
-        state.apply(task, tuple(Part.from_json(p) for p in parts), TaskClock.from_json(clock) if clock else None)
+        clock, spec = clocks.get(task), specs.get(task)
+        state.apply(task, tuple(Part.from_json(p) for p in parts), TaskClock.from_json(clock) if clock else None,
+                    task_from_dict(spec) if spec else None)
     for task, spec, *queued in snap["queue"]:
         queue[task] = task_from_dict(spec)
         state.queued_ms[task] = int(queued[0]) if queued else 0
+        if len(queued) > 1 and queued[1]:
+            state.ready_ms[task] = int(queued[1])
 
 
 def _id(entry_id: str) -> tuple[int, int]:

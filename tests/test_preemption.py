@@ -1,0 +1,376 @@
+"""Priorities, preemption and the fair-share queue in the placer engine (issue 15 item 3), in-process on a real
+Redis ledger with the simulated executor: an online task evicts offline ones when and only when it could not be
+placed otherwise, never online ones, the victims losing the least work, in one append with its own alloc; the
+victim is requeued, waits out the preemption overhead and later succeeds; the thermal guard still holds; the
+deferred queue is served online first, then by tenant fair share, priority and arrival.
+
+No timed assertions: time factors are large and the times compared are the ledger's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hsched.domain.cluster import ClusterState, Part, usage_vector
+from hsched.domain.errors import ValidationError
+from hsched.domain.resources import MILLI, Resources
+from hsched.domain.task import TaskSpec, task_to_dict
+from hsched.engine.executor import Overheads, SimulatedExecutor, Span
+from hsched.engine.placer import PlacerEngine
+from hsched.policies.fairshare import TenantWeights
+from hsched.policies.heuristics import make_policy
+from hsched.state.keys import Keys
+from hsched.state.ledger import AppendNotReplicated, fold_event, load_snapshot, replay, snapshot_of
+from hsched.state.redis import EmbeddedRedis, connect
+from hsched.thermal.datacenter import room_for
+from tests.test_engine import cheap, ledger_events, running
+from tests.test_lifecycle import events_of, kinds, until
+
+GIB = 1024
+TF = 60.0  # a task minute per wall second
+
+
+@pytest.fixture
+async def redis(redis_url):
+    client = connect(redis_url)
+    yield client
+    await client.aclose()
+
+
+def executor(preempt_s: str = "0", tf: float = TF) -> SimulatedExecutor:
+    return SimulatedExecutor(tf, Overheads(Span(0, 0), Span(0, 0), Span.parse(preempt_s, "p")), 0.0, seed=3)
+
+
+def engine(redis, prefix: str, ex: SimulatedExecutor | None, weights: TenantWeights | None = None,
+           thermal=None) -> PlacerEngine:
+    return PlacerEngine(cheap(), redis, Keys(prefix), make_policy("firstfit"), "p1", thermal=thermal, executor=ex,
+                        tenant_weights=weights)
+
+
+def task(cores: float, cls: str = "", runtime_s: float = 0.0, tenant: str = "team-a", priority: int = 0) -> TaskSpec:
+    return TaskSpec(Resources(round(cores * MILLI), 2 * GIB), runtime_s=runtime_s, tenant=tenant,
+                    priority_class=cls, priority=priority)
+
+
+async def started(redis, prefix: str, name: str) -> None:
+    await until(lambda: _has(redis, prefix, name, "run"), f"{name} runs")
+
+
+async def _has(redis, prefix: str, name: str, kind: str) -> bool:
+    return kind in kinds(await events_of(redis, prefix, name))
+
+
+async def fill(e: PlacerEngine, redis, prefix: str, names: list[str], cores: float = 24, cls: str = "",
+               runtime_s: float = 0.0) -> None:
+    """Place one task per name, each started before the next is placed (so each has run longer than the next)."""
+    for name in names:
+        assert (await e.place(name, task(cores, cls, runtime_s))).outcome == "placed"
+        await started(redis, prefix, name)
+        await asyncio.sleep(0.02)
+
+
+def preempts(ledger: list[tuple[str, dict]]) -> list[dict]:
+    return [e for _, e in ledger if e["t"] == "preempt"]
+
+
+async def test_online_preempts_the_offline_task_that_lost_least_only_when_needed(redis, prefix) -> None:
+    async with running(engine(redis, prefix, executor())) as e:
+        await fill(e, redis, prefix, ["off0", "off1", "off2"])  # nodes 0-2 full, node 3 empty
+        assert (await e.place("half", task(12))).outcome == "placed"  # node 3: 12 cores left
+        await started(redis, prefix, "half")
+        # an online task that fits as is preempts nothing
+        r = await e.place("on1", task(12, "online"))
+        assert (r.outcome, r.parts[0].node) == ("placed", 3)
+        assert not preempts(await ledger_events(redis, prefix))
+        # now nothing is free: the next online task evicts — on ONE node, the least lost work: "half" (12 cores,
+        # started last) loses less than any 24-core task, but is not enough on node 3 alone (on1 is online and
+        # stays); off2 (started after off0, off1) is the cheapest set that lets it in
+        r = await e.place("on2", task(24, "online"))
+        assert r.outcome == "placed" and r.parts[0].node == 2
+        assert any("preempted 1 offline task(s) on node" in n and "off2" in n for n in r.notes)
+        ledger = await ledger_events(redis, prefix)
+        entries = [e for _, e in ledger]
+        i = next(k for k, ev in enumerate(entries) if ev["t"] == "preempt")
+        # one append, in this order: the preemption, the online task's alloc, the victim's requeue with its spec
+        assert [ev["t"] for ev in entries[i:i + 3]] == ["preempt", "alloc", "defer"]
+        pre, alloc, requeue = entries[i:i + 3]
+        assert (pre["task"], pre["by"], requeue["task"], alloc["task"]) == ("off2", "on2", "off2", "on2")
+        assert requeue["spec"]["resources"][0] == 24 * MILLI and requeue["spec"]["priority_class"] == ""
+        assert alloc["class"] == "online" and "spec" not in alloc  # online tasks are never requeued
+        assert preempts(ledger) == [pre]
+        assert e.preemptions_total == 1 and list(e.queue) == ["off2"]
+        # the ledger's fold is the engine's state
+        state, queue = ClusterState(cheap()), OrderedDict()
+        await replay(redis, Keys(prefix).ledger("cheap"), state, queue)
+        assert state.allocations == e.state.allocations and list(queue) == ["off2"]
+        assert state.clocks == e.state.clocks and set(state.specs) == set(e.state.specs)
+
+
+async def test_online_tasks_are_never_evicted(redis, prefix) -> None:
+    async with running(engine(redis, prefix, executor())) as e:
+        await fill(e, redis, prefix, ["on0", "on1", "on2", "on3"], cls="online")
+        r = await e.place("on4", task(8, "online"), allow_defer=True)
+        assert r.outcome == "deferred"
+        assert (await e.place("on5", task(8, "online"), allow_defer=False)).outcome == "no_room"
+        assert not preempts(await ledger_events(redis, prefix)) and e.preemptions_total == 0
+
+
+async def test_offline_tasks_never_preempt(redis, prefix) -> None:
+    async with running(engine(redis, prefix, executor())) as e:
+        await fill(e, redis, prefix, ["off0", "off1", "off2", "off3"])
+        assert (await e.place("off4", task(8), allow_defer=True)).outcome == "deferred"
+        assert not preempts(await ledger_events(redis, prefix))
+
+
+async def test_a_placed_not_started_task_is_the_cheapest_victim(redis, prefix) -> None:
+    slow = SimulatedExecutor(TF, Overheads(Span(0, 0), Span(0, 0), Span(0, 0)), 0.0, seed=3)
+    async with running(engine(redis, prefix, slow)) as e:
+        await fill(e, redis, prefix, ["off0", "off1", "off2", "off3"])
+        # off1 is released and placed anew as "fresh" under a slow start: PLACED, not running (lost work 0)
+        assert (await e.release("off1")).released
+        slow.overheads = Overheads(Span(0, 0), Span(3600, 3600), Span(0, 0))  # an hour of container start
+        assert (await e.place("fresh", task(24))).outcome == "placed"
+        r = await e.place("on", task(24, "online"))
+        assert r.outcome == "placed" and r.parts[0].node == 1
+        assert [p["task"] for p in preempts(await ledger_events(redis, prefix))] == ["fresh"]
+
+
+async def test_the_victim_waits_out_the_overhead_then_runs_again_and_succeeds(redis, prefix) -> None:
+    # preemption overhead 120 task s = 2 wall s: the online task starts after it, the victim is not placed again
+    # before it; the online task runs 6 task s (0.1 wall s) and frees the node
+    async with running(engine(redis, prefix, executor(preempt_s="120"))) as e:
+        await fill(e, redis, prefix, ["a", "b", "c"])
+        assert (await e.place("victim", task(24, runtime_s=60))).outcome == "placed"
+        await started(redis, prefix, "victim")
+        r = await e.place("on", task(24, "online", runtime_s=6))
+        assert r.outcome == "placed"
+        await until(lambda: _has(redis, prefix, "victim", "done"), "the victim runs again and completes")
+        history = await events_of(redis, prefix, "victim")
+        assert kinds(history) == ["alloc", "run", "preempt", "defer", "alloc", "run", "done"]
+        defer, again, done = history[3][1], history[4][1], history[6][1]
+        (_, on_alloc), (_, on_run), (_, on_done) = await events_of(redis, prefix, "on")
+        assert on_alloc["delay_s"] == 120 and on_run["at"] == on_alloc["at"] + 2000  # 120 task s at 60 per wall s
+        assert defer["after"] == on_alloc["at"] + 2000 <= again["at"]
+        assert on_done["t"] == "done" and done["ok"] is True and again["spec"]["runtime_s"] == 60
+        assert len(preempts(await ledger_events(redis, prefix))) == 1
+
+
+async def test_a_restarted_placer_keeps_the_requeued_victim_waiting(redis, prefix) -> None:
+    ex = executor(preempt_s="600")  # 10 wall s: longer than this test waits
+    async with running(engine(redis, prefix, ex)) as e:
+        await fill(e, redis, prefix, ["a", "b", "c", "v"])
+        assert (await e.place("on", task(24, "online", runtime_s=6))).outcome == "placed"
+    async with running(engine(redis, prefix, executor(preempt_s="600"))) as e2:
+        assert list(e2.queue) == ["v"] and e2.state.ready_ms["v"] > 0
+        r = await e2.release("a")  # room, but v is not ready: nothing is placed from the queue
+        assert r.released and not r.placed_from_queue and "v" in e2.queue
+
+
+async def test_the_queue_serves_online_then_fair_share_then_priority_then_arrival(redis, prefix) -> None:
+    async with running(engine(redis, prefix, None)) as e:  # no executor: tasks hold until released
+        for i in range(4):  # team-a holds the whole DC with online tasks (never evicted)
+            assert (await e.place(f"a{i}", task(24, "online", tenant="team-a"))).outcome == "placed"
+        for name, t in (("qa", task(24, tenant="team-a", priority=9)), ("qb-low", task(24, tenant="team-b")),
+                        ("qb-high", task(24, tenant="team-b", priority=1)), ("qon", task(24, "online", tenant="team-a"))):
+            assert (await e.place(name, t)).outcome in ("deferred", "placed")
+        # qon (online) found no offline task to evict: deferred too
+        assert list(e.queue) == ["qa", "qb-low", "qb-high", "qon"]
+        order = []
+        for i in range(4):
+            order += [t for t, _ in (await e.release(f"a{i}")).placed_from_queue]
+        # online first; then team-b (holding nothing, under its share) by priority — team-b then holds 24 of its
+        # deserved 48 cores, team-a 72 of 48 —; team-a's qa last despite its priority 9 and arriving first
+        assert order == ["qon", "qb-high", "qb-low", "qa"]
+
+
+async def test_tenant_weights_shift_the_order(redis, prefix) -> None:
+    # team-a holds 48 cores (2 nodes), team-b 24 (1 node); both wait for more. Equal weights: b's share is lower
+    # and b goes first; with team-a weighing 4, a deserves far more and goes first.
+    for weights, first in ((None, "qb"), (TenantWeights({"team-a": 4.0}), "qa")):
+        p = f"{prefix}:{first}"  # under the test's prefix: deleted with it
+        async with running(engine(redis, p, None, weights)) as e:
+            for name, tenant in (("a0", "team-a"), ("a1", "team-a"), ("b0", "team-b"), ("x", "team-c")):
+                assert (await e.place(name, task(24, tenant=tenant))).outcome == "placed"
+            assert set(e.state.tenant_usage) == {"team-a", "team-b", "team-c"}
+            await e.place("qa", task(24, tenant="team-a"))
+            await e.place("qb", task(24, tenant="team-b"))
+            placed = (await e.release("x")).placed_from_queue
+            assert [t for t, _ in placed] == [first]
+
+
+@pytest.mark.parametrize("big_class", ["", "online"])
+async def test_a_preemption_that_would_pass_the_redline_is_not_done(redis, prefix, big_class) -> None:
+    """cheap's room (20 °C supply): loads [24, 20, 20, 20] cores give a max inlet of 23.415 °C; an online 24-core
+    task after evicting a 20-core task of node 1, 2 or 3 gives 23.565 / 23.480 / 23.523 °C; after evicting the
+    24-core task of node 0, 23.415 °C again. With the redline at 23.45 °C only the big task's eviction is allowed,
+    although it loses the most work (it runs longest and is largest); when the big task is online, no eviction is
+    allowed and nothing is preempted."""
+    dc = cheap(redline_c=23.45)
+    async with running(PlacerEngine(dc, redis, Keys(prefix), make_policy("firstfit"), "p1", thermal=room_for(dc),
+                                    executor=executor())) as e:
+        assert (await e.place("big", task(24, big_class))).outcome == "placed"
+        await started(redis, prefix, "big")
+        for i in range(3):
+            r = await e.place(f"s{i}", task(20))
+            assert (r.outcome, r.parts[0].node) == ("placed", i + 1)
+        r = await e.place("on", task(24, "online"))
+        victims = [p["task"] for p in preempts(await ledger_events(redis, prefix))]
+        if big_class == "":
+            assert (r.outcome, r.parts[0].node, victims) == ("placed", 0, ["big"])
+            assert r.thermal is not None and r.thermal.max_inlet_after_c < 23.45
+        else:
+            assert (r.outcome, victims) == ("deferred", [])
+            assert "redline" in r.reason or "no node has room" in r.reason
+
+
+def test_an_unknown_priority_class_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError) as exc:
+        task(1, "urgent", runtime_s=1).validate()
+    assert exc.value.field == "priority_class"
+    assert "online" in exc.value.rule
+    for cls in ("", "online", "offline"):
+        task(1, cls, runtime_s=1).validate()
+
+
+def test_capacity_of_cheap_is_what_shares_are_measured_on() -> None:
+    from hsched.policies.fairshare import capacity_vector
+    assert np.array_equal(capacity_vector(cheap().node_table()), [96 * MILLI, 4 * 96 * GIB, 0])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the fold keeps what preemption and fair share need, from a snapshot as from the whole stream
+
+@st.composite
+def preemption_histories(draw) -> list[dict]:
+    """Ledgers a placer could write: allocs of online/offline tasks of two tenants (offline ones with their spec),
+    runs, completions, and preemptions written as the placer does (preempt + requeue with "after" + the online
+    task's alloc), requeued victims placed again."""
+    events, held, queued, clock = [], {}, {}, 1_000
+    for i in range(draw(st.integers(0, 30))):
+        clock += draw(st.integers(0, 5000))
+        kind = draw(st.sampled_from(["alloc", "run", "done", "preempt", "requeued"]))
+        if kind == "alloc":
+            task_id, cls, tenant = f"t{i}", draw(st.sampled_from(["online", "offline"])), draw(st.sampled_from("ab"))
+            cores, node = draw(st.integers(1, 12)), draw(st.integers(0, 3))
+            if sum(c for n, c, _ in held.values() if n == node) + cores > 24:
+                continue
+            spec = TaskSpec(Resources(cores * MILLI, 512), runtime_s=60, tenant=f"team-{tenant}", priority_class=cls)
+            events.append(_alloc(task_id, node, spec, clock))
+            held[task_id] = (node, cores, spec)
+        elif kind in ("run", "done") and held:
+            task_id = draw(st.sampled_from(sorted(held)))
+            events.append({"t": kind, "task": task_id, "at": clock, **({"ok": True, "reason": ""} if kind == "done"
+                                                                        else {})})
+            if kind == "done":
+                held.pop(task_id)
+        elif kind == "preempt":
+            offline = sorted(t for t, (_, _, s) in held.items() if s.priority_class == "offline")
+            if not offline:
+                continue
+            victim = draw(st.sampled_from(offline))
+            node, cores, spec = held.pop(victim)
+            after = clock + draw(st.sampled_from([0, 500, 20_000]))
+            events += [{"t": "preempt", "task": victim, "by": f"on{i}", "at": clock},
+                       {"t": "defer", "task": victim, "spec": task_to_dict(spec), "at": clock,
+                        **({"after": after} if after > clock else {})}]
+            online = TaskSpec(Resources(cores * MILLI, 512), runtime_s=60, tenant="team-a", priority_class="online")
+            events.append(_alloc(f"on{i}", node, online, clock))
+            held[f"on{i}"] = (node, cores, online)
+            queued[victim] = (node, cores, spec)
+        elif kind == "requeued" and queued:
+            victim = draw(st.sampled_from(sorted(queued)))
+            node, cores, spec = queued[victim]
+            if sum(c for n, c, _ in held.values() if n == node) + cores > 24:
+                continue
+            events.append(_alloc(victim, node, spec, clock))
+            held[victim] = queued.pop(victim)
+    return events
+
+
+def _alloc(task_id: str, node: int, spec: TaskSpec, at: int) -> dict:
+    event = {"t": "alloc", "task": task_id, "parts": [Part(0, 0, node, spec.resources.cpu_milli, 512, 0, 0).to_json()],
+             "at": at, "runtime_s": spec.runtime_s, "class": spec.effective_class, "tenant": spec.tenant}
+    if spec.effective_class == "offline":
+        event["spec"] = task_to_dict(spec)
+    return event
+
+
+def _fold(events: list[dict], state: ClusterState | None = None, queue: OrderedDict | None = None):
+    state = state if state is not None else ClusterState(cheap())
+    queue = queue if queue is not None else OrderedDict()
+    for e in events:
+        fold_event(json.loads(json.dumps(e)), state, queue)  # as read back from the stream
+    return state, queue
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(preemption_histories(), st.data())
+def test_the_fold_keeps_specs_ready_times_and_tenant_usage_from_a_snapshot_too(history, data) -> None:
+    cut = data.draw(st.integers(0, len(history)))
+    whole_state, whole_queue = _fold(history)
+    head_state, head_queue = _fold(history[:cut])
+    state, queue = ClusterState(cheap()), OrderedDict()
+    load_snapshot(snapshot_of(head_state, head_queue), state, queue)
+    state, queue = _fold(history[cut:], state, queue)
+    assert state.allocations == whole_state.allocations and list(queue) == list(whole_queue)
+    assert state.specs == whole_state.specs and state.ready_ms == whole_state.ready_ms
+    assert state.tenant_usage.keys() == whole_state.tenant_usage.keys()
+    for tenant, used in whole_state.tenant_usage.items():
+        assert np.array_equal(state.tenant_usage[tenant], used)
+    # what each tenant uses is exactly the sum of its allocations; every held offline task can be requeued
+    expected: dict[str, np.ndarray] = {}
+    for task_id, parts in whole_state.allocations.items():
+        tenant = whole_state.clocks[task_id].tenant
+        expected[tenant] = expected.get(tenant, 0) + usage_vector(parts)
+    assert {t: list(v) for t, v in expected.items()} == {t: list(v) for t, v in whole_state.tenant_usage.items()}
+    assert set(whole_state.specs) == {t for t, c in whole_state.clocks.items() if c.priority_class == "offline"}
+    assert set(whole_state.ready_ms) <= set(whole_queue)
+
+
+async def test_a_preemption_whose_write_is_in_doubt_is_cancelled_and_the_victim_keeps_running(prefix) -> None:
+    """The append lands on the master but no replica confirms it: not acknowledged, so the engine undoes the
+    preemption in memory and the ledger's next write cancels it — the online task freed, the victim re-allocated
+    as it was (same placement, same start), its requeue gone — and the fold is the engine's state again."""
+    server = EmbeddedRedis().start()  # a master without replicas: WAIT 1 answers 0
+    client = connect(server.url)
+    try:
+        async with running(engine(client, prefix, executor())) as e:
+            await fill(e, client, prefix, ["a", "b", "c", "v"])
+            before = e.state.clocks["v"]
+            e.ledger.min_replicas, e.ledger.wait_timeout_ms = 1, 50
+            with pytest.raises(AppendNotReplicated):
+                await e.place("on", task(24, "online"))
+            assert e.state.clocks["v"] == before and "on" not in e.state.allocations and not e.queue
+            e.ledger.min_replicas = 0
+            await e.ledger.settle()
+            state, queue = ClusterState(cheap()), OrderedDict()
+            await replay(client, Keys(prefix).ledger("cheap"), state, queue)
+            assert state.allocations == e.state.allocations and state.clocks == e.state.clocks and not queue
+            assert state.specs.keys() == e.state.specs.keys() and state.clocks["v"] == before
+            assert kinds(await events_of(client, prefix, "v")) == ["alloc", "run", "preempt", "defer", "alloc", "run"]
+            assert kinds(await events_of(client, prefix, "on")) == ["alloc", "free"]
+            assert e.preemptions_total == 0  # nothing acknowledged
+            # and the engine goes on: the next online task preempts for real
+            assert (await e.place("on2", task(24, "online"))).outcome == "placed" and e.preemptions_total == 1
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+def test_the_cancellation_of_a_preemption_that_was_not_written_changes_nothing() -> None:
+    """The same cancellation when the preemption's write never landed: the victim is still held, so its
+    re-allocation and its run are no-ops for the fold, and the free and the drop of tasks not held too."""
+    spec_v = task(24, runtime_s=60)
+    alloc_v = _alloc("v", 3, spec_v, 1_000)
+    state, queue = _fold([alloc_v, {"t": "run", "task": "v", "at": 1_500}])
+    held, clocks = dict(state.allocations), dict(state.clocks)
+    _fold([{"t": "free", "task": "on"}, {**alloc_v, "restore": True}, {"t": "run", "task": "v", "at": 1_500}],
+          state, queue)
+    assert state.allocations == held and state.clocks == clocks and not queue
