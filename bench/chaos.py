@@ -88,7 +88,10 @@ FAULTS = ("kill-gateway", "kill-selector", "kill-thermal", "kill-placer", "stop-
           "restart-redis", "kill-redis-master")
 PAUSE_S = 5.0  # SIGSTOP of a placer / of Redis
 RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-HOLDING = (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED)
+# a placed task runs (RUNNING) once its DC's executor started it: both hold their resources
+ON_NODES = (pb.TASK_STATE_PLACED, pb.TASK_STATE_RUNNING)
+HOLDING = (*ON_NODES, pb.TASK_STATE_DEFERRED)
+FINISHED = (pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED)  # ran out its runtime: its DC's ledger freed it
 PREFIX = "chaos"
 
 
@@ -428,7 +431,7 @@ def allowed_states(rec: Record) -> set[int]:
         return {pb.TASK_STATE_RELEASED}
     if rec.state == pb.TASK_STATE_REJECTED:
         return {pb.TASK_STATE_REJECTED}
-    ok = {pb.TASK_STATE_PLACED} if rec.state == pb.TASK_STATE_PLACED else {pb.TASK_STATE_DEFERRED, pb.TASK_STATE_PLACED}
+    ok = {*ON_NODES, *FINISHED} if rec.state == pb.TASK_STATE_PLACED else {pb.TASK_STATE_DEFERRED, *ON_NODES, *FINISHED}
     if rec.release_attempted:
         ok.add(pb.TASK_STATE_RELEASED)
     return ok
@@ -506,7 +509,9 @@ async def audit(stack: Stack, records: list[Record]) -> Audit:
                     if rec.task_id in view.live or rec.task_id in view.queue:
                         result.leaked[rec.task_id] = f"{dc} still holds it after an acknowledged Release"
             continue
-        placed = rec.state == pb.TASK_STATE_PLACED or (now is not None and now.state == pb.TASK_STATE_PLACED)
+        if now is not None and now.state in FINISHED:
+            continue
+        placed = rec.state == pb.TASK_STATE_PLACED or (now is not None and now.state in ON_NODES)
         dc = rec.datacenter if rec.state == pb.TASK_STATE_PLACED else (now.datacenter if now else rec.datacenter)
         view = ledgers.get(dc)
         if view is None:
