@@ -91,7 +91,10 @@ EXECUTOR_COUNTS = PAPER004_EXECUTOR_COUNTS
 TRAIN_SEED0 = 10_000
 EXPERT_SEED0 = 20_000
 SEED_STRIDE = 100_000  # args.seed s trains on episode seeds TRAIN_SEED0 + s·stride + k
-EVAL_SEEDS = (0, 1, 2)
+# Model selection and the figures `train` reports use these seeds; `hsched eval dag` uses 0, 1, 2, …: disjoint
+# from them and from the training (TRAIN_SEED0 + …) and expert (EXPERT_SEED0 + …) episode seeds.
+VALIDATION_SEEDS = (40_000, 40_001, 40_002)
+VALIDATION_COUNTS = (15, 20)
 NODE_INPUTS = ("schedulable", "finished", "log_unassigned", "task_duration", "log_stage_work", "running_share",
                "critical_path", "log_job_work", "job_executor_share", "job_local_free_share", "log_job_age",
                "job_critical_path", "job_work_rank")
@@ -122,6 +125,10 @@ class Config:
     executor_counts: tuple[int, ...] = EXECUTOR_COUNTS
     minibatch: int = 256             # decisions per forward pass in an update (memory bound, same gradient)
     checkpoint_every: int = 40       # episodes
+    select_every: int = 40           # episodes between validations (0: keep the last weights)
+    validation_stream_jobs: int = 20
+    validation_counts: tuple[int, ...] = VALIDATION_COUNTS
+    validation_seeds: tuple[int, ...] = VALIDATION_SEEDS
 
 
 @dataclass
@@ -364,7 +371,8 @@ class LearnedDagPolicy:
 def load_dag_policy(path: str | Path) -> LearnedDagPolicy:
     """A shipped (or any) ba3c / a3c checkpoint as a DagPolicy."""
     state = checkpoint.load_state(checkpoint.model_path(str(path)))
-    cfg = Config(**{k: tuple(v) if k == "executor_counts" else v for k, v in state["config"].items()})
+    fields = {f.name for f in dataclasses.fields(Config)}
+    cfg = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["config"].items() if k in fields})
     model = DagActorCritic(state["branching"], cfg)
     model.load_state_dict(state["model"])
     return LearnedDagPolicy(model, state["name"])
@@ -503,12 +511,34 @@ def update(model: DagActorCritic, opt: torch.optim.Optimizer, rollouts: Sequence
 
 
 def evaluate_model(model: DagActorCritic, name: str, cfg: Config, executors: int,
-                   seeds: Sequence[int] = EVAL_SEEDS) -> list[DagEpisode]:
-    env = make_env(cfg, executors)
+                   seeds: Sequence[int] = VALIDATION_SEEDS) -> list[DagEpisode]:
+    env = DagSchedulingEnv(executors, num_init_jobs=1, num_stream_jobs=cfg.validation_stream_jobs,
+                           interarrival_s=cfg.interarrival_s)
     policy = LearnedDagPolicy(model, name)
     out = [run_dag_policy(env, policy, seed=s) for s in seeds]
     model.train()
     return out
+
+
+def reference_jct(cfg: Config) -> dict[int, float]:
+    """SJF-CP's mean average JCT per validation executor count on the validation seeds (the yardstick)."""
+    from hsched.envs.dag import SjfCp
+
+    out = {}
+    for n in cfg.validation_counts:
+        env = DagSchedulingEnv(n, num_init_jobs=1, num_stream_jobs=cfg.validation_stream_jobs,
+                               interarrival_s=cfg.interarrival_s)
+        out[n] = float(np.mean([run_dag_policy(env, SjfCp(), seed=s).metrics["avg_jct_s"]
+                                for s in cfg.validation_seeds]))
+    return out
+
+
+def validation_score(model: DagActorCritic, name: str, cfg: Config, reference: dict[int, float]) -> float:
+    """Greedy average JCT ÷ SJF-CP's, averaged over the validation executor counts (lower is better);
+    validation seeds only, never the evaluation ones."""
+    return float(np.mean([np.mean([e.metrics["avg_jct_s"] for e in evaluate_model(model, name, cfg, n,
+                                                                                    cfg.validation_seeds)])
+                          / reference[n] for n in cfg.validation_counts]))
 
 
 def _runs_dir(out: Path) -> Path:
@@ -537,8 +567,24 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
         episode, curves, seconds = saved["episode"], saved["curves"], saved["seconds"]
     t0, cpu0 = time.perf_counter() - seconds, time.process_time()
     losses: dict[str, float] = {}
+    reference = reference_jct(cfg) if cfg.select_every else {}
+    best: dict[str, Any] = {}
+
+    def select() -> None:
+        """Validate the current weights; keep them if they beat the best so far (model selection on the
+        validation seeds: the RL phase may drift below the clone it starts from)."""
+        score = validation_score(model, name, cfg, reference)
+        curves.setdefault("validation", []).append([episode, round(score, 4)])
+        if not best or score < best["score"]:
+            best.update(score=score, episode=episode,
+                        model={k: v.detach().clone() for k, v in model.state_dict().items()})
+
     if not args.resume:
         curves["bc_loss"] = behaviour_cloning(model, cfg, rng) if cfg.expert else []
+        if cfg.select_every:
+            select()
+    elif cfg.select_every and "best" in saved:
+        best.update(saved["best"])
     with progress(f"{name} (DAG scheduling)", episodes, args.progress) as advance:
         advance(episode)
         while episode < episodes:
@@ -556,18 +602,27 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
             frac = min(episode / max(cfg.entropy_decay_episodes, 1), 1.0)
             beta = cfg.entropy_start + (cfg.entropy_end - cfg.entropy_start) * frac
             losses = update(model, opt, batch, cfg, beta)
+            if cfg.select_every and (episode % cfg.select_every < cfg.episodes_per_update or episode >= episodes):
+                select()
             if episode % cfg.checkpoint_every < cfg.episodes_per_update or episode >= episodes:
                 seconds = time.perf_counter() - t0
                 checkpoint.save(train_ckpt, {"model": model.state_dict(), "opt": opt.state_dict(),
                                              "rng": rng_state(rng), "episode": episode, "curves": curves,
-                                             "seconds": seconds},
+                                             "seconds": seconds, "best": best},
                                 {"agent": name, "model": str(out), "episode": episode})
+    if best:
+        model.load_state_dict(best["model"])
     seconds = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     figures: dict[str, Any] = {"train_seconds": round(seconds, 1), "train_cpu_seconds": round(cpu, 1)}
+    if best:
+        figures["selected_episode"] = best["episode"]
+        figures["validation_jct_over_sjf_cp"] = round(best["score"], 4)
     n0 = cfg.executor_counts[0]
     mine = evaluate_model(model, name, cfg, n0)
-    sjf = [run_dag_policy(make_env(cfg, n0), SjfCp(), seed=s) for s in EVAL_SEEDS]
+    sjf_env = DagSchedulingEnv(n0, num_init_jobs=1, num_stream_jobs=cfg.validation_stream_jobs,
+                               interarrival_s=cfg.interarrival_s)
+    sjf = [run_dag_policy(sjf_env, SjfCp(), seed=s) for s in cfg.validation_seeds]
     figures[f"avg_jct_s_{n0}_executors"] = round(float(np.mean([e.metrics["avg_jct_s"] for e in mine])), 2)
     figures[f"sjf_cp_avg_jct_s_{n0}_executors"] = round(float(np.mean([e.metrics["avg_jct_s"] for e in sjf])), 2)
     command = f"hsched train {name} --seed {args.seed}" + (f" --steps {args.steps}" if args.steps else "") + \
@@ -580,7 +635,9 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
                                             f"{TRAIN_SEED0 + SEED_STRIDE * args.seed + (episode - 1) // cfg.episodes_per_update}"
                                             f" ({cfg.episodes_per_update} episodes per seed)",
                      "jobs_per_episode": 1 + cfg.stream_jobs, "interarrival_s": cfg.interarrival_s,
-                     "executor_counts": list(cfg.executor_counts), "eval_seeds": list(EVAL_SEEDS),
+                     "executor_counts": list(cfg.executor_counts),
+                     "validation_seeds": list(cfg.validation_seeds),
+                     "validation": curves.get("validation", []),
                      "expert_episode_seeds": (f"{EXPERT_SEED0}..{EXPERT_SEED0 + cfg.bc_episodes - 1}"
                                               if cfg.expert else None)},
             "bc_loss_per_epoch": [round(v, 4) for v in curves.get("bc_loss", [])],
