@@ -148,7 +148,7 @@ def run(ctx: EvalContext) -> str:
     stream = QUICK_STREAM_JOBS if ctx.quick else STREAM_JOBS
     head = (f"## Paper 004, table 1: average JCT (s) per executor count\n\nTPC-H jobs (paper 004's sizes), "
             f"1 at t = 0 + {stream} Poisson arrivals (mean {INTERARRIVAL_S:.0f} s), moving delay 2 s; seeds "
-            f"{ctx.seeds}, mean ± std over seeds" + (" (quick run: fewer jobs and executor counts)" if ctx.quick
+            f"{ctx.seeds}, task durations drawn per task from the measured waves (decima-sim), mean ± std over seeds" + (" (quick run: fewer jobs and executor counts)" if ctx.quick
                                                      else "") + ".\n")
     sections = [head + report(ctx, evaluate(ctx))]
     if importlib.util.find_spec("hsched.eval.colocation") is not None:
