@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import gymnasium
@@ -20,15 +21,31 @@ from hsched.envs.dag import (
     RandomDag,
     SjfCp,
     TetrisStar,
+    capacity_bound,
     critical_path_bound,
     run_dag_policy,
 )
-from hsched.traces.decima import critical_path_s, make_dag_job
+from hsched.traces.decima import DagJob, WaveDurations, critical_path_s, load_tpch_dags, make_dag_job
 
 # 0 → 1, 0 → 2, {1, 2} → 3: a diamond with 2, 1, 3, 1 tasks of 1, 2, 1, 4 s
 DIAMOND = make_dag_job(1, "2g", [2, 1, 3, 1], [1.0, 2.0, 1.0, 4.0], [(0, 1), (0, 2), (1, 3), (2, 3)])
 SMALL = make_dag_job(2, "2g", [1], [3.0], [])
 BIG = make_dag_job(3, "2g", [4], [5.0], [])
+
+
+def with_waves(job: DagJob, waves: dict[int, WaveDurations]) -> DagJob:
+    """`job` with measured lists on the given stages (the others keep their fixed duration)."""
+    stages = tuple(dataclasses.replace(st_, waves=waves.get(st_.index)) for st_ in job.stages)
+    return DagJob(query=job.query, size=job.size, stages=stages, edges=job.edges)
+
+
+def _one(value):
+    return np.array([value])
+
+
+# one stage of 5 tasks: fresh 3 s, first wave 2 s (≤ 5 executors) or 4 s (key 10), rest wave 1 s
+WAVY = with_waves(make_dag_job(4, "2g", [5], [2.0], []), {0: WaveDurations(
+    first={5: _one(2.0), 10: _one(4.0)}, rest={5: _one(1.0), 10: _one(1.0)}, fresh={5: _one(3.0), 10: _one(3.0)})})
 
 
 def _step(env, flat, count):
@@ -63,6 +80,58 @@ def test_diamond_by_hand_with_two_executors():
     assert [(r.executor, r.start) for r in env.runs if r.stage == 2] == [(0, 3.0), (0, 4.0), (0, 5.0)]
 
 
+def test_wave_durations_by_hand():
+    """Two executors on a 5-task stage: both move in (2 s) and draw fresh tasks (3 s) → 2-5; each then takes
+    the stage's next task from the rest wave (1 s): 5-6 on both, the fifth 6-7 → JCT 7. Under "mean" every
+    task takes 2 s: 2-4 on both, 4-6 on both, 6-8 → JCT 8."""
+    env = DagSchedulingEnv(2, fixed_jobs=[WAVY], record=True)
+    env.reset(seed=0)
+    _, _, done, _, info = _step(env, 0, 2)
+    assert done and info["jct"] == [7.0]
+    assert sorted((r.start, r.end) for r in env.runs) == [(2.0, 5.0), (2.0, 5.0), (5.0, 6.0), (5.0, 6.0),
+                                                          (6.0, 7.0)]
+    mean = DagSchedulingEnv(2, fixed_jobs=[WAVY], durations="mean")
+    mean.reset(seed=0)
+    _, _, done, _, info = _step(mean, 0, 2)
+    assert done and info["jct"] == [8.0]
+    # shortest draw 1 s per task → bounds 2 + 1 and 2 + max(1, 5 × 1 / 2); under "mean" 2 s per task
+    assert critical_path_bound(WAVY) == 3.0 and capacity_bound(WAVY, 2) == 4.5
+    assert critical_path_bound(WAVY, durations="mean") == 4.0 and capacity_bound(WAVY, 2, durations="mean") == 7.0
+
+
+def test_the_job_executor_count_picks_the_measured_key():
+    """Stage 1 (7 tasks) gets 10 executors after stage 0 ran on executor 0: executor 0 (same job, other
+    stage) draws from the first wave, the 6 movers from the fresh list. The job then holds 7 executors:
+    decima-sim's map gives key 5 with p (7 − 5) / (10 − 5), else key 10, so executor 0's first-wave task is
+    2 s (key 5) or 4 s (key 10) — over seeds both occur; with 5 executors it is always key 5 (2 s)."""
+    job = with_waves(make_dag_job(5, "2g", [1, 7], [1.0, 2.0], [(0, 1)]), {1: WaveDurations(
+        first={5: _one(2.0), 10: _one(4.0)}, rest={5: _one(1.0)}, fresh={5: _one(3.0), 10: _one(3.0)})})
+
+    def first_wave_task(executors, seed):
+        env = DagSchedulingEnv(executors, fixed_jobs=[job], record=True)
+        env.reset(seed=seed)
+        _step(env, 0, executors)  # stage 0: executor 0 moves (2 s) and runs the one 1 s task → 3
+        _, _, done, _, _ = _step(env, 1, executors)
+        assert done
+        (run,) = [r for r in env.runs if r.stage == 1 and r.executor == 0 and r.start == 3.0]
+        fresh = sorted(r.end - r.start for r in env.runs if r.stage == 1 and r.assigned == 3.0 and r.executor)
+        assert fresh == [3.0] * min(executors - 1, 6)
+        return run.end - run.start
+
+    assert {first_wave_task(10, seed) for seed in range(30)} == {2.0, 4.0}
+    assert {first_wave_task(5, seed) for seed in range(10)} == {2.0}
+
+
+def test_wave_episodes_are_reproducible_and_policy_independent_in_jobs():
+    pool = load_tpch_dags(sizes=["2g"], queries=[1, 2, 3])
+    env = DagSchedulingEnv(5, num_stream_jobs=3, jobs=pool)
+    a, b = run_dag_policy(env, SjfCp(), seed=11), run_dag_policy(env, SjfCp(), seed=11)
+    assert a.jct == b.jct
+    dags = list(env.dags)
+    c = run_dag_policy(env, Fifo(), seed=11)
+    assert env.dags == dags and c.bounds == a.bounds  # the draws never change which jobs arrive when
+
+
 def test_invalid_actions_name_the_rule():
     env = DagSchedulingEnv(2, fixed_jobs=[DIAMOND])
     env.reset(seed=0)
@@ -74,6 +143,8 @@ def test_invalid_actions_name_the_rule():
         DagSchedulingEnv(0)
     with pytest.raises(ValueError, match="interarrival_s"):
         DagSchedulingEnv(2, interarrival_s=0.0)
+    with pytest.raises(ValueError, match="durations"):
+        DagSchedulingEnv(2, durations="median")
 
 
 def test_moving_between_jobs_costs_the_delay_and_local_executors_go_first():
@@ -129,22 +200,44 @@ def dag_jobs(draw):
     edges = [(p, c) for c in range(1, n) for p in range(c) if draw(st.booleans())]
     tasks = draw(st.lists(st.integers(1, 5), min_size=n, max_size=n))
     durations = draw(st.lists(st.sampled_from([0.5, 1.0, 1.5, 3.0]), min_size=n, max_size=n))
-    return make_dag_job(1, "2g", tasks, durations, edges)
+    job = make_dag_job(1, "2g", tasks, durations, edges)
+    values = st.lists(st.sampled_from([0.25, 0.5, 1.0, 2.0, 4.0]), max_size=3).map(np.array)
+    keys = st.lists(st.sampled_from([5, 10, 20]), min_size=1, max_size=3, unique=True)
+    waves = {}
+    for i in range(n):
+        if draw(st.booleans()):
+            ks = draw(keys)
+            first = {k: draw(values) for k in ks}
+            fresh = {k: draw(values) for k in ks}
+            for k in ks:  # decima-sim's stages always have a first-wave or a fresh value
+                if not len(first[k]) and not len(fresh[k]):
+                    first[k] = np.array([1.0])
+            waves[i] = WaveDurations(first=first, rest={k: draw(values) for k in ks}, fresh=fresh)
+    return with_waves(job, waves)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jobs=st.lists(dag_jobs(), min_size=1, max_size=4), executors=st.integers(1, 5),
        init=st.integers(0, 4), seed=st.integers(0, 2**16), policy=st.sampled_from(["random", "fifo", "sjf", "tetris"]),
-       delay=st.sampled_from([0.0, 2.0]), max_jobs=st.sampled_from([None, 1, 2]))
-def test_invariants_under_any_policy(jobs, executors, init, seed, policy, delay, max_jobs):
+       delay=st.sampled_from([0.0, 2.0]), max_jobs=st.sampled_from([None, 1, 2]),
+       durations=st.sampled_from(["waves", "mean"]))
+def test_invariants_under_any_policy(jobs, executors, init, seed, policy, delay, max_jobs, durations):
     env = DagSchedulingEnv(executors, fixed_jobs=jobs, num_init_jobs=init, interarrival_s=2.0,
-                           moving_delay_s=delay, max_jobs=max_jobs, record=True)
+                           moving_delay_s=delay, max_jobs=max_jobs, durations=durations, record=True)
     chooser = {"random": RandomDag(seed), "fifo": Fifo(), "sjf": SjfCp(), "tetris": TetrisStar()}[policy]
     ep = run_dag_policy(env, chooser, seed=seed)
-    # every job finishes, no earlier than its critical-path bound (after its arrival)
+    # every job finishes, no earlier than its capacity bound, itself no lower than the critical-path bound
     assert ep.metrics["finished"] == len(jobs)
     for k, job in enumerate(env.dags):
-        assert ep.jct[k] >= critical_path_bound(job, delay) - 1e-9
+        assert ep.jct[k] >= capacity_bound(job, executors, delay, durations) - 1e-9
+        assert capacity_bound(job, executors, delay, durations) >= critical_path_bound(job, delay, durations)
+    # each task lasts one of its stage's possible values: the fixed one, or a measured one (+ the warm-up)
+    for r in env.runs:
+        stage = env.dags[r.job].stages[r.stage]
+        if durations == "mean" or stage.waves is None:
+            assert r.end - r.start == pytest.approx(stage.task_duration_s)
+        else:
+            assert r.end - r.start >= stage.min_task_duration_s - 1e-9
     # a stage's tasks start only after all its parents' tasks have ended; each stage runs all its tasks
     end = {}
     for r in env.runs:

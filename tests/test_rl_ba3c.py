@@ -33,7 +33,8 @@ JOBS = [make_dag_job(1, "2g", [2, 1, 3, 1], [1.0, 2.0, 1.0, 4.0], [(0, 1), (0, 2
         make_dag_job(2, "2g", [1, 4], [3.0, 0.5], [(0, 1)]),
         make_dag_job(3, "2g", [5, 2, 2], [1.0, 1.0, 2.0], [(0, 2), (1, 2)])]
 TINY = Config(episodes=4, episodes_per_update=2, stream_jobs=2, interarrival_s=3.0, executor_counts=(3,),
-              checkpoint_every=2, entropy_decay_episodes=4, bc_episodes=1, bc_epochs=1)
+              checkpoint_every=2, entropy_decay_episodes=4, bc_episodes=1, bc_epochs=1, select_every=2,
+              validation_stream_jobs=1, validation_counts=(3,), validation_seeds=(40_000,))
 
 
 def test_encode_maps_the_mask_to_node_rows():
@@ -78,10 +79,7 @@ def test_log_probs_and_entropy_of_sampled_actions(branching):
     assert (entropy >= -1e-6).all() and torch.isfinite(value).all()
 
 
-def test_tiny_training_writes_model_resumes_and_is_deterministic(tmp_path, monkeypatch):
-    import hsched.rl.ba3c as ba3c
-
-    monkeypatch.setattr(ba3c, "EVAL_SEEDS", (0,))
+def test_tiny_training_writes_model_resumes_and_is_deterministic(tmp_path):
     a = train(TINY, TrainArgs(seed=0, out=tmp_path / "a.pt", progress=False, steps=2), "ba3c", "ba3c_dag", True)
     meta = json.loads((tmp_path / "a.json").read_text())
     assert meta["command"] == f"hsched train ba3c --seed 0 --steps 2 --out {tmp_path / 'a.pt'}"
@@ -95,6 +93,12 @@ def test_tiny_training_writes_model_resumes_and_is_deterministic(tmp_path, monke
     wa, wb = torch.load(tmp_path / "a.pt")["model"], torch.load(tmp_path / "b.pt")["model"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)  # resume == one straight run, same seed
     assert straight["avg_jct_s_3_executors"] == resumed["avg_jct_s_3_executors"]
+    # model selection on the validation seeds: after cloning and every 2 episodes; the best is shipped
+    validated = json.loads((tmp_path / "b.json").read_text())["data"]["validation"]
+    assert [e for e, _ in validated] == [0, 2, 4]
+    assert straight["selected_episode"] in (0, 2, 4)
+    assert straight["validation_jct_over_sjf_cp"] == pytest.approx(min(v for _, v in validated), abs=1e-4)
+    assert 40_000 in json.loads((tmp_path / "b.json").read_text())["data"]["validation_seeds"]
     policy = load_dag_policy(tmp_path / "b.pt")
     env = DagSchedulingEnv(3, fixed_jobs=JOBS, num_init_jobs=1, interarrival_s=2.0)
     assert run_dag_policy(env, policy, seed=0).metrics["finished"] == 3
@@ -109,10 +113,11 @@ def test_eval_dag_quick(tmp_path, monkeypatch):
           "ba3c_dag", True)
     ctx = EvalContext(seeds=[0, 1], out_dir=tmp_path / "out", quick=True)
     table = dag.evaluate(ctx, models_dir=tmp_path / "models")
-    assert set(table.jct) == {"FIFO", "SJF-CP", "Tetris*", "BA3C", dag.BOUND}
+    assert set(table.jct) == {"FIFO", "SJF-CP", "Tetris*", "BA3C", dag.BOUND, dag.CAPACITY_BOUND}
     assert "A3C (single head)" in table.missing
     for label in ("FIFO", "SJF-CP", "Tetris*", "BA3C"):
-        assert all(j >= b for j, b in zip(table.jct[label][15], table.jct[dag.BOUND][15], strict=True))
+        assert all(j >= b for j, b in zip(table.jct[label][15], table.jct[dag.CAPACITY_BOUND][15], strict=True))
+    assert all(c >= b for c, b in zip(table.jct[dag.CAPACITY_BOUND][15], table.jct[dag.BOUND][15], strict=True))
     text = dag.report(ctx, table)
     assert "BA3C vs it" in text and "not trained" in text
     assert (tmp_path / "out" / "dag_avg_jct.png").read_bytes()[:4] == b"\x89PNG"

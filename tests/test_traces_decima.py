@@ -6,7 +6,10 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hsched.domain.errors import ValidationError
 from hsched.domain.resources import Resources
@@ -14,13 +17,19 @@ from hsched.domain.task import MAX_REPLICAS
 from hsched.traces import data_dir
 from hsched.traces.decima import (
     DEFAULT_MEMORY_MIB_PER_TASK,
+    FIRST_WAVE,
+    FRESH,
+    REST_WAVE,
     TPCH_QUERIES,
     TPCH_SIZES,
+    WARMUP_DELAY_S,
     DagJob,
     DagStage,
+    WaveDurations,
     critical_path_s,
     dag_job_to_tasks,
     dag_stage_to_task,
+    executor_key,
     load_tpch_dags,
     make_dag_job,
     topological_order,
@@ -139,6 +148,59 @@ def test_task_count_uses_the_first_executor_key() -> None:
     stage = _one("2g", 15).stages[6]
     assert stage.num_tasks == 2
     assert stage.task_duration_s == pytest.approx(2278 / 11 / 1000)
+
+
+def test_waves_are_the_lists_decima_sim_samples_from() -> None:
+    """2g/q14 (see above): stage 1's first waves lose their fresh values and 20…100 borrow 10's list
+    (decima-sim's pre_process_task_duration); stage 2's rest wave at key 2 has the 198 later tasks."""
+    job = _one("2g", 14)
+    w1 = job.stages[1].waves
+    assert sorted(w1.first) == [2, 5, 10, 20, 40, 50, 60, 80, 100]
+    assert sorted(w1.first[2] * 1000) == [2058, 2067] and sorted(w1.first[10] * 1000) == [2287, 2325]
+    assert all(np.array_equal(w1.first[k], w1.first[10]) for k in (20, 40, 50, 60, 80, 100))
+    assert sum(len(v) for v in w1.fresh.values()) == 83 and sum(len(v) for v in w1.rest.values()) == 19
+    assert len(job.stages[2].waves.rest[2]) == 198
+    # every listed duration (s) lies between the stage's shortest draw and the longest value
+    assert job.stages[3].min_task_duration_s == pytest.approx(0.169)
+    assert critical_path_s(job, shortest=True) <= critical_path_s(job)
+    assert total_work_s(job, shortest=True) <= total_work_s(job)
+
+
+def test_executor_key_follows_decima_sim() -> None:
+    rng = np.random.default_rng(0)
+    assert [executor_key(n, rng) for n in (1, 3, 5, 10, 20, 40, 100, 120)] == [5, 5, 5, 10, 20, 40, 100, 100]
+    # between l = 10 and r = 20: l with probability (n − l) / (r − l) — decima-sim's rule as written
+    draws = [executor_key(19, rng) for _ in range(2000)]
+    assert set(draws) == {10, 20} and draws.count(10) > 1600
+    draws = [executor_key(11, rng) for _ in range(2000)]
+    assert draws.count(20) > 1600
+
+
+TOY = WaveDurations(first={5: np.array([1.0]), 20: np.array([2.0])}, rest={5: np.array([0.25]), 20: np.zeros(0)},
+                    fresh={5: np.array([1.5]), 20: np.zeros(0)})
+
+
+def test_sample_picks_the_list_by_kind_and_key() -> None:
+    rng = np.random.default_rng(0)
+    assert [TOY.sample(kind, 3, rng) for kind in (FRESH, FIRST_WAVE, REST_WAVE)] == [1.5, 1.0, 0.25]
+    # key 20 has no fresh and no rest record: first wave + the warm-up, and the first wave
+    assert [TOY.sample(kind, 20, rng) for kind in (FRESH, FIRST_WAVE, REST_WAVE)] == [2.0 + WARMUP_DELAY_S, 2.0, 2.0]
+    # 40 executors: key 40 not measured for this stage → its largest key (20)
+    assert TOY.sample(FIRST_WAVE, 40, rng) == 2.0
+    assert TOY.minimum_s() == 0.25
+
+
+@settings(max_examples=30, deadline=None)
+@given(query=st.integers(1, 22), size=st.sampled_from(["2g", "20g", "100g"]), n=st.integers(1, 120),
+       kind=st.sampled_from([FRESH, FIRST_WAVE, REST_WAVE]), seed=st.integers(0, 2**16))
+def test_every_draw_is_a_measured_value_no_shorter_than_the_minimum(query, size, n, kind, seed) -> None:
+    rng = np.random.default_rng(seed)
+    for stage in _one(size, query).stages:
+        d = stage.waves.sample(kind, n, rng)
+        assert d >= stage.min_task_duration_s
+        values = {float(v) for wave in (stage.waves.first, stage.waves.rest, stage.waves.fresh)
+                  for arr in wave.values() for v in arr}
+        assert d in values or round(d - WARMUP_DELAY_S, 9) in {round(v, 9) for v in values}
 
 
 # --- selection and errors -----------------------------------------------------------------------------------

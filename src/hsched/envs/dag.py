@@ -6,9 +6,24 @@ task of a job other than the one it last served first pays `moving_delay_s` (Dec
 the executor is torn down and relaunched in the other job's Spark context; a fresh executor pays it too).
 
 Jobs. DAGs of stages (`hsched.traces.decima.DagJob`; by default the TPC-H DAGs at paper 004's six input
-sizes 2-100 GB, sampled uniformly with the env's seeded generator). A stage has `num_tasks` tasks of
-`task_duration_s` each (Decima's mean duration: deterministic, so a run is reproducible from the seed and the
-critical path is an exact lower bound); it becomes *runnable* when every parent stage has finished.
+sizes 2-100 GB, sampled uniformly with the env's seeded generator). A stage has `num_tasks` tasks; it becomes
+*runnable* when every parent stage has finished.
+
+Task durations (`durations`). "waves" (default): each task's duration is drawn when it is given to an
+executor, as decima-sim's `spark_env/node.py::Node.schedule` draws it from the TPC-H measurements
+(`hsched.traces.decima.WaveDurations.sample`): the executors the job holds at that moment, this one included,
+pick a measured executor key (decima-sim's `sample_executor_key`: ≤ 5 → 5, between data points a random one of
+the two neighbours), so a stage spread over more executors draws from the runs measured with more executors
+(the median first-wave task is 2.0× longer at key 100 than at key 5); then the kind of start picks the list —
+an executor that just moved to the job (it pays the moving delay) → the fresh durations; one taking the next
+task of the stage it just ran → the rest wave (median 0.3× the first wave: warm JVM, data in cache); one
+coming from another stage of the same job → the first wave. Differences from decima-sim, both to keep one
+event per task: decima-sim counts a moving executor in the job only once it arrived and keeps an idle one
+counted until it moves away; we count the executors running the job's tasks (moving ones included). Draws use a
+generator seeded from the episode seed, so an episode is reproducible from (seed, actions). "mean": every task
+takes the stage's `task_duration_s` (Decima's mean), deterministic. Stages without measurements (hand-made
+`make_dag_job` jobs) always take `task_duration_s`. Observations and the baselines see only the means (a
+scheduler's estimate), never the drawn durations.
 `num_init_jobs` jobs are there at t = 0 and `num_stream_jobs` more arrive as a Poisson process (exponential
 inter-arrival times of mean `interarrival_s`); `num_stream_jobs=0` is the batch mode.
 
@@ -37,7 +52,8 @@ A job keeps its slot from arrival to completion; the slot is then free for a lat
 `info["episode"]` (average JCT, its critical-path lower bound, makespan, decisions).
 
 Baselines (`POLICIES`, all `DagPolicy`): FIFO, SJF-CP and Tetris* as paper 004 §3.2 and Decima §7.1 define
-them, and Random. `critical_path_bound` is the exact reference.
+them, and Random. Exact references per job: `critical_path_bound` (unlimited executors) and the tighter
+`capacity_bound` (also the job's work spread over all N executors).
 """
 
 from __future__ import annotations
@@ -52,7 +68,16 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from hsched.traces.decima import DagJob, critical_path_s, load_tpch_dags, topological_order, total_work_s
+from hsched.traces.decima import (
+    FIRST_WAVE,
+    FRESH,
+    REST_WAVE,
+    DagJob,
+    critical_path_s,
+    load_tpch_dags,
+    topological_order,
+    total_work_s,
+)
 
 ENV_ID = "hsched/DagScheduling-v0"
 PAPER004_SIZES = ("2g", "5g", "10g", "20g", "50g", "100g")  # paper 004 §3.1: 2, 5, 10, 20, 50, 100 SF
@@ -64,6 +89,7 @@ DEFAULT_EXECUTORS = 15
 # executors and above Tetris* beats A3C"): the counts evaluated (hsched.eval.dag) and trained on (hsched.rl.ba3c)
 PAPER004_EXECUTOR_COUNTS = (15, 20, 25, 29, 35)
 DEFAULT_INTERARRIVAL_S = 60.0
+DURATION_MODELS = ("waves", "mean")
 
 NODE_FEATURES = ("present", "schedulable", "finished", "unassigned_tasks", "task_duration_s",
                  "remaining_work_s", "running_executors", "critical_path_s")
@@ -90,22 +116,34 @@ def _static(job: DagJob) -> tuple[tuple[float, ...], np.ndarray]:
     return tuple(below), parents
 
 
-def critical_path_bound(job: DagJob, moving_delay_s: float = MOVING_DELAY_S) -> float:
+def critical_path_bound(job: DagJob, moving_delay_s: float = MOVING_DELAY_S, durations: str = "waves") -> float:
     """A lower bound on the job's JCT in this env under any policy: its critical path (unlimited executors,
-    one wave per stage) plus the moving delay its first executor pays (no executor has served a new job)."""
-    return critical_path_s(job) + moving_delay_s
+    one wave per stage; each stage weighted by the shortest task it can draw under `durations`) plus the
+    moving delay its first executor pays (no executor has served a new job)."""
+    return critical_path_s(job, shortest=durations == "waves") + moving_delay_s
+
+
+def capacity_bound(job: DagJob, executors: int, moving_delay_s: float = MOVING_DELAY_S,
+                   durations: str = "waves") -> float:
+    """A tighter exact lower bound: moving delay + max(critical path, the job's work / N). Every executor
+    pays the moving delay before its first task of a new job, so all the job's work (each task at least
+    its stage's shortest draw) happens on at most N executors after arrival + the delay."""
+    shortest = durations == "waves"
+    return moving_delay_s + max(critical_path_s(job, shortest=shortest),
+                                total_work_s(job, shortest=shortest) / executors)
 
 
 class _Job:
     """A job in the system: per-stage counters as Python lists (the event loop touches one at a time)."""
 
     __slots__ = ("arrival", "below", "children", "dag", "done", "duration", "executors", "finish", "index",
-                 "left_parents", "num_tasks", "running", "slot", "stages_left", "unassigned", "work_left")
+                 "left_parents", "num_tasks", "running", "slot", "stages_left", "unassigned", "waves", "work_left")
 
     def __init__(self, index: int, dag: DagJob, arrival: float, slot: int) -> None:
         self.index, self.dag, self.arrival, self.slot = index, dag, arrival, slot
         self.num_tasks = [s.num_tasks for s in dag.stages]
-        self.duration = [s.task_duration_s for s in dag.stages]
+        self.duration = [s.task_duration_s for s in dag.stages]  # the mean: what schedulers see
+        self.waves = [s.waves for s in dag.stages]
         self.children = [s.children for s in dag.stages]
         self.left_parents = [len(s.parents) for s in dag.stages]
         self.unassigned = list(self.num_tasks)
@@ -144,6 +182,7 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
         jobs: the pool jobs are drawn from (default: TPC-H at paper 004's sizes).
         fixed_jobs: the same job list every episode (in arrival order; num_init_jobs of them at t = 0).
         max_jobs: job slots in the observation (default: every job of the episode).
+        durations: "waves" (drawn per task as decima-sim does) or "mean" (Decima's mean, deterministic).
         record: keep every task execution in `self.runs` (tests).
     """
 
@@ -152,7 +191,8 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
     def __init__(self, executors: int = DEFAULT_EXECUTORS, *, num_init_jobs: int = 1, num_stream_jobs: int = 20,
                  interarrival_s: float = DEFAULT_INTERARRIVAL_S, moving_delay_s: float = MOVING_DELAY_S,
                  jobs: Sequence[DagJob] | None = None, fixed_jobs: Sequence[DagJob] | None = None,
-                 max_jobs: int | None = None, record: bool = False, render_mode: str | None = None) -> None:
+                 max_jobs: int | None = None, durations: str = "waves", record: bool = False,
+                 render_mode: str | None = None) -> None:
         if isinstance(executors, bool) or not isinstance(executors, int | np.integer) or executors < 1:
             raise ValueError(f"executors must be an integer >= 1, got {executors!r}")
         if fixed_jobs is not None:
@@ -168,6 +208,9 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
             raise ValueError(f"interarrival_s must be > 0, got {interarrival_s}")
         if not moving_delay_s >= 0:
             raise ValueError(f"moving_delay_s must be >= 0, got {moving_delay_s}")
+        if durations not in DURATION_MODELS:
+            raise ValueError(f"durations must be one of {', '.join(DURATION_MODELS)}, got {durations!r}")
+        self.durations = durations
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.num_executors = int(executors)
@@ -198,6 +241,7 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
         self._parents = np.zeros((J, S, S), dtype=np.int8)
         self._jobs_obs = np.zeros((J, len(JOB_FEATURES)), dtype=np.float32)
         self.jobs: list[_Job] = []
+        self._duration_seed = 0
         self._reset_state([], [])
 
     @property
@@ -223,6 +267,7 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
         self._waiting: list[int] = []                  # arrived while every job slot was taken (FIFO)
         self._schedulable = 0                          # schedulable stages over all jobs in the system
         self.runs: list[TaskRun] = []
+        self._draws = np.random.default_rng(self._duration_seed)
         self.decisions = 0
         self.jct: list[float] = [float("nan")] * len(dags)
         self.finished = 0
@@ -243,6 +288,8 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
             dags = [pool[i] for i in rng.integers(len(pool), size=self.num_init_jobs + self.num_stream_jobs)]
         gaps = rng.exponential(self.interarrival_s, size=self.num_stream_jobs) if self.num_stream_jobs else []
         arrivals = [0.0] * self.num_init_jobs + np.cumsum(gaps).tolist()
+        # task durations from their own stream: the jobs and arrivals of a seed do not depend on the draws
+        self._duration_seed = int(rng.integers(2**63))
         self._reset_state(dags, arrivals)
         self._advance()
         return self._obs(), self._info()
@@ -272,10 +319,12 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
 
     def episode_metrics(self) -> dict[str, float]:
         done = [t for t in self.jct if t == t]
-        bounds = [critical_path_bound(d, self.moving_delay_s) for d in self.dags]
+        bounds = [critical_path_bound(d, self.moving_delay_s, self.durations) for d in self.dags]
+        tight = [capacity_bound(d, self.num_executors, self.moving_delay_s, self.durations) for d in self.dags]
         return {"jobs": float(len(self.dags)), "finished": float(len(done)),
                 "avg_jct_s": float(np.mean(done)) if done else float("nan"),
                 "avg_jct_bound_s": float(np.mean(bounds)) if bounds else float("nan"),
+                "avg_jct_capacity_bound_s": float(np.mean(tight)) if tight else float("nan"),
                 "makespan_s": self.now, "decisions": float(self.decisions)}
 
     # -- simulation ---------------------------------------------------------------------------------------
@@ -287,13 +336,19 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
     def _decision_pending(self) -> bool:
         return bool(self.free) and self._schedulable > 0
 
-    def _start(self, e: int, job: _Job, s: int, delay: float) -> None:
+    def _task_duration(self, job: _Job, s: int, kind: str) -> float:
+        waves = job.waves[s]
+        if self.durations == "mean" or waves is None:
+            return job.duration[s]
+        return waves.sample(kind, job.executors, self._draws)
+
+    def _start(self, e: int, job: _Job, s: int, delay: float, kind: str) -> None:
         job.unassigned[s] -= 1
         job.running[s] += 1
         if job.unassigned[s] == 0:
             self._schedulable -= 1
         start = self.now + delay
-        end = start + job.duration[s]
+        end = start + self._task_duration(job, s, kind)
         self.busy_on[e] = (job.slot, s)
         self._push(end, _TASK_DONE, e)
         if self.record:
@@ -306,11 +361,11 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
         chosen = (local + others)[:n]
         taken = set(chosen)
         self.free = [e for e in self.free if e not in taken]
+        job.executors += len(chosen)  # the durations see every executor the job now holds
         for e in chosen:
-            delay = 0.0 if self.last_job[e] == job.index else self.moving_delay_s
+            moved = self.last_job[e] != job.index
             self.last_job[e] = job.index
-            job.executors += 1
-            self._start(e, job, s, delay)
+            self._start(e, job, s, self.moving_delay_s if moved else 0.0, FRESH if moved else FIRST_WAVE)
 
     def _arrive(self, k: int) -> None:
         slot = heapq.heappop(self._free_slots)
@@ -328,7 +383,7 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
         job.done[s] += 1
         job.work_left -= job.duration[s]
         if job.unassigned[s] > 0:  # the executor takes the stage's next task, no delay
-            self._start(e, job, s, 0.0)
+            self._start(e, job, s, 0.0, REST_WAVE)
         else:
             self.busy_on[e] = None
             job.executors -= 1
@@ -536,6 +591,7 @@ class DagEpisode:
     metrics: dict[str, float]  # DagSchedulingEnv.episode_metrics()
     jct: list[float]           # per job, arrival order
     bounds: list[float]        # per job, critical_path_bound
+    capacity_bounds: list[float]  # per job, capacity_bound (tighter)
 
 
 def run_dag_policy(env: gymnasium.Env, policy: DagPolicy, *, seed: int | None = None,
@@ -553,7 +609,9 @@ def run_dag_policy(env: gymnasium.Env, policy: DagPolicy, *, seed: int | None = 
         steps += 1
         done = terminated or truncated
     return DagEpisode(total, steps, base.episode_metrics(), list(base.jct),
-                      [critical_path_bound(d, base.moving_delay_s) for d in base.dags])
+                      [critical_path_bound(d, base.moving_delay_s, base.durations) for d in base.dags],
+                      [capacity_bound(d, base.num_executors, base.moving_delay_s, base.durations)
+                       for d in base.dags])
 
 
 if ENV_ID not in gymnasium.registry:

@@ -14,18 +14,29 @@ ms → s once, in `_stage`:
 - `task_duration_s` = Decima's `rough_duration`: the mean of the first-wave durations with the fresh ones
   removed (a first wave left empty takes the list of the next lower executor count), the later-wave durations
   and the fresh durations, pooled over all executor counts.
+
+`DagStage.waves` keeps the raw lists (`WaveDurations`, in seconds) so a simulator can draw each task's
+duration as decima-sim's `spark_env/node.py::Node.schedule` does (`WaveDurations.sample`): the executor count
+the job holds picks a measured executor key (`executor_key`, decima-sim's `sample_executor_key` over
+`executor_interval_map` of `args.executor_data_point` = 5, 10, 20, 40, 50, 60, 80, 100), and the task's
+kind picks the list (fresh executor → fresh durations, else first wave + the 1 s `warmup_delay`; the same
+executor's next task of the same stage → rest wave, else first wave; a different stage of the same job →
+first wave, else fresh durations); a uniform draw from that list is the duration.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import json
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
+
+import numpy as np
 
 from hsched.domain.resources import Resources
 from hsched.domain.task import MAX_REPLICAS, TaskSpec
@@ -42,6 +53,73 @@ TENANT = "tpch"
 DEFAULT_CPU_PER_TASK_MILLI = 1000
 DEFAULT_MEMORY_MIB_PER_TASK = 1024
 _WAVES = ("first_wave", "rest_wave", "fresh_durations")
+# decima-sim param.py: the executor counts its measured keys are mapped from, and the warm-up a fresh executor
+# pays when a stage has no fresh-duration record (--executor_data_point, --warmup_delay 1000 ms)
+EXECUTOR_DATA_POINTS: tuple[int, ...] = (5, 10, 20, 40, 50, 60, 80, 100)
+WARMUP_DELAY_S = 1.0
+# the kinds of task start decima-sim's Node.schedule tells apart
+FRESH, FIRST_WAVE, REST_WAVE = "fresh", "first", "rest"
+
+
+def executor_key(num_executors: int, rng: np.random.Generator) -> int:
+    """decima-sim's `sample_executor_key` before its fallback: the job's executor count n → a measured key.
+
+    n at or below the first data point (5) → 5; above the last (100) → 100; equal to a point → that point;
+    between points l < n < r → l with probability (n − l) / (r − l), else r. That is decima-sim's rule as
+    written (`rand_pt = randint(1, r − l + 1); l if rand_pt <= n − l else r`): it picks the *farther* point
+    more often (n = 19 → 10 with p 0.9). We keep it, as the simulator the papers trained on does.
+    """
+    points = EXECUTOR_DATA_POINTS
+    if num_executors <= points[0]:
+        return points[0]
+    if num_executors >= points[-1]:
+        return points[-1]
+    i = bisect.bisect_left(points, num_executors)
+    if points[i] == num_executors:
+        return num_executors
+    left, right = points[i - 1], points[i]
+    return left if int(rng.integers(1, right - left + 1)) <= num_executors - left else right
+
+
+@dataclass(frozen=True, slots=True)
+class WaveDurations:
+    """A stage's measured task durations (seconds) per measured executor key: first wave (cleaned as
+    decima-sim's `pre_process_task_duration` leaves it for sampling), later waves, fresh (just-moved executor)."""
+
+    first: Mapping[int, np.ndarray]
+    rest: Mapping[int, np.ndarray]
+    fresh: Mapping[int, np.ndarray]
+
+    def key(self, num_executors: int, rng: np.random.Generator) -> int:
+        """`executor_key`, then decima-sim's fallback: a key the stage has no first-wave record for (more
+        executors than the stage's tasks) → the largest key it has."""
+        k = executor_key(num_executors, rng)
+        return k if k in self.first else max(self.first)
+
+    def sample(self, kind: str, num_executors: int, rng: np.random.Generator) -> float:
+        """One task duration as decima-sim's `Node.schedule` draws it (see the module docstring); `kind` is
+        FRESH, FIRST_WAVE or REST_WAVE, `num_executors` the executors the job holds (≥ 1)."""
+        k = self.key(max(num_executors, 1), rng)
+        empty = np.zeros(0)
+        first, rest, fresh = self.first.get(k, empty), self.rest.get(k, empty), self.fresh.get(k, empty)
+        if kind == FRESH:
+            if len(fresh):
+                return float(fresh[rng.integers(len(fresh))])
+            if len(first):
+                return float(first[rng.integers(len(first))]) + WARMUP_DELAY_S
+        elif kind == REST_WAVE and len(rest):
+            return float(rest[rng.integers(len(rest))])
+        else:
+            if len(first):
+                return float(first[rng.integers(len(first))])
+            if len(fresh):
+                return float(fresh[rng.integers(len(fresh))])
+        raise ValueError(f"no {kind} task duration recorded for executor key {k}")
+
+    def minimum_s(self) -> float:
+        """The shortest duration `sample` can return (a lower bound on any task of the stage)."""
+        lows = [float(a.min()) for wave in (self.first, self.rest, self.fresh) for a in wave.values() if len(a)]
+        return min(lows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +131,13 @@ class DagStage:
     task_duration_s: float  # mean task duration, seconds
     parents: tuple[int, ...] = ()  # stage indices that must finish first, ascending
     children: tuple[int, ...] = ()  # ascending
+    # the measured lists (TPC-H loader); None for hand-made stages, which always take task_duration_s
+    waves: WaveDurations | None = field(default=None, compare=False, hash=False, repr=False)
+
+    @property
+    def min_task_duration_s(self) -> float:
+        """The shortest a task of this stage can take: the waves' minimum, or the fixed duration."""
+        return self.waves.minimum_s() if self.waves is not None else self.task_duration_s
 
     @property
     def work_s(self) -> float:
@@ -123,8 +208,10 @@ def _num_tasks(durations: Mapping[str, Mapping[str, list[float]]]) -> int:
     return len(durations["first_wave"][first_key]) + len(durations["rest_wave"].get(first_key, ()))
 
 
-def _rough_duration_ms(durations: Mapping[str, Mapping[str, list[float]]]) -> float:
-    """decima-sim's `rough_duration` (job_generator.py: pre_process_task_duration, then np.mean), in ms."""
+def _clean_first_wave(durations: Mapping[str, Mapping[str, list[float]]]) -> dict[str, list[float]]:
+    """decima-sim's `pre_process_task_duration` (job_generator.py), which rewrites the first wave in place
+    before the stage's `Node` samples from it: the fresh durations removed once each, an emptied list
+    replaced by the next lower executor count's."""
     clean: dict[str, list[float]] = {}
     for key, first in durations["first_wave"].items():
         fresh = Counter(durations["fresh_durations"].get(key, ()))
@@ -140,6 +227,12 @@ def _rough_duration_ms(durations: Mapping[str, Mapping[str, list[float]]]) -> fl
         if not clean[key]:
             clean[key] = last
         last = clean[key]
+    return clean
+
+
+def _rough_duration_ms(durations: Mapping[str, Mapping[str, list[float]]]) -> float:
+    """decima-sim's `rough_duration` (job_generator.py: pre_process_task_duration, then np.mean), in ms."""
+    clean = _clean_first_wave(durations)
     pooled = [d for wave in (clean, durations["rest_wave"], durations["fresh_durations"])
               for ds in wave.values() for d in ds]
     if not pooled:
@@ -162,7 +255,19 @@ def _job(key: str, raw: Mapping) -> DagJob:
     except ValueError as exc:
         raise ValueError(f"{key}: {exc}") from exc
     topological_order(job)  # rejects cycles
-    return job
+    stages = tuple(replace(stage, waves=_waves(d)) for stage, d in zip(job.stages, durations, strict=True))
+    return DagJob(query=job.query, size=job.size, stages=stages, edges=job.edges)
+
+
+def _waves(durations: Mapping[str, Mapping[str, list[float]]]) -> WaveDurations:
+    def wave(lists: Mapping[str, list[float]]) -> dict[int, np.ndarray]:
+        return {int(k): np.asarray(v, dtype=np.float64) / MS_PER_S for k, v in lists.items()}
+
+    out = WaveDurations(wave(_clean_first_wave(durations)), wave(durations.get("rest_wave", {})),
+                        wave(durations.get("fresh_durations", {})))
+    if not out.first:
+        raise ValueError("stage has no first-wave record")
+    return out
 
 
 @lru_cache(maxsize=4)
@@ -226,22 +331,29 @@ def topological_order(job: DagJob) -> tuple[int, ...]:
     return tuple(order)
 
 
-def critical_path_s(job: DagJob) -> float:
+def _duration(stage: DagStage, shortest: bool) -> float:
+    return stage.min_task_duration_s if shortest else stage.task_duration_s
+
+
+def critical_path_s(job: DagJob, *, shortest: bool = False) -> float:
     """Longest dependency chain, weighting each stage by one task duration, in seconds.
 
     With unlimited executors and no scheduling or start-up delays every stage runs all its tasks in one wave,
-    so this is the job's completion time in that ideal case: a lower bound on its JCT (mean durations).
+    so this is the job's completion time in that ideal case: a lower bound on its JCT with mean durations.
+    `shortest=True` weights a stage by the shortest task it can draw (`DagStage.min_task_duration_s`): the
+    bound that holds when durations are drawn from the measured waves.
     """
     finish = [0.0] * len(job.stages)
     for i in topological_order(job):
         stage = job.stages[i]
-        finish[i] = max((finish[p] for p in stage.parents), default=0.0) + stage.task_duration_s
+        finish[i] = max((finish[p] for p in stage.parents), default=0.0) + _duration(stage, shortest)
     return max(finish, default=0.0)
 
 
-def total_work_s(job: DagJob) -> float:
-    """Executor-seconds of the job: Σ num_tasks × task_duration_s (decima-sim's JobDAGDuration)."""
-    return sum(stage.work_s for stage in job.stages)
+def total_work_s(job: DagJob, *, shortest: bool = False) -> float:
+    """Executor-seconds of the job: Σ num_tasks × task_duration_s (decima-sim's JobDAGDuration); with
+    `shortest=True` Σ num_tasks × the shortest task duration the stage can draw."""
+    return sum(stage.num_tasks * _duration(stage, shortest) for stage in job.stages)
 
 
 def dag_stage_to_task(stage: DagStage, cpu_per_task_milli: int = DEFAULT_CPU_PER_TASK_MILLI,
