@@ -77,6 +77,7 @@ from hsched.stack import Stack, StackConfig
 from hsched.stack import _serving as serving
 from hsched.state.keys import Keys
 from hsched.state.ledger import fold_event
+from hsched.state.lifecycle import ON_NODES  # placed, or started by its DC's executor: on its nodes
 from hsched.state.redis import connect, connect_sync, free_port
 from hsched.state.tasks import TaskStore
 from hsched.v1 import common_pb2 as pb
@@ -88,8 +89,6 @@ FAULTS = ("kill-gateway", "kill-selector", "kill-thermal", "kill-placer", "stop-
           "restart-redis", "kill-redis-master")
 PAUSE_S = 5.0  # SIGSTOP of a placer / of Redis
 RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-# a placed task runs (RUNNING) once its DC's executor started it: both hold their resources
-ON_NODES = (pb.TASK_STATE_PLACED, pb.TASK_STATE_RUNNING)
 HOLDING = (*ON_NODES, pb.TASK_STATE_DEFERRED)
 FINISHED = (pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED)  # ran out its runtime: its DC's ledger freed it
 PREFIX = "chaos"

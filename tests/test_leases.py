@@ -29,6 +29,7 @@ from hsched.engine.selector import DcSelector
 from hsched.stack import Stack, StackConfig
 from hsched.state.keys import Keys
 from hsched.state.ledger import Ledger, replay
+from hsched.state.lifecycle import ON_NODES
 from hsched.state.redis import connect, connect_sync, free_port
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc, placer_pb2, placer_pb2_grpc
@@ -339,7 +340,7 @@ def assert_ledgers_agree_with_the_gateway(stack: Stack, gw, prefix: str, placed:
             held[task_id] = dc.name
     for t in placed:
         now = gw.Get(gateway_pb2.GetRequest(task_id=t.task_id), timeout=10)
-        if now.state == pb.TASK_STATE_PLACED:
+        if now.state in ON_NODES:
             assert held.get(t.task_id) == now.datacenter, (t.task_id, now.datacenter, held.get(t.task_id))
 
 

@@ -37,9 +37,9 @@ from hsched.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-_ON_NODES = (pb.TASK_STATE_PLACED, pb.TASK_STATE_RUNNING)
+ON_NODES = (pb.TASK_STATE_PLACED, pb.TASK_STATE_RUNNING)  # on its nodes: placed, then started by the executor
 _QUEUED = (pb.TASK_STATE_DEFERRED, pb.TASK_STATE_PREEMPTED)
-LIVE = (*_ON_NODES, *_QUEUED)  # states in which a DC's ledger holds the task (placed or queued)
+LIVE = (*ON_NODES, *_QUEUED)  # states in which a DC's ledger holds the task (placed or queued)
 
 
 def transition(task: pb.Task | None, event: dict, dc: str, ref: str, table) -> Record | None:
@@ -59,7 +59,7 @@ def transition(task: pb.Task | None, event: dict, dc: str, ref: str, table) -> R
     if kind == "run" and task.state == pb.TASK_STATE_PLACED:
         task.started_unix_ms = at
         return step("running", task, f"started at {dc}", ref, at)
-    if kind == "done" and task.state in _ON_NODES:
+    if kind == "done" and task.state in ON_NODES:
         task.finished_unix_ms = at
         if event.get("ok"):
             return step("succeeded", task, f"finished at {dc}", ref, at)
@@ -69,7 +69,7 @@ def transition(task: pb.Task | None, event: dict, dc: str, ref: str, table) -> R
         task.finished_unix_ms = at
         task.reason = f"queued longer than its queue_timeout_s ({task.spec.queue_timeout_s:g} s)"
         return step("expired", task, task.reason, ref, at)
-    if kind == "preempt" and task.state in _ON_NODES:
+    if kind == "preempt" and task.state in ON_NODES:
         task.preemptions += 1
         del task.assignments[:]
         task.reason = f"preempted by online task {event.get('by', '?')}"
@@ -77,7 +77,7 @@ def transition(task: pb.Task | None, event: dict, dc: str, ref: str, table) -> R
     if kind == "defer" and task.state == pb.TASK_STATE_PREEMPTED:
         task.reason = f"requeued at {dc} after preemption"
         return step("deferred", task, task.reason, ref, at)
-    if kind == "defer" and task.state in _ON_NODES:  # a placement from the queue the placer undid (free + defer)
+    if kind == "defer" and task.state in ON_NODES:  # a placement from the queue the placer undid (free + defer)
         del task.assignments[:]
         task.reason = f"back in the queue at {dc}: its placement from the queue was not confirmed"
         return step("deferred", task, task.reason, ref, at)
@@ -107,7 +107,7 @@ def rederive(task: pb.Task, dc: str, state: ClusterState, queue: OrderedDict[str
         if clock is not None and clock.started_ms:
             records.append(transition(task, {"t": "run", "at": clock.started_ms}, dc, ref, state.table))
         return [r for r in records if r is not None]
-    if queued and task.state in _ON_NODES:
+    if queued and task.state in ON_NODES:
         return [step("preempted", _preempted(task), "evicted while the gateway was away", ref),
                 step("deferred", task, f"requeued at {dc}", ref)]
     if not queued:
