@@ -122,7 +122,7 @@ def cmd_up(args) -> int:
                          redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
                          supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls, auth=args.auth,
-                         time_factor=args.time_factor)
+                         time_factor=args.time_factor, dag_policy=args.dag_policy)
     _log_supervision_to(console)
     stack = Stack(config)
     try:
@@ -635,6 +635,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--time-factor", type=_positive_float, default=None,
                     help="run tasks time-compressed: F task seconds per wall second (a task runs runtime_s / F "
                          "seconds; default: HSCHED_TIME_FACTOR or 1 = real time)")
+    up.add_argument("--dag-policy", default="fifo", choices=["fifo", "sjf-cp", "ba3c"],
+                    help="the placers' order among queued DAG-job stages of one class/tenant/priority band: fifo "
+                         "(arrival, default), sjf-cp (least remaining job work, then longest critical path) or "
+                         "ba3c (the shipped learned scheduler); hsched.policies.dagqueue")
     up.add_argument("--auth", action="store_true",
                     help="tenant authentication at the gateway: <state-dir>/tokens.yaml with an admin token whose "
                          "value is in <state-dir>/admin.token (0600); the CLI uses it for this stack")
