@@ -830,8 +830,10 @@ class PlacerEngine:
                 if (job := job_of_task(task)) is not None:
                     running[job[0]] += 1
 
+            full: set[tuple[str, str]] = set()  # stages found not to fit: a drain only fills the DC, so still not
+
             def pick(band: list[Waiting]) -> Waiting:
-                return self._pick_dag(band, headroom, planned, now, running)
+                return self._pick_dag(band, headroom, planned, now, running, full)
         fair = FairQueue(waiting, self.state.tenant_usage, self._capacity, self.tenant_weights, pick)
         for w in itertools.islice(fair, MAX_QUEUE_TRIES_PER_RELEASE):
             spec = self.queue[w.task_id]
@@ -842,7 +844,7 @@ class PlacerEngine:
                 fair.placed(w)
 
     def _pick_dag(self, band: list[Waiting], headroom: np.ndarray | None, planned: dict[str, Plan],
-                  now_ms: int, running: Counter[str]) -> Waiting:
+                  now_ms: int, running: Counter[str], full: set[tuple[str, str]]) -> Waiting:
         """The band's next task by the DAG policy (hsched.policies.dagqueue): among its DAG tasks' stages whose
         next task fits now (one plan each, kept in `planned` for the placement), the policy's stage, its
         earliest task. The arrival order when the head is not a DAG task or fewer than two stages compete."""
@@ -862,10 +864,14 @@ class PlacerEngine:
         for key, ws in itertools.islice(groups.items(), MAX_BAND_STAGES):
             w0 = ws[0]
             spec = self.queue[w0.task_id]
-            decision = plan(self.state, spec, self.policy, headroom)
-            fits = decision.outcome is Outcome.PLACED
-            if fits:
-                planned[w0.task_id] = decision
+            fits = False
+            if key not in full:
+                decision = plan(self.state, spec, self.policy, headroom)
+                fits = decision.outcome is Outcome.PLACED
+                if fits:
+                    planned[w0.task_id] = decision
+                else:
+                    full.add(key)
             waited = max(0.0, (now_ms - queued_ms.get(w0.task_id, now_ms)) / 1000 * self.time_factor)
             stages.append(QueuedStage(key[0], key[1], len(ws), spec.runtime_s, spec.stage_path_s, spec.job_work_s,
                                       w0.arrival, waited, fits))
