@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hsched.jobs import validate_job
 from hsched.job_replay import alibaba_jobs, alibaba_to_job_spec
+from hsched.jobs import validate_job
 from hsched.stack import Stack, StackConfig
 from hsched.traces.alibaba2018 import critical_path_s, load_alibaba_jobs
 from tests.conftest import SMALL_FLEET, delete_prefix

@@ -159,5 +159,5 @@ async def test_ba3c_in_the_engine_places_only_what_the_planner_places(redis, pre
         assert (e.state.free_cpu >= 0).all()
         assert len(placed) == len(set(placed)) and set(e.queue).isdisjoint(e.state.allocations)
         # work-conserving as fifo: a task waits only if it fits nowhere now
-        for t, spec in e.queue.items():
+        for spec in e.queue.values():
             assert spec.resources.cpu_milli > int(e.state.free_cpu.max())

@@ -28,8 +28,8 @@ from hsched.engine.executor import (
     Span,
 )
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
-from hsched.policies.fairshare import TenantWeights
 from hsched.policies.dagqueue import DAG_POLICIES, load_dag_queue_policy
+from hsched.policies.fairshare import TenantWeights
 from hsched.policies.heuristics import POLICY_NAMES, make_policy
 from hsched.runtime import (
     common_args,
