@@ -217,6 +217,7 @@ def stack_credentials(stack) -> ClientCredentials:
 
 
 JOB_TRACES = ("tpch", "alibaba2018")  # replayed as DAG jobs (hsched.job_replay), not as tasks
+ALIBABA_DEFAULT_JOBS = 50  # of the trace's 6535 complete jobs (seeded random choice)
 
 
 def _dag_jobs(args):
@@ -224,10 +225,11 @@ def _dag_jobs(args):
     from hsched.job_replay import alibaba_jobs, tpch_jobs
 
     if args.replay == "alibaba2018":
-        return alibaba_jobs(limit=args.limit, interval_s=args.tpch_interval_s, seed=args.seed,
+        limit = ALIBABA_DEFAULT_JOBS if args.limit is None else args.limit
+        return alibaba_jobs(limit=limit, interval_s=args.tpch_interval_s, seed=args.seed,
                             max_tasks_per_stage=args.tpch_max_tasks, min_tasks=args.alibaba_min_tasks,
                             max_instances=args.alibaba_max_instances or None)
-    return tpch_jobs(sizes=args.tpch_sizes.split(","), limit=args.limit,
+    return tpch_jobs(sizes=args.tpch_sizes.split(","), limit=args.limit or 0,
                      interval_s=args.tpch_interval_s, seed=args.seed, max_tasks_per_stage=args.tpch_max_tasks)
 
 
@@ -287,7 +289,8 @@ def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix
 
     from hsched.replay import dc_summaries, load_trace, replay, summary_rows, with_locations
 
-    tasks = with_locations(load_trace(args.replay, args.limit, args.skip), fleet, args.seed)
+    limit = 1000 if args.limit is None else args.limit
+    tasks = with_locations(load_trace(args.replay, limit, args.skip), fleet, args.seed)
     console.print(f"replaying {len(tasks)} tasks of trace [bold]{args.replay}[/] over ~{args.duration:g} s "
                   f"(time-compressed), {args.concurrency} in flight")
     with Progress(TextColumn("submit"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -593,7 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def replay_flags(sp):
-        sp.add_argument("--limit", type=int, default=1000, help="trace rows to replay")
+        sp.add_argument("--limit", type=int, default=None,
+                        help="trace rows to replay (default 1000); DAG jobs: tpch all, alibaba2018 "
+                             f"{ALIBABA_DEFAULT_JOBS}")
         sp.add_argument("--skip", type=int, default=None,
                         help="trace rows to skip first (default: openb 3000, a window of steady arrivals; others 0)")
         sp.add_argument("--duration", type=float, default=30.0, help="wall-clock seconds the slice is compressed to")
