@@ -77,6 +77,15 @@ async def test_sjf_cp_starts_the_job_with_the_shorter_remaining_critical_path_fi
         assert e.dag_decisions == (1 if policy == "sjf-cp" else 0)
 
 
+async def test_a_restarted_placer_orders_its_queue_the_same(redis, prefix):
+    async with running(engine(redis, prefix, "sjf-cp")) as e:
+        await fill_and_queue(e, [("long.s0.0", dag_task("long", "s0", 300, 900)),
+                                 ("short.s0.0", dag_task("short", "s0", 10, 10))])
+    async with running(engine(redis, prefix, "sjf-cp")) as e:  # the hints come back from the ledger's defers
+        assert e.queue["short.s0.0"] == dag_task("short", "s0", 10, 10)
+        assert [t for t, _ in (await e.release("x0")).placed_from_queue] == ["short.s0.0"]
+
+
 async def test_the_dag_policy_stays_inside_the_class_and_tenant_band(redis, prefix):
     async with running(engine(redis, prefix, "sjf-cp")) as e:
         # the short job would win sjf-cp, but its tasks have a lower priority; the online task goes first anyway
