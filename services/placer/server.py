@@ -28,6 +28,7 @@ from hsched.engine.executor import (
     Span,
 )
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
+from hsched.policies.dagqueue import DAG_POLICIES, load_dag_queue_policy
 from hsched.policies.fairshare import TenantWeights
 from hsched.policies.heuristics import POLICY_NAMES, make_policy
 from hsched.runtime import (
@@ -272,7 +273,8 @@ async def serve(args, stop: asyncio.Event) -> None:
                           lease_client=connect_sync(args.redis_url),
                           retention=Retention(args.ledger_snapshot_entries, args.ledger_snapshot_interval_s,
                                               args.ledger_trim_margin_s),
-                          executor=executor_of(args), tenant_weights=args.tenant_weights)
+                          executor=executor_of(args), tenant_weights=args.tenant_weights,
+                          dag_policy=load_dag_queue_policy(args.dag_policy))
     engine.ledger.epoch = guard.epoch  # every append re-checks it, atomically with the fencing token
     engine.ledger.min_replicas, engine.ledger.wait_timeout_ms = args.redis_min_replicas, args.redis_wait_ms
     try:
@@ -369,6 +371,11 @@ def parser():
                    help="the tenants' weights in the deferred queue's fair share (Volcano proportion): "
                         "tenant=weight,... or a YAML/JSON file {tenants: {tenant: weight}, default: w} "
                         "(default: every tenant weight 1)")
+    p.add_argument("--dag-policy", default=env("HSCHED_DAG_POLICY", "fifo"), choices=list(DAG_POLICIES),
+                   help="which DAG job's stage the deferred queue serves first among the offline DAG tasks of one "
+                        "class/tenant/priority band (hsched.policies.dagqueue): fifo = arrival order (default, "
+                        "as without it), sjf-cp = least remaining job work then longest critical path, ba3c = "
+                        "the shipped action-branching A3C (models/ba3c_dag.pt, one torch thread)")
     return p
 
 

@@ -108,8 +108,8 @@ def cmd_up(args) -> int:
     from hsched.state.redis import RedisUnavailable, redact_url, url_without_password
 
     console = Console(width=max(Console().width, 112))  # the summary table needs ~110 columns
-    if args.replay == "tpch" and args.time_factor is None:
-        args.time_factor = _tpch_time_factor(args)  # the placers' clock must run at the replay's pace
+    if args.replay in JOB_TRACES and args.time_factor is None:
+        args.time_factor = _dag_time_factor(args)  # the placers' clock must run at the replay's pace
     if args.redis_replicas < 0:
         print("--redis-replicas must be >= 0", file=sys.stderr)
         return 2
@@ -122,7 +122,7 @@ def cmd_up(args) -> int:
                          redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
                          supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls, auth=args.auth,
-                         time_factor=args.time_factor)
+                         time_factor=args.time_factor, dag_policy=args.dag_policy)
     _log_supervision_to(console)
     stack = Stack(config)
     try:
@@ -216,16 +216,26 @@ def stack_credentials(stack) -> ClientCredentials:
     return ClientCredentials(token, str(tls_dir / "ca.crt"), str(tls_dir / "admin.crt"), str(tls_dir / "admin.key"))
 
 
-def _tpch_jobs(args):
-    from hsched.job_replay import tpch_jobs
+JOB_TRACES = ("tpch", "alibaba2018")  # replayed as DAG jobs (hsched.job_replay), not as tasks
+ALIBABA_DEFAULT_JOBS = 50  # of the trace's 6535 complete jobs (seeded random choice)
 
-    return tpch_jobs(sizes=args.tpch_sizes.split(","), limit=args.limit,
+
+def _dag_jobs(args):
+    """The DAG jobs of the trace `args.replay` (tpch or alibaba2018) with the replay flags."""
+    from hsched.job_replay import alibaba_jobs, tpch_jobs
+
+    if args.replay == "alibaba2018":
+        limit = ALIBABA_DEFAULT_JOBS if args.limit is None else args.limit
+        return alibaba_jobs(limit=limit, interval_s=args.tpch_interval_s, seed=args.seed,
+                            max_tasks_per_stage=args.tpch_max_tasks, min_tasks=args.alibaba_min_tasks,
+                            max_instances=args.alibaba_max_instances or None)
+    return tpch_jobs(sizes=args.tpch_sizes.split(","), limit=args.limit or 0,
                      interval_s=args.tpch_interval_s, seed=args.seed, max_tasks_per_stage=args.tpch_max_tasks)
 
 
-def _tpch_time_factor(args) -> float:
+def _dag_time_factor(args) -> float:
     """Task seconds per wall second so the jobs' arrivals span --duration wall seconds."""
-    jobs = _tpch_jobs(args)
+    jobs = _dag_jobs(args)
     span = max(j.arrival_s for j in jobs) + max(j.critical_path_s for j in jobs)
     return max(1.0, span / args.duration)
 
@@ -238,10 +248,12 @@ def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: s
 
     from hsched.job_replay import replay_jobs
 
-    jobs = _tpch_jobs(args)
+    jobs = _dag_jobs(args)
     factor = args.time_factor or _running_stack(gateway).get("time_factor") or 1.0
     tasks = sum(s.tasks for j in jobs for s in j.spec.stages)
-    console.print(f"replaying {len(jobs)} TPC-H DAG jobs ({tasks} tasks, sizes {args.tpch_sizes}) arriving over "
+    what = "TPC-H" if args.replay == "tpch" else "Alibaba 2018 batch"
+    detail = f"sizes {args.tpch_sizes}" if args.replay == "tpch" else "one stage per trace task, instances folded"
+    console.print(f"replaying {len(jobs)} {what} DAG jobs ({tasks} tasks, {detail}) arriving over "
                   f"{max(j.arrival_s for j in jobs):.0f} trace seconds, time factor {factor:g} (the placers' clock)")
     with Progress(TextColumn("jobs finished"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:
@@ -250,7 +262,7 @@ def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: s
                                         progress=lambda done, total: bar.update(job, completed=done),
                                         credentials=credentials))
     s = stats.summary()
-    table = Table(title="TPC-H DAG replay — JCT and critical path (the JCT bound) in trace seconds = wall × "
+    table = Table(title=f"{what} DAG replay — JCT and critical path (the JCT bound) in trace seconds = wall × "
                         f"time factor {factor:g}; CPU util = mean over the jobs' data centers while they ran")
     for col in ("jobs", "succeeded", "failed", "unfinished", "avg JCT", "p95 JCT", "avg crit. path", "CPU util",
                 "preempted", "wall s"):
@@ -270,14 +282,15 @@ def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: s
 
 def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix: str,
                credentials: ClientCredentials | None = None) -> bool:
-    if args.replay == "tpch":
+    if args.replay in JOB_TRACES:
         return run_job_replay(console, gateway, args, redis_url, prefix, credentials)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from hsched.replay import dc_summaries, load_trace, replay, summary_rows, with_locations
 
-    tasks = with_locations(load_trace(args.replay, args.limit, args.skip), fleet, args.seed)
+    limit = 1000 if args.limit is None else args.limit
+    tasks = with_locations(load_trace(args.replay, limit, args.skip), fleet, args.seed)
     console.print(f"replaying {len(tasks)} tasks of trace [bold]{args.replay}[/] over ~{args.duration:g} s "
                   f"(time-compressed), {args.concurrency} in flight")
     with Progress(TextColumn("submit"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -583,7 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def replay_flags(sp):
-        sp.add_argument("--limit", type=int, default=1000, help="trace rows to replay")
+        sp.add_argument("--limit", type=int, default=None,
+                        help="trace rows to replay (default 1000); DAG jobs: tpch all, alibaba2018 "
+                             f"{ALIBABA_DEFAULT_JOBS}")
         sp.add_argument("--skip", type=int, default=None,
                         help="trace rows to skip first (default: openb 3000, a window of steady arrivals; others 0)")
         sp.add_argument("--duration", type=float, default=30.0, help="wall-clock seconds the slice is compressed to")
@@ -591,12 +606,17 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--seed", type=int, default=0, help="seed for the entry vertices drawn per task (tpch: the "
                         "job order and arrivals)")
         sp.add_argument("--tpch-sizes", default="2g", help="tpch: input sizes, comma-separated (2g,5g,...,100g)")
-        sp.add_argument("--tpch-interval-s", type=_positive_float, default=30.0,
-                        help="tpch: mean gap between job arrivals, trace seconds (Poisson)")
-        sp.add_argument("--tpch-max-tasks", type=int, default=16,
-                        help="tpch: fold wider stages into this many longer tasks (same executor-seconds; 0 = none)")
-        sp.add_argument("--tpch-timeout-s", type=_positive_float, default=600.0,
-                        help="tpch: wall seconds to wait for the jobs to finish")
+        sp.add_argument("--tpch-interval-s", "--job-interval-s", type=_positive_float, default=30.0,
+                        help="tpch, alibaba2018: mean gap between job arrivals, trace seconds (Poisson)")
+        sp.add_argument("--tpch-max-tasks", "--job-max-tasks", type=int, default=16,
+                        help="tpch, alibaba2018: fold wider stages into this many longer tasks (same "
+                             "executor-seconds; 0 = none)")
+        sp.add_argument("--tpch-timeout-s", "--job-timeout-s", type=_positive_float, default=600.0,
+                        help="tpch, alibaba2018: wall seconds to wait for the jobs to finish")
+        sp.add_argument("--alibaba-min-tasks", type=_positive_int, default=2,
+                        help="alibaba2018: only jobs with at least this many tasks (2 = real DAGs)")
+        sp.add_argument("--alibaba-max-instances", type=int, default=2000,
+                        help="alibaba2018: only jobs with at most this many instances in all (0 = any)")
 
     up = sub.add_parser("up", help="run Redis (embedded unless REDIS_URL is set), thermal, selector, one placer "
                                    "per DC and the gateway as local processes")
@@ -635,11 +655,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--time-factor", type=_positive_float, default=None,
                     help="run tasks time-compressed: F task seconds per wall second (a task runs runtime_s / F "
                          "seconds; default: HSCHED_TIME_FACTOR or 1 = real time)")
+    up.add_argument("--dag-policy", default="fifo", choices=["fifo", "sjf-cp", "ba3c"],
+                    help="the placers' order among queued DAG-job stages of one class/tenant/priority band: fifo "
+                         "(arrival, default), sjf-cp (least remaining job work, then longest critical path) or "
+                         "ba3c (the shipped learned scheduler); hsched.policies.dagqueue")
     up.add_argument("--auth", action="store_true",
                     help="tenant authentication at the gateway: <state-dir>/tokens.yaml with an admin token whose "
                          "value is in <state-dir>/admin.token (0600); the CLI uses it for this stack")
     up.add_argument("--replay", default="", help="replay a trace once the stack is up: openb, thunder, kth, ..., or "
-                    "tpch (TPC-H DAG jobs; sets --time-factor so the arrivals span --duration unless given)")
+                    "tpch or alibaba2018 (DAG jobs; sets --time-factor so the arrivals span --duration unless given)")
     up.add_argument("--keep-running", action="store_true", help="keep the stack up after the replay")
     up.add_argument("--no-supervise", action="store_true",
                     help="do not restart dead or hung services (default: restart them with back-off)")
@@ -670,9 +694,9 @@ def build_parser() -> argparse.ArgumentParser:
     ce.set_defaults(fn=cmd_certs)
 
     rp = sub.add_parser("replay", help="replay a real trace through a running gateway")
-    rp.add_argument("replay", help="trace: openb, openb-gpuspec33, thunder, kth, or tpch (DAG jobs)")
+    rp.add_argument("replay", help="trace: openb, openb-gpuspec33, thunder, kth, or tpch / alibaba2018 (DAG jobs)")
     rp.add_argument("--time-factor", type=_positive_float, default=None,
-                    help="tpch: the stack's time factor (default: the one `hsched up` recorded, else 1)")
+                    help="tpch, alibaba2018: the stack's time factor (default: the one `hsched up` recorded, else 1)")
     rp.add_argument("--gateway", default=None, help=GATEWAY_HELP)
     rp.add_argument("--fleet", default=None)
     rp.add_argument("--prefix", default="hsched")

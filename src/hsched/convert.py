@@ -30,7 +30,8 @@ def task_from_pb(m: pb.TaskSpec) -> TaskSpec:
         request_id=m.request_id, priority=m.priority, replicas=m.replicas or 1, data_size_mb=m.data_size_mb,
         entry_vertex=m.entry_vertex,
         network=NetworkRequirements(m.network.max_latency_ms, m.network.max_jitter_ms, m.network.max_loss_percent),
-        gpu_models=tuple(m.gpu_models), priority_class=m.priority_class, queue_timeout_s=m.queue_timeout_s)
+        gpu_models=tuple(m.gpu_models), priority_class=m.priority_class, queue_timeout_s=m.queue_timeout_s,
+        job_id=m.job_id, stage=m.stage, stage_path_s=m.stage_path_s, job_work_s=m.job_work_s)
 
 
 def task_to_pb(t: TaskSpec) -> pb.TaskSpec:
@@ -41,7 +42,8 @@ def task_to_pb(t: TaskSpec) -> pb.TaskSpec:
         data_size_mb=t.data_size_mb, entry_vertex=t.entry_vertex,
         network=pb.NetworkRequirements(max_latency_ms=n.max_latency_ms, max_jitter_ms=n.max_jitter_ms,
                                        max_loss_percent=n.max_loss_percent),
-        gpu_models=list(t.gpu_models), priority_class=t.priority_class, queue_timeout_s=t.queue_timeout_s)
+        gpu_models=list(t.gpu_models), priority_class=t.priority_class, queue_timeout_s=t.queue_timeout_s,
+        job_id=t.job_id, stage=t.stage, stage_path_s=t.stage_path_s, job_work_s=t.job_work_s)
 
 
 def parts_to_pb(parts: Sequence[Part], table: NodeTable) -> list[pb.Assignment]:

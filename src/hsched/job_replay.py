@@ -9,6 +9,17 @@ arrival_k / F wall seconds and reports JCTs back in trace seconds (wall × F).
 
 `max_tasks_per_stage` folds a wide stage into fewer, longer tasks with the same executor-seconds (as
 `dag_stage_to_task` does for replicas) so a replay of ~3000 tasks finishes in about a minute on a laptop.
+
+Alibaba 2018 batch DAGs (`hsched replay alibaba2018`, hsched.traces.alibaba2018; paper 001's trace) map the
+same way: trace task i (a DAG vertex with `instances` parallel instances) becomes stage `t<i>` with the loader's
+dependency edges as parents; one stage task asks one instance's request — plan_cpu / 100 cores as cpu_milli,
+plan_mem (percent of a v2018 machine, whose absolute memory the trace normalises away) × `machine_memory_gib`
+(default 384 GiB: 4 GiB per core of the 96-core machines, an assumption) as memory — and runs the instance's
+duration; more than `max_tasks_per_stage` instances fold into that many longer tasks with the same
+instance-seconds (runtime = duration × instances / tasks, as for TPC-H). Jobs: the loader's complete ones with
+at least `min_tasks` tasks (default 2: real DAGs) and at most `max_instances` instances, a seeded random
+`limit` of them, Poisson arrivals of mean gap `interval_s` (the trace's own start times span 8 days). The
+critical-path bound is computed on the job as submitted (folded tasks run longer).
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import grpc
 
 from hsched.rpc import CHANNEL_OPTIONS
 from hsched.security.client import ClientCredentials
+from hsched.traces.alibaba2018 import MACHINE_MEMORY, AlibabaJob, load_alibaba_jobs
 from hsched.traces.decima import (
     DEFAULT_CPU_PER_TASK_MILLI,
     DEFAULT_MEMORY_MIB_PER_TASK,
@@ -69,23 +81,63 @@ def tpch_jobs(sizes: list[str] | None = None, limit: int = 0, interval_s: float 
     rng.shuffle(dags)
     if limit:
         dags = dags[:limit]
+    # the bound of each job as submitted (folded stages run longer tasks)
+    return _with_arrivals([(d.name, dag_to_job_spec(d, max_tasks_per_stage)) for d in dags], interval_s, rng, run_id)
+
+
+ALIBABA_MACHINE_MEMORY_GIB = 384.0  # a v2018 machine's memory (normalised to 100 in the trace): 4 GiB per core
+
+
+def alibaba_to_job_spec(job: AlibabaJob, max_tasks_per_stage: int = 0, request_id: str = "", tenant: str = TENANT,
+                        machine_memory_gib: float = ALIBABA_MACHINE_MEMORY_GIB) -> pb.JobSpec:
+    """A JobSpec for an Alibaba 2018 batch job (module docstring); `max_tasks_per_stage` > 0 folds wider
+    stages (same instance-seconds)."""
+    stages = []
+    for i, t in enumerate(job.tasks):
+        tasks = t.instances if not max_tasks_per_stage else min(t.instances, max_tasks_per_stage)
+        memory_mib = max(1, round(t.memory / MACHINE_MEMORY * machine_memory_gib * 1024))
+        stages.append(pb.StageSpec(
+            name=f"t{i}", tasks=tasks, runtime_s=t.duration_s * t.instances / tasks,
+            resources=pb.Resources(cpu_milli=max(1, round(t.cpu_cores * 1000)), memory_mib=memory_mib),
+            parents=[f"t{p}" for p in job.parents(i)]))
+    return pb.JobSpec(name=job.name, tenant=tenant, request_id=request_id, priority_class="offline", stages=stages)
+
+
+def alibaba_jobs(limit: int = 0, interval_s: float = 30.0, seed: int = 0, max_tasks_per_stage: int = 16,
+                 min_tasks: int = 2, max_instances: int | None = 2000, run_id: str = "",
+                 machine_memory_gib: float = ALIBABA_MACHINE_MEMORY_GIB) -> list[TraceJob]:
+    """Alibaba 2018 batch DAG jobs as TraceJobs (module docstring), like `tpch_jobs`."""
+    rng = random.Random(seed)
+    jobs = load_alibaba_jobs(max_instances=max_instances, min_tasks=min_tasks)
+    rng.shuffle(jobs)
+    return _with_arrivals([(j.name, alibaba_to_job_spec(j, max_tasks_per_stage, "", TENANT, machine_memory_gib))
+                           for j in (jobs[:limit] if limit else jobs)], interval_s, rng, run_id)
+
+
+def _with_arrivals(specs: list[tuple[str, pb.JobSpec]], interval_s: float, rng: random.Random, run_id: str
+                   ) -> list[TraceJob]:
+    """Poisson arrivals of mean gap `interval_s`, request ids `<run_id>-<name>`, critical-path bounds."""
     run_id = run_id or secrets.token_hex(3)
     out, at = [], 0.0
-    for i, dag in enumerate(dags):
+    for i, (name, spec) in enumerate(specs):
         if i:
             at += rng.expovariate(1.0 / interval_s)
-        spec = dag_to_job_spec(dag, max_tasks_per_stage, f"{run_id}-{dag.name}")
-        # the bound of the job as submitted (folded stages run longer tasks)
-        bound = _critical_path(spec)
-        out.append(TraceJob(dag.name, at, spec, bound))
+        spec.request_id = f"{run_id}-{name}"
+        out.append(TraceJob(name, at, spec, _critical_path(spec)))
     return out
 
 
 def _critical_path(spec: pb.JobSpec) -> float:
+    by_name = {s.name: s for s in spec.stages}
     finish: dict[str, float] = {}
-    for s in spec.stages:  # the loader's stages are in index order and parents have lower indices
-        finish[s.name] = max((finish[p] for p in s.parents), default=0.0) + s.runtime_s
-    return max(finish.values(), default=0.0)
+
+    def done(name: str) -> float:  # memoised longest path (Alibaba's parents may come later in the list)
+        if name not in finish:
+            s = by_name[name]
+            finish[name] = max((done(p) for p in s.parents), default=0.0) + s.runtime_s
+        return finish[name]
+
+    return max((done(s.name) for s in spec.stages), default=0.0)
 
 
 @dataclass

@@ -17,6 +17,7 @@ returns that record (the gateway deduplicates by task id), so no stage runs twic
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import secrets
@@ -240,10 +241,37 @@ def choose_datacenter(feasible: selector_pb2.SelectResponse, by_cost: selector_p
 # -- the job's state, a fold of the task table ---------------------------------------------------------------------
 
 
+def stage_queue_hints(spec: pb.JobSpec, stage: str) -> tuple[float, float]:
+    """What the placer's --dag-policy needs of the job's DAG, for a task of `stage` (task seconds): the stage's
+    critical path to the job's end (its runtime + the longest chain of descendants: the env's per-stage
+    critical_path_s) and the job's work left when the stage becomes runnable, Σ tasks × runtime over the stages
+    that are not its ancestors (its ancestors have all succeeded then; exact for a chain, an upper bound when a
+    sibling branch has progressed). Static, so a re-submitted task carries the same values."""
+    by_name = {s.name: s for s in spec.stages}
+    children: dict[str, list[str]] = {s.name: [] for s in spec.stages}
+    for s in spec.stages:
+        for p in s.parents:
+            children[p].append(s.name)
+
+    @functools.cache
+    def below(name: str) -> float:
+        return by_name[name].runtime_s + max((below(c) for c in children[name]), default=0.0)
+
+    ancestors, frontier = set(), list(by_name[stage].parents)
+    while frontier:
+        p = frontier.pop()
+        if p not in ancestors:
+            ancestors.add(p)
+            frontier.extend(by_name[p].parents)
+    work = sum(s.tasks * s.runtime_s for s in spec.stages if s.name not in ancestors)
+    return below(stage), work
+
+
 def stage_task_spec(job: pb.Job, stage: pb.StageSpec) -> pb.TaskSpec:
     spec = task_to_pb(_stage_spec(job.spec, stage))
     spec.job_id = job.job_id
     spec.stage = stage.name
+    spec.stage_path_s, spec.job_work_s = stage_queue_hints(job.spec, stage.name)
     spec.request_id = ""  # the task id is the idempotency key of a job's task
     return spec
 

@@ -138,6 +138,8 @@ class StackConfig:
     redis_replicas: int = 0  # > 0 (embedded only): a master, this many replicas and a Sentinel; writes WAIT for all
     # the placers' execution clock: task seconds per wall second (None: their default, HSCHED_TIME_FACTOR or 1)
     time_factor: float | None = None
+    # the placers' --dag-policy: which DAG job's stage their deferred queue serves first (hsched.policies.dagqueue)
+    dag_policy: str = "fifo"
     # mutual TLS on every gRPC hop (`hsched up --tls`): a CA and per-service certificates in <state_dir>/tls
     # (kept across restarts), or in the run dir without a state dir; the supervisor probes with its own cert
     tls: bool = False
@@ -288,6 +290,8 @@ class Stack:
                     args += ["--thermal", self.services["thermal"].target]
                 if self.config.time_factor is not None:
                     args += ["--time-factor", repr(float(self.config.time_factor))]
+                if self.config.dag_policy != "fifo":
+                    args += ["--dag-policy", self.config.dag_policy]
                 self._spawn(name, "services.placer", args)
                 placers.append(name)
             self._wait_ready(placers, timeout_s)

@@ -49,6 +49,12 @@ class TaskSpec:
     gpu_models: tuple[str, ...] = ()  # allowed GPU models (openb gpu_spec); empty = any
     priority_class: str = ""  # "online" | "offline"; "" = offline (as on the wire)
     queue_timeout_s: float = 0.0  # a task still deferred after this long (task time) expires; 0 = never
+    # A DAG job's task (set by the gateway): its job, stage, the stage's critical path to the job's end and the
+    # job's work left (task seconds); the placer's --dag-policy orders queued DAG tasks by them.
+    job_id: str = ""
+    stage: str = ""
+    stage_path_s: float = 0.0
+    job_work_s: float = 0.0
 
     @property
     def effective_class(self) -> str:
@@ -61,7 +67,7 @@ class TaskSpec:
 
     def validate(self) -> None:
         """Raise ValidationError naming the first field that breaks a rule (sizes first, then in wire order)."""
-        for name in ("request_id", "tenant", "name", "entry_vertex", "priority_class"):
+        for name in ("request_id", "tenant", "name", "entry_vertex", "priority_class", "job_id", "stage"):
             check_string(name, getattr(self, name))
         check_count("gpu_models", len(self.gpu_models))
         for i, model in enumerate(self.gpu_models):
@@ -90,6 +96,10 @@ class TaskSpec:
                                   self.queue_timeout_s)
         if not math.isfinite(self.data_size_mb) or self.data_size_mb < 0:
             raise ValidationError("data_size_mb", "must be a finite number >= 0", self.data_size_mb)
+        for name in ("stage_path_s", "job_work_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValidationError(name, "must be a finite number >= 0", value)
         self.network.validate("network")
         for i, model in enumerate(self.gpu_models):
             if not model:
@@ -107,7 +117,8 @@ def task_to_dict(task: TaskSpec) -> dict:
             "priority": task.priority, "replicas": task.replicas, "data_size_mb": task.data_size_mb,
             "entry_vertex": task.entry_vertex,
             "network": [n.max_latency_ms, n.max_jitter_ms, n.max_loss_percent], "gpu_models": list(task.gpu_models),
-            "priority_class": task.priority_class, "queue_timeout_s": task.queue_timeout_s}
+            "priority_class": task.priority_class, "queue_timeout_s": task.queue_timeout_s,
+            **({"job": [task.job_id, task.stage, task.stage_path_s, task.job_work_s]} if task.job_id else {})}
 
 
 def task_from_dict(d: dict) -> TaskSpec:
@@ -116,4 +127,12 @@ def task_from_dict(d: dict) -> TaskSpec:
                     data_size_mb=d["data_size_mb"], entry_vertex=d["entry_vertex"],
                     network=NetworkRequirements(*d["network"]), gpu_models=tuple(d["gpu_models"]),
                     # absent in ledgers written before issue 15
-                    priority_class=d.get("priority_class", ""), queue_timeout_s=d.get("queue_timeout_s", 0.0))
+                    priority_class=d.get("priority_class", ""), queue_timeout_s=d.get("queue_timeout_s", 0.0),
+                    **_job_fields(d.get("job")))
+
+
+def _job_fields(job: list | None) -> dict:
+    if not job:  # a standalone task, or a ledger written before the placer's --dag-policy
+        return {}
+    job_id, stage, path, work = job
+    return {"job_id": job_id, "stage": stage, "stage_path_s": float(path), "job_work_s": float(work)}

@@ -39,7 +39,7 @@ import itertools
 import json
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -55,7 +55,9 @@ from hsched.domain.fleet import DataCenter
 from hsched.domain.resources import Resources
 from hsched.domain.task import TaskSpec, task_to_dict
 from hsched.engine.executor import Executor, Report
+from hsched.envs.dag import DagPolicy
 from hsched.policies.base import NodePolicy
+from hsched.policies.dagqueue import MAX_BAND_STAGES, QueuedStage, choose_stage, job_of_task
 from hsched.policies.fairshare import (
     ONLINE,
     FairQueue,
@@ -158,14 +160,16 @@ class PlacerEngine:
                  thermal: ThermalGuard | RoomModel | None = None, lease_ms: int = 3000, fenced_exit_s: float = 0.0,
                  max_loop_stall_s: float = 30.0, lease_client: SyncRedis | None = None,
                  retention: Retention | None = None, executor: Executor | None = None,
-                 tenant_weights: TenantWeights | None = None) -> None:
+                 tenant_weights: TenantWeights | None = None, dag_policy: DagPolicy | None = None) -> None:
         """`thermal`: the DC's room model (checked in-process over this engine's state), another ThermalGuard,
         or None for no thermal guard. `fenced_exit_s` (0 = never): after losing its lease, give up (`gave_up` is
         set) if it cannot take it back for that long, so a supervisor restarts the process. `lease_client`: a
         synchronous client for the renewal thread (hsched.state.lease; default: one like `redis`). `executor`:
         runs the placed tasks and reports their start and end (hsched.engine.executor); None = no execution
         clock: tasks hold their resources until released, and queue timeouts pass in wall time.
-        `tenant_weights`: the tenants' weights in the deferred queue's fair share (default: equal)."""
+        `tenant_weights`: the tenants' weights in the deferred queue's fair share (default: equal).
+        `dag_policy`: which DAG job's stage the queue serves first within a class/tenant/priority band
+        (hsched.policies.dagqueue; None = arrival order)."""
         self.dc = dc
         self.redis = redis
         self.keys = keys
@@ -207,6 +211,8 @@ class PlacerEngine:
         self._expiries: dict[str, asyncio.TimerHandle] = {}  # deferred tasks with a queue timeout
         self._closing = False
         self.tenant_weights = tenant_weights or TenantWeights()
+        self.dag_policy = dag_policy
+        self.dag_decisions = 0  # times the DAG policy chose among two or more stages
         self._capacity = capacity_vector(self.state.table)
         self._capacity_t = tuple(float(c) for c in self._capacity)
         self._probe = FirstFit()  # "would it fit?" for preemption: any feasible placement will do
@@ -816,14 +822,71 @@ class PlacerEngine:
         now, ready = _now_ms(), self.state.ready_ms
         waiting = [Waiting(t, s.tenant, s.effective_class, s.priority, i, demand_vector(s.resources, s.replicas))
                    for i, (t, s) in enumerate(self.queue.items()) if ready.get(t, 0) <= now]
-        fair = FairQueue(waiting, self.state.tenant_usage, self._capacity, self.tenant_weights)
+        planned: dict[str, Plan] = {}  # decisions the DAG policy's mask already made (same state: reused)
+        pick = None
+        if self.dag_policy is not None:
+            running: Counter[str] = Counter()  # running tasks per DAG job, as of this drain
+            for task in self.state.allocations:
+                if (job := job_of_task(task)) is not None:
+                    running[job[0]] += 1
+
+            full: set[tuple[str, str]] = set()  # stages found not to fit: a drain only fills the DC, so still not
+
+            def pick(band: list[Waiting]) -> Waiting:
+                return self._pick_dag(band, headroom, planned, now, running, full)
+        fair = FairQueue(waiting, self.state.tenant_usage, self._capacity, self.tenant_weights, pick)
         for w in itertools.islice(fair, MAX_QUEUE_TRIES_PER_RELEASE):
             spec = self.queue[w.task_id]
-            decision: Plan = plan(self.state, spec, self.policy, headroom)
+            decision: Plan = planned.pop(w.task_id, None) or plan(self.state, spec, self.policy, headroom)
             if decision.outcome is Outcome.PLACED:
                 self._alloc(op, w.task_id, spec, decision.parts, headroom)
                 result.placed_from_queue.append((w.task_id, decision.parts))
                 fair.placed(w)
+
+    def _pick_dag(self, band: list[Waiting], headroom: np.ndarray | None, planned: dict[str, Plan],
+                  now_ms: int, running: Counter[str], full: set[tuple[str, str]]) -> Waiting:
+        """The band's next task by the DAG policy (hsched.policies.dagqueue): among its DAG tasks' stages whose
+        next task fits now (one plan each, kept in `planned` for the placement), the policy's stage, its
+        earliest task. The arrival order when the head is not a DAG task or fewer than two stages compete."""
+        planned.clear()  # a placement since the last pick changed the state: those plans are stale
+        head = band[-1]
+        if not self.queue[head.task_id].job_id:
+            return head
+        groups: dict[tuple[str, str], list[Waiting]] = {}
+        for w in sorted(band, key=lambda w: w.arrival):
+            spec = self.queue[w.task_id]
+            if spec.job_id:
+                groups.setdefault((spec.job_id, spec.stage), []).append(w)
+        if len(groups) < 2:
+            return head
+        stages, first = [], {}
+        queued_ms = self.state.queued_ms
+        for key, ws in itertools.islice(groups.items(), MAX_BAND_STAGES):
+            w0 = ws[0]
+            spec = self.queue[w0.task_id]
+            fits = False
+            if key not in full:
+                decision = plan(self.state, spec, self.policy, headroom)
+                fits = decision.outcome is Outcome.PLACED
+                if fits:
+                    planned[w0.task_id] = decision
+                else:
+                    full.add(key)
+            waited = max(0.0, (now_ms - queued_ms.get(w0.task_id, now_ms)) / 1000 * self.time_factor)
+            stages.append(QueuedStage(key[0], key[1], len(ws), spec.runtime_s, spec.stage_path_s, spec.job_work_s,
+                                      w0.arrival, waited, fits))
+            first[key] = w0
+        chosen = choose_stage(self.dag_policy, stages, running, sum(running.values()))
+        if chosen is None:
+            planned.clear()
+            return head
+        self.dag_decisions += 1
+        w = first[(chosen.job_id, chosen.stage)]
+        decision = planned.get(w.task_id)
+        planned.clear()
+        if decision is not None:
+            planned[w.task_id] = decision
+        return w
 
     # -- execution clock -------------------------------------------------------------------------------------
 

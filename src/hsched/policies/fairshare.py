@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -166,7 +166,10 @@ class FairQueue:
     passed over (they stay in the queue) and do not count toward their tenant's share."""
 
     def __init__(self, waiting: Iterable[Waiting], held: Mapping[str, np.ndarray], capacity: np.ndarray,
-                 weights: TenantWeights) -> None:
+                 weights: TenantWeights, pick: Callable[[list[Waiting]], Waiting] | None = None) -> None:
+        """`pick(band)`: which offline task of the chosen lane's band (its tasks of the best priority, best
+        last) goes next (the placer's --dag-policy); it must return one of them. None: the last (arrival)."""
+        self.pick = pick
         self._lanes: dict[tuple[str, str], list[Waiting]] = {}
         pending: dict[str, np.ndarray] = {}
         for w in waiting:
@@ -186,7 +189,12 @@ class FairQueue:
         while self._lanes:
             key, lane = min(self._lanes.items(), key=lambda kl: (class_rank(kl[0][0]), self.share(kl[0][1]),
                                                                  -kl[1][-1].priority, kl[1][-1].arrival))
-            w = lane.pop()
+            w = lane[-1]
+            if self.pick is not None and w.priority_class != ONLINE and len(lane) > 1:
+                band = [x for x in lane if x.priority == w.priority]
+                if len(band) > 1:
+                    w = self.pick(band)
+            lane.remove(w)
             if not lane:
                 del self._lanes[key]
             yield w

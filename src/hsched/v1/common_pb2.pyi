@@ -76,7 +76,7 @@ class NetworkRequirements(_message.Message):
     def __init__(self, max_latency_ms: _Optional[float] = ..., max_jitter_ms: _Optional[float] = ..., max_loss_percent: _Optional[float] = ...) -> None: ...
 
 class TaskSpec(_message.Message):
-    __slots__ = ("request_id", "tenant", "name", "priority", "resources", "replicas", "runtime_s", "data_size_mb", "entry_vertex", "network", "gpu_models", "priority_class", "queue_timeout_s", "job_id", "stage")
+    __slots__ = ("request_id", "tenant", "name", "priority", "resources", "replicas", "runtime_s", "data_size_mb", "entry_vertex", "network", "gpu_models", "priority_class", "queue_timeout_s", "job_id", "stage", "stage_path_s", "job_work_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,8 @@ class TaskSpec(_message.Message):
     QUEUE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_PATH_S_FIELD_NUMBER: _ClassVar[int]
+    JOB_WORK_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     name: str
@@ -107,7 +109,9 @@ class TaskSpec(_message.Message):
     queue_timeout_s: float
     job_id: str
     stage: str
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., name: _Optional[str] = ..., priority: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., replicas: _Optional[int] = ..., runtime_s: _Optional[float] = ..., data_size_mb: _Optional[float] = ..., entry_vertex: _Optional[str] = ..., network: _Optional[_Union[NetworkRequirements, _Mapping]] = ..., gpu_models: _Optional[_Iterable[str]] = ..., priority_class: _Optional[str] = ..., queue_timeout_s: _Optional[float] = ..., job_id: _Optional[str] = ..., stage: _Optional[str] = ...) -> None: ...
+    stage_path_s: float
+    job_work_s: float
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., name: _Optional[str] = ..., priority: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., replicas: _Optional[int] = ..., runtime_s: _Optional[float] = ..., data_size_mb: _Optional[float] = ..., entry_vertex: _Optional[str] = ..., network: _Optional[_Union[NetworkRequirements, _Mapping]] = ..., gpu_models: _Optional[_Iterable[str]] = ..., priority_class: _Optional[str] = ..., queue_timeout_s: _Optional[float] = ..., job_id: _Optional[str] = ..., stage: _Optional[str] = ..., stage_path_s: _Optional[float] = ..., job_work_s: _Optional[float] = ...) -> None: ...
 
 class GpuSlice(_message.Message):
     __slots__ = ("card", "core_percent", "memory_mib", "model")
