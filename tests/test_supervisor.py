@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import time
 import urllib.request
@@ -227,8 +228,10 @@ def test_a_dead_embedded_redis_is_started_again_on_its_port():
 
 @functools.cache
 def unstarted_stack(initial: float, cap: float) -> Stack:
-    return Stack(StackConfig(fleet_path=SMALL_FLEET, backoff_initial_s=initial, backoff_max_s=cap,
-                             healthy_reset_s=60.0))
+    stack = Stack(StackConfig(fleet_path=SMALL_FLEET, backoff_initial_s=initial, backoff_max_s=cap,
+                              healthy_reset_s=60.0))
+    shutil.rmtree(stack.run_dir)  # never started, so never stopped: its (empty) run dir would stay behind
+    return stack
 
 
 @settings(max_examples=200, deadline=None)
