@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -163,6 +164,11 @@ def test_a_rejected_submit_exits_1_and_prints_its_state(small_stack, tmp_path):
     assert rejected.returncode == 1 and "REJECTED" in rejected.stdout and "Traceback" not in rejected.stderr
     placed = run_cli("submit", "--cpu", "1", *gw, env=env)
     assert placed.returncode == 0 and "PLACED" in placed.stdout, placed.stdout + placed.stderr
+    task_id = placed.stdout.split()[0]
+    line = run_cli("get", task_id, *gw, env=env)  # one line by default, the whole record with --json
+    assert line.returncode == 0 and len(line.stdout.splitlines()) == 1 and line.stdout.split()[0] == task_id
+    record = run_cli("get", task_id, "--json", *gw, env=env)
+    assert json.loads(record.stdout)["task_id"] == task_id
 
 
 def test_a_reader_that_leaves_early_ends_the_output_quietly(small_stack, tmp_path):

@@ -450,7 +450,9 @@ def cmd_submit(args) -> int:
 
 
 def cmd_get(args) -> int:
-    _print(_stub(args).Get(gateway_pb2.GetRequest(task_id=args.task_id), timeout=10))
+    """One line (the task's state, where, why), or the whole record with --json."""
+    task = _stub(args).Get(gateway_pb2.GetRequest(task_id=args.task_id), timeout=10)
+    _print(task) if args.json else print(_task_line(task))
     return 0
 
 
