@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +66,120 @@ def test_unknown_experiment_and_bad_submit_are_refused(capsys):
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["submit", "--cpu", "lots"])
     assert "invalid" in capsys.readouterr().err
+
+
+# -- bad arguments and failures: one line on stderr naming the flag and the rule, exit 2 (usage) or 1 (failure),
+# never a traceback; every case runs the real CLI in a subprocess ----------------------------------------------
+
+SMALL_FLEET = Path(__file__).resolve().parent / "fleets" / "small.yaml"
+UNREACHABLE = "127.0.0.1:1"  # nothing listens on port 1: a gateway call would fail, so exit 2 proves no call
+
+
+def run_cli(*argv: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hsched.cli", *argv], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, code: int, *words: str) -> None:
+    assert done.returncode == code, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]  # argparse prints its usage line above the error
+    assert all(w in last for w in words), last
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["submit", "--replicas", "-3"], ["--replicas", "1.."]),
+    (["submit", "--replicas", "0"], ["--replicas", "1.."]),
+    (["submit", "--replicas", "1000"], ["replicas", "1..256"]),
+    (["submit", "--priority", "99999999999"], ["--priority", "int32"]),
+    (["submit", "--cpu", "nan"], ["--cpu", "finite"]),
+    (["submit", "--cpu", "inf"], ["--cpu", "finite"]),
+    (["submit", "--cpu", "-1"], ["--cpu", ">= 0"]),
+    (["submit", "--gpu-core-percent", "50"], ["gpu_count", "must be > 0"]),
+    (["submit", "--gpus", "1", "--gpu-core-percent", "150"], ["--gpu-core-percent", "1..100"]),
+    (["submit", "--max-loss-percent", "500"], ["--max-loss-percent", "0..100"]),
+    (["list", "--state", "bogus"], ["--state", "invalid choice"]),
+    (["list", "--limit", "-1"], ["--limit", "1.."]),
+    (["eval", "stage1", "--seeds", "0"], ["--seeds", "1.."]),
+    (["replay", "nosuchtrace"], ["trace", "openb"]),
+    (["replay", "openb", "--concurrency", "0"], ["--concurrency", "1.."]),
+    (["replay", "openb", "--fleet", "/nonexistent/fleet.yaml"], ["--fleet", "cannot read"]),
+])
+def test_bad_arguments_are_one_line_usage_errors(argv, words, tmp_path):
+    gateway = [] if argv[0] == "eval" else ["--gateway", UNREACHABLE]
+    assert_one_line_error(run_cli(*argv, *gateway, env={"XDG_RUNTIME_DIR": str(tmp_path)}), 2, *words)
+
+
+def test_a_bad_fleet_file_is_the_loaders_one_line_message(tmp_path):
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text("name: x\nwan: 3\n")
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    for argv in (["up", "--fleet", str(bad)], ["replay", "openb", "--fleet", str(bad), "--gateway", UNREACHABLE]):
+        assert_one_line_error(run_cli(*argv, env=env), 2, "--fleet", str(bad), "is required")
+
+
+def test_replay_without_a_gateway_fails_fast(tmp_path):
+    done = run_cli("replay", "openb", "--limit", "5", "--duration", "3600", "--gateway", UNREACHABLE,
+                   env={"XDG_RUNTIME_DIR": str(tmp_path)})  # an hour's replay: the timeout catches a wait
+    assert_one_line_error(done, 1, "no gateway reachable", UNREACHABLE)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["nosuch", "a"], ["a:", "vertex"]),
+    (["s", "b"], ["b:", "linked"]),            # both vertices exist, but no s–b link
+    (["s", "a", "--latency-ms", "-1"], ["--latency-ms", ">= 0"]),
+    (["s", "a", "--loss-percent", "500"], ["--loss-percent", "0..100"]),
+])
+def test_link_updates_are_validated_against_the_wan_before_anything_is_written(argv, words, redis_url, prefix,
+                                                                             tmp_path):
+    from hsched.state.keys import Keys
+    from hsched.state.redis import connect_sync
+
+    env = {"REDIS_URL": redis_url, "XDG_RUNTIME_DIR": str(tmp_path)}
+    link = ["link", *argv, "--fleet", str(SMALL_FLEET), "--prefix", prefix]
+    assert_one_line_error(run_cli(*link, env=env), 2, *words)
+    redis = connect_sync(redis_url)
+    assert redis.xlen(Keys(prefix).links) == 0
+    ok = run_cli("link", "s", "a", "--latency-ms", "3", "--fleet", str(SMALL_FLEET), "--prefix", prefix, env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert redis.xlen(Keys(prefix).links) == 1  # the same command, valid, is written
+
+
+@pytest.fixture(scope="module")
+def small_stack(redis_url):
+    from hsched.stack import Stack, StackConfig
+    from tests.conftest import delete_prefix
+
+    prefix = f"test-cli-{int(time.time() * 1000)}"
+    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0)
+    with Stack(config) as s:
+        yield s
+    delete_prefix(redis_url, prefix)
+
+
+def test_a_rejected_submit_exits_1_and_prints_its_state(small_stack, tmp_path):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    gw = ["--gateway", small_stack.gateway]
+    rejected = run_cli("submit", "--cpu", "8", "--gpus", "4", "--gpu-memory-gib", "8", *gw, env=env)  # no node has 4
+    assert rejected.returncode == 1 and "REJECTED" in rejected.stdout and "Traceback" not in rejected.stderr
+    placed = run_cli("submit", "--cpu", "1", *gw, env=env)
+    assert placed.returncode == 0 and "PLACED" in placed.stdout, placed.stdout + placed.stderr
+    task_id = placed.stdout.split()[0]
+    line = run_cli("get", task_id, *gw, env=env)  # one line by default, the whole record with --json
+    assert line.returncode == 0 and len(line.stdout.splitlines()) == 1 and line.stdout.split()[0] == task_id
+    record = run_cli("get", task_id, "--json", *gw, env=env)
+    assert json.loads(record.stdout)["task_id"] == task_id
+
+
+def test_a_reader_that_leaves_early_ends_the_output_quietly(small_stack, tmp_path):
+    """`hsched list --json | head -1`: the pipe's reader is gone before the CLI writes (closed first here, so the
+    write always meets a closed pipe): no BrokenPipeError traceback, exit 141 as for any tool cut off by SIGPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-m", "hsched.cli", "list", "--json", "--gateway", small_stack.gateway],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120,
+                              env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)})
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and done.stderr == "", done.stderr

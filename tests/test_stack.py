@@ -483,7 +483,7 @@ def test_cli_task_commands_against_the_gateway(stack, capsys):
     line = capsys.readouterr().out.strip()
     task_id, state = line.split()[:2]
     assert state == "PLACED" and " cheap " in f" {line} "
-    assert cli.main(["get", "--gateway", stack.gateway, task_id]) == 0
+    assert cli.main(["get", "--gateway", stack.gateway, task_id, "--json"]) == 0
     assert '"state": "TASK_STATE_PLACED"' in capsys.readouterr().out
     assert cli.main(["list", "--gateway", stack.gateway, "--state", "placed"]) == 0
     assert task_id in capsys.readouterr().out

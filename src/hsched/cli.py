@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import functools
 import json
+import math
 import os
 import signal
 import sys
@@ -107,6 +108,9 @@ def cmd_up(args) -> int:
     from hsched.state.epoch import StateLost
     from hsched.state.redis import RedisUnavailable, redact_url, url_without_password
 
+    _fleet(args.fleet)  # a bad fleet file: its one-line message (exit 2) before anything starts
+    if args.replay:
+        _check_trace(args.replay)
     console = Console(width=max(Console().width, 112))  # the summary table needs ~110 columns
     if args.replay in JOB_TRACES and args.time_factor is None:
         args.time_factor = _dag_time_factor(args)  # the placers' clock must run at the replay's pace
@@ -141,6 +145,7 @@ def cmd_up(args) -> int:
     try:
         write_stack({"gateway": stack.gateway, "redis_url": url_without_password(stack.redis_url),
                      "prefix": args.prefix, "time_factor": args.time_factor,
+                     "fleet": os.path.abspath(args.fleet) if args.fleet else None,
                      "redis_password_file": str(stack.redis_password_file) if stack.redis_password_file else None,
                      **({"tls_ca": str(stack.tls_dir / "ca.crt")} if stack.tls_dir else {}),
                      **({"token_file": str(token_file)} if token_file else {}),
@@ -321,13 +326,46 @@ def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix
     return True
 
 
-def cmd_replay(args) -> int:
-    from rich.console import Console
+GATEWAY_WAIT_S = 5.0  # how long `replay` waits for the gateway to accept a connection before giving up
 
+
+def _fleet(path: str | None):
+    """load_fleet with an unreadable file as a FleetError too (one line naming --fleet, exit 2 via main)."""
+    from hsched.domain.errors import FleetError
     from hsched.domain.fleet import load_fleet
 
-    ok = run_replay(Console(width=max(Console().width, 112)), args.gateway, load_fleet(args.fleet), args,
-                    _redis_url(args.gateway), args.prefix, _credentials(args))
+    try:
+        return load_fleet(path)
+    except FleetError as exc:  # name the file: the field path alone does not say which YAML
+        raise FleetError(f"--fleet {path}: {exc.field}", exc.rule, exc.value) from None
+    except OSError as exc:
+        raise FleetError("--fleet", f"cannot read {path} ({exc.strerror or exc})") from None
+
+
+def _check_trace(name: str) -> None:
+    from hsched.replay import TRACES
+
+    if name not in TRACES and name not in JOB_TRACES:
+        raise ValidationError("trace", f"must be one of {', '.join([*TRACES, *JOB_TRACES])}", name)
+
+
+def cmd_replay(args) -> int:
+    """Exit codes: 0 replayed, 1 the gateway unreachable or the replay failed, 2 a bad argument."""
+    from rich.console import Console
+
+    _check_trace(args.replay)
+    fleet = _fleet(args.fleet)
+    credentials = _credentials(args)
+    # fail fast: without a gateway every Submit would wait out its deadline for the replay's whole duration
+    with credentials.channel(args.gateway) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=GATEWAY_WAIT_S)
+        except grpc.FutureTimeoutError:
+            print(f"hsched replay: no gateway reachable at {args.gateway} within {GATEWAY_WAIT_S:g} s "
+                  "(start one with `hsched up`, or name it with --gateway)", file=sys.stderr)
+            return 1
+    ok = run_replay(Console(width=max(Console().width, 112)), args.gateway, fleet, args,
+                    _redis_url(args.gateway), args.prefix, credentials)
     return 0 if ok else 1
 
 
@@ -387,25 +425,34 @@ def cmd_job(args) -> int:
 
 
 def cmd_submit(args) -> int:
+    """Exit codes: 0 placed/deferred/duplicate, 1 REJECTED (the state is printed), 2 a bad flag."""
+    from hsched.convert import task_from_pb
+
     if args.file:
         return cmd_submit_job(args)
     spec = pb.TaskSpec(
         request_id=args.request_id, tenant=args.tenant, name=args.name, priority=args.priority,
         resources=pb.Resources(cpu_milli=round(args.cpu * 1000), memory_mib=round(args.memory_gib * 1024),
                                disk_mib=round(args.disk_gib * 1024), bandwidth_mbps=args.bandwidth_mbps,
-                               gpu_count=args.gpus, gpu_core_percent=args.gpu_core_percent if args.gpus else 0,
-                               gpu_memory_mib=round(args.gpu_memory_gib * 1024) if args.gpus else 0),
+                               gpu_count=args.gpus,
+                               # given without --gpus they reach validate() below, which refuses them
+                               gpu_core_percent=args.gpu_core_percent if args.gpu_core_percent is not None
+                               else 100 if args.gpus else 0,
+                               gpu_memory_mib=round((args.gpu_memory_gib or 0.0) * 1024)),
         replicas=args.replicas, runtime_s=args.runtime_s, data_size_mb=args.data_mb, entry_vertex=args.entry,
         network=pb.NetworkRequirements(max_latency_ms=args.max_latency_ms, max_jitter_ms=args.max_jitter_ms,
                                        max_loss_percent=args.max_loss_percent),
         gpu_models=args.gpu_model or [])
+    task_from_pb(spec).validate()  # the gateway's own rules, before any call: a ValidationError is exit 2
     reply = _stub(args).Submit(gateway_pb2.SubmitRequest(task=spec, selector_method=args.method), timeout=30)
     _print(reply) if args.json else print(_task_line(reply.task) + ("  (duplicate)" if reply.duplicate else ""))
-    return 0
+    return 1 if reply.task.state == pb.TASK_STATE_REJECTED else 0
 
 
 def cmd_get(args) -> int:
-    _print(_stub(args).Get(gateway_pb2.GetRequest(task_id=args.task_id), timeout=10))
+    """One line (the task's state, where, why), or the whole record with --json."""
+    task = _stub(args).Get(gateway_pb2.GetRequest(task_id=args.task_id), timeout=10)
+    _print(task) if args.json else print(_task_line(task))
     return 0
 
 
@@ -557,7 +604,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_link(args) -> int:
-    """Publish a WAN link metric update (what a network probe does) on the links stream."""
+    """Publish a WAN link metric update (what a network probe does) on the links stream, validated first by the
+    selector's own rules (WanGraph.update_link on the fleet's WAN): a bad update is exit 2 and nothing is written."""
+    from hsched.costs.graph import WanGraph
     from hsched.state.keys import Keys
     from hsched.state.redis import connect_sync
 
@@ -565,29 +614,82 @@ def cmd_link(args) -> int:
     for name in ("latency_ms", "jitter_ms", "loss_percent", "bandwidth_mbps"):
         if getattr(args, name) is not None:
             update[name] = getattr(args, name)
+    fleet = args.fleet or _running_stack().get("fleet")  # the WAN the selector runs
+    WanGraph(_fleet(fleet).wan).update_link(**update)  # ValidationError naming the field -> exit 2
     redis = connect_sync(_redis_url() or "redis://127.0.0.1:6379/0")
     # bounded (docs/operations.md, Retention): the selector folds the stream, only recent updates matter
     print(redis.xadd(Keys(args.prefix).links, {"m": json.dumps(update)}, maxlen=LINKS_MAXLEN, approximate=True).decode())
     return 0
 
 
-def _positive_int(text: str) -> int:
+# -- argument validators: argparse `type=`s, so a bad value is a one-line usage error (exit 2) naming the flag ---
+
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1  # protobuf int32 fields
+
+
+def _int(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
 
 
-def _positive_float(text: str) -> float:
+def _finite(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _int(text)
+    if not 0 < value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be in 1..{INT32_MAX}, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be in 0..{INT32_MAX}, got {text!r}")
+    return value
+
+
+def int32(text: str) -> int:
+    value = _int(text)
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be in {INT32_MIN}..{INT32_MAX} (int32), got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _finite(text)
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def percent(text: str) -> float:
+    value = non_negative_float(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"must be in 0..100, got {text!r}")
+    return value
+
+
+def core_percent(text: str) -> int:
+    value = _int(text)
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be in 1..100 (% of one GPU's cores), got {text!r}")
     return value
 
 
@@ -596,26 +698,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def replay_flags(sp):
-        sp.add_argument("--limit", type=int, default=None,
+        sp.add_argument("--limit", type=positive_int, default=None,
                         help="trace rows to replay (default 1000); DAG jobs: tpch all, alibaba2018 "
                              f"{ALIBABA_DEFAULT_JOBS}")
-        sp.add_argument("--skip", type=int, default=None,
+        sp.add_argument("--skip", type=non_negative_int, default=None,
                         help="trace rows to skip first (default: openb 3000, a window of steady arrivals; others 0)")
-        sp.add_argument("--duration", type=float, default=30.0, help="wall-clock seconds the slice is compressed to")
-        sp.add_argument("--concurrency", type=int, default=64, help="gRPC calls in flight at most")
+        sp.add_argument("--duration", type=positive_float, default=30.0,
+                        help="wall-clock seconds the slice is compressed to")
+        sp.add_argument("--concurrency", type=positive_int, default=64, help="gRPC calls in flight at most")
         sp.add_argument("--seed", type=int, default=0, help="seed for the entry vertices drawn per task (tpch: the "
                         "job order and arrivals)")
         sp.add_argument("--tpch-sizes", default="2g", help="tpch: input sizes, comma-separated (2g,5g,...,100g)")
-        sp.add_argument("--tpch-interval-s", "--job-interval-s", type=_positive_float, default=30.0,
+        sp.add_argument("--tpch-interval-s", "--job-interval-s", type=positive_float, default=30.0,
                         help="tpch, alibaba2018: mean gap between job arrivals, trace seconds (Poisson)")
-        sp.add_argument("--tpch-max-tasks", "--job-max-tasks", type=int, default=16,
+        sp.add_argument("--tpch-max-tasks", "--job-max-tasks", type=non_negative_int, default=16,
                         help="tpch, alibaba2018: fold wider stages into this many longer tasks (same "
                              "executor-seconds; 0 = none)")
-        sp.add_argument("--tpch-timeout-s", "--job-timeout-s", type=_positive_float, default=600.0,
+        sp.add_argument("--tpch-timeout-s", "--job-timeout-s", type=positive_float, default=600.0,
                         help="tpch, alibaba2018: wall seconds to wait for the jobs to finish")
-        sp.add_argument("--alibaba-min-tasks", type=_positive_int, default=2,
+        sp.add_argument("--alibaba-min-tasks", type=positive_int, default=2,
                         help="alibaba2018: only jobs with at least this many tasks (2 = real DAGs)")
-        sp.add_argument("--alibaba-max-instances", type=int, default=2000,
+        sp.add_argument("--alibaba-max-instances", type=non_negative_int, default=2000,
                         help="alibaba2018: only jobs with at most this many instances in all (0 = any)")
 
     up = sub.add_parser("up", help="run Redis (embedded unless REDIS_URL is set), thermal, selector, one placer "
@@ -648,11 +751,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--fresh", action="store_true", help="wipe the state dir first: a new, empty deployment")
     up.add_argument("--redis-appendfsync", default="everysec", choices=["everysec", "always"],
                     help="fsync the AOF once a second (a crash of the machine may lose ~1 s) or before every reply")
-    up.add_argument("--redis-replicas", type=int, default=0,
+    up.add_argument("--redis-replicas", type=non_negative_int, default=0,
                     help="run this many Redis replicas and a Sentinel; services follow the Sentinel's master and "
                          "ledger/task writes wait (WAIT) for every replica before they are acknowledged")
     up.add_argument("--log-level", default="INFO")
-    up.add_argument("--time-factor", type=_positive_float, default=None,
+    up.add_argument("--time-factor", type=positive_float, default=None,
                     help="run tasks time-compressed: F task seconds per wall second (a task runs runtime_s / F "
                          "seconds; default: HSCHED_TIME_FACTOR or 1 = real time)")
     up.add_argument("--dag-policy", default="fifo", choices=["fifo", "sjf-cp", "ba3c"],
@@ -667,7 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--keep-running", action="store_true", help="keep the stack up after the replay")
     up.add_argument("--no-supervise", action="store_true",
                     help="do not restart dead or hung services (default: restart them with back-off)")
-    up.add_argument("--unhealthy-restart-s", type=_positive_float, default=60.0,
+    up.add_argument("--unhealthy-restart-s", type=positive_float, default=60.0,
                     help="restart a service whose gRPC health is NOT_SERVING or unanswered this long (seconds)")
     up.add_argument("--supervisor-metrics-port", type=int, default=0,
                     help="port of the supervisor's Prometheus /metrics (0: a free port, shown in the table)")
@@ -690,12 +793,12 @@ def build_parser() -> argparse.ArgumentParser:
     ce_init.add_argument("--force", action="store_true", help="replace an existing CA")
     for sp in (ce_init, ce_issue, ce_rotate):
         sp.add_argument("--dir", required=True, help="the TLS directory (created 0700)")
-        sp.add_argument("--days", type=_positive_int, default=90, help="validity of the leaf certificates")
+        sp.add_argument("--days", type=positive_int, default=90, help="validity of the leaf certificates")
     ce.set_defaults(fn=cmd_certs)
 
     rp = sub.add_parser("replay", help="replay a real trace through a running gateway")
     rp.add_argument("replay", help="trace: openb, openb-gpuspec33, thunder, kth, or tpch / alibaba2018 (DAG jobs)")
-    rp.add_argument("--time-factor", type=_positive_float, default=None,
+    rp.add_argument("--time-factor", type=positive_float, default=None,
                     help="tpch, alibaba2018: the stack's time factor (default: the one `hsched up` recorded, else 1)")
     rp.add_argument("--gateway", default=None, help=GATEWAY_HELP)
     rp.add_argument("--fleet", default=None)
@@ -720,24 +823,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = gw(sub.add_parser("submit", help="submit one task, or a DAG job with -f job.yaml"))
     s.add_argument("-f", "--file", default="", help="a DAG job as YAML/JSON (JobSpec fields; see examples/job.yaml)")
-    s.add_argument("--cpu", type=float, default=1.0, help="cores per replica")
-    s.add_argument("--memory-gib", type=float, default=1.0)
-    s.add_argument("--disk-gib", type=float, default=0.0)
-    s.add_argument("--bandwidth-mbps", type=int, default=0)
-    s.add_argument("--gpus", type=int, default=0, help="GPU slices per replica")
-    s.add_argument("--gpu-core-percent", type=int, default=100)
-    s.add_argument("--gpu-memory-gib", type=float, default=0.0)
+    s.add_argument("--cpu", type=non_negative_float, default=1.0, help="cores per replica")
+    s.add_argument("--memory-gib", type=non_negative_float, default=1.0)
+    s.add_argument("--disk-gib", type=non_negative_float, default=0.0)
+    s.add_argument("--bandwidth-mbps", type=non_negative_int, default=0)
+    s.add_argument("--gpus", type=non_negative_int, default=0, help="GPU slices per replica")
+    s.add_argument("--gpu-core-percent", type=core_percent, default=None,
+                   help="%% of one GPU's cores per slice (default 100; needs --gpus)")
+    s.add_argument("--gpu-memory-gib", type=non_negative_float, default=None, help="GPU memory per slice (needs --gpus)")
     s.add_argument("--gpu-model", action="append", help="allowed GPU model (repeatable)")
-    s.add_argument("--replicas", type=int, default=1)
-    s.add_argument("--runtime-s", type=float, default=3600.0)
-    s.add_argument("--data-mb", type=float, default=0.0)
+    s.add_argument("--replicas", type=positive_int, default=1)
+    s.add_argument("--runtime-s", type=positive_float, default=3600.0)
+    s.add_argument("--data-mb", type=non_negative_float, default=0.0)
     s.add_argument("--entry", default="", help="entry vertex (default: the fleet's scheduler vertex)")
-    s.add_argument("--max-latency-ms", type=float, default=0.0)
-    s.add_argument("--max-jitter-ms", type=float, default=0.0)
-    s.add_argument("--max-loss-percent", type=float, default=0.0)
+    s.add_argument("--max-latency-ms", type=non_negative_float, default=0.0)
+    s.add_argument("--max-jitter-ms", type=non_negative_float, default=0.0)
+    s.add_argument("--max-loss-percent", type=percent, default=0.0)
     s.add_argument("--tenant", default="default")
     s.add_argument("--name", default="")
-    s.add_argument("--priority", type=int, default=0)
+    s.add_argument("--priority", type=int32, default=0)
     s.add_argument("--request-id", default="", help="idempotency key")
     s.add_argument("--method", default="", help="selector method: min-cost (default), crf, spf")
     s.set_defaults(fn=cmd_submit)
@@ -750,7 +854,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--tenant", default="")
     ls.add_argument("--state", default="", choices=["", *STATES], metavar="STATE", help=" ".join(STATES))
     ls.add_argument("--datacenter", default="")
-    ls.add_argument("--limit", type=int, default=100)
+    ls.add_argument("--limit", type=positive_int, default=100)
     ls.add_argument("--page-token", default="")
     ls.set_defaults(fn=cmd_list)
 
@@ -765,7 +869,7 @@ def build_parser() -> argparse.ArgumentParser:
     jb.add_argument("job_id", nargs="?", default="")
     jb.add_argument("--tenant", default="")
     jb.add_argument("--state", default="", help="pending running succeeded failed cancelled")
-    jb.add_argument("--limit", type=int, default=100)
+    jb.add_argument("--limit", type=positive_int, default=100)
     jb.add_argument("--page-token", default="")
     jb.add_argument("--after", default="0", help="watch: event id to resume after (default 0: from the start)")
     jb.set_defaults(fn=cmd_job)
@@ -796,7 +900,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="run a paper experiment: markdown table + PNG plots")
     ev.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
-    ev.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1; tables show mean ± std")
+    ev.add_argument("--seeds", type=positive_int, default=3, help="seeds 0..N-1; tables show mean ± std")
     ev.add_argument("--out", default="reports", help="directory for report.md and the PNGs")
     ev.add_argument("--quick", action="store_true", help="small slices (smoke test), said in the report")
     ev.set_defaults(fn=cmd_eval)
@@ -807,7 +911,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="agents: " + "; ".join(f"{k}: {h}" for k, (_, h) in TRAINERS.items()))
     tr.add_argument("agent", choices=list(TRAINERS))
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--steps", type=int, help="environment steps (default: the budget the shipped model used)")
+    tr.add_argument("--steps", type=positive_int, help="environment steps (default: the budget the shipped model used)")
     tr.add_argument("--out", help="checkpoint path (default: models/<agent's model>.pt, the shipped one)")
     tr.add_argument("--resume", action="store_true", help="continue the training checkpoint at --out")
     tr.add_argument("--compare", action="store_true",
@@ -819,11 +923,13 @@ def build_parser() -> argparse.ArgumentParser:
     lk = sub.add_parser("link", help="publish a WAN link metric update (as a network probe would)")
     lk.add_argument("a")
     lk.add_argument("b")
-    lk.add_argument("--latency-ms", type=float)
-    lk.add_argument("--jitter-ms", type=float)
-    lk.add_argument("--loss-percent", type=float)
-    lk.add_argument("--bandwidth-mbps", type=float)
+    lk.add_argument("--latency-ms", type=non_negative_float)
+    lk.add_argument("--jitter-ms", type=non_negative_float)
+    lk.add_argument("--loss-percent", type=percent)
+    lk.add_argument("--bandwidth-mbps", type=non_negative_float)
     lk.add_argument("--prefix", default="hsched")
+    lk.add_argument("--fleet", default=None, help="fleet YAML whose WAN the update is checked against (default: the running "
+                    "stack's, else the embedded Abilene fleet)")
     lk.set_defaults(fn=cmd_link)
     return p
 
@@ -836,6 +942,11 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "gateway", "") is None:
             args.gateway = os.environ.get("HSCHED_GATEWAY") or _running_stack().get("gateway") or FALLBACK_GATEWAY
         return args.fn(args)
+    except BrokenPipeError:
+        # the reader left (`hsched list | head -1`): stop quietly, and keep the interpreter's final flush of
+        # stdout from raising again; 141 = 128 + SIGPIPE, what a shell reports for any tool cut off this way
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except grpc.RpcError as exc:
         print(f"hsched: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
