@@ -145,6 +145,20 @@ def test_link_updates_are_validated_against_the_wan_before_anything_is_written(a
     assert redis.xlen(Keys(prefix).links) == 1  # the same command, valid, is written
 
 
+def test_link_without_a_stack_or_redis_url_writes_nowhere(redis_url, prefix, tmp_path):
+    """No running stack and no REDIS_URL: exit 1 and nothing written, not a guess at 127.0.0.1:6379."""
+    from hsched.state.keys import Keys
+    from hsched.state.redis import connect_sync
+
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "HSCHED_GATEWAY")}
+    env["XDG_RUNTIME_DIR"] = str(tmp_path)  # an empty runtime dir: no stack file
+    done = subprocess.run([sys.executable, "-m", "hsched.cli", "link", "s", "a", "--latency-ms", "3", "--fleet",
+                           str(SMALL_FLEET), "--prefix", prefix], capture_output=True, text=True, timeout=120, env=env)
+    assert_one_line_error(done, 1, "no running stack", "REDIS_URL", "nothing written")
+    assert connect_sync(redis_url).xlen(Keys(prefix).links) == 0
+    assert connect_sync("redis://127.0.0.1:6379/0").xlen(Keys(prefix).links) == 0
+
+
 @pytest.fixture(scope="module")
 def small_stack(redis_url):
     from hsched.stack import Stack, StackConfig

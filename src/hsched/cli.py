@@ -616,7 +616,12 @@ def cmd_link(args) -> int:
             update[name] = getattr(args, name)
     fleet = args.fleet or _running_stack().get("fleet")  # the WAN the selector runs
     WanGraph(_fleet(fleet).wan).update_link(**update)  # ValidationError naming the field -> exit 2
-    redis = connect_sync(_redis_url() or "redis://127.0.0.1:6379/0")
+    url = _redis_url()
+    if not url:  # never guess: a default 127.0.0.1:6379 may be somebody else's Redis
+        print("hsched link: no running stack found (hsched up) and REDIS_URL is not set: nothing written",
+              file=sys.stderr)
+        return 1
+    redis = connect_sync(url)
     # bounded (docs/operations.md, Retention): the selector folds the stream, only recent updates matter
     print(redis.xadd(Keys(args.prefix).links, {"m": json.dumps(update)}, maxlen=LINKS_MAXLEN, approximate=True).decode())
     return 0
