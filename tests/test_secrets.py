@@ -265,8 +265,9 @@ def test_the_run_dir_is_private_and_removed_on_a_clean_stop_unless_kept(redis_ur
         kept_dirs.append(failed.run_dir)
         with pytest.raises(RuntimeError, match="exited"):
             failed.start(timeout_s=120)
-        assert failed.logs_kept == failed.run_dir and "no-such-policy" in \
-            next(failed.run_dir.glob("placer-*.log")).read_text()
+        # the placer that exited first says why; the others may be stopped before they logged anything
+        assert failed.logs_kept == failed.run_dir and any(
+            "no-such-policy" in log.read_text() for log in failed.run_dir.glob("placer-*.log"))
     finally:
         delete_prefix(redis_url, prefix)
         for run_dir in kept_dirs:  # what the test made the stacks keep
