@@ -4,6 +4,7 @@ the critic target, a short training run, resume, serving (load_policy) and the p
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from pathlib import Path
 
 import grpc
@@ -246,7 +247,7 @@ def test_placer_serves_eade_ddpg_over_grpc(tmp_path, redis_url):
     from tests.conftest import SMALL_FLEET, delete_prefix
 
     _save_untrained(tmp_path / "eade_ddpg_gpu.pt")
-    prefix = f"test-ddpg-{tmp_path.name[-8:]}"
+    prefix = f"test-ddpg-{uuid.uuid4().hex[:12]}"  # tmp_path names repeat across runs; a prefix must not
     config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
                          gpu_policy="eade-ddpg", extra_env={checkpoint.MODELS_ENV: str(tmp_path)})
     try:
