@@ -84,14 +84,7 @@ from torch import nn
 from hsched.envs.dag import CF, JF, NF, PAPER004_EXECUTOR_COUNTS, DagEpisode, DagSchedulingEnv, run_dag_policy
 from hsched.rl import checkpoint
 from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
-from hsched.rl.training import (
-    TrainArgs,
-    plot_curves,
-    progress,
-    restore_rng_state,
-    rng_state,
-    seed_everything,
-)
+from hsched.rl.training import TrainArgs, plot_curves, progress, seed_everything
 
 EXECUTOR_COUNTS = PAPER004_EXECUTOR_COUNTS
 TRAIN_SEED0 = 10_000
@@ -547,11 +540,6 @@ def validation_score(model: DagActorCritic, name: str, cfg: Config, reference: d
                           / reference[n] for n in cfg.validation_counts]))
 
 
-def _runs_dir(out: Path) -> Path:
-    return checkpoint.models_dir().parent / "runs" if out.parent.resolve() == checkpoint.models_dir().resolve() \
-        else out.parent
-
-
 def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: bool) -> dict[str, Any]:
     """Train from scratch or resume `out`; write the model (.pt + .json), its learning curve; return figures."""
     from hsched.envs.dag import SjfCp
@@ -564,12 +552,10 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     envs = {n: make_env(cfg, n) for n in cfg.executor_counts}
     episode, curves, seconds = 0, {"episode": [], "avg_jct_s": [], "executors": []}, 0.0
-    train_ckpt = _runs_dir(out) / f"{out.stem}.train.pt"
+    train_ckpt = checkpoint.training_path(out)
+    trained = {"model": model, "opt": opt}
     if args.resume:
-        saved = checkpoint.load_state(train_ckpt)
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
-        restore_rng_state(rng, saved["rng"])
+        saved = checkpoint.load_training(train_ckpt, trained, rng)
         episode, curves, seconds = saved["episode"], saved["curves"], saved["seconds"]
     t0, cpu0 = time.perf_counter() - seconds, time.process_time()
     losses: dict[str, float] = {}
@@ -612,10 +598,9 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
                 select()
             if episode % cfg.checkpoint_every < cfg.episodes_per_update or episode >= episodes:
                 seconds = time.perf_counter() - t0
-                checkpoint.save(train_ckpt, {"model": model.state_dict(), "opt": opt.state_dict(),
-                                             "rng": rng_state(rng), "episode": episode, "curves": curves,
-                                             "seconds": seconds, "best": best},
-                                {"agent": name, "model": str(out), "episode": episode})
+                checkpoint.save_training(train_ckpt, trained, rng, {"episode": episode, "curves": curves,
+                                                                    "seconds": seconds, "best": best},
+                                         {"agent": name, "model": str(out), "episode": episode})
     if best:
         model.load_state_dict(best["model"])
     seconds = time.perf_counter() - t0

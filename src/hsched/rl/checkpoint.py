@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+
+from hsched.rl.training import restore_rng_state, rng_state
 
 MODELS_ENV = "HSCHED_MODELS_DIR"
 
@@ -72,3 +76,30 @@ def load_state(path: str | Path) -> dict[str, Any]:
     """The torch state of a checkpoint, on the CPU. ``weights_only=False`` because resumable checkpoints
     carry NumPy replay buffers and RNG states; only load checkpoints you or this project wrote."""
     return torch.load(Path(path).with_suffix(".pt"), map_location="cpu", weights_only=False)
+
+
+def runs_dir(out: Path) -> Path:
+    """Where training state and comparison runs of the model `out` go: the repository's runs/ (not
+    shipped, git-ignored) for a model in models/, else next to `out`."""
+    return models_dir().parent / "runs" if out.parent.resolve() == models_dir().resolve() else out.parent
+
+
+def training_path(out: Path) -> Path:
+    """The resumable training state of the model `out` (`save_training` / `load_training`)."""
+    return runs_dir(out) / f"{out.stem}.train.pt"
+
+
+def save_training(path: Path, modules: Mapping[str, Any], rng: np.random.Generator, progress: Mapping[str, Any],
+                  metadata: dict[str, Any]) -> None:
+    """A resumable training checkpoint: each module's (network's, optimiser's) state_dict under its key, the
+    RNG states under "rng", and the trainer's `progress` (counters, curves, … as they are)."""
+    save(path, {**{k: m.state_dict() for k, m in modules.items()}, **progress, "rng": rng_state(rng)}, metadata)
+
+
+def load_training(path: Path, modules: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """Restore what `save_training` wrote into `modules` and `rng`; returns the saved state (its progress)."""
+    saved = load_state(path)
+    for key, module in modules.items():
+        module.load_state_dict(saved[key])
+    restore_rng_state(rng, saved["rng"])
+    return saved

@@ -99,16 +99,10 @@ from hsched.metrics import RESOURCES, TAU, utilisation_matrix
 from hsched.policies.heuristics import Utilization, card_tightness, gpu_stranding
 from hsched.rl import checkpoint
 from hsched.rl.buffers import DualReplayBuffer, ReplayBuffer
+from hsched.rl.checkpoint import runs_dir, training_path
 from hsched.rl.nets import SelfAttentionScorer
 from hsched.rl.schedules import LinearSchedule, soft_update
-from hsched.rl.training import (
-    TrainArgs,
-    plot_curves,
-    progress,
-    restore_rng_state,
-    rng_state,
-    seed_everything,
-)
+from hsched.rl.training import TrainArgs, plot_curves, progress, seed_everything
 
 # host, its cluster's free shares, the heuristic hints, "is wait" flag
 ITEM_FEATURES = len(HOST_FEATURES) + len(RESOURCES) + len(HINT_FEATURES) + 1
@@ -512,18 +506,6 @@ def paired_difference(mine: np.ndarray, theirs: np.ndarray, more_is_better: bool
             "better/equal/worse": [int(better.sum()), int((d == 0).sum()), int(len(d) - better.sum() - (d == 0).sum())]}
 
 
-def runs_dir(out: Path) -> Path:
-    """Where training state and comparison runs of the model `out` go: the repository's runs/ (not
-    shipped, git-ignored) for a model in models/, else next to `out`."""
-    return checkpoint.models_dir().parent / "runs" if out.parent.resolve() == checkpoint.models_dir().resolve() \
-        else out.parent
-
-
-def training_path(out: Path) -> Path:
-    """The resumable training state of the model `out`: networks, optimisers, both pools, RNG states, step."""
-    return runs_dir(out) / f"{out.stem}.train.pt"
-
-
 def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]:
     """Train from scratch or resume; write `out` (.pt actor + .json), the learning curve and return the
     evaluation figures."""
@@ -544,21 +526,17 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
     step, episode, curves, seconds = 0, 0, {"step": [], "reward": [], "deployed": []}, 0.0
     train_ckpt = training_path(out)
     if args.resume:
-        saved = checkpoint.load_state(train_ckpt)
-        for key, module in learner.modules().items():
-            module.load_state_dict(saved[key])
+        saved = checkpoint.load_training(train_ckpt, learner.modules(), rng)
         for pool, state in ((expert, saved["expert"]), (online, saved["online"])):
             pool.__dict__.update({k: v for k, v in state.items() if k != "rng"})
-        restore_rng_state(rng, saved["rng"])
         step, episode, curves, seconds = saved["step"], saved["episode"], saved["curves"], saved["seconds"]
 
     def save_training() -> None:
         pools = {key: {k: v for k, v in pool.__dict__.items() if k != "rng"}
                  for key, pool in (("expert", expert), ("online", online))}
-        checkpoint.save(train_ckpt, {**{k: m.state_dict() for k, m in learner.modules().items()}, **pools,
-                                     "rng": rng_state(rng), "step": step, "episode": episode, "curves": curves,
-                                     "seconds": seconds},
-                        {"agent": name, "model": str(out), "step": step, "episode": episode})
+        checkpoint.save_training(train_ckpt, learner.modules(), rng,
+                                 {**pools, "step": step, "episode": episode, "curves": curves, "seconds": seconds},
+                                 {"agent": name, "model": str(out), "step": step, "episode": episode})
 
     t0, cpu0 = time.perf_counter() - seconds, time.process_time()  # CPU time: this session's share only
     if use_expert and not args.resume:  # DDPGfD: learn from the demonstrations alone first

@@ -54,7 +54,7 @@ from hsched.envs.colocation import STAGE_FEATURES, ColocationConfig, ColocationE
 from hsched.policies.colocation import COUNT_LEVELS, sjf_action
 from hsched.rl import checkpoint
 from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
-from hsched.rl.training import TrainArgs, plot_curves, progress, restore_rng_state, rng_state, seed_everything
+from hsched.rl.training import TrainArgs, plot_curves, progress, seed_everything
 
 TRAIN_SEED0 = 10_000
 BC_SEED0 = 20_000
@@ -280,11 +280,6 @@ def evaluate(policy: Any, env: ColocationEnv, seeds: tuple[int, ...] = EVAL_SEED
     return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
 
 
-def _runs_dir(out: Path) -> Path:
-    return checkpoint.models_dir().parent / "runs" if out.parent.resolve() == checkpoint.models_dir().resolve() \
-        else out.parent
-
-
 def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]:
     out = Path(args.out) if args.out else checkpoint.model_path(model)
     iterations = args.steps or cfg.iterations
@@ -294,12 +289,10 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
     optim = torch.optim.Adam(net.parameters(), lr=cfg.bc_lr)
     train_env = ColocationEnv(cfg.env_config(cfg.train_jobs))
     it, seconds, curves = 0, 0.0, {"iteration": [], "avg_jct_s": [], "return": []}
-    train_ckpt = _runs_dir(out) / f"{out.stem}.train.pt"
+    train_ckpt = checkpoint.training_path(out)
+    trained = {"net": net, "optim": optim}
     if args.resume:
-        saved = checkpoint.load_state(train_ckpt)
-        net.load_state_dict(saved["net"])
-        optim.load_state_dict(saved["optim"])
-        restore_rng_state(rng, saved["rng"])
+        saved = checkpoint.load_training(train_ckpt, trained, rng)
         it, seconds, curves = saved["iteration"], saved["seconds"], saved["curves"]
     t0, cpu0 = time.perf_counter() - seconds, time.process_time()
     if not args.resume and cfg.bc_episodes:
@@ -340,9 +333,8 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
             advance(1, jct=jct)
             if it % cfg.checkpoint_every == 0 or it >= iterations:
                 seconds = time.perf_counter() - t0
-                checkpoint.save(train_ckpt, {"net": net.state_dict(), "optim": optim.state_dict(),
-                                             "rng": rng_state(rng), "iteration": it, "seconds": seconds,
-                                             "curves": curves}, {"agent": name, "model": str(out), "iteration": it})
+                checkpoint.save_training(train_ckpt, trained, rng, {"iteration": it, "seconds": seconds, "curves": curves},
+                                         {"agent": name, "model": str(out), "iteration": it})
     seconds = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     eval_env = ColocationEnv(cfg.env_config())
