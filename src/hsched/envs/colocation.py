@@ -55,6 +55,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from hsched.domain.dag import critical_path, topological_order
 from hsched.policies.colocation import COUNT_LEVELS
 from hsched.policies.slices import SliceTypes, cluster_demands, partition_node, uniform_type
 
@@ -204,31 +205,8 @@ def slice_layout(cfg: ColocationConfig) -> tuple[SliceTypes, tuple[int, ...]]:
 
 def critical_path_lower_bound_s(job: JobSpec, sched_delay_s: float = 0.0, container_start_s: float = 0.0) -> float:
     """The JCT of `job` with unlimited slices: the longest chain of (minimum delays + one instance duration)."""
-    finish = [0.0] * len(job.stages)
-    for i in _topological(job):
-        s = job.stages[i]
-        finish[i] = max((finish[p] for p in s.parents), default=0.0) + sched_delay_s + container_start_s + s.duration_s
-    return max(finish, default=0.0)
-
-
-def _topological(job: JobSpec) -> list[int]:
-    indeg = [len(s.parents) for s in job.stages]
-    children: list[list[int]] = [[] for _ in job.stages]
-    for i, s in enumerate(job.stages):
-        for p in s.parents:
-            children[p].append(i)
-    ready = [i for i, d in enumerate(indeg) if d == 0]
-    order = []
-    while ready:
-        i = ready.pop()
-        order.append(i)
-        for c in children[i]:
-            indeg[c] -= 1
-            if indeg[c] == 0:
-                ready.append(c)
-    if len(order) != len(job.stages):
-        raise ValueError(f"job {job.name}: stages form a cycle")
-    return order
+    return critical_path([sched_delay_s + container_start_s + s.duration_s for s in job.stages],
+                         [s.parents for s in job.stages], f"job {job.name}")
 
 
 # ---------------------------------------------------------------- runtime state
@@ -287,7 +265,7 @@ class ColocationEnv(gymnasium.Env):
             if not pool:
                 raise ValueError("pool: must hold at least one job")
             for job in pool:
-                _topological(job)
+                topological_order([s.parents for s in job.stages], f"job {job.name}")
             self.pool = tuple(pool)
             self.types, self.per_node = layout_for(self.pool, cfg)
         else:

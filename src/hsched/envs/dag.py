@@ -68,6 +68,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from hsched.domain.dag import paths_to_end
 from hsched.traces.decima import (
     FIRST_WAVE,
     FRESH,
@@ -75,7 +76,6 @@ from hsched.traces.decima import (
     DagJob,
     critical_path_s,
     load_tpch_dags,
-    topological_order,
     total_work_s,
 )
 
@@ -106,10 +106,7 @@ def _static(job: DagJob) -> tuple[tuple[float, ...], np.ndarray]:
     """Per stage the critical path from it to the end (its task duration + the longest child path), and the
     [n, n] parent matrix (row = child)."""
     n = len(job.stages)
-    below = [0.0] * n
-    for i in reversed(topological_order(job)):
-        st = job.stages[i]
-        below[i] = st.task_duration_s + max((below[c] for c in st.children), default=0.0)
+    below = paths_to_end([s.task_duration_s for s in job.stages], [s.parents for s in job.stages], job.name)
     parents = np.zeros((n, n), dtype=np.int8)
     for p, c in job.edges:
         parents[c, p] = 1

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from hsched.domain import dag
 from hsched.traces import data_dir
 from hsched.traces._io import open_text
 
@@ -173,37 +174,33 @@ def build_job(name: str, tasks: Sequence[AlibabaTask]) -> AlibabaJob:
     return job
 
 
+def _parent_lists(job: AlibabaJob) -> list[list[int]]:
+    parents: list[list[int]] = [[] for _ in job.tasks]
+    for p, c in job.edges:
+        parents[c].append(p)
+    return parents
+
+
+def _cycle(job: AlibabaJob, exc: dag.DagCycleError) -> AlibabaTraceError:
+    stuck = [job.tasks[i].name for i in exc.stuck]
+    return AlibabaTraceError(f"job {job.name}: field 'task_name': dependency cycle among {stuck}")
+
+
 def topological_order(job: AlibabaJob) -> tuple[int, ...]:
     """Task indices, parents first (lowest ready index first); AlibabaTraceError on a cycle."""
-    n = len(job.tasks)
-    indegree = [0] * n
-    children: list[list[int]] = [[] for _ in range(n)]
-    for p, c in job.edges:
-        indegree[c] += 1
-        children[p].append(c)
-    ready = sorted(i for i in range(n) if indegree[i] == 0)
-    order: list[int] = []
-    while ready:
-        i = ready.pop(0)
-        order.append(i)
-        for c in children[i]:
-            indegree[c] -= 1
-            if indegree[c] == 0:
-                ready.append(c)
-        ready.sort()
-    if len(order) != n:
-        stuck = [job.tasks[i].name for i in range(n) if indegree[i] > 0]
-        raise AlibabaTraceError(f"job {job.name}: field 'task_name': dependency cycle among {stuck}")
-    return tuple(order)
+    try:
+        return dag.topological_order(_parent_lists(job))
+    except dag.DagCycleError as exc:
+        raise _cycle(job, exc) from None
 
 
 def critical_path_s(job: AlibabaJob) -> float:
     """Longest dependency chain weighted by one instance's duration: the JCT with unlimited machines and no
     overheads, a lower bound on the job's completion time."""
-    finish = [0.0] * len(job.tasks)
-    for i in topological_order(job):
-        finish[i] = max((finish[p] for p in job.parents(i)), default=0.0) + job.tasks[i].duration_s
-    return max(finish, default=0.0)
+    try:
+        return dag.critical_path([t.duration_s for t in job.tasks], _parent_lists(job))
+    except dag.DagCycleError as exc:
+        raise _cycle(job, exc) from None
 
 
 def read_jobs(lines: Iterable[str], source: str = "<rows>",

@@ -27,7 +27,6 @@ first wave, else fresh durations); a uniform draw from that list is the duration
 from __future__ import annotations
 
 import bisect
-import heapq
 import json
 import os
 from collections import Counter
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hsched.domain import dag
 from hsched.domain.resources import Resources
 from hsched.domain.task import MAX_REPLICAS, TaskSpec
 from hsched.traces import data_dir
@@ -314,21 +314,7 @@ def topological_order(job: DagJob) -> tuple[int, ...]:
 
     Raises ValueError naming the job and the stages left on a cycle.
     """
-    indegree = [len(stage.parents) for stage in job.stages]
-    ready = [i for i, d in enumerate(indegree) if d == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for c in job.stages[i].children:
-            indegree[c] -= 1
-            if indegree[c] == 0:
-                heapq.heappush(ready, c)
-    if len(order) != len(job.stages):
-        stuck = [i for i, d in enumerate(indegree) if d > 0]
-        raise ValueError(f"{job.name}: the stage graph has a cycle (stages {stuck} never become ready)")
-    return tuple(order)
+    return dag.topological_order([stage.parents for stage in job.stages], job.name)
 
 
 def _duration(stage: DagStage, shortest: bool) -> float:
@@ -343,11 +329,7 @@ def critical_path_s(job: DagJob, *, shortest: bool = False) -> float:
     `shortest=True` weights a stage by the shortest task it can draw (`DagStage.min_task_duration_s`): the
     bound that holds when durations are drawn from the measured waves.
     """
-    finish = [0.0] * len(job.stages)
-    for i in topological_order(job):
-        stage = job.stages[i]
-        finish[i] = max((finish[p] for p in stage.parents), default=0.0) + _duration(stage, shortest)
-    return max(finish, default=0.0)
+    return dag.critical_path([_duration(s, shortest) for s in job.stages], [s.parents for s in job.stages], job.name)
 
 
 def total_work_s(job: DagJob, *, shortest: bool = False) -> float:
