@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from hsched.domain.dag import critical_path
 from hsched.rpc import CHANNEL_OPTIONS
 from hsched.security.client import ClientCredentials
 from hsched.traces.alibaba2018 import MACHINE_MEMORY, AlibabaJob, load_alibaba_jobs
@@ -128,16 +129,9 @@ def _with_arrivals(specs: list[tuple[str, pb.JobSpec]], interval_s: float, rng: 
 
 
 def _critical_path(spec: pb.JobSpec) -> float:
-    by_name = {s.name: s for s in spec.stages}
-    finish: dict[str, float] = {}
-
-    def done(name: str) -> float:  # memoised longest path (Alibaba's parents may come later in the list)
-        if name not in finish:
-            s = by_name[name]
-            finish[name] = max((done(p) for p in s.parents), default=0.0) + s.runtime_s
-        return finish[name]
-
-    return max((done(s.name) for s in spec.stages), default=0.0)
+    index = {s.name: i for i, s in enumerate(spec.stages)}  # Alibaba's parents may come later in the list
+    return critical_path([s.runtime_s for s in spec.stages], [[index[p] for p in s.parents] for s in spec.stages],
+                         spec.request_id)
 
 
 @dataclass

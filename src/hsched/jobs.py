@@ -17,7 +17,6 @@ returns that record (the gateway deduplicates by task id), so no stage runs twic
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import re
 import secrets
@@ -30,6 +29,7 @@ import yaml
 from google.protobuf import json_format
 
 from hsched.convert import resources_from_pb, resources_to_pb, task_to_pb
+from hsched.domain.dag import paths_to_end
 from hsched.domain.errors import ValidationError
 from hsched.domain.limits import JOB_MAX_TASKS, STAGE_MAX_TASKS, check_count, check_message
 from hsched.domain.resources import Resources
@@ -248,15 +248,8 @@ def stage_queue_hints(spec: pb.JobSpec, stage: str) -> tuple[float, float]:
     that are not its ancestors (its ancestors have all succeeded then; exact for a chain, an upper bound when a
     sibling branch has progressed). Static, so a re-submitted task carries the same values."""
     by_name = {s.name: s for s in spec.stages}
-    children: dict[str, list[str]] = {s.name: [] for s in spec.stages}
-    for s in spec.stages:
-        for p in s.parents:
-            children[p].append(s.name)
-
-    @functools.cache
-    def below(name: str) -> float:
-        return by_name[name].runtime_s + max((below(c) for c in children[name]), default=0.0)
-
+    index = {s.name: i for i, s in enumerate(spec.stages)}
+    below = paths_to_end([s.runtime_s for s in spec.stages], [[index[p] for p in s.parents] for s in spec.stages])
     ancestors, frontier = set(), list(by_name[stage].parents)
     while frontier:
         p = frontier.pop()
@@ -264,7 +257,7 @@ def stage_queue_hints(spec: pb.JobSpec, stage: str) -> tuple[float, float]:
             ancestors.add(p)
             frontier.extend(by_name[p].parents)
     work = sum(s.tasks * s.runtime_s for s in spec.stages if s.name not in ancestors)
-    return below(stage), work
+    return below[index[stage]], work
 
 
 def stage_task_spec(job: pb.Job, stage: pb.StageSpec) -> pb.TaskSpec:
