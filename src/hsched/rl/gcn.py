@@ -40,6 +40,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from hsched.domain.dag import paths_to_end
+
 HIDDEN = 16  # Decima's hidden width
 EMBED = 8    # Decima's embedding width
 
@@ -54,30 +56,13 @@ class DagGraph:
 
 def node_levels(num_nodes: int, edges: Sequence[tuple[int, int]]) -> np.ndarray:
     """Per node, the length of its longest path to a leaf (leaves: 0). Raises ValueError on a cycle."""
-    children: list[list[int]] = [[] for _ in range(num_nodes)]
-    outdegree = np.zeros(num_nodes, dtype=np.int64)
     parents: list[list[int]] = [[] for _ in range(num_nodes)]
     for p, c in edges:
         if not (0 <= p < num_nodes and 0 <= c < num_nodes):
             raise ValueError(f"edges: ({p}, {c}) names a node outside 0..{num_nodes - 1}")
-        children[p].append(c)
         parents[c].append(p)
-        outdegree[p] += 1
-    level = np.zeros(num_nodes, dtype=np.int64)
-    remaining = outdegree.copy()
-    ready = [v for v in range(num_nodes) if remaining[v] == 0]
-    done = 0
-    while ready:
-        v = ready.pop()
-        done += 1
-        for p in parents[v]:
-            level[p] = max(level[p], level[v] + 1)
-            remaining[p] -= 1
-            if remaining[p] == 0:
-                ready.append(p)
-    if done != num_nodes:
-        raise ValueError("edges: the graph has a cycle")
-    return level
+    # nodes on the longest chain below, itself included, minus one (exact in floats at any DAG size here)
+    return np.asarray(paths_to_end([1.0] * num_nodes, parents, "edges"), dtype=np.int64).reshape(num_nodes) - 1
 
 
 @lru_cache(maxsize=8192)
