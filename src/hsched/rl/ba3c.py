@@ -82,9 +82,9 @@ import torch
 from torch import nn
 
 from hsched.envs.dag import CF, JF, NF, PAPER004_EXECUTOR_COUNTS, DagEpisode, DagSchedulingEnv, run_dag_policy
-from hsched.rl import checkpoint
+from hsched.rl import checkpoint, training
 from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
-from hsched.rl.training import TrainArgs, plot_curves, progress, seed_everything
+from hsched.rl.training import TrainArgs, plot_curves, progress, returns_to_go, seed_everything
 
 EXECUTOR_COUNTS = PAPER004_EXECUTOR_COUNTS
 TRAIN_SEED0 = 10_000
@@ -397,7 +397,7 @@ class Rollout:
 
     def returns(self, scale: float) -> np.ndarray:
         """Undiscounted returns-to-go of every decision, × scale."""
-        return np.cumsum(np.asarray(self.rewards)[::-1])[::-1] * scale
+        return returns_to_go(self.rewards) * scale
 
 
 def rollout(model: DagActorCritic, env: DagSchedulingEnv, seed: int, rng: np.random.Generator) -> Rollout:
@@ -418,16 +418,8 @@ def rollout(model: DagActorCritic, env: DagSchedulingEnv, seed: int, rng: np.ran
 
 
 def time_baseline(rollouts: Sequence[Rollout], scale: float) -> list[np.ndarray]:
-    """Per rollout, b(t) at each of its decisions: the mean over the group's rollouts (same jobs and arrivals)
-    of their return-to-go at the same wall-clock time (Decima's input-dependent baseline; a rollout's
-    return-to-go at time t is its value at its last decision at or before t)."""
-    curves = [(np.asarray(r.times), r.returns(scale)) for r in rollouts]
-
-    def at(times: np.ndarray, g: np.ndarray, t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(times, t, side="right") - 1
-        return np.where(i >= 0, g[np.clip(i, 0, len(g) - 1)], g[0])
-
-    return [np.mean([at(tj, gj, np.asarray(r.times)) for tj, gj in curves], axis=0) for r in rollouts]
+    """Per rollout, b(t) at each of its decisions (`hsched.rl.training.time_baseline` of the group's returns × scale)."""
+    return training.time_baseline([r.times for r in rollouts], [r.returns(scale) for r in rollouts])
 
 
 def demonstrations(cfg: Config, make: Callable[[Config, int], DagSchedulingEnv] = make_env

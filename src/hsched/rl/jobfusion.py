@@ -52,9 +52,9 @@ from torch import nn
 
 from hsched.envs.colocation import STAGE_FEATURES, ColocationConfig, ColocationEnv
 from hsched.policies.colocation import COUNT_LEVELS, sjf_action
-from hsched.rl import checkpoint
+from hsched.rl import checkpoint, training
 from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
-from hsched.rl.training import TrainArgs, plot_curves, progress, seed_everything
+from hsched.rl.training import TrainArgs, plot_curves, progress, returns_to_go, seed_everything
 
 TRAIN_SEED0 = 10_000
 BC_SEED0 = 20_000
@@ -227,20 +227,9 @@ def imitation_episode(net: JobFusionNet, env: ColocationEnv, seed: int, optim: t
 
 
 def time_baseline(rollouts: list[dict[str, Any]]) -> list[np.ndarray]:
-    """Per rollout and step, the mean over the rollouts of the return-to-go at that step's time."""
-    curves = []
-    for ro in rollouts:
-        rtg = np.cumsum(np.asarray(ro["rewards"], dtype=np.float64)[::-1])[::-1]
-        curves.append((np.asarray(ro["times"]), rtg))
-    out = []
-    for ro in rollouts:
-        t = np.asarray(ro["times"])
-        vals = []
-        for times, rtg in curves:  # step function: the return-to-go of the last decision at or before t
-            idx = np.clip(np.searchsorted(times, t, side="right") - 1, 0, len(rtg) - 1)
-            vals.append(rtg[idx])
-        out.append(np.mean(vals, axis=0))
-    return out
+    """Per rollout and step, the mean over the rollouts of the return-to-go at that step's time
+    (`hsched.rl.training.time_baseline`)."""
+    return training.time_baseline([ro["times"] for ro in rollouts], [returns_to_go(ro["rewards"]) for ro in rollouts])
 
 
 class JobFusionPolicy:
@@ -310,8 +299,7 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
             baselines = time_baseline(rollouts)
             advs = []
             for ro, b in zip(rollouts, baselines, strict=False):
-                rtg = np.cumsum(np.asarray(ro["rewards"])[::-1])[::-1]
-                advs.append((rtg - b) * cfg.reward_scale)
+                advs.append((returns_to_go(ro["rewards"]) - b) * cfg.reward_scale)
             scale = float(np.std(np.concatenate(advs))) + 1e-6
             loss = torch.zeros(())
             steps = sum(len(ro["logps"]) for ro in rollouts)

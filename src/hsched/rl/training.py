@@ -81,6 +81,24 @@ def restore_rng_state(rng: np.random.Generator, state: Mapping[str, Any]) -> Non
     random.setstate(state["python"])
 
 
+def returns_to_go(rewards: Sequence[float]) -> np.ndarray:
+    """Undiscounted return from each decision to the episode's end."""
+    return np.cumsum(np.asarray(rewards, dtype=np.float64)[::-1])[::-1]
+
+
+def time_baseline(times: Sequence[Sequence[float]], returns: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Decima's input-dependent baseline (Mao et al. ICLR'19) for a group of episodes of the same workload (jobs
+    and arrivals): per episode and decision, the mean over the group of their return-to-go at that decision's
+    wall-clock time. An episode's return-to-go at time t is its value at its last decision at or before t (its
+    first value before its first decision). `times[e]` and `returns[e]`: episode e's decision times and returns."""
+    curves = [(np.asarray(t), np.asarray(g)) for t, g in zip(times, returns, strict=True)]
+    out = []
+    for t, _ in curves:
+        at = [g[np.clip(np.searchsorted(tj, t, side="right") - 1, 0, len(g) - 1)] for tj, g in curves]
+        out.append(np.mean(at, axis=0))
+    return out
+
+
 @contextmanager
 def progress(description: str, total: int, enabled: bool = True) -> Iterator[Callable[..., None]]:
     """A rich progress bar; yields ``advance(n=1, **fields)`` (fields, e.g. reward=…, show after the bar)."""
