@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, ClassVar
@@ -614,3 +614,13 @@ class ColocationEnv(gymnasium.Env):
                 "online_latency_p95_s": float(np.percentile(started, 95)) if started else 0.0,
                 "online_tasks": float(len(started)), "makespan_s": float(self.t),
                 "decisions": float(self.decisions)}
+
+
+def run_colocation_policy(env: ColocationEnv, policy: Callable[[ColocationEnv], Any], seed: int) -> dict[str, float]:
+    """One episode of `policy` (env → action triple) from `seed`: the env's end-of-episode metrics."""
+    _, info = env.reset(seed=seed)
+    done = False
+    while not done:
+        _obs, _r, term, trunc, info = env.step(policy(env))
+        done = term or trunc
+    return info["metrics"]

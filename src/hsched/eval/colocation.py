@@ -30,22 +30,19 @@ from typing import Any
 
 import numpy as np
 
-from hsched.envs.colocation import ColocationConfig, ColocationEnv, critical_path_lower_bound_s, pool_demands
+from hsched.envs.colocation import (
+    ColocationConfig,
+    ColocationEnv,
+    critical_path_lower_bound_s,
+    pool_demands,
+    run_colocation_policy,
+)
 from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_lines
 from hsched.policies.colocation import random_action, sjf_action
 from hsched.policies.slices import q_curve
 
 METRICS = (("utilisation", "utilisation", 3), ("avg_jct_s", "average JCT (s)", 1), ("preemptions", "preemptions", 1),
            ("online_latency_s", "online latency (s)", 2))
-
-
-def _episode(env: ColocationEnv, policy: Callable[[ColocationEnv], Any], seed: int) -> dict[str, float]:
-    _, info = env.reset(seed=seed)
-    done = False
-    while not done:
-        _obs, _r, term, trunc, info = env.step(policy(env))
-        done = term or trunc
-    return info["metrics"]
 
 
 def _lower_bound(env: ColocationEnv, seed: int, slices: int) -> float:
@@ -94,7 +91,7 @@ def slice_section(ctx: EvalContext) -> str:
     jct = {}
     for i, q in enumerate(qs):
         qenv = ColocationEnv(q=q, num_jobs=jobs)
-        jct[q] = [_episode(qenv, sjf_action, s)["avg_jct_s"] for s in seeds]
+        jct[q] = [run_colocation_policy(qenv, sjf_action, s)["avg_jct_s"] for s in seeds]
         ctx.progress("colocation: JCT vs Q", i + 1, len(qs))
     best_q = min(qs, key=lambda q: float(np.mean(jct[q])))
     png2 = plot_lines(ctx.png("colocation_jct_vs_q.png"), "Average JCT vs Q, shortest-stage-first on constrained "
@@ -147,7 +144,7 @@ def comparison(ctx: EvalContext, workload: str) -> tuple[str, dict[str, dict[str
         env = ColocationEnv(cfg)
         per = {k: [] for k, _, _ in METRICS}
         for seed in ctx.seeds:
-            m = _episode(env, policy, seed)
+            m = run_colocation_policy(env, policy, seed)
             for k, _, _ in METRICS:
                 per[k].append(m[k])
             done += 1

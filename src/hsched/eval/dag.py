@@ -1,7 +1,7 @@
 """`hsched eval dag`: paper 004's table 1 — average job completion time per executor count for FIFO,
 SJF-CP, Tetris*, the single-head A3C and the action-branching A3C (BA3C), mean ± std over seeds — with the
-exact reference (the critical-path lower bound of every job's JCT) and the gap to it; then, when
-`hsched.eval.colocation` exists, its section (paper 001's comparison).
+exact reference (the critical-path lower bound of every job's JCT) and the gap to it; then
+`hsched.eval.colocation`'s section (paper 001's comparison).
 
 Setting (`hsched/DagScheduling-v0`, hsched.envs.dag): TPC-H DAGs at paper 004's sizes (2-100 GB), one job at
 t = 0 and `STREAM_JOBS` more arriving as a Poisson process (mean inter-arrival 60 s: a 15-executor cluster
@@ -25,8 +25,6 @@ seeds from 10 000 up (`hsched.rl.ba3c`), so nothing here was trained or selected
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +40,7 @@ from hsched.envs.dag import (
     TetrisStar,
     run_dag_policy,
 )
+from hsched.eval.colocation import section as colocation_section
 from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_lines
 
 EXECUTOR_COUNTS = PAPER004_EXECUTOR_COUNTS
@@ -150,7 +149,4 @@ def run(ctx: EvalContext) -> str:
             f"1 at t = 0 + {stream} Poisson arrivals (mean {INTERARRIVAL_S:.0f} s), moving delay 2 s; seeds "
             f"{ctx.seeds}, task durations drawn per task from the measured waves (decima-sim), mean ± std over seeds" + (" (quick run: fewer jobs and executor counts)" if ctx.quick
                                                      else "") + ".\n")
-    sections = [head + report(ctx, evaluate(ctx))]
-    if importlib.util.find_spec("hsched.eval.colocation") is not None:
-        sections.append(importlib.import_module("hsched.eval.colocation").section(ctx))
-    return "\n\n".join(sections)
+    return head + report(ctx, evaluate(ctx)) + "\n\n" + colocation_section(ctx)

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hsched.envs.colocation import STAGE_FEATURES, ColocationConfig, ColocationEnv
+from hsched.envs.colocation import STAGE_FEATURES, ColocationConfig, ColocationEnv, run_colocation_policy
 from hsched.policies.colocation import COUNT_LEVELS, sjf_action
 from hsched.rl import checkpoint, training
 from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
@@ -258,14 +258,7 @@ def load_policy(path: str | Path) -> tuple[JobFusionPolicy, Config]:
 
 def evaluate(policy: Any, env: ColocationEnv, seeds: tuple[int, ...] = EVAL_SEEDS) -> dict[str, float]:
     """Mean metrics of a policy (callable env → action) over `seeds`."""
-    rows = []
-    for seed in seeds:
-        _, info = env.reset(seed=seed)
-        done = False
-        while not done:
-            _obs, _r, term, trunc, info = env.step(policy(env))
-            done = term or trunc
-        rows.append(info["metrics"])
+    rows = [run_colocation_policy(env, policy, seed) for seed in seeds]
     return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
 
 
