@@ -213,16 +213,6 @@ def _count_features(k: torch.Tensor, free: torch.Tensor, executors: torch.Tensor
                         (k >= unassigned).float()], dim=-1)
 
 
-@dataclass
-class Forward:
-    """Per observation of a batch: the stage-head log-probs over its candidates (padded, −inf) and what
-    the count head needs; the value."""
-
-    stage_logp: torch.Tensor     # [T, C] (C = most candidates in the batch), −inf where padded
-    value: torch.Tensor          # [T]
-    embed: Any                   # closure state for the count / pair head
-
-
 class DagActorCritic(nn.Module):
     """Shared GCN encoder, and either branching heads (stage + count, BA3C) or one joint head (A3C)."""
 
@@ -332,8 +322,8 @@ class DagActorCritic(nn.Module):
             count = _pick(self.count_logits(h, torch.tensor([pos]))[0], rng) + 1
             return pos, count
         pl = self.pair_logits(h)[0]
-        flat = _pick(pl.reshape(-1), rng)
-        return divmod(flat, pl.shape[1])[0], divmod(flat, pl.shape[1])[1] + 1
+        pos, k = divmod(_pick(pl.reshape(-1), rng), pl.shape[1])
+        return pos, k + 1
 
 
 def _entropy(logp: torch.Tensor) -> torch.Tensor:
