@@ -37,6 +37,8 @@ import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
 import redis.sentinel
 
+from hsched.security.files import write_private
+
 Appendfsync = Literal["everysec", "always"]
 APPENDFSYNC: tuple[str, ...] = ("everysec", "always")
 SENTINEL_SCHEME = "redis+sentinel"
@@ -211,19 +213,6 @@ def _read_secret(path: Path) -> str:
     if not secret:
         raise ValueError(f"{path}: empty; remove it to have a new password made")
     return secret
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` as a 0600 file (a fresh inode: never through a symlink planted at `path`)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def private_dir(path: Path) -> Path:
