@@ -44,6 +44,9 @@ APPENDFSYNC: tuple[str, ...] = ("everysec", "always")
 SENTINEL_SCHEME = "redis+sentinel"
 
 
+_PASSWORD_PARAMS = ("password", "pass", "auth")  # query parameters that carry a password
+
+
 def redact_url(url: str) -> str:
     """The URL as it may be logged or printed: a password in the user part or the query (`?password=`) becomes
     `***`; the user name, host, port and path stay (they say which Redis, and as whom)."""
@@ -57,7 +60,7 @@ def redact_url(url: str) -> str:
         netloc = f"{userinfo.partition(':')[0]}:***@{hosts}"
     query = parts.query
     if query:
-        query = urlencode([(k, "***" if k.lower() in ("password", "pass", "auth") else v)
+        query = urlencode([(k, "***" if k.lower() in _PASSWORD_PARAMS else v)
                            for k, v in parse_qsl(query, keep_blank_values=True)], safe="*")
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
@@ -71,7 +74,7 @@ def url_without_password(url: str) -> str:
         user = userinfo.partition(":")[0]
         netloc = f"{user}@{hosts}" if user else hosts
     query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
-                       if k.lower() not in ("password", "pass", "auth")])
+                       if k.lower() not in _PASSWORD_PARAMS])
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
