@@ -286,6 +286,48 @@ async def test_thermal_predict_for_placer_and_gateway_health_for_any_ca_identity
                 grpc.StatusCode.UNAVAILABLE
 
 
+async def test_every_kind_of_handler_is_guarded_even_a_client_stream(tls_dir):
+    """Default deny holds for each of the four handler kinds: a method missing from authz.POLICY is refused
+    whichever kind it is (a client-streaming one was once registered unguarded)."""
+    from hsched import rpc
+
+    async def count(requests, context):
+        return b"%d" % len([r async for r in requests])
+
+    async def first(request, context):
+        return request
+
+    async def echo(request, context):
+        yield request
+
+    async def echoes(requests, context):
+        async for r in requests:
+            yield r
+
+    handlers = {"Count": grpc.stream_unary_rpc_method_handler(count), "First": grpc.unary_unary_rpc_method_handler(first),
+                "Echo": grpc.unary_stream_rpc_method_handler(echo),
+                "Echoes": grpc.stream_stream_rpc_method_handler(echoes)}
+    register = lambda server: server.add_generic_rpc_handlers(  # noqa: E731
+        (grpc.method_handlers_generic_handler("hsched.v1.Unlisted", handlers),))
+    server, port, _ = await rpc.start_server(register, [], tls=TlsFiles(tls_dir, "placer"), reflection=False)
+    try:
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", creds(tls_dir, "gateway")) as ch:
+            calls = {"Count": ch.stream_unary("/hsched.v1.Unlisted/Count")(iter([b"a", b"b"]), timeout=10),
+                     "First": ch.unary_unary("/hsched.v1.Unlisted/First")(b"a", timeout=10),
+                     "Echo": ch.unary_stream("/hsched.v1.Unlisted/Echo")(b"a", timeout=10),
+                     "Echoes": ch.stream_stream("/hsched.v1.Unlisted/Echoes")(iter([b"a"]), timeout=10)}
+            for name, pending in calls.items():
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    if name in ("Echo", "Echoes"):
+                        _ = [r async for r in pending]
+                    else:
+                        await pending
+                assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, name
+                assert f"/hsched.v1.Unlisted/{name}" in err.value.details()
+    finally:
+        await server.stop(None)
+
+
 async def list_services(target: str, credentials: grpc.ChannelCredentials) -> list[str]:
     async with grpc.aio.secure_channel(target, credentials) as ch:
         stream = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(

@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import stat
 import tempfile
 from pathlib import Path
 
+from hsched.security.files import write_private
 from hsched.state.redis import url_with_password, url_without_password
 
 __all__ = ["LocalStateError", "pick_stack", "read_stacks", "remove_stack", "runtime_dir", "stack_file",
@@ -91,18 +91,7 @@ def write_stack(info: dict) -> Path:
     path = stack_file(str(info["gateway"]))
     if path.is_symlink():
         raise LocalStateError(f"{path} is a symlink: refusing to write the stack file through it (remove it)")
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(info, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # replaces the name itself: never follows whatever is there
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return write_private(path, json.dumps(info))
 
 
 def _read(path: Path) -> dict | None:

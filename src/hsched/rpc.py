@@ -142,6 +142,14 @@ async def _reject(context: grpc.aio.ServicerContext, request: Rejected) -> None:
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
 
 
+async def _valid(requests, context: grpc.aio.ServicerContext):
+    """A request stream that ends the call with INVALID_ARGUMENT at its first rejected message."""
+    async for request in requests:
+        if type(request) is Rejected:
+            await _reject(context, request)
+        yield request
+
+
 def checked_handler(handler: Any, guard: Guard | None = None) -> Any:
     """`handler` with a `checked_deserializer` and a behaviour that answers a `Rejected` request with
     INVALID_ARGUMENT (for request streams: ends the stream at the first rejected message). With `guard`
@@ -158,18 +166,19 @@ def checked_handler(handler: Any, guard: Guard | None = None) -> Any:
         async def stream_stream(requests, context):
             if guard is not None:
                 await guard(context)
-            async def valid():
-                async for request in requests:
-                    if type(request) is Rejected:
-                        await _reject(context, request)
-                    yield request
-
-            async for response in behavior(valid(), context):
+            async for response in behavior(_valid(requests, context), context):
                 yield response
 
         return handler._replace(stream_stream=stream_stream)
-    if handler.request_streaming:
-        return handler  # no client-streaming methods in hsched
+    if handler.request_streaming:  # client streaming: none in hsched's protos, but never left unguarded
+        behavior = handler.stream_unary
+
+        async def stream_unary(requests, context):
+            if guard is not None:
+                await guard(context)
+            return await behavior(_valid(requests, context), context)
+
+        return handler._replace(stream_unary=stream_unary)
     if handler.response_streaming:
         behavior = handler.unary_stream
 

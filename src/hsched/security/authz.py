@@ -54,13 +54,13 @@ def principal(identity: str | None) -> str | None:
     return None
 
 
+def _admits(rule: frozenset[str], identity: str | None) -> bool:
+    return ANY in rule or principal(identity) in rule
+
+
 def allowed(method: str, identity: str | None) -> bool:
-    rule = POLICY.get(method)
-    if rule is None:
-        return False
-    if ANY in rule:
-        return True
-    return principal(identity) in rule
+    """Whether `identity` may call `method`: the decision every guard makes (a method not in POLICY: no)."""
+    return _admits(POLICY.get(method, frozenset()), identity)
 
 
 Guard = Callable[[grpc.aio.ServicerContext], Awaitable[None]]
@@ -75,7 +75,7 @@ def guard_for(method: str) -> Guard | None:
 
     async def guard(context: grpc.aio.ServicerContext) -> None:
         identity = peer_identity(context)
-        if principal(identity) not in rule:
+        if not _admits(rule, identity):
             who = identity or "a caller without a service identity"
             may = ", ".join(sorted(rule)) or "nobody (not in hsched.security.authz.POLICY)"
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who} may not call {method} (allowed: {may})")

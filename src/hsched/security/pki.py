@@ -45,6 +45,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from hsched.security import files
+
 TRUST_DOMAIN = "hsched.local"
 SERVICE_ROLES = ("gateway", "selector", "placer", "thermal", "supervisor")
 # the names `init_dir` issues: the services, the Redis server (also a Redis client cert) and an operator
@@ -222,49 +224,19 @@ def ensure_private_dir(directory: str | os.PathLike, create: bool = True) -> Pat
     return d
 
 
-def _open_dir(d: Path) -> int:
-    try:
-        return os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise PkiError(f"cannot open directory {d}: {exc.strerror}") from None
-
-
 def write_private(directory: str | os.PathLike, filename: str, data: bytes, mode: int = 0o600) -> Path:
-    """Atomically replace D/filename with `data` (mode `mode`): a new temporary file in D, fsync, rename.
-    A symbolic link at D/filename is refused, never followed or replaced."""
+    """Atomically replace D/filename with `data` (mode `mode`) in the private directory D
+    (`hsched.security.files.write_private`). A symbolic link at D/filename, or D being one, is refused."""
     d = ensure_private_dir(directory)
     if "/" in filename or filename in ("", ".", ".."):
         raise PkiError(f"file name {filename!r}: must be a plain name inside {d}")
-    dfd = _open_dir(d)
-    tmp = f".{filename}.{os.getpid()}.tmp"
+    target = d / filename
+    if target.is_symlink():
+        raise PkiError(f"{target} is a symbolic link; refusing to write through it")
     try:
-        try:
-            if stat.S_ISLNK(os.lstat(filename, dir_fd=dfd).st_mode):
-                raise PkiError(f"{d / filename} is a symbolic link; refusing to write through it")
-        except FileNotFoundError:
-            pass
-        try:
-            os.unlink(tmp, dir_fd=dfd)  # a stale temporary of a crashed writer with this pid
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dfd)
-        try:
-            os.fchmod(fd, mode)  # the umask must not widen or narrow what we asked for
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, filename, src_dir_fd=dfd, dst_dir_fd=dfd)
-        os.fsync(dfd)
+        return files.write_private(target, data, mode, follow_dir=False)
     except OSError as exc:
-        raise PkiError(f"cannot write {d / filename}: {exc.strerror}") from None
-    finally:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
-        os.close(dfd)
-    return d / filename
+        raise PkiError(f"cannot write {target}: {exc.strerror}") from None
 
 
 def read_file(path: str | os.PathLike) -> bytes:

@@ -20,12 +20,12 @@ import logging
 import time
 from dataclasses import dataclass
 
+from hsched.security.pki import TRUST_DOMAIN
 from hsched.security.tls import peer_identity
 from hsched.security.tokens import NAME_RE, TokensFile
 
 log = logging.getLogger("hsched.auth")
 
-TRUST_DOMAIN = "hsched.local"
 _SPIFFE = f"spiffe://{TRUST_DOMAIN}/"
 TENANT, ADMIN = "tenant", "admin"
 

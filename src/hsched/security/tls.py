@@ -165,24 +165,11 @@ def server_credentials(files: TlsFiles, client_auth: str = "require") -> grpc.Se
                                                require_client_authentication=client_auth == "require")
 
 
-def channel_credentials(files: TlsFiles | None = None, *, ca: str | os.PathLike | None = None,
-                        cert: str | os.PathLike | None = None,
-                        key: str | os.PathLike | None = None) -> grpc.ChannelCredentials:
-    """Client credentials: from a TLS directory's leaf (mutual TLS), or from explicit files (a CA to verify
-    the server, optionally a client certificate + key)."""
-    if files is not None:
-        _, (ca_pem, cert_pem, key_pem) = _read_settled(files)
-        return grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
-    if (cert is None) != (key is None):
-        raise PkiError("a client certificate needs both the certificate and the key file")
-
-    def read(p):
-        try:
-            return Path(p).read_bytes() if p else None
-        except OSError as exc:
-            raise PkiError(f"cannot read {p}: {exc.strerror}") from None
-
-    return grpc.ssl_channel_credentials(read(ca), read(key), read(cert))
+def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
+    """Mutual-TLS client credentials from a TLS directory's leaf (read once: `ReloadingChannel` follows
+    changes)."""
+    _, (ca_pem, cert_pem, key_pem) = _read_settled(files)
+    return grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
 
 
 def peer_identity(context: Any) -> str | None:

@@ -32,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from hsched.domain.errors import ValidationError
+from hsched.security.files import write_private
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class TokensFile:
 
 
 def _write(path: Path, entries: list[TokenEntry]) -> None:
-    write_secret(path, "# hsched tokens file: SHA-256 hashes of bearer tokens (hsched tokens create/list/revoke)\n"
+    write_private(path, "# hsched tokens file: SHA-256 hashes of bearer tokens (hsched tokens create/list/revoke)\n"
                  + yaml.safe_dump({"version": VERSION, "tokens": [e.to_yaml() for e in entries]}, sort_keys=False))
 
 
@@ -290,31 +291,8 @@ def ensure_admin_token(state_dir: str | os.PathLike) -> tuple[Path, Path]:
     if any(e.name == ADMIN_TOKEN_NAME for e in entries):
         revoke_token(tokens, ADMIN_TOKEN_NAME)
     token, _ = create_token(tokens, role="admin", name=ADMIN_TOKEN_NAME)
-    write_secret(token_file, token + "\n")
+    write_private(token_file, token + "\n")
     return tokens, token_file
-
-
-def write_secret(path: Path, text: str) -> None:
-    """Replace `path` atomically with `text`, mode 0600: a new file beside it (O_EXCL, never through a
-    symbolic link), fsync, rename over the old one, fsync the directory."""
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        try:
-            os.fchmod(fd, 0o600)  # whatever the umask
-            os.write(fd, text.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def read_token_file(path: str | os.PathLike) -> str:

@@ -37,9 +37,14 @@ import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
 import redis.sentinel
 
+from hsched.security.files import write_private
+
 Appendfsync = Literal["everysec", "always"]
 APPENDFSYNC: tuple[str, ...] = ("everysec", "always")
 SENTINEL_SCHEME = "redis+sentinel"
+
+
+_PASSWORD_PARAMS = ("password", "pass", "auth")  # query parameters that carry a password
 
 
 def redact_url(url: str) -> str:
@@ -55,7 +60,7 @@ def redact_url(url: str) -> str:
         netloc = f"{userinfo.partition(':')[0]}:***@{hosts}"
     query = parts.query
     if query:
-        query = urlencode([(k, "***" if k.lower() in ("password", "pass", "auth") else v)
+        query = urlencode([(k, "***" if k.lower() in _PASSWORD_PARAMS else v)
                            for k, v in parse_qsl(query, keep_blank_values=True)], safe="*")
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
@@ -69,7 +74,7 @@ def url_without_password(url: str) -> str:
         user = userinfo.partition(":")[0]
         netloc = f"{user}@{hosts}" if user else hosts
     query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
-                       if k.lower() not in ("password", "pass", "auth")])
+                       if k.lower() not in _PASSWORD_PARAMS])
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
@@ -211,19 +216,6 @@ def _read_secret(path: Path) -> str:
     if not secret:
         raise ValueError(f"{path}: empty; remove it to have a new password made")
     return secret
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` as a 0600 file (a fresh inode: never through a symlink planted at `path`)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def private_dir(path: Path) -> Path:
