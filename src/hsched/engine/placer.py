@@ -731,7 +731,7 @@ class PlacerEngine:
             # if the append's outcome is unknown, the ledger cancels it by re-allocating the victim as it was
             restore = {"t": "alloc", "task": victim, "parts": [p.to_json() for p in parts], "at": clock.placed_ms,
                        "runtime_s": clock.runtime_s, "class": clock.priority_class, "tenant": clock.tenant,
-                       "spec": task_to_dict(spec), "restore": True}
+                       "spec": spec, "restore": True}
             event["_undo"] = [restore, *([{"t": "run", "task": victim, "at": clock.started_ms}]
                                          if clock.started_ms else [])]
             if headroom is not None:
@@ -739,7 +739,7 @@ class PlacerEngine:
                     headroom[p.node] += part_power_w(self.state, _demand_of(p), p.node)[0]
             # (its cancellation: none — the victim's re-allocation takes it out of the queue; a drop would read as a
             # release to the gateway)
-            requeues.append({"t": "defer", "task": victim, "spec": task_to_dict(spec), "at": now, "_undo": []})
+            requeues.append({"t": "defer", "task": victim, "spec": spec, "at": now, "_undo": []})
         return requeues
 
     def _refuse(self, op: _Op, outcome: Outcome, reason: str, notes: list[str]) -> PlaceResult:
