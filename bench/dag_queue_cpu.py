@@ -58,6 +58,7 @@ def one_decision(opts) -> None:
 async def drain(opts) -> None:
     import yaml
 
+    from bench.stack_bench import delete_prefix
     from hsched.domain.fleet import parse_fleet
     from hsched.domain.resources import MILLI, Resources
     from hsched.domain.task import TaskSpec
@@ -68,7 +69,8 @@ async def drain(opts) -> None:
     from hsched.state.redis import connect
 
     dc = parse_fleet(yaml.safe_load((ROOT / "tests/fleets/small.yaml").read_text())).datacenter("cheap")
-    redis = connect(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    redis = connect(redis_url)
     prefix = f"bench-dagq-{secrets.token_hex(3)}"
     try:
         for name in ("fifo", "sjf-cp", "ba3c"):
@@ -98,10 +100,8 @@ async def drain(opts) -> None:
                   f"{statistics.median(per):.2f} (min {min(per):.2f}, max {max(per):.2f}), placed "
                   f"{statistics.median(placed):.0f} per drain")
     finally:
-        keys = [k async for k in redis.scan_iter(match=f"{prefix}*")]
-        if keys:
-            await redis.delete(*keys)
         await redis.aclose()
+        delete_prefix(redis_url, prefix)
 
 
 def main() -> None:

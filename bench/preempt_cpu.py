@@ -26,6 +26,7 @@ import time
 
 
 async def measure(opts) -> None:
+    from bench.stack_bench import delete_prefix
     from hsched.domain.fleet import load_fleet
     from hsched.domain.resources import Resources
     from hsched.domain.task import TaskSpec
@@ -37,7 +38,8 @@ async def measure(opts) -> None:
     from hsched.thermal.datacenter import room_for
 
     dc = load_fleet(Path(__file__).resolve().parents[1] / "src/hsched/fleet/default.yaml").datacenter(opts.dc)
-    redis = connect(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    redis = connect(redis_url)
     prefix = f"bench-preempt-{secrets.token_hex(4)}"
     executor = SimulatedExecutor(60.0, Overheads(Span(0, 0), Span(0, 0), Span(5, 25)))
     engine = PlacerEngine(dc, redis, Keys(prefix), make_policy(opts.policy), "bench", thermal=room_for(dc),
@@ -66,10 +68,8 @@ async def measure(opts) -> None:
               f"(min {min(cpu_ms):.1f}, max {max(cpu_ms):.1f}); preemptions written: {engine.preemptions_total}")
     finally:
         await engine.stop()
-        keys = [k async for k in redis.scan_iter(match=f"{prefix}:*")]
-        if keys:
-            await redis.delete(*keys)
         await redis.aclose()
+        delete_prefix(redis_url, prefix)
 
 
 def main() -> None:

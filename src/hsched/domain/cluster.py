@@ -21,7 +21,6 @@ import numpy as np
 
 from hsched.domain.fleet import DataCenter, NodeTable
 from hsched.domain.resources import Resources
-from hsched.domain.task import TaskSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +104,9 @@ class ClusterState:
         self.allocations: dict[str, tuple[Part, ...]] = {}
         self.clocks: dict[str, TaskClock] = {}  # allocated tasks whose alloc event carried its clock data
         self.queued_ms: dict[str, int] = {}  # deferred tasks: unix ms they were queued (queue timeouts)
-        self.specs: dict[str, TaskSpec] = {}  # allocated tasks whose alloc event carried the spec (offline ones)
+        # allocated tasks whose alloc event carried the spec (offline ones), as it carried it (task_to_dict): only a
+        # preemption reads one, to requeue it, so no fold parses them
+        self.specs: dict[str, dict] = {}
         self.ready_ms: dict[str, int] = {}  # deferred tasks not to be placed before this unix ms (requeued victims)
         self.tenant_usage: dict[str, np.ndarray] = {}  # per tenant, the usage_vector of its clocked allocations
         self._models = np.array(t.gpu_model)
@@ -200,7 +201,7 @@ class ClusterState:
         return True
 
     def apply(self, task_id: str, parts: tuple[Part, ...], clock: TaskClock | None = None,
-              spec: TaskSpec | None = None) -> None:
+              spec: dict | None = None) -> None:
         """Allocate `parts` to `task_id`; `clock` (None: a ledger from before the execution clock, or a
         simulator's own bookkeeping) and `spec` are kept while it holds them."""
         if task_id in self.allocations:

@@ -40,7 +40,7 @@ import json
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -142,6 +142,15 @@ class _Op:
     report: Report | None = None  # run | done | expire
 
 
+class _QueueSave:
+    """The deferred queue's (task, spec) items as an undo scope opened on them; None: unchanged since."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, TaskSpec]] | None = None
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -219,6 +228,7 @@ class PlacerEngine:
         self._ready_timers: dict[int, asyncio.TimerHandle] = {}  # unix ms -> a drain when requeued victims are ready
         self.preemptions_total = 0  # victims evicted (written to the ledger) since this engine started
         self._refold_due = False  # set by a failed append of lifecycle events that may have landed
+        self._queue_saves: list[_QueueSave] = []  # open undo scopes (_queue_saved)
 
     @property
     def fenced(self) -> bool:
@@ -443,21 +453,21 @@ class PlacerEngine:
                 otel_context.detach(token)
 
     async def _process(self, batch: list[_Op]) -> None:
-        queue_before = list(self.queue.items())
-        try:
-            await self._decide_batch(batch)
-            # keys starting with "_" are in-memory bookkeeping (for _undo and the ledger's cancellations), never stored
-            events = [e for op in batch for e in op.events]
-            if events:
-                self.last_id = await self.ledger.append(events)
-                self._since_snapshot += len(events)
-                if self._since_snapshot >= self.retention.snapshot_entries:
-                    self._snapshot_due.set()
-        except BaseException as exc:
-            if isinstance(exc, INDETERMINATE):
-                self._requeue_in_doubt(batch, queue_before)
-            self._undo(batch, queue_before)  # memory must stay the fold of the ledger
-            raise
+        with self._queue_saved() as queue_before:
+            try:
+                await self._decide_batch(batch, queue_before)
+                # keys starting with "_" are in-memory bookkeeping (_undo, the ledger's cancellations), never stored
+                events = [e for op in batch for e in op.events]
+                if events:
+                    self.last_id = await self.ledger.append(events)
+                    self._since_snapshot += len(events)
+                    if self._since_snapshot >= self.retention.snapshot_entries:
+                        self._snapshot_due.set()
+            except BaseException as exc:
+                if isinstance(exc, INDETERMINATE):
+                    self._requeue_in_doubt(batch, queue_before)
+                self._undo(batch, queue_before)  # memory must stay the fold of the ledger
+                raise
         if events:
             self._dirty.set()
             self._follow_events(events)
@@ -473,8 +483,8 @@ class PlacerEngine:
         self._headroom, self._headroom_exact = await self.thermal.headroom(self.last_id), True
         return self._headroom.copy()
 
-    async def _decide_batch(self, batch: list[_Op]) -> None:
-        queue_before = list(self.queue.items())
+    async def _decide_batch(self, batch: list[_Op], queue_before: _QueueSave) -> None:
+        """Decide the batch in memory; `queue_before`: the undo scope opened before it."""
         if not self.thermal:
             for op in batch:
                 self._decide(op, None)
@@ -513,16 +523,16 @@ class PlacerEngine:
 
     async def _decide_alone(self, op: _Op, prior: list[_Op], thermal_veto: ThermalCheck | None = None) -> None:
         """Decide `op` on its own, after the already decided (not yet written) `prior` calls of its batch."""
-        queue_before = list(self.queue.items())
         if thermal_veto is None:
-            self._decide(op, await self._fresh_headroom())
-            check = await self._check([*prior, op])
-            self._headroom = None  # fetched for the state before `prior`: not reusable
-            if check is None or check.ok:
-                self._attach_thermal([op], check)
-                return
-            thermal_veto = check
-            self._undo([op], queue_before)
+            with self._queue_saved() as queue_before:
+                self._decide(op, await self._fresh_headroom())
+                check = await self._check([*prior, op])
+                self._headroom = None  # fetched for the state before `prior`: not reusable
+                if check is None or check.ok:
+                    self._attach_thermal([op], check)
+                    return
+                thermal_veto = check
+                self._undo([op], queue_before)
             op.events = []
         # Too hot even alone: a place waits in the queue (or is refused); a release still frees.
         if op.kind == "place":
@@ -559,10 +569,10 @@ class PlacerEngine:
             if isinstance(op.result, PlaceResult) and op.result.outcome == "placed":
                 op.result.thermal = check
 
-    def _requeue_in_doubt(self, batch: list[_Op], queue_before: list[tuple[str, TaskSpec]]) -> None:
+    def _requeue_in_doubt(self, batch: list[_Op], queue_before: _QueueSave) -> None:
         """The ledger cancels an alloc of unknown outcome with a free; one that took a task from the deferred
         queue also puts it back there, as memory does (else a refold or a restart would lose the task)."""
-        specs = dict(queue_before)
+        specs = dict(queue_before.items or ())
         for op in batch:
             for e in op.events:
                 if e["t"] == "alloc" and e["task"] in specs:
@@ -570,7 +580,7 @@ class PlacerEngine:
                                                      "spec": task_to_dict(specs[e["task"]]),
                                                      "at": e["_queued_ms"] or 0})
 
-    def _undo(self, batch: list[_Op], queue_before: list[tuple[str, TaskSpec]]) -> None:
+    def _undo(self, batch: list[_Op], queue_before: _QueueSave) -> None:
         clocks, queued_ms = self.state.clocks, self.state.queued_ms
         for op in reversed(batch):
             for e in reversed(op.events):
@@ -586,13 +596,31 @@ class PlacerEngine:
                         book.pop(task, None)
                     else:
                         book[task] = before
-        self.queue = OrderedDict(queue_before)
+        if queue_before.items is not None:
+            self.queue = OrderedDict(queue_before.items)
+
+    @contextlib.contextmanager
+    def _queue_saved(self) -> Iterator[_QueueSave]:
+        """An undo scope: the deferred queue as it is now, for `_undo` — copied by `_emit` only when a decision
+        first changes the queue (most never do; a copy up front cost O(queue) per batch)."""
+        save = _QueueSave()
+        self._queue_saves.append(save)
+        try:
+            yield save
+        finally:
+            self._queue_saves.remove(save)
 
     # -- decisions (pure in-memory; each appends its ledger events to op.events and folds them) --------------
 
     def _emit(self, op: _Op, event: dict) -> None:
         task, state = event["task"], self.state
         before = state.clocks.get(task), state.queued_ms.get(task), state.specs.get(task), state.ready_ms.get(task)
+        if event["t"] == "defer" or task in self.queue:  # it changes the queue: open undo scopes copy it first
+            unsaved = [save for save in self._queue_saves if save.items is None]
+            if unsaved:
+                items = list(self.queue.items())
+                for save in unsaved:
+                    save.items = items
         fold_event(event, state, self.queue)
         # for _undo (keys with "_" are not written)
         event["_clock"], event["_queued_ms"], event["_spec"], event["_ready_ms"] = before
@@ -731,7 +759,7 @@ class PlacerEngine:
             # if the append's outcome is unknown, the ledger cancels it by re-allocating the victim as it was
             restore = {"t": "alloc", "task": victim, "parts": [p.to_json() for p in parts], "at": clock.placed_ms,
                        "runtime_s": clock.runtime_s, "class": clock.priority_class, "tenant": clock.tenant,
-                       "spec": task_to_dict(spec), "restore": True}
+                       "spec": spec, "restore": True}
             event["_undo"] = [restore, *([{"t": "run", "task": victim, "at": clock.started_ms}]
                                          if clock.started_ms else [])]
             if headroom is not None:
@@ -739,7 +767,7 @@ class PlacerEngine:
                     headroom[p.node] += part_power_w(self.state, _demand_of(p), p.node)[0]
             # (its cancellation: none — the victim's re-allocation takes it out of the queue; a drop would read as a
             # release to the gateway)
-            requeues.append({"t": "defer", "task": victim, "spec": task_to_dict(spec), "at": now, "_undo": []})
+            requeues.append({"t": "defer", "task": victim, "spec": spec, "at": now, "_undo": []})
         return requeues
 
     def _refuse(self, op: _Op, outcome: Outcome, reason: str, notes: list[str]) -> PlaceResult:

@@ -45,7 +45,8 @@ ONLINE, OFFLINE = "online", "offline"
 
 def demand_vector(r: Resources, replicas: int = 1) -> np.ndarray:
     """What a task asks for (per-replica `r` times `replicas`), over DIMENSIONS."""
-    return np.array([r.cpu_milli, r.memory_mib, r.gpu_count * r.gpu_core_percent], dtype=np.float64) * replicas
+    return np.array([r.cpu_milli * replicas, r.memory_mib * replicas, r.gpu_count * r.gpu_core_percent * replicas],
+                    dtype=np.float64)
 
 
 def capacity_vector(table: NodeTable) -> np.ndarray:
@@ -191,10 +192,18 @@ class FairQueue:
                                                                  -kl[1][-1].priority, kl[1][-1].arrival))
             w = lane[-1]
             if self.pick is not None and w.priority_class != ONLINE and len(lane) > 1:
-                band = [x for x in lane if x.priority == w.priority]
-                if len(band) > 1:
-                    w = self.pick(band)
-            lane.remove(w)
+                start = len(lane) - 1  # the band: the lane's tail of w's priority
+                while start > 0 and lane[start - 1].priority == w.priority:
+                    start -= 1
+                if start < len(lane) - 1:
+                    w = self.pick(lane[start:])
+            if w is lane[-1]:
+                lane.pop()
+            else:  # a pick from the band, found by identity (list.remove would compare field by field from the head)
+                i = len(lane) - 1
+                while lane[i] is not w:
+                    i -= 1
+                del lane[i]
             if not lane:
                 del self._lanes[key]
             yield w

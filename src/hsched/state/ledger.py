@@ -165,9 +165,7 @@ def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpe
         queue.pop(task, None)
         state.queued_ms.pop(task, None)
         state.ready_ms.pop(task, None)
-        spec = event.get("spec")
-        state.apply(task, tuple(Part.from_json(p) for p in event["parts"]), clock_of(event),
-                    task_from_dict(spec) if spec is not None else None)
+        state.apply(task, tuple(Part.from_json(p) for p in event["parts"]), clock_of(event), event.get("spec"))
     elif kind in FREEING:
         state.release(task)
     elif kind == "run":
@@ -327,7 +325,7 @@ def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
     when each was queued)."""
     return json.dumps({"alloc": {t: [p.to_json() for p in parts] for t, parts in state.allocations.items()},
                        "clocks": {t: c.to_json() for t, c in state.clocks.items()},
-                       "specs": {t: task_to_dict(spec) for t, spec in state.specs.items()},
+                       "specs": state.specs,
                        "queue": [[t, task_to_dict(spec), state.queued_ms.get(t, 0), state.ready_ms.get(t, 0)]
                                  for t, spec in queue.items()]},
                       separators=(",", ":"))
@@ -340,7 +338,7 @@ def load_snapshot(data: bytes | str, state: ClusterState, queue: OrderedDict[str
     for task, parts in snap["alloc"].items():
         clock, spec = clocks.get(task), specs.get(task)
         state.apply(task, tuple(Part.from_json(p) for p in parts), TaskClock.from_json(clock) if clock else None,
-                    task_from_dict(spec) if spec else None)
+                    spec or None)
     for task, spec, *queued in snap["queue"]:
         queue[task] = task_from_dict(spec)
         state.queued_ms[task] = int(queued[0]) if queued else 0
