@@ -117,7 +117,7 @@ class StackConfig:
     keep_logs: bool = False
     log_level: str = "WARNING"
     extra_env: dict[str, str] = field(default_factory=dict)
-    # tenant authentication at the gateway (hsched.security.tokens): given to it as HSCHED_TOKENS_FILE, never argv.
+    # tenant authentication at the gateway (hsched.security.tokens): its --tokens-file (a path; the file is 0600).
     # `auth` without a tokens file: <state_dir>/tokens.yaml with an admin token in <state_dir>/admin.token
     tokens_file: str | None = None
     auth: bool = False
@@ -230,8 +230,6 @@ class Stack:
         # the URL (and its password) by environment: /proc/<pid>/environ is this user's only, cmdline is everyone's
         env = {**os.environ, **self.config.extra_env, "PYTHONUNBUFFERED": "1", "REDIS_URL": self.redis_url,
                **(self.redis_tls.env() if self.redis_tls else {})}
-        if name == "gateway" and self.tokens_file:
-            env["HSCHED_TOKENS_FILE"] = str(self.tokens_file)
         with self._lock, _open_log(self.log_dir / f"{name}.log") as log_file:
             proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log_file,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -299,7 +297,8 @@ class Stack:
                                   for dc in self.fleet.datacenters)
             self._spawn("gateway", "services.gateway",
                         [*self._common("gateway"), "--listen", f"127.0.0.1:{self.config.gateway_port}",
-                         "--selector", self.services["selector"].target, "--placers", placer_map])
+                         "--selector", self.services["selector"].target, "--placers", placer_map,
+                         *(["--tokens-file", self.tokens_file] if self.tokens_file else [])])
             self._wait_ready(["gateway"], timeout_s)
             if self.config.supervise:
                 self._start_supervisor()
