@@ -104,6 +104,7 @@ def cmd_up(args) -> int:
     from rich.table import Table
 
     from hsched.localstate import remove_stack, write_stack
+    from hsched.security import pki
     from hsched.stack import Stack, StackConfig, default_state_dir
     from hsched.state.epoch import StateLost
     from hsched.state.redis import RedisUnavailable, redact_url, url_without_password
@@ -140,6 +141,7 @@ def cmd_up(args) -> int:
         print(f"hsched up: {exc}" + (f"\nlogs kept in {stack.logs_kept}" if stack.logs_kept else ""), file=sys.stderr)
         return 1
     token_file = stack.admin_token_file
+    ca = pki.ca_paths(stack.tls_dir)[0] if stack.tls_dir else None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -147,7 +149,7 @@ def cmd_up(args) -> int:
                      "prefix": args.prefix, "time_factor": args.time_factor,
                      "fleet": os.path.abspath(args.fleet) if args.fleet else None,
                      "redis_password_file": str(stack.redis_password_file) if stack.redis_password_file else None,
-                     **({"tls_ca": str(stack.tls_dir / "ca.crt")} if stack.tls_dir else {}),
+                     **({"tls_ca": str(ca)} if ca else {}),
                      **({"token_file": str(token_file)} if token_file else {}),
                      **({f"redis_tls_{k}": v for k, v in vars(stack.redis_tls).items() if v} if stack.redis_tls
                         else {})})
@@ -168,8 +170,8 @@ def cmd_up(args) -> int:
         kept = "kept" if args.log_dir or args.keep_logs else "removed on a clean stop; --keep-logs keeps them"
         console.print(f"logs: {stack.log_dir} ({kept}); state (Redis AOF, epoch {stack.epoch}): {stack.state_dir}")
         if stack.tls_dir:
-            console.print(f"mutual TLS on every hop; CA and certificates in {stack.tls_dir} (clients: --tls-ca "
-                          f"{stack.tls_dir / 'ca.crt'}; rotate: hsched certs rotate --dir {stack.tls_dir})")
+            console.print(f"mutual TLS on every hop; CA and certificates in {stack.tls_dir} (clients: --tls-ca {ca}; "
+                          f"rotate: hsched certs rotate --dir {stack.tls_dir})")
         if token_file:
             console.print(f"tenant authentication on: admin token in {token_file} (the CLI uses it for this stack); "
                           f"tenant tokens: hsched tokens create --file {stack.tokens_file} --tenant NAME")
@@ -212,13 +214,14 @@ def _log_supervision_to(console) -> None:
 def stack_credentials(stack) -> ClientCredentials:
     """The operator's credentials for a stack this process started: its admin token (`--auth`) and, with `--tls`,
     its CA and admin client certificate."""
+    from hsched.security.tls import TlsFiles
     from hsched.security.tokens import read_token_file
 
     token = read_token_file(stack.admin_token_file) if stack.admin_token_file else None
-    tls_dir = getattr(stack, "tls_dir", None)  # hsched up --tls (hsched.security.pki layout)
-    if tls_dir is None:
+    if stack.tls_dir is None:
         return ClientCredentials(token)
-    return ClientCredentials(token, str(tls_dir / "ca.crt"), str(tls_dir / "admin.crt"), str(tls_dir / "admin.key"))
+    admin = TlsFiles(stack.tls_dir, "admin")
+    return ClientCredentials(token, str(admin.ca), str(admin.cert), str(admin.key))
 
 
 JOB_TRACES = ("tpch", "alibaba2018")  # replayed as DAG jobs (hsched.job_replay), not as tasks

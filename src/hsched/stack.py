@@ -367,8 +367,8 @@ class Stack:
         c = self.config
         if not (c.tls and c.redis_tls) or c.redis_replicas or not shutil.which("redis-server"):
             return None
-        d = self.tls_dir
-        return ServerTls(cert=str(d / "redis.crt"), key=str(d / "redis.key"), ca=str(d / "ca.crt"))
+        files = TlsFiles(self.tls_dir, "redis")
+        return ServerTls(cert=str(files.cert), key=str(files.key), ca=str(files.ca))
 
     @property
     def redis_password_file(self) -> Path | None:
