@@ -40,14 +40,20 @@ def _redis_url(gateway: str | None = None) -> str | None:
     """REDIS_URL, else the running stack's Redis (its password from its password file; for a TLS Redis, its CA and
     client certificate paths go to this process' HSCHED_REDIS_TLS_* unless set, for the clients connect() makes)."""
     from hsched.localstate import stack_redis_url
+    from hsched.state.redis import RedisTls
 
     if os.environ.get("REDIS_URL"):
         return os.environ["REDIS_URL"]
     stack = _running_stack(gateway)
-    for name in ("HSCHED_REDIS_TLS_CA", "HSCHED_REDIS_TLS_CERT", "HSCHED_REDIS_TLS_KEY"):
-        if stack.get(name.lower().removeprefix("hsched_")):
-            os.environ.setdefault(name, stack[name.lower().removeprefix("hsched_")])
+    for name in RedisTls.ENV:
+        if stack.get(_stack_key(name)):
+            os.environ.setdefault(name, stack[_stack_key(name)])
     return stack_redis_url(stack)
+
+
+def _stack_key(env_name: str) -> str:
+    """The stack file's key of a Redis TLS file: HSCHED_REDIS_TLS_CA -> redis_tls_ca (written by cmd_up)."""
+    return env_name.lower().removeprefix("hsched_")
 
 
 def _credentials(args) -> ClientCredentials:
@@ -151,8 +157,8 @@ def cmd_up(args) -> int:
                      "redis_password_file": str(stack.redis_password_file) if stack.redis_password_file else None,
                      **({"tls_ca": str(ca)} if ca else {}),
                      **({"token_file": str(token_file)} if token_file else {}),
-                     **({f"redis_tls_{k}": v for k, v in vars(stack.redis_tls).items() if v} if stack.redis_tls
-                        else {})})
+                     **{_stack_key(name): path for name, path in (stack.redis_tls.env() if stack.redis_tls
+                                                                  else {}).items()}})
         if stack.redis_tls:  # this process' own Redis clients (the replay summary) use the stack's TLS files
             os.environ.update(stack.redis_tls.env())
         table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
