@@ -99,6 +99,7 @@ def assert_one_line_error(done: subprocess.CompletedProcess, code: int, *words: 
     (["submit", "--gpus", "1", "--gpu-core-percent", "150"], ["--gpu-core-percent", "1..100"]),
     (["submit", "--max-loss-percent", "500"], ["--max-loss-percent", "0..100"]),
     (["list", "--state", "bogus"], ["--state", "invalid choice"]),
+    (["job", "list", "--state", "bogus"], ["--state", "invalid choice"]),
     (["list", "--limit", "-1"], ["--limit", "1.."]),
     (["eval", "stage1", "--seeds", "0"], ["--seeds", "1.."]),
     (["replay", "nosuchtrace"], ["trace", "openb"]),

@@ -83,7 +83,13 @@ def _print(message, as_json: bool = True) -> None:
     print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
 
 
-STATES = [pb.TaskState.Name(v).removeprefix("TASK_STATE_").lower() for v in pb.TaskState.values() if v]
+def _names(enum, prefix: str) -> list[str]:
+    """An enum's values as the --state flags spell them (TASK_STATE_PLACED -> placed), without UNSPECIFIED."""
+    return [enum.Name(v).removeprefix(prefix).lower() for v in enum.values() if v]
+
+
+STATES = _names(pb.TaskState, "TASK_STATE_")
+JOB_STATES = _names(pb.JobState, "JOB_STATE_")
 # states a task never leaves (hsched.state.tasks.TERMINAL, without importing the Redis side here)
 FINAL = (pb.TASK_STATE_REJECTED, pb.TASK_STATE_RELEASED, pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED,
          pb.TASK_STATE_EXPIRED)
@@ -413,7 +419,7 @@ def cmd_job(args) -> int:
         job = stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=args.job_id), timeout=30)
         _print(job) if args.json else print(_job_line(job))
     elif args.action == "list":
-        state = pb.JobState.Value(f"JOB_STATE_{args.state.upper()}") if args.state else 0
+        state = pb.JobState.Value(f"JOB_STATE_{args.state.upper()}") if args.state else 0  # a choice of JOB_STATES
         reply = stub.ListJobs(gateway_pb2.ListJobsRequest(tenant=args.tenant, state=state, limit=args.limit,
                                                           page_token=args.page_token), timeout=10)
         if args.json:
@@ -882,7 +888,7 @@ def build_parser() -> argparse.ArgumentParser:
     jb.add_argument("action", choices=["get", "list", "cancel", "watch"])
     jb.add_argument("job_id", nargs="?", default="")
     jb.add_argument("--tenant", default="")
-    jb.add_argument("--state", default="", help="pending running succeeded failed cancelled")
+    jb.add_argument("--state", default="", choices=["", *JOB_STATES], metavar="STATE", help=" ".join(JOB_STATES))
     jb.add_argument("--limit", type=positive_int, default=100)
     jb.add_argument("--page-token", default="")
     jb.add_argument("--after", default="0", help="watch: event id to resume after (default 0: from the start)")
