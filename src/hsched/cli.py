@@ -79,8 +79,19 @@ def _stub(args) -> gateway_pb2_grpc.GatewayStub:
     return _WithCredentials(gateway_pb2_grpc.GatewayStub(credentials.channel(args.gateway)), credentials.metadata)
 
 
-def _print(message, as_json: bool = True) -> None:
+def _print(message) -> None:
     print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
+
+
+def _print_page(args, reply, items, line) -> None:
+    """A page of a List/ListJobs reply: the reply itself with --json, else a line per item and the next page."""
+    if args.json:
+        _print(reply)
+        return
+    for item in items:
+        print(line(item))
+    if reply.next_page_token:
+        print(f"(more: --page-token {reply.next_page_token})")
 
 
 def _names(enum, prefix: str) -> list[str]:
@@ -422,13 +433,7 @@ def cmd_job(args) -> int:
         state = pb.JobState.Value(f"JOB_STATE_{args.state.upper()}") if args.state else 0  # a choice of JOB_STATES
         reply = stub.ListJobs(gateway_pb2.ListJobsRequest(tenant=args.tenant, state=state, limit=args.limit,
                                                           page_token=args.page_token), timeout=10)
-        if args.json:
-            _print(reply)
-        else:
-            for j in reply.jobs:
-                print(_job_line(j))
-            if reply.next_page_token:
-                print(f"(more: --page-token {reply.next_page_token})")
+        _print_page(args, reply, reply.jobs, _job_line)
     else:
         try:
             for ev in stub.Watch(gateway_pb2.WatchRequest(job_id=args.job_id, after_event_id=args.after)):
@@ -475,13 +480,7 @@ def cmd_list(args) -> int:
     state = pb.TaskState.Value(f"TASK_STATE_{args.state.upper()}") if args.state else 0  # a choice of STATES
     reply = _stub(args).List(gateway_pb2.ListRequest(tenant=args.tenant, state=state, datacenter=args.datacenter,
                                                      limit=args.limit, page_token=args.page_token), timeout=10)
-    if args.json:
-        _print(reply)
-    else:
-        for t in reply.tasks:
-            print(_task_line(t))
-        if reply.next_page_token:
-            print(f"(more: --page-token {reply.next_page_token})")
+    _print_page(args, reply, reply.tasks, _task_line)
     return 0
 
 
