@@ -4,28 +4,23 @@ completion and ends with the summary; and the trace → JobSpec mapping (hsched.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from hsched.job_replay import alibaba_jobs, alibaba_to_job_spec
 from hsched.jobs import validate_job
-from hsched.stack import Stack, StackConfig
 from hsched.traces.alibaba2018 import critical_path_s, load_alibaba_jobs
-from tests.conftest import SMALL_FLEET, delete_prefix
+from tests.conftest import small_fleet_stack
 
 TIME_FACTOR = 60.0  # task seconds per wall second
 
 
 @pytest.fixture(scope="module")
 def stack(redis_url):
-    prefix = f"test-alibaba-{int(time.time() * 1000)}"
-    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
-                         thermal=False, log_level="INFO", time_factor=TIME_FACTOR, dag_policy="ba3c")
-    with Stack(config) as s:
+    with small_fleet_stack(redis_url, "alibaba", thermal=False, log_level="INFO", time_factor=TIME_FACTOR,
+                     dag_policy="ba3c") as s:
         yield s
-    delete_prefix(redis_url, prefix)
 
 
 def test_the_alibaba_replay_runs_dag_jobs_to_completion_and_summarises(stack, redis_url, monkeypatch, capsys):

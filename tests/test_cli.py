@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -162,14 +161,10 @@ def test_link_without_a_stack_or_redis_url_writes_nowhere(redis_url, prefix, tmp
 
 @pytest.fixture(scope="module")
 def small_stack(redis_url):
-    from hsched.stack import Stack, StackConfig
-    from tests.conftest import delete_prefix
+    from tests.conftest import small_fleet_stack
 
-    prefix = f"test-cli-{int(time.time() * 1000)}"
-    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0)
-    with Stack(config) as s:
+    with small_fleet_stack(redis_url, "cli") as s:
         yield s
-    delete_prefix(redis_url, prefix)
 
 
 def test_a_rejected_submit_exits_1_and_prints_its_state(small_stack, tmp_path):
