@@ -51,6 +51,16 @@ def prefix(redis_url):
     delete_prefix(redis_url, p)
 
 
+@pytest.fixture
+def private_runtime_dir(tmp_path, monkeypatch) -> Path:
+    """An empty XDG_RUNTIME_DIR of this test's own (hsched.localstate: no running-stack file in it), and neither
+    REDIS_URL nor HSCHED_GATEWAY from the environment: what the CLI finds as "the running stack" is the test's."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("HSCHED_GATEWAY", raising=False)
+    return tmp_path
+
+
 @pytest.fixture(name="redis")
 async def redis_client(redis_url):
     """An asyncio client of the test Redis (hsched.state.redis.connect), closed afterwards."""

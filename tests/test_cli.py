@@ -13,10 +13,7 @@ import pytest
 from hsched import cli, localstate
 
 
-def test_commands_use_the_running_stack_unless_the_environment_says_otherwise(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.delenv("REDIS_URL", raising=False)
-    monkeypatch.delenv("HSCHED_GATEWAY", raising=False)
+def test_commands_use_the_running_stack_unless_the_environment_says_otherwise(private_runtime_dir, monkeypatch):
     assert cli._redis_url() is None  # nothing running, nothing set
     path = localstate.write_stack({"gateway": "127.0.0.1:4711", "redis_url": "redis://127.0.0.1:4712/0"})
     assert cli._redis_url() == "redis://127.0.0.1:4712/0"
@@ -28,13 +25,10 @@ def test_commands_use_the_running_stack_unless_the_environment_says_otherwise(tm
     assert not path.exists()  # a broken file is cleaned up
 
 
-def test_the_password_comes_from_the_recorded_password_file_never_the_stack_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.delenv("REDIS_URL", raising=False)
-    monkeypatch.delenv("HSCHED_GATEWAY", raising=False)
+def test_the_password_comes_from_the_recorded_password_file_never_the_stack_file(private_runtime_dir):
     with pytest.raises(ValueError, match="password"):
         localstate.write_stack({"gateway": "127.0.0.1:4711", "redis_url": "redis://:s3cret@127.0.0.1:4712/0"})
-    secret = tmp_path / "redis.password"
+    secret = private_runtime_dir / "redis.password"
     secret.write_text("s3cret\n")
     path = localstate.write_stack({"gateway": "127.0.0.1:4711", "redis_url": "redis://127.0.0.1:4712/0",
                                    "redis_password_file": str(secret)})
@@ -42,9 +36,7 @@ def test_the_password_comes_from_the_recorded_password_file_never_the_stack_file
     assert cli._redis_url() == "redis://:s3cret@127.0.0.1:4712/0"
 
 
-def test_several_stacks_need_a_choice_and_dead_ones_are_forgotten(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.delenv("HSCHED_GATEWAY", raising=False)
+def test_several_stacks_need_a_choice_and_dead_ones_are_forgotten(private_runtime_dir, monkeypatch, capsys):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = localstate.write_stack({"gateway": "127.0.0.1:4799", "pid": dead.pid})
