@@ -51,6 +51,12 @@ def test_several_stacks_need_a_choice_and_dead_ones_are_forgotten(private_runtim
     assert cli._redis_url() == "redis://127.0.0.1:1/0"
 
 
+def test_the_final_states_are_the_task_stores():
+    from hsched.state.tasks import TERMINAL
+
+    assert sorted(cli.FINAL) == sorted(TERMINAL)
+
+
 def test_unknown_experiment_and_bad_submit_are_refused(capsys):
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["eval", "nope"])

@@ -20,8 +20,7 @@ from tests.conftest import small_fleet_stack
 
 pytestmark = pytest.mark.slow
 TIME_FACTOR = 60  # a minute of task time per wall second
-FINAL = (pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED, pb.TASK_STATE_EXPIRED, pb.TASK_STATE_RELEASED,
-         pb.TASK_STATE_REJECTED)
+FINAL = cli.FINAL
 
 
 @pytest.fixture(scope="module")

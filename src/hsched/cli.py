@@ -101,7 +101,8 @@ def _names(enum, prefix: str) -> list[str]:
 
 STATES = _names(pb.TaskState, "TASK_STATE_")
 JOB_STATES = _names(pb.JobState, "JOB_STATE_")
-# states a task never leaves (hsched.state.tasks.TERMINAL, without importing the Redis side here)
+# states a task never leaves: hsched.state.tasks.TERMINAL (test_cli checks), not imported so that every command
+# does not load the ledger and numpy
 FINAL = (pb.TASK_STATE_REJECTED, pb.TASK_STATE_RELEASED, pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED,
          pb.TASK_STATE_EXPIRED)
 
