@@ -139,9 +139,6 @@ def cmd_up(args) -> int:
     console = Console(width=max(Console().width, 112))  # the summary table needs ~110 columns
     if args.replay in JOB_TRACES and args.time_factor is None:
         args.time_factor = _dag_time_factor(args)  # the placers' clock must run at the replay's pace
-    if args.redis_replicas < 0:
-        print("--redis-replicas must be >= 0", file=sys.stderr)
-        return 2
     config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
                          policy=args.policy, gpu_policy=args.gpu_policy, path_finder=args.path_finder,
                          thermal=not args.no_thermal, traces=args.traces,
