@@ -79,7 +79,7 @@ from hsched.state.keys import Keys
 from hsched.state.ledger import fold_event
 from hsched.state.lifecycle import ON_NODES  # placed, or started by its DC's executor: on its nodes
 from hsched.state.redis import connect, connect_sync, free_port
-from hsched.state.tasks import TaskStore
+from hsched.state.tasks import FINISHED, TaskStore  # FINISHED: ran to an end; its DC's ledger freed it
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -90,7 +90,6 @@ FAULTS = ("kill-gateway", "kill-selector", "kill-thermal", "kill-placer", "stop-
 PAUSE_S = 5.0  # SIGSTOP of a placer / of Redis
 RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 HOLDING = (*ON_NODES, pb.TASK_STATE_DEFERRED)
-FINISHED = (pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED)  # ran out its runtime: its DC's ledger freed it
 PREFIX = "chaos"
 
 

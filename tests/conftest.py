@@ -3,6 +3,7 @@ redis-server), isolated per test by a unique key prefix that is deleted afterwar
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from hsched.state.redis import EmbeddedRedis
+from hsched.state.redis import EmbeddedRedis, connect
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_FLEET = str(ROOT / "tests" / "fleets" / "small.yaml")
@@ -48,3 +49,36 @@ def prefix(redis_url):
     p = f"test-{uuid.uuid4().hex[:10]}"
     yield p
     delete_prefix(redis_url, p)
+
+
+@pytest.fixture
+def private_runtime_dir(tmp_path, monkeypatch) -> Path:
+    """An empty XDG_RUNTIME_DIR of this test's own (hsched.localstate: no running-stack file in it), and neither
+    REDIS_URL nor HSCHED_GATEWAY from the environment: what the CLI finds as "the running stack" is the test's."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("HSCHED_GATEWAY", raising=False)
+    return tmp_path
+
+
+@pytest.fixture(name="redis")
+async def redis_client(redis_url):
+    """An asyncio client of the test Redis (hsched.state.redis.connect), closed afterwards."""
+    client = connect(redis_url)
+    yield client
+    await client.aclose()
+
+
+@contextlib.contextmanager
+def small_fleet_stack(redis_url: str, tag: str, **config):
+    """A Stack (real processes) of the small fleet on the test Redis under its own prefix `test-<tag>-<hex>`, whose
+    keys are deleted after it stops; `config`: further StackConfig fields."""
+    from hsched.stack import Stack, StackConfig
+
+    prefix = f"test-{tag}-{uuid.uuid4().hex[:10]}"
+    try:
+        with Stack(StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
+                               **config)) as stack:
+            yield stack
+    finally:
+        delete_prefix(redis_url, prefix)

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,7 @@ import pytest
 from hsched import cli, localstate
 
 
-def test_commands_use_the_running_stack_unless_the_environment_says_otherwise(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.delenv("REDIS_URL", raising=False)
-    monkeypatch.delenv("HSCHED_GATEWAY", raising=False)
+def test_commands_use_the_running_stack_unless_the_environment_says_otherwise(private_runtime_dir, monkeypatch):
     assert cli._redis_url() is None  # nothing running, nothing set
     path = localstate.write_stack({"gateway": "127.0.0.1:4711", "redis_url": "redis://127.0.0.1:4712/0"})
     assert cli._redis_url() == "redis://127.0.0.1:4712/0"
@@ -29,13 +25,10 @@ def test_commands_use_the_running_stack_unless_the_environment_says_otherwise(tm
     assert not path.exists()  # a broken file is cleaned up
 
 
-def test_the_password_comes_from_the_recorded_password_file_never_the_stack_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.delenv("REDIS_URL", raising=False)
-    monkeypatch.delenv("HSCHED_GATEWAY", raising=False)
+def test_the_password_comes_from_the_recorded_password_file_never_the_stack_file(private_runtime_dir):
     with pytest.raises(ValueError, match="password"):
         localstate.write_stack({"gateway": "127.0.0.1:4711", "redis_url": "redis://:s3cret@127.0.0.1:4712/0"})
-    secret = tmp_path / "redis.password"
+    secret = private_runtime_dir / "redis.password"
     secret.write_text("s3cret\n")
     path = localstate.write_stack({"gateway": "127.0.0.1:4711", "redis_url": "redis://127.0.0.1:4712/0",
                                    "redis_password_file": str(secret)})
@@ -43,9 +36,7 @@ def test_the_password_comes_from_the_recorded_password_file_never_the_stack_file
     assert cli._redis_url() == "redis://:s3cret@127.0.0.1:4712/0"
 
 
-def test_several_stacks_need_a_choice_and_dead_ones_are_forgotten(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.delenv("HSCHED_GATEWAY", raising=False)
+def test_several_stacks_need_a_choice_and_dead_ones_are_forgotten(private_runtime_dir, monkeypatch, capsys):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = localstate.write_stack({"gateway": "127.0.0.1:4799", "pid": dead.pid})
@@ -58,6 +49,12 @@ def test_several_stacks_need_a_choice_and_dead_ones_are_forgotten(tmp_path, monk
     assert cli._redis_url("127.0.0.1:4712") == "redis://127.0.0.1:2/0"
     monkeypatch.setenv("HSCHED_GATEWAY", "127.0.0.1:4711")
     assert cli._redis_url() == "redis://127.0.0.1:1/0"
+
+
+def test_the_final_states_are_the_task_stores():
+    from hsched.state.tasks import TERMINAL
+
+    assert sorted(cli.FINAL) == sorted(TERMINAL)
 
 
 def test_unknown_experiment_and_bad_submit_are_refused(capsys):
@@ -99,6 +96,7 @@ def assert_one_line_error(done: subprocess.CompletedProcess, code: int, *words: 
     (["submit", "--gpus", "1", "--gpu-core-percent", "150"], ["--gpu-core-percent", "1..100"]),
     (["submit", "--max-loss-percent", "500"], ["--max-loss-percent", "0..100"]),
     (["list", "--state", "bogus"], ["--state", "invalid choice"]),
+    (["job", "list", "--state", "bogus"], ["--state", "invalid choice"]),
     (["list", "--limit", "-1"], ["--limit", "1.."]),
     (["eval", "stage1", "--seeds", "0"], ["--seeds", "1.."]),
     (["replay", "nosuchtrace"], ["trace", "openb"]),
@@ -161,14 +159,10 @@ def test_link_without_a_stack_or_redis_url_writes_nowhere(redis_url, prefix, tmp
 
 @pytest.fixture(scope="module")
 def small_stack(redis_url):
-    from hsched.stack import Stack, StackConfig
-    from tests.conftest import delete_prefix
+    from tests.conftest import small_fleet_stack
 
-    prefix = f"test-cli-{int(time.time() * 1000)}"
-    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0)
-    with Stack(config) as s:
+    with small_fleet_stack(redis_url, "cli") as s:
         yield s
-    delete_prefix(redis_url, prefix)
 
 
 def test_a_rejected_submit_exits_1_and_prints_its_state(small_stack, tmp_path):

@@ -13,26 +13,20 @@ import pytest
 import redis
 
 from hsched import cli
-from hsched.stack import Stack, StackConfig
 from hsched.state.keys import Keys
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc, placer_pb2, placer_pb2_grpc
-from tests.conftest import SMALL_FLEET, delete_prefix
+from tests.conftest import small_fleet_stack
 
 pytestmark = pytest.mark.slow
 TIME_FACTOR = 60  # a minute of task time per wall second
-FINAL = (pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED, pb.TASK_STATE_EXPIRED, pb.TASK_STATE_RELEASED,
-         pb.TASK_STATE_REJECTED)
+FINAL = cli.FINAL
 
 
 @pytest.fixture(scope="module")
 def stack(redis_url):
-    prefix = f"test-gwlife-{int(time.time() * 1000)}"
-    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0, thermal=False,
-                         extra_env={"HSCHED_TIME_FACTOR": str(TIME_FACTOR)})
-    with Stack(config) as s:
+    with small_fleet_stack(redis_url, "gwlife", thermal=False, extra_env={"HSCHED_TIME_FACTOR": str(TIME_FACTOR)}) as s:
         yield s
-    delete_prefix(redis_url, prefix)
 
 
 def stub(stack) -> gateway_pb2_grpc.GatewayStub:

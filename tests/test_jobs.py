@@ -204,6 +204,13 @@ async def until(predicate, what: str, timeout_s: float = 30.0):
     return value
 
 
+async def stage_submitted(servicer: GatewayServicer, job_id: str, stage_name: str, tasks: int) -> list[str]:
+    """The ids of a stage's `tasks` tasks, once the gateway has submitted them all."""
+    ids = [task_id_of(job_id, stage_name, i) for i in range(tasks)]
+    await until(lambda: all(i in servicer.store.tasks for i in ids), f"stage {stage_name}")
+    return ids
+
+
 async def finish(servicer: GatewayServicer, task_id: str, ok: bool = True) -> None:
     """Record a task finished as the gateway's ledger follower does (the transitions hub tells the jobs)."""
     task = servicer.store.copy(task_id)
@@ -250,8 +257,7 @@ async def test_a_failed_task_fails_the_job_and_releases_its_other_tasks(redis_ur
     async with backends(redis_url, prefix, tmp_path) as (argv, placers), \
             servicer_on(redis_url, prefix, argv, placers) as gw:
         first, _ = await gw.jobs.submit(job(stage("a", 3), stage("b", 1, ("a",))))
-        ids = [task_id_of(first.job_id, "a", i) for i in range(3)]
-        await until(lambda: all(i in gw.store.tasks for i in ids), "stage a")
+        ids = await stage_submitted(gw, first.job_id, "a", 3)
         await finish(gw, ids[0], ok=False)
         await until(lambda: gw.store.jobs[first.job_id].state == pb.JOB_STATE_FAILED, "the job to fail")
         await until(lambda: all(gw.store.tasks[i].state == pb.TASK_STATE_RELEASED for i in ids[1:]), "releases")
@@ -263,8 +269,7 @@ async def test_cancel_releases_the_jobs_tasks(redis_url, prefix, tmp_path):
     async with backends(redis_url, prefix, tmp_path) as (argv, placers), \
             servicer_on(redis_url, prefix, argv, placers) as gw:
         first, _ = await gw.jobs.submit(job(stage("a", 2), stage("b", 1, ("a",))))
-        ids = [task_id_of(first.job_id, "a", i) for i in range(2)]
-        await until(lambda: all(i in gw.store.tasks for i in ids), "stage a")
+        ids = await stage_submitted(gw, first.job_id, "a", 2)
         cancelled = await gw.jobs.cancel(first.job_id)
         assert cancelled.state == pb.JOB_STATE_CANCELLED
         await until(lambda: all(gw.store.tasks[i].state == pb.TASK_STATE_RELEASED for i in ids), "releases")
@@ -277,8 +282,7 @@ async def test_a_restarted_gateway_rebuilds_the_job_and_continues_without_submit
         async with servicer_on(redis_url, prefix, argv, placers) as gw:
             first, _ = await gw.jobs.submit(DIAMOND)
             job_id = first.job_id
-            ids = [task_id_of(job_id, "extract", i) for i in range(3)]
-            await until(lambda: all(i in gw.store.tasks for i in ids), "extract")
+            ids = await stage_submitted(gw, job_id, "extract", 3)
             for i in ids[:2]:
                 await finish(gw, i)
         # the gateway is gone; its last extract task finishes meanwhile (the next one's follower records it)

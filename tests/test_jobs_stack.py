@@ -226,11 +226,21 @@ def test_the_tpch_replay_runs_dag_jobs_to_completion_and_summarises(stack, redis
     out = capsys.readouterr().out
     assert code == 0, out
     assert "replaying 3 TPC-H DAG jobs" in out and "TPC-H DAG replay" in out
+    assert_every_job_succeeded(out, 3)
+
+
+def replay_summary(out: str) -> list[str]:
+    """The cells of a DAG replay's summary row (`hsched replay tpch|alibaba2018`): jobs, succeeded, failed,
+    unfinished, avg JCT, p95 JCT, avg critical path, ..."""
     row = [line for line in out.splitlines() if line.startswith("│")][-1].strip("│ ").split("│")
-    jobs, succeeded, failed, unfinished, avg_jct, p95_jct, bound = (c.strip() for c in row[:7])
-    assert (jobs, succeeded, failed, unfinished) == ("3", "3", "0", "0")
+    return [c.strip() for c in row]
+
+
+def assert_every_job_succeeded(out: str, jobs: int) -> None:
+    jobs_, succeeded, failed, unfinished, avg_jct, p95_jct, bound = replay_summary(out)[:7]
+    assert (jobs_, succeeded, failed, unfinished) == (str(jobs), str(jobs), "0", "0")
     assert float(avg_jct) >= float(bound) > 0  # a critical path is a lower bound of the JCT
-    assert float(p95_jct) >= float(avg_jct)  # of 3 jobs, the p95 is the longest
+    assert float(p95_jct) >= float(avg_jct)
 
 
 # -- failures (the placers' executor fails every task: --fail-probability 1) -------------------------------------
@@ -272,8 +282,7 @@ def test_the_tpch_replay_exits_non_zero_when_jobs_fail(failing_stack, redis_url,
                      "--time-factor", str(TIME_FACTOR)])
     out = capsys.readouterr().out
     assert code == 1, out
-    row = [line for line in out.splitlines() if line.startswith("│")][-1].strip("│ ").split("│")
-    assert [c.strip() for c in row[:4]] == ["2", "0", "2", "0"]
+    assert replay_summary(out)[:4] == ["2", "0", "2", "0"]
 
 
 def test_cli_submit_f_job_get_list_cancel(stack, tmp_path, capsys):

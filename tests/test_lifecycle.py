@@ -33,7 +33,7 @@ from hsched.stack import Stack, StackConfig
 from hsched.state.follow import LedgerFollower, stream_id_tuple
 from hsched.state.keys import Keys
 from hsched.state.ledger import Ledger, fold_event, load_snapshot, replay, snapshot_and_trim, snapshot_of
-from hsched.state.redis import connect, connect_sync
+from hsched.state.redis import connect_sync
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc, placer_pb2, placer_pb2_grpc
 from tests.conftest import SMALL_FLEET
@@ -42,13 +42,6 @@ from tests.test_leases import PlacerProcess, wait_for
 
 GIB = 1024
 TF = 60.0  # a task minute per wall second
-
-
-@pytest.fixture
-async def redis(redis_url):
-    client = connect(redis_url)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture

@@ -37,13 +37,6 @@ GIB = 1024
 TF = 60.0  # a task minute per wall second
 
 
-@pytest.fixture
-async def redis(redis_url):
-    client = connect(redis_url)
-    yield client
-    await client.aclose()
-
-
 def executor(preempt_s: str = "0", tf: float = TF) -> SimulatedExecutor:
     return SimulatedExecutor(tf, Overheads(Span(0, 0), Span(0, 0), Span.parse(preempt_s, "p")), 0.0, seed=3)
 

@@ -14,11 +14,10 @@ import grpc
 import pytest
 import redis
 
-from hsched.stack import Stack, StackConfig
 from hsched.state.keys import Keys
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
-from tests.conftest import SMALL_FLEET, delete_prefix
+from tests.conftest import small_fleet_stack
 
 pytestmark = pytest.mark.slow
 TIME_FACTOR = 120  # two minutes of task time per wall second
@@ -26,12 +25,8 @@ TIME_FACTOR = 120  # two minutes of task time per wall second
 
 @pytest.fixture(scope="module")
 def stack(redis_url):
-    prefix = f"test-preempt-{int(time.time() * 1000)}"
-    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0, thermal=False,
-                         extra_env={"HSCHED_TIME_FACTOR": str(TIME_FACTOR)})
-    with Stack(config) as s:
+    with small_fleet_stack(redis_url, "preempt", thermal=False, extra_env={"HSCHED_TIME_FACTOR": str(TIME_FACTOR)}) as s:
         yield s
-    delete_prefix(redis_url, prefix)
 
 
 def gpu_task(runtime_s: float, priority_class: str = "") -> pb.TaskSpec:

@@ -13,11 +13,10 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from hsched.stack import Stack, StackConfig
 from hsched.state.lifecycle import ON_NODES
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc, placer_pb2, placer_pb2_grpc
-from tests.conftest import SMALL_FLEET, delete_prefix
+from tests.conftest import small_fleet_stack
 
 pytestmark = pytest.mark.slow
 
@@ -52,14 +51,10 @@ def otlp():
 @pytest.fixture(scope="module")
 def stack(redis_url, otlp):
     _, port = otlp
-    prefix = f"test-stack-{int(time.time() * 1000)}"
-    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
-                         traces="otlp", log_level="INFO",
-                         extra_env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
-                                    "OTEL_BSP_SCHEDULE_DELAY": "100"})
-    with Stack(config) as s:
+    with small_fleet_stack(redis_url, "stack", traces="otlp", log_level="INFO",
+                     extra_env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                                "OTEL_BSP_SCHEDULE_DELAY": "100"}) as s:
         yield s
-    delete_prefix(redis_url, prefix)
 
 
 @pytest.fixture(scope="module")
@@ -330,20 +325,15 @@ def test_placer_can_ask_the_thermal_service_instead_of_its_own_room_model(redis_
     library in-process); the answer carries the same thermal effect."""
     import urllib.request
 
-    prefix = f"test-stack-guard-{int(time.time() * 1000)}"
-    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
-                         extra_env={"HSCHED_THERMAL_GUARD": "service"})
-    try:
-        with Stack(config) as s, grpc.insecure_channel(s.gateway) as ch:
-            t = submit(gateway_pb2_grpc.GatewayStub(ch), task(cores=2)).task
-            assert t.state == pb.TASK_STATE_PLACED
-            assert t.explanation.thermal.redline_c == 27.0
-            assert t.explanation.thermal.max_inlet_after_c >= t.explanation.thermal.max_inlet_before_c
-            url = f"http://127.0.0.1:{s.services['thermal'].metrics_port}/metrics"
-            text = urllib.request.urlopen(url, timeout=5).read().decode()
-            assert 'method="hsched.v1.Thermal/Predict"' in text
-    finally:
-        delete_prefix(redis_url, prefix)
+    with small_fleet_stack(redis_url, "stack-guard", extra_env={"HSCHED_THERMAL_GUARD": "service"}) as s, \
+            grpc.insecure_channel(s.gateway) as ch:
+        t = submit(gateway_pb2_grpc.GatewayStub(ch), task(cores=2)).task
+        assert t.state == pb.TASK_STATE_PLACED
+        assert t.explanation.thermal.redline_c == 27.0
+        assert t.explanation.thermal.max_inlet_after_c >= t.explanation.thermal.max_inlet_before_c
+        url = f"http://127.0.0.1:{s.services['thermal'].metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert 'method="hsched.v1.Thermal/Predict"' in text
 
 
 def test_metrics_endpoints_expose_paper_002_names(stack, gw):

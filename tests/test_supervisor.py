@@ -26,7 +26,7 @@ from hsched.stack import Service, Stack, StackConfig, _health, _redis_answers
 from hsched.state.lifecycle import ON_NODES
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
-from tests.conftest import SMALL_FLEET, delete_prefix
+from tests.conftest import SMALL_FLEET, delete_prefix, small_fleet_stack
 
 pytestmark = pytest.mark.slow
 
@@ -35,13 +35,9 @@ DEADLINE_S = 120.0  # generous: 2 cores shared with other stacks; a restarted pl
 
 @pytest.fixture(scope="module")
 def stack(redis_url):
-    prefix = f"test-supervisor-{int(time.time() * 1000)}"
-    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
-                         log_level="INFO", supervise=True, unhealthy_restart_s=6.0, backoff_initial_s=0.2,
-                         backoff_max_s=2.0, probe_interval_s=0.5)
-    with Stack(config) as s:
+    with small_fleet_stack(redis_url, "supervisor", log_level="INFO", supervise=True, unhealthy_restart_s=6.0,
+                     backoff_initial_s=0.2, backoff_max_s=2.0, probe_interval_s=0.5) as s:
         yield s
-    delete_prefix(redis_url, prefix)
 
 
 def wait_for(condition, what: str, timeout_s: float = DEADLINE_S):

@@ -40,14 +40,20 @@ def _redis_url(gateway: str | None = None) -> str | None:
     """REDIS_URL, else the running stack's Redis (its password from its password file; for a TLS Redis, its CA and
     client certificate paths go to this process' HSCHED_REDIS_TLS_* unless set, for the clients connect() makes)."""
     from hsched.localstate import stack_redis_url
+    from hsched.state.redis import RedisTls
 
     if os.environ.get("REDIS_URL"):
         return os.environ["REDIS_URL"]
     stack = _running_stack(gateway)
-    for name in ("HSCHED_REDIS_TLS_CA", "HSCHED_REDIS_TLS_CERT", "HSCHED_REDIS_TLS_KEY"):
-        if stack.get(name.lower().removeprefix("hsched_")):
-            os.environ.setdefault(name, stack[name.lower().removeprefix("hsched_")])
+    for name in RedisTls.ENV:
+        if stack.get(_stack_key(name)):
+            os.environ.setdefault(name, stack[_stack_key(name)])
     return stack_redis_url(stack)
+
+
+def _stack_key(env_name: str) -> str:
+    """The stack file's key of a Redis TLS file: HSCHED_REDIS_TLS_CA -> redis_tls_ca (written by cmd_up)."""
+    return env_name.lower().removeprefix("hsched_")
 
 
 def _credentials(args) -> ClientCredentials:
@@ -73,12 +79,30 @@ def _stub(args) -> gateway_pb2_grpc.GatewayStub:
     return _WithCredentials(gateway_pb2_grpc.GatewayStub(credentials.channel(args.gateway)), credentials.metadata)
 
 
-def _print(message, as_json: bool = True) -> None:
+def _print(message) -> None:
     print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
 
 
-STATES = [pb.TaskState.Name(v).removeprefix("TASK_STATE_").lower() for v in pb.TaskState.values() if v]
-# states a task never leaves (hsched.state.tasks.TERMINAL, without importing the Redis side here)
+def _print_page(args, reply, items, line) -> None:
+    """A page of a List/ListJobs reply: the reply itself with --json, else a line per item and the next page."""
+    if args.json:
+        _print(reply)
+        return
+    for item in items:
+        print(line(item))
+    if reply.next_page_token:
+        print(f"(more: --page-token {reply.next_page_token})")
+
+
+def _names(enum, prefix: str) -> list[str]:
+    """An enum's values as the --state flags spell them (TASK_STATE_PLACED -> placed), without UNSPECIFIED."""
+    return [enum.Name(v).removeprefix(prefix).lower() for v in enum.values() if v]
+
+
+STATES = _names(pb.TaskState, "TASK_STATE_")
+JOB_STATES = _names(pb.JobState, "JOB_STATE_")
+# states a task never leaves: hsched.state.tasks.TERMINAL (test_cli checks), not imported so that every command
+# does not load the ledger and numpy
 FINAL = (pb.TASK_STATE_REJECTED, pb.TASK_STATE_RELEASED, pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED,
          pb.TASK_STATE_EXPIRED)
 
@@ -104,6 +128,7 @@ def cmd_up(args) -> int:
     from rich.table import Table
 
     from hsched.localstate import remove_stack, write_stack
+    from hsched.security import pki
     from hsched.stack import Stack, StackConfig, default_state_dir
     from hsched.state.epoch import StateLost
     from hsched.state.redis import RedisUnavailable, redact_url, url_without_password
@@ -114,9 +139,6 @@ def cmd_up(args) -> int:
     console = Console(width=max(Console().width, 112))  # the summary table needs ~110 columns
     if args.replay in JOB_TRACES and args.time_factor is None:
         args.time_factor = _dag_time_factor(args)  # the placers' clock must run at the replay's pace
-    if args.redis_replicas < 0:
-        print("--redis-replicas must be >= 0", file=sys.stderr)
-        return 2
     config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
                          policy=args.policy, gpu_policy=args.gpu_policy, path_finder=args.path_finder,
                          thermal=not args.no_thermal, traces=args.traces,
@@ -140,6 +162,7 @@ def cmd_up(args) -> int:
         print(f"hsched up: {exc}" + (f"\nlogs kept in {stack.logs_kept}" if stack.logs_kept else ""), file=sys.stderr)
         return 1
     token_file = stack.admin_token_file
+    ca = pki.ca_paths(stack.tls_dir)[0] if stack.tls_dir else None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -147,10 +170,10 @@ def cmd_up(args) -> int:
                      "prefix": args.prefix, "time_factor": args.time_factor,
                      "fleet": os.path.abspath(args.fleet) if args.fleet else None,
                      "redis_password_file": str(stack.redis_password_file) if stack.redis_password_file else None,
-                     **({"tls_ca": str(stack.tls_dir / "ca.crt")} if stack.tls_dir else {}),
+                     **({"tls_ca": str(ca)} if ca else {}),
                      **({"token_file": str(token_file)} if token_file else {}),
-                     **({f"redis_tls_{k}": v for k, v in vars(stack.redis_tls).items() if v} if stack.redis_tls
-                        else {})})
+                     **{_stack_key(name): path for name, path in (stack.redis_tls.env() if stack.redis_tls
+                                                                  else {}).items()}})
         if stack.redis_tls:  # this process' own Redis clients (the replay summary) use the stack's TLS files
             os.environ.update(stack.redis_tls.env())
         table = Table(title=f"hsched stack — fleet {stack.fleet.name} ({stack.fleet.wan.source or 'inline WAN'})")
@@ -168,8 +191,8 @@ def cmd_up(args) -> int:
         kept = "kept" if args.log_dir or args.keep_logs else "removed on a clean stop; --keep-logs keeps them"
         console.print(f"logs: {stack.log_dir} ({kept}); state (Redis AOF, epoch {stack.epoch}): {stack.state_dir}")
         if stack.tls_dir:
-            console.print(f"mutual TLS on every hop; CA and certificates in {stack.tls_dir} (clients: --tls-ca "
-                          f"{stack.tls_dir / 'ca.crt'}; rotate: hsched certs rotate --dir {stack.tls_dir})")
+            console.print(f"mutual TLS on every hop; CA and certificates in {stack.tls_dir} (clients: --tls-ca {ca}; "
+                          f"rotate: hsched certs rotate --dir {stack.tls_dir})")
         if token_file:
             console.print(f"tenant authentication on: admin token in {token_file} (the CLI uses it for this stack); "
                           f"tenant tokens: hsched tokens create --file {stack.tokens_file} --tenant NAME")
@@ -212,13 +235,14 @@ def _log_supervision_to(console) -> None:
 def stack_credentials(stack) -> ClientCredentials:
     """The operator's credentials for a stack this process started: its admin token (`--auth`) and, with `--tls`,
     its CA and admin client certificate."""
+    from hsched.security.tls import TlsFiles
     from hsched.security.tokens import read_token_file
 
     token = read_token_file(stack.admin_token_file) if stack.admin_token_file else None
-    tls_dir = getattr(stack, "tls_dir", None)  # hsched up --tls (hsched.security.pki layout)
-    if tls_dir is None:
+    if stack.tls_dir is None:
         return ClientCredentials(token)
-    return ClientCredentials(token, str(tls_dir / "ca.crt"), str(tls_dir / "admin.crt"), str(tls_dir / "admin.key"))
+    admin = TlsFiles(stack.tls_dir, "admin")
+    return ClientCredentials(token, str(admin.ca), str(admin.cert), str(admin.key))
 
 
 JOB_TRACES = ("tpch", "alibaba2018")  # replayed as DAG jobs (hsched.job_replay), not as tasks
@@ -404,16 +428,10 @@ def cmd_job(args) -> int:
         job = stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=args.job_id), timeout=30)
         _print(job) if args.json else print(_job_line(job))
     elif args.action == "list":
-        state = pb.JobState.Value(f"JOB_STATE_{args.state.upper()}") if args.state else 0
+        state = pb.JobState.Value(f"JOB_STATE_{args.state.upper()}") if args.state else 0  # a choice of JOB_STATES
         reply = stub.ListJobs(gateway_pb2.ListJobsRequest(tenant=args.tenant, state=state, limit=args.limit,
                                                           page_token=args.page_token), timeout=10)
-        if args.json:
-            _print(reply)
-        else:
-            for j in reply.jobs:
-                print(_job_line(j))
-            if reply.next_page_token:
-                print(f"(more: --page-token {reply.next_page_token})")
+        _print_page(args, reply, reply.jobs, _job_line)
     else:
         try:
             for ev in stub.Watch(gateway_pb2.WatchRequest(job_id=args.job_id, after_event_id=args.after)):
@@ -460,13 +478,7 @@ def cmd_list(args) -> int:
     state = pb.TaskState.Value(f"TASK_STATE_{args.state.upper()}") if args.state else 0  # a choice of STATES
     reply = _stub(args).List(gateway_pb2.ListRequest(tenant=args.tenant, state=state, datacenter=args.datacenter,
                                                      limit=args.limit, page_token=args.page_token), timeout=10)
-    if args.json:
-        _print(reply)
-    else:
-        for t in reply.tasks:
-            print(_task_line(t))
-        if reply.next_page_token:
-            print(f"(more: --page-token {reply.next_page_token})")
+    _print_page(args, reply, reply.tasks, _task_line)
     return 0
 
 
@@ -873,7 +885,7 @@ def build_parser() -> argparse.ArgumentParser:
     jb.add_argument("action", choices=["get", "list", "cancel", "watch"])
     jb.add_argument("job_id", nargs="?", default="")
     jb.add_argument("--tenant", default="")
-    jb.add_argument("--state", default="", help="pending running succeeded failed cancelled")
+    jb.add_argument("--state", default="", choices=["", *JOB_STATES], metavar="STATE", help=" ".join(JOB_STATES))
     jb.add_argument("--limit", type=positive_int, default=100)
     jb.add_argument("--page-token", default="")
     jb.add_argument("--after", default="0", help="watch: event id to resume after (default 0: from the start)")

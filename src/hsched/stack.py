@@ -117,7 +117,7 @@ class StackConfig:
     keep_logs: bool = False
     log_level: str = "WARNING"
     extra_env: dict[str, str] = field(default_factory=dict)
-    # tenant authentication at the gateway (hsched.security.tokens): given to it as HSCHED_TOKENS_FILE, never argv.
+    # tenant authentication at the gateway (hsched.security.tokens): its --tokens-file (a path; the file is 0600).
     # `auth` without a tokens file: <state_dir>/tokens.yaml with an admin token in <state_dir>/admin.token
     tokens_file: str | None = None
     auth: bool = False
@@ -179,10 +179,9 @@ class Stack:
         self._supervisor: threading.Thread | None = None
         self._redis_record = Service("redis", "", [], backoff_s=config.backoff_initial_s)
         self._restarts: Counter | None = None  # hsched_supervisor_restarts_total, with the supervisor's metrics
-        self.tls_dir: Path | None = None  # with config.tls: the CA and certificates (hsched.security.pki layout)
         self._probe_tls: tuple[tuple, grpc.ChannelCredentials] | None = None
         self.tokens_file: str | None = config.tokens_file
-        self.admin_token_file: Path | None = None  # with `auth`: where the generated admin token is
+        self.admin_token_file: Path | None = None  # with `auth` (no tokens_file given): the generated admin token
 
     # -- start -------------------------------------------------------------------------------------------------
 
@@ -201,20 +200,38 @@ class Stack:
             args += ["--tls-dir", str(self.tls_dir)]
         return args
 
+    @property
+    def tls_dir(self) -> Path | None:
+        """With `tls`: the CA and certificates (hsched.security.pki layout), in <state_dir>/tls or the run dir."""
+        return (self.state_dir or self.run_dir) / "tls" if self.config.tls else None
+
+    def _prepare_state_dir(self) -> None:
+        """<state_dir> (0700), wiped first by a `fresh` start: before anything is kept in it."""
+        if self.state_dir:
+            if self.config.fresh and self.state_dir.exists():
+                shutil.rmtree(self.state_dir)
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
     def _prepare_tls(self) -> None:
-        """A CA and every certificate of the pki layout in <state_dir>/tls (or the run dir); an existing CA is
-        kept (a restarted stack's services trust the same CA), and leaves missing or expiring within
-        RENEW_BEFORE are issued with it."""
-        if not self.config.tls:
+        """A CA and every certificate of the pki layout in `tls_dir`; an existing CA is kept (a restarted
+        stack's services trust the same CA), and leaves missing or expiring within RENEW_BEFORE are issued with it."""
+        d = self.tls_dir
+        if d is None:
             return
-        d = (self.state_dir or self.run_dir) / "tls"
         if not pki.ca_paths(d)[0].exists():
             pki.init_dir(d)
         else:
             due = set(pki.DEFAULT_NAMES) - set(pki.leaf_names(d)) | set(pki.expiring(d, RENEW_BEFORE))
             for name in sorted(due):
                 pki.issue(d, name)
-        self.tls_dir = d
+
+    def _prepare_auth(self) -> None:
+        """With `auth` and no tokens file given: <state_dir>/tokens.yaml (or the run dir's) with an admin token."""
+        if self.config.auth and not self.tokens_file:
+            from hsched.security.tokens import ensure_admin_token
+
+            tokens, self.admin_token_file = ensure_admin_token(self.state_dir or self.run_dir)
+            self.tokens_file = str(tokens)
 
     def probe_credentials(self) -> grpc.ChannelCredentials | None:
         """The supervisor's TLS client credentials (None without TLS), re-read when its files change."""
@@ -230,8 +247,6 @@ class Stack:
         # the URL (and its password) by environment: /proc/<pid>/environ is this user's only, cmdline is everyone's
         env = {**os.environ, **self.config.extra_env, "PYTHONUNBUFFERED": "1", "REDIS_URL": self.redis_url,
                **(self.redis_tls.env() if self.redis_tls else {})}
-        if name == "gateway" and self.tokens_file:
-            env["HSCHED_TOKENS_FILE"] = str(self.tokens_file)
         with self._lock, _open_log(self.log_dir / f"{name}.log") as log_file:
             proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log_file,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -266,13 +281,10 @@ class Stack:
 
     def start(self, timeout_s: float = 120.0) -> Stack:
         try:
+            self._prepare_state_dir()
+            self._prepare_tls()  # before Redis: a TLS embedded Redis presents the stack's `redis` certificate
+            self._prepare_auth()
             self._start_redis()
-            self._prepare_tls()  # after _start_redis: a `fresh` start wipes the state dir
-            if self.config.auth and not self.tokens_file:  # after _start_redis: a `fresh` start wipes the state dir
-                from hsched.security.tokens import ensure_admin_token
-
-                tokens, self.admin_token_file = ensure_admin_token(self.state_dir or self.run_dir)
-                self.tokens_file = str(tokens)
             thermal = []
             if self.config.thermal:
                 self._spawn("thermal", "services.thermal", [*self._common("thermal"), "--listen", "127.0.0.1:0"])
@@ -299,7 +311,8 @@ class Stack:
                                   for dc in self.fleet.datacenters)
             self._spawn("gateway", "services.gateway",
                         [*self._common("gateway"), "--listen", f"127.0.0.1:{self.config.gateway_port}",
-                         "--selector", self.services["selector"].target, "--placers", placer_map])
+                         "--selector", self.services["selector"].target, "--placers", placer_map,
+                         *(["--tokens-file", self.tokens_file] if self.tokens_file else [])])
             self._wait_ready(["gateway"], timeout_s)
             if self.config.supervise:
                 self._start_supervisor()
@@ -313,12 +326,7 @@ class Stack:
         """The embedded Redis (unless a URL was given), then the epoch marker: StateLost when Redis lacks the
         epoch this state dir recorded, before any service could fold an empty ledger."""
         c = self.config
-        redis_dir = None
-        if self.state_dir:
-            if c.fresh and self.state_dir.exists():
-                shutil.rmtree(self.state_dir)
-            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            redis_dir = self.state_dir / "redis"
+        redis_dir = self.state_dir / "redis" if self.state_dir else None
         if not self.redis_url:  # not open to every local user: a password, kept with the data it guards
             try:
                 password = read_or_create_secret(self.redis_password_file) if self.redis_password_file \
@@ -359,9 +367,8 @@ class Stack:
         c = self.config
         if not (c.tls and c.redis_tls) or c.redis_replicas or not shutil.which("redis-server"):
             return None
-        self._prepare_tls()  # here already (start() calls it again: a no-op): Redis starts before the services
-        d = self.tls_dir
-        return ServerTls(cert=str(d / "redis.crt"), key=str(d / "redis.key"), ca=str(d / "ca.crt"))
+        files = TlsFiles(self.tls_dir, "redis")
+        return ServerTls(cert=str(files.cert), key=str(files.key), ca=str(files.ca))
 
     @property
     def redis_password_file(self) -> Path | None:
