@@ -37,10 +37,6 @@ from tests.conftest import ROOT, SMALL_FLEET, delete_prefix
 
 pytestmark = pytest.mark.slow
 
-# tenant tokens (h-tenants: `hsched up --auth`, an admin token in <state dir>/admin.token): checked like the Redis
-# password once that work is in this tree; before, only the Redis password is
-TOKENS = "auth" in StackConfig.__dataclass_fields__
-
 
 def _descendants(root: int) -> list[int]:
     """Every live process below `root` (services run in their own sessions, but stay its children)."""
@@ -88,7 +84,7 @@ def test_hsched_up_keeps_the_redis_password_off_command_lines_logs_and_its_stack
     with open(out_path, "w") as out:
         up = subprocess.Popen([sys.executable, "-m", "hsched.cli", "up", "--fleet", SMALL_FLEET, "--port", str(port),
                                "--prefix", prefix, "--state-dir", str(state), "--log-dir", str(logs),
-                               "--log-level", "INFO", "--no-thermal", *(["--auth"] if TOKENS else []),
+                               "--log-level", "INFO", "--no-thermal", "--auth",
                                *(["--tls"] if tls else [])],
                               env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -99,10 +95,8 @@ def test_hsched_up_keeps_the_redis_password_off_command_lines_logs_and_its_stack
             time.sleep(0.2)
         password = (state / "redis.password").read_text().strip()
         assert len(password) >= 32 and stat.S_IMODE((state / "redis.password").stat().st_mode) == 0o600
-        secrets = {"redis.password": password}
-        if TOKENS:
-            secrets["admin.token"] = (state / "admin.token").read_text().strip()
-            assert stat.S_IMODE((state / "admin.token").stat().st_mode) == 0o600
+        secrets = {"redis.password": password, "admin.token": (state / "admin.token").read_text().strip()}
+        assert stat.S_IMODE((state / "admin.token").stat().st_mode) == 0o600
 
         # the stack file: private, in the runtime dir, no secret — yet enough for the CLI to reach the stack
         [info] = localstate.read_stacks()
@@ -112,8 +106,7 @@ def test_hsched_up_keeps_the_redis_password_off_command_lines_logs_and_its_stack
         assert stat.S_IMODE(stack_file.parent.stat().st_mode) == 0o700
         assert info["gateway"] == f"127.0.0.1:{port}"
         assert not [name for name, secret in secrets.items() if secret in stack_file.read_text()]
-        if TOKENS:
-            assert info["token_file"] == str(state / "admin.token")  # a path, which the CLI reads
+        assert info["token_file"] == str(state / "admin.token")  # a path, which the CLI reads
         if tls:  # every hop on TLS, Redis too (an ACL user; the CLI finds the CA and certificate by their paths)
             assert info["redis_url"].startswith("rediss://hsched@") and info["tls_ca"] == str(state / "tls" / "ca.crt")
             assert info["redis_tls_ca"] == info["tls_ca"] and info["redis_tls_key"] == str(state / "tls" / "redis.key")

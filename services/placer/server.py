@@ -262,10 +262,10 @@ async def serve(args, stop: asyncio.Event) -> None:
         raise SystemExit(f"--datacenter {args.datacenter!r} is not in the fleet "
                          f"({', '.join(d.name for d in fleet.datacenters)})") from None
     redis = connect(args.redis_url)
+    tls = tls_files(args, "placer")
     thermal = None  # the pre-commit redline guard
     if args.thermal:
-        thermal = room_for(dc) if args.thermal_guard == "local" else ThermalClient(args.thermal, dc.name,
-                                                                                             tls=tls_files(args, "placer"))
+        thermal = room_for(dc) if args.thermal_guard == "local" else ThermalClient(args.thermal, dc.name, tls=tls)
     guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
     owner = f"{socket.gethostname()}:{os.getpid()}"
     engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
@@ -295,7 +295,7 @@ async def serve(args, stop: asyncio.Event) -> None:
     engine.add_serving_watcher(mirror_health)
     server, port, health = await rpc.start_server(
         lambda s: placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(engine, metrics), s),
-        names, args.listen, metrics, serving=engine.holding, tls=tls_files(args, "placer"),
+        names, args.listen, metrics, serving=engine.holding, tls=tls,
         reflection=reflection_on(args))
     await rpc.set_health(health, names, engine.holding)  # it may have changed while the server started
 
