@@ -76,7 +76,7 @@ from hsched.rpc import CHANNEL_OPTIONS
 from hsched.stack import Stack, StackConfig
 from hsched.stack import _serving as serving
 from hsched.state.keys import Keys
-from hsched.state.ledger import fold_event
+from hsched.state.ledger import FREEING, fold_event
 from hsched.state.lifecycle import ON_NODES  # placed, or started by its DC's executor: on its nodes
 from hsched.state.redis import connect, connect_sync, free_port
 from hsched.state.tasks import FINISHED, TaskStore  # FINISHED: ran to an end; its DC's ledger freed it
@@ -121,6 +121,7 @@ class Record:
     keeper: bool = False
     release_attempted: bool = False
     release_acked: bool = False
+    release_state: int = 0  # what the acknowledged Release answered: RELEASED, or the final state it had reached
     release_phase: str = ""
     release_error: str = ""
 
@@ -193,11 +194,11 @@ class Client:
     async def release(self, rec: Record, phase: str) -> None:
         rec.release_attempted = True
         try:
-            await self._call(self.stub.Release, gateway_pb2.ReleaseRequest(task_id=rec.task_id), [0])
+            reply = await self._call(self.stub.Release, gateway_pb2.ReleaseRequest(task_id=rec.task_id), [0])
         except grpc.aio.AioRpcError as exc:
             rec.release_error = exc.code().name
             return
-        rec.release_acked, rec.release_phase = True, phase
+        rec.release_acked, rec.release_phase, rec.release_state = True, phase, reply.task.state
 
     async def run(self, phase: str, stop: asyncio.Event) -> None:
         """Poisson arrivals at `--rate`/s until `stop`, then wait for every Submit and its Release (bounded)."""
@@ -373,6 +374,7 @@ class LedgerView:
     queue: OrderedDict
     live: dict[str, tuple[Part, ...]]  # every allocation not freed, refused by the fold or not
     refused: list[str]  # fold refusals: over-allocation, a task allocated twice
+    finished: set[str] = dataclasses.field(default_factory=set)  # ran to an end (done) after its last alloc
 
 
 async def fold_ledger(redis, stream: str, dc: DataCenter, batch: int = 2000) -> LedgerView:
@@ -386,8 +388,11 @@ async def fold_ledger(redis, stream: str, dc: DataCenter, batch: int = 2000) -> 
             event = json.loads(fields[b"e"])
             if event["t"] == "alloc":
                 view.live[event["task"]] = tuple(Part.from_json(p) for p in event["parts"])
-            elif event["t"] == "free":
+                view.finished.discard(event["task"])
+            elif event["t"] in FREEING:  # free, and since tasks run: done, preempt
                 view.live.pop(event["task"], None)
+                if event["t"] == "done":
+                    view.finished.add(event["task"])
             try:
                 fold_event(event, view.state, view.queue)
             except OverAllocation as exc:
@@ -425,8 +430,8 @@ def over_capacity(dc: DataCenter, table, allocations: dict[str, tuple[Part, ...]
 
 def allowed_states(rec: Record) -> set[int]:
     """What an acknowledged outcome may legitimately have become by now."""
-    if rec.release_acked:
-        return {pb.TASK_STATE_RELEASED}
+    if rec.release_acked:  # RELEASED, or a task that had finished first (a Release of it is a no-op)
+        return {rec.release_state}
     if rec.state == pb.TASK_STATE_REJECTED:
         return {pb.TASK_STATE_REJECTED}
     ok = {*ON_NODES, *FINISHED} if rec.state == pb.TASK_STATE_PLACED else {pb.TASK_STATE_DEFERRED, *ON_NODES, *FINISHED}
@@ -514,7 +519,8 @@ async def audit(stack: Stack, records: list[Record]) -> Audit:
         view = ledgers.get(dc)
         if view is None:
             lose(rec.task_id, f"placed at {dc!r}, which is not a data center of the fleet")
-        elif placed and rec.task_id not in view.live:
+        elif placed and rec.task_id not in view.live and rec.task_id not in view.finished:
+            # (a task that finished after the gateway's Get answered is not lost: the ledger ran it to an end)
             lose(rec.task_id, f"ledger: {dc} does not hold it (acknowledged PLACED, not released)")
             assignments = rec.assignments if rec.state == pb.TASK_STATE_PLACED else list(now.assignments)
             missing[dc][rec.task_id] = parts_from_pb(assignments)

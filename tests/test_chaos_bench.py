@@ -118,3 +118,29 @@ def test_report_prints_a_row_per_fault_and_fails_on_any_loss(bench_stack, capsys
     phase.double["gpu/n0: cpu_milli 2 > capacity 1"] = auditor.double["gpu/n0: cpu_milli 2 > capacity 1"] = "x"
     assert chaos.report([phase], final, [], auditor, opts, stack) == 1
     assert "| kill-placer | placer-gpu | bench: Stack.restart (3.5 s) | 7 | 0 | 1 |" in capsys.readouterr().out
+
+
+async def test_the_audit_counts_a_finished_or_preempted_task_as_freed_by_its_ledger(redis, prefix):
+    """Tasks run to an end now: a `done` or `preempt` event frees like `free`. Folded as still live, a finished
+    task was reported as leaked after its Release and its resources as a double allocation."""
+    from hsched.domain.fleet import load_fleet
+    from tests.conftest import SMALL_FLEET
+
+    dc = load_fleet(SMALL_FLEET).datacenters[0]
+    stream = Keys(prefix).ledger(dc.name)
+    whole = Part(0, 0, 0, int(ClusterState(dc).table.cpu_milli[0]), 1, 0, 0).to_json()  # the whole node's CPU
+    for event in ({"t": "alloc", "task": "a", "parts": [whole]}, {"t": "done", "task": "a", "ok": True},
+                  {"t": "alloc", "task": "b", "parts": [whole]}, {"t": "preempt", "task": "b", "by": "c"},
+                  {"t": "alloc", "task": "c", "parts": [whole]}):
+        await redis.xadd(stream, {"e": json.dumps(event)})
+    view = await chaos.fold_ledger(redis, stream, dc)
+    assert list(view.live) == ["c"] and view.finished == {"a"} and view.refused == []
+    assert chaos.over_capacity(dc, view.state.table, view.live) == []
+
+
+def test_a_release_acknowledged_after_the_task_finished_allows_that_final_state_only():
+    rec = chaos.Record("r", "p", 0.0, task_id="t", state=pb.TASK_STATE_PLACED, release_attempted=True,
+                       release_acked=True, release_state=pb.TASK_STATE_SUCCEEDED)
+    assert chaos.allowed_states(rec) == {pb.TASK_STATE_SUCCEEDED}
+    rec.release_state = pb.TASK_STATE_RELEASED
+    assert chaos.allowed_states(rec) == {pb.TASK_STATE_RELEASED}
