@@ -228,3 +228,20 @@ def test_a_reader_that_leaves_early_ends_the_output_quietly(small_stack, tmp_pat
     finally:
         os.close(write_end)
     assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
+def test_train_writes_a_new_run_directory_and_never_the_shipped_model(tmp_path):
+    shipped = Path(__file__).resolve().parents[1] / "models" / "per_dqn_path.pt"
+    before = shipped.read_bytes()
+    done = subprocess.run([sys.executable, "-m", "hsched.cli", "train", "per-dqn", "--steps", "200", "--quiet"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    [run] = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("per-dqn-") and (run / "per_dqn_path.pt").is_file()
+    assert (run / "per_dqn_path.json").is_file() and f"wrote runs/{run.name}/" in done.stderr
+    assert shipped.read_bytes() == before
+
+
+def test_train_resume_needs_the_checkpoint_it_continues(tmp_path):
+    done = run_cli("train", "per-dqn", "--resume", env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert_one_line_error(done, 2, "--resume", "--out is required")

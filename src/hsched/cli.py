@@ -606,12 +606,18 @@ def cmd_train(args) -> int:
     """Train one agent from scratch (or resume it); print the figures it evaluated."""
     from pathlib import Path
 
-    from hsched.rl.training import TrainArgs, trainer
+    from hsched.rl.training import TrainArgs, new_run_dir, trainer
 
+    if args.resume and not args.out:
+        raise ValidationError("--resume", "continues the checkpoint at --out, so --out is required")
+    run_dir = None if args.out else new_run_dir(args.agent)
     run = trainer(args.agent)
     figures = run(TrainArgs(seed=args.seed, steps=args.steps, out=Path(args.out) if args.out else None,
-                            resume=args.resume, compare=args.compare, progress=not args.quiet))
+                            run_dir=run_dir, resume=args.resume, compare=args.compare, progress=not args.quiet))
     print(json.dumps(figures, indent=2, sort_keys=True, default=str))
+    if run_dir:
+        print(f"hsched train: wrote {run_dir}/ (the shipped models/ are unchanged; services started with "
+              f"HSCHED_MODELS_DIR={run_dir} load their models from it)", file=sys.stderr)
     return 0
 
 
@@ -929,8 +935,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("agent", choices=list(TRAINERS))
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--steps", type=positive_int, help="environment steps (default: the budget the shipped model used)")
-    tr.add_argument("--out", help="checkpoint path (default: models/<agent's model>.pt, the shipped one)")
-    tr.add_argument("--resume", action="store_true", help="continue the training checkpoint at --out")
+    tr.add_argument("--out", help="checkpoint path (default: a new runs/<agent>-<UTC time>/<agent>.pt; replacing a "
+                                  "shipped model, which the stack serves, takes an explicit --out models/<model>.pt)")
+    tr.add_argument("--resume", action="store_true", help="continue the training checkpoint at --out (required)")
     tr.add_argument("--compare", action="store_true",
                     help="also train the paper's comparison runs (DQN vs PER-DQN; expert ratio 0/10/100 %%) "
                          "and plot them in one learning curve")

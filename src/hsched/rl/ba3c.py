@@ -84,7 +84,7 @@ from torch import nn
 from hsched.envs.dag import CF, JF, NF, PAPER004_EXECUTOR_COUNTS, DagEpisode, DagSchedulingEnv, run_dag_policy
 from hsched.rl import checkpoint, training
 from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
-from hsched.rl.training import TrainArgs, plot_curves, progress, returns_to_go, seed_everything
+from hsched.rl.training import TrainArgs, output_path, plot_curves, progress, returns_to_go, seed_everything
 
 EXECUTOR_COUNTS = PAPER004_EXECUTOR_COUNTS
 TRAIN_SEED0 = 10_000
@@ -526,7 +526,7 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
     """Train from scratch or resume `out`; write the model (.pt + .json), its learning curve; return figures."""
     from hsched.envs.dag import SjfCp
 
-    out = Path(args.out) if args.out else checkpoint.model_path(model_name)
+    out = output_path(args, model_name)
     episodes = args.steps or cfg.episodes  # `--steps` counts episodes for this agent
     cfg = dataclasses.replace(cfg, episodes=episodes)
     rng = seed_everything(args.seed)

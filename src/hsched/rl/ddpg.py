@@ -102,7 +102,7 @@ from hsched.rl.buffers import DualReplayBuffer, ReplayBuffer
 from hsched.rl.checkpoint import runs_dir, training_path
 from hsched.rl.nets import SelfAttentionScorer
 from hsched.rl.schedules import LinearSchedule, soft_update
-from hsched.rl.training import TrainArgs, plot_curves, progress, seed_everything
+from hsched.rl.training import TrainArgs, output_path, plot_curves, progress, seed_everything
 
 # host, its cluster's free shares, the heuristic hints, "is wait" flag
 ITEM_FEATURES = len(HOST_FEATURES) + len(RESOURCES) + len(HINT_FEATURES) + 1
@@ -509,7 +509,7 @@ def paired_difference(mine: np.ndarray, theirs: np.ndarray, more_is_better: bool
 def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]:
     """Train from scratch or resume; write `out` (.pt actor + .json), the learning curve and return the
     evaluation figures."""
-    out = Path(args.out) if args.out else checkpoint.model_path(model)
+    out = output_path(args, model)
     steps = args.steps or cfg.steps
     cfg = dataclasses.replace(cfg, steps=steps)
     rng = seed_everything(args.seed)

@@ -60,7 +60,15 @@ from hsched.rl import checkpoint
 from hsched.rl.buffers import ReplayBuffer
 from hsched.rl.nets import PooledScorer
 from hsched.rl.schedules import LinearSchedule, epsilon_greedy, hard_update
-from hsched.rl.training import TrainArgs, plot_curves, progress, restore_rng_state, rng_state, seed_everything
+from hsched.rl.training import (
+    TrainArgs,
+    output_path,
+    plot_curves,
+    progress,
+    restore_rng_state,
+    rng_state,
+    seed_everything,
+)
 from hsched.thermal import RoomModel
 from hsched.thermal.datacenter import load_arrays, room_for
 
@@ -68,7 +76,6 @@ MODEL_NAME = "double_dqn_dc"
 POLICY_NAME = "double-dqn"
 ITEM_FEATURES = ("util", "util_after", "rise", "influence", "is_wait")
 TASK_FEATURES = ("demand", "mean_util", "max_rise")
-RUNS_DIR = Path(__file__).resolve().parents[3] / "runs"  # git-ignored: the shipped model's resume state
 
 # Eq.12 as trained. With the DC's 27 °C redline as φ_T the overheat term never fires on Thunder load in the
 # fixed 20 °C room (the hottest inlet stays at 25-26 °C), so the reward would carry no thermal signal at all:
@@ -550,8 +557,8 @@ def train_double_dqn(args: TrainArgs, config: DdqnConfig | None = None,
     """Train (or resume) to `args.steps`, save the model at `args.out`, plot its curve, evaluate it on the
     held-out jobs against RR and Greedy. `config` / `env` override the defaults (tests: a tiny room)."""
     config = config or DdqnConfig()
-    out = checkpoint.model_path(str(args.out)) if args.out else checkpoint.model_path(MODEL_NAME)
-    resume = out.with_name(out.stem + "_resume.pt") if args.out else RUNS_DIR / f"{MODEL_NAME}_resume.pt"
+    out = output_path(args, MODEL_NAME)
+    resume = out.with_name(out.stem + "_resume.pt")
     trainer = Trainer(config, args.seed, env)
     if args.resume and resume.exists():
         trainer.load(checkpoint.load_state(resume))

@@ -51,7 +51,15 @@ from hsched.rl import checkpoint
 from hsched.rl.buffers import Batch, PrioritizedReplayBuffer, ReplayBuffer
 from hsched.rl.nets import HIDDEN, mlp
 from hsched.rl.schedules import LinearSchedule, epsilon_greedy, hard_update
-from hsched.rl.training import TrainArgs, plot_curves, progress, restore_rng_state, rng_state, seed_everything
+from hsched.rl.training import (
+    TrainArgs,
+    output_path,
+    plot_curves,
+    progress,
+    restore_rng_state,
+    rng_state,
+    seed_everything,
+)
 
 MODEL_NAME = "per_dqn_path"
 
@@ -351,7 +359,7 @@ class Trainer:
 def train(config: DqnConfig, args: TrainArgs) -> dict[str, Any]:
     """Train (or resume) `config` to `args.steps`, save it at `args.out`, plot its curve; with
     `args.compare`, also train the other replay kind with the same seed and budget and plot both."""
-    out = Path(args.out) if args.out else checkpoint.model_path(MODEL_NAME if config.prioritized else "dqn_path")
+    out = output_path(args, MODEL_NAME if config.prioritized else "dqn_path")
     steps = args.steps or config.steps
     trainer = Trainer(config, args.seed)
     if args.resume and out.exists():

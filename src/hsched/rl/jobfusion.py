@@ -54,7 +54,7 @@ from hsched.envs.colocation import STAGE_FEATURES, ColocationConfig, ColocationE
 from hsched.policies.colocation import COUNT_LEVELS, sjf_action
 from hsched.rl import checkpoint, training
 from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
-from hsched.rl.training import TrainArgs, plot_curves, progress, returns_to_go, seed_everything
+from hsched.rl.training import TrainArgs, output_path, plot_curves, progress, returns_to_go, seed_everything
 
 TRAIN_SEED0 = 10_000
 BC_SEED0 = 20_000
@@ -263,7 +263,7 @@ def evaluate(policy: Any, env: ColocationEnv, seeds: tuple[int, ...] = EVAL_SEED
 
 
 def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]:
-    out = Path(args.out) if args.out else checkpoint.model_path(model)
+    out = output_path(args, model)
     iterations = args.steps or cfg.iterations
     cfg = dataclasses.replace(cfg, iterations=iterations)
     rng = seed_everything(args.seed)

@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,28 @@ TRAINERS: dict[str, tuple[str, str]] = {
 class TrainArgs:
     seed: int = 0
     steps: int | None = None      # None: the agent's default budget
-    out: Path | None = None       # None: models/<agent's default name>.pt
+    out: Path | None = None       # the checkpoint path; None: <run_dir>/<model>.pt (output_path)
+    run_dir: Path | None = None   # None: a new runs/<model>-<UTC time>/ (new_run_dir)
     resume: bool = False          # continue the training checkpoint at `out`
     compare: bool = False         # also train the paper's comparison runs and plot them together
     progress: bool = True
+
+
+def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
+    """A fresh `runs/<name>-<UTC time>/` under the working directory (not created yet)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    run, n = root / f"{name}-{stamp}", 1
+    while run.exists():  # two trainings started in the same second
+        n += 1
+        run = root / f"{name}-{stamp}-{n}"
+    return run
+
+
+def output_path(args: TrainArgs, model: str) -> Path:
+    """Where a trainer writes `model`: `args.out` as given, else `<run dir>/<model>.pt` — never a shipped
+    model in models/ (which the stack serves) unless `--out models/<model>.pt` says so. The file keeps the
+    model's name, so HSCHED_MODELS_DIR=<run dir> serves it."""
+    return Path(args.out) if args.out else (args.run_dir or new_run_dir(model)) / f"{model}.pt"
 
 
 def trainer(agent: str) -> Callable[[TrainArgs], dict[str, Any]]:
