@@ -142,3 +142,26 @@ def test_cli_watch_of_one_task_ends_with_its_final_state(stack, capsys):
     assert capsys.readouterr().out.split()[:2] == [placed.task_id, "SUCCEEDED"]
     assert cli.main(["list", "--state", "succeeded", "--gateway", stack.gateway]) == 0
     assert placed.task_id in capsys.readouterr().out
+
+
+def test_a_task_with_runtime_0_runs_until_released_even_across_a_placer_restart(stack):
+    gw = stub(stack)
+    idle = free_cores(stack, "cheap")
+    service = gw.Submit(gateway_pb2.SubmitRequest(task=task(cores=2, runtime_s=0)), timeout=30).task
+    assert service.state == pb.TASK_STATE_PLACED and service.datacenter == "cheap"
+
+    def get() -> pb.Task:
+        return gw.Get(gateway_pb2.GetRequest(task_id=service.task_id), timeout=10)
+
+    running = wait_for(lambda: (t := get()).state == pb.TASK_STATE_RUNNING and t, "the task started")
+    stack.kill("placer-cheap")  # SIGKILL while it runs; the restarted placer resumes its clock from the ledger
+    stack.restart("placer-cheap")
+    time.sleep(3)  # three task minutes: a task with any runtime up to that would have finished
+    still = get()
+    assert (still.state, still.started_unix_ms, still.finished_unix_ms) == (pb.TASK_STATE_RUNNING,
+                                                                           running.started_unix_ms, 0)
+    assert free_cores(stack, "cheap") == idle - 2000
+    released = gw.Release(gateway_pb2.ReleaseRequest(task_id=service.task_id), timeout=30).task
+    assert released.state == pb.TASK_STATE_RELEASED and released.started_unix_ms == running.started_unix_ms
+    assert free_cores(stack, "cheap") == idle
+    assert kinds_per_task(stack)[service.task_id] == ["submitted", "dc_selected", "placed", "running", "released"]

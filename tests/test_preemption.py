@@ -108,6 +108,22 @@ async def test_online_preempts_the_offline_task_that_lost_least_only_when_needed
         assert state.clocks == e.state.clocks and set(state.specs) == set(e.state.specs)
 
 
+async def test_a_task_that_runs_until_released_loses_the_time_it_has_run(redis, prefix) -> None:
+    """svc (runtime 0) started before batch (runtime 10 h): batch has run less and is evicted first, whatever its
+    runtime; then svc, losing its elapsed run time × its dominant share (24 of cheap's 96 cores: 0.25)."""
+    async with running(engine(redis, prefix, executor())) as e:
+        await fill(e, redis, prefix, ["a", "b"], cls="online")
+        await fill(e, redis, prefix, ["svc"], runtime_s=0)
+        await fill(e, redis, prefix, ["batch"], runtime_s=36_000)
+        assert "batch" in (await e.place("on1", task(24, "online"))).notes[-1]
+        r = await e.place("on2", task(24, "online"))
+        assert r.outcome == "placed" and r.parts[0].node == 2
+        (_, run), = [(i, ev) for i, ev in await events_of(redis, prefix, "svc") if ev["t"] == "run"]
+        pre = next(ev for ev in preempts(await ledger_events(redis, prefix)) if ev["task"] == "svc")
+        lost = (pre["at"] - run["at"]) / 1000 * TF * 0.25
+        assert f"svc (lost work {lost:.4g} DC-seconds)" in r.notes[-1]
+
+
 async def test_online_tasks_are_never_evicted(redis, prefix) -> None:
     async with running(engine(redis, prefix, executor())) as e:
         await fill(e, redis, prefix, ["on0", "on1", "on2", "on3"], cls="online")

@@ -167,7 +167,7 @@ def test_replicas_are_placed_with_the_state_updated_between_them(gw, stack):
     (task(cores=-1), "resources.cpu_milli"),
     (task(cores=0, mem_gib=1), "resources.cpu_milli"),
     (task(gpus=1, gpu_pct=150), "resources.gpu_core_percent"),
-    (task(runtime_s=0), "runtime_s"),
+    (task(runtime_s=-1), "runtime_s"),
     (task(tenant="Not A Label"), "tenant"),
     (task(replicas=10_000), "replicas"),
     (task(entry_vertex="atlantis"), "task.entry_vertex"),

@@ -850,7 +850,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-memory-gib", type=non_negative_float, default=None, help="GPU memory per slice (needs --gpus)")
     s.add_argument("--gpu-model", action="append", help="allowed GPU model (repeatable)")
     s.add_argument("--replicas", type=positive_int, default=1)
-    s.add_argument("--runtime-s", type=positive_float, default=3600.0)
+    s.add_argument("--runtime-s", type=non_negative_float, default=3600.0, help="task seconds (0: runs until released)")
     s.add_argument("--data-mb", type=non_negative_float, default=0.0)
     s.add_argument("--entry", default="", help="entry vertex (default: the fleet's scheduler vertex)")
     s.add_argument("--max-latency-ms", type=non_negative_float, default=0.0)
