@@ -197,11 +197,14 @@ async def all_online_but_one_offline(e: PlacerEngine, redis, prefix: str) -> Non
     await started(redis, prefix, "x")
 
 
-@pytest.mark.parametrize("searches", [4, 0])
-async def test_a_waiting_online_task_preempts_once_freed_room_makes_an_eviction_possible(redis, prefix,
-                                                                                         searches) -> None:
-    """With `searches` 0 (waiting online tasks never evict, the rule before) "u" waits for "x" to finish."""
-    async with running(engine(redis, prefix, executor(preempt_s="60"))) as e:
+@pytest.mark.parametrize(("searches", "thermal"), [(4, False), (0, False), (4, True)])
+async def test_a_waiting_online_task_preempts_once_freed_room_makes_an_eviction_possible(redis, prefix, searches,
+                                                                                         thermal) -> None:
+    """With `searches` 0 (waiting online tasks never evict, the rule before) "u" waits for "x" to finish. With the
+    thermal guard (cheap's room, far from its redline) the pass after a release runs on a conservative headroom:
+    the search waits for the batch to be decided again on exact numbers, with the same outcome."""
+    room = room_for(cheap()) if thermal else None
+    async with running(engine(redis, prefix, executor(preempt_s="60"), thermal=room)) as e:
         e.queue_eviction_searches = searches
         await all_online_but_one_offline(e, redis, prefix)
         # on1 (node 0) goes: node 0 holds x and 12 free cores; u fits there only by evicting x
@@ -244,46 +247,63 @@ async def test_a_placer_that_takes_over_serves_a_waiting_online_task_its_predece
         assert len(preempts(await ledger_events(redis, prefix))) == 1 and "u" in e3.state.allocations
 
 
-async def test_waiting_online_tasks_are_searched_within_a_budget_and_only_after_something_was_freed(
-        redis, prefix) -> None:
-    """"big" (two whole nodes, priority 5: served before u) cannot be let in by evicting one node's offline
-    tasks. With one search per pass, the pass of on1's release searches big only; the pass right after searches
-    u, which evicts x. A pass with nothing freed since searches nobody; a release searches big once more."""
+@pytest.mark.parametrize("searches", [1, 4])
+async def test_waiting_online_tasks_are_searched_within_a_budget_per_pass_the_rest_by_the_next(redis, prefix,
+                                                                                             searches) -> None:
+    """"pair" (online, two 12-core replicas) holds half of nodes 0 and 1; u1 (24 cores, priority 5) and u2 (20
+    cores) wait with nothing offline to evict; x1 then x2 (offline, 12 cores) take the other halves as on0 and on1
+    leave. Nobody was searched for so far (no one-node eviction could let u1 or u2 in: a cheap count, not a
+    search). pair's release frees half of both nodes: u1 evicts x2 (it has run less than x1), u2 then x1. With one
+    search per pass, the release's pass places u1 and the pass right after it u2; with four, the same pass both."""
     async with running(engine(redis, prefix, executor())) as e:
-        e.queue_eviction_searches = 1
-        await fill(e, redis, prefix, [f"on{i}" for i in range(8)], cores=12, cls="online")
-        big = TaskSpec(Resources(24 * MILLI, 2 * GIB), runtime_s=0, priority_class="online", priority=5, replicas=2)
-        assert (await e.place("big", big)).outcome == "deferred"
-        assert (await e.place("u", task(24, "online"))).outcome == "deferred"
-        assert (await e.place("x", task(12, runtime_s=600))).outcome == "deferred"
-        # on0's pass searches big (nothing offline held), places x; the pass after it searches u: evicting x
-        # leaves 12 cores on node 0 (on1 stays), not enough
-        assert [t for t, _ in (await e.release("on0")).placed_from_queue] == ["x"]
-        await searched(e, 2)
-        assert not (await e.release("on1")).placed_from_queue  # this pass: big only
-        await until(lambda: _has(redis, prefix, "u", "alloc"), "the next pass places u by evicting x")
-        assert [(p["task"], p["by"]) for p in preempts(await ledger_events(redis, prefix))] == [("x", "u")]
-        await searched(e, 4)
-        assert list(e.queue) == ["big", "x"]
-        # x's preemption freed room too (an eviction may leave some): the next pass searches big again; one
-        # more, with nothing freed since, searches nobody
-        for total in (5, 5):
-            e._on_report(Report("drain", "", 0, 0))
-            await searched(e, total)
-        assert (await e.release("on7")).released  # room freed on node 3: big is searched once more, in vain
-        await searched(e, 6)
-        assert "big" in e.queue
+        e.queue_eviction_searches = searches
+        await fill(e, redis, prefix, ["on0"], cores=12, cls="online")
+        assert (await e.place("pair", TaskSpec(Resources(12 * MILLI, 2 * GIB), runtime_s=0, priority_class="online",
+                                               replicas=2))).outcome == "placed"
+        assert sorted(p.node for p in e.state.allocations["pair"]) == [0, 1]
+        await fill(e, redis, prefix, [f"on{i}" for i in range(1, 6)], cores=12, cls="online")
+        assert (await e.place("u1", task(24, "online", priority=5))).outcome == "deferred"
+        assert (await e.place("u2", task(20, "online"))).outcome == "deferred"
+        for name in ("x1", "x2"):
+            assert (await e.place(name, task(12, runtime_s=600))).outcome == "deferred"
+        for freed, taker in (("on0", "x1"), ("on1", "x2")):
+            assert [t for t, _ in (await e.release(freed)).placed_from_queue] == [taker]
+            await started(redis, prefix, taker)
+            await asyncio.sleep(0.05)
+        assert e.queue_eviction_searches_total == 0 and list(e.queue) == ["u1", "u2"]
+        placed = [t for t, _ in (await e.release("pair")).placed_from_queue]
+        assert placed == (["u1"] if searches == 1 else ["u1", "u2"])
+        await until(lambda: _has(redis, prefix, "u2", "alloc"), "u2 placed by evicting x1")
+        assert e.queue_eviction_searches_total == 2
+        entries = [ev for _, ev in await ledger_events(redis, prefix)]
+        i = next(k for k, ev in enumerate(entries) if ev["t"] == "free" and ev["task"] == "pair")
+        assert [(ev["t"], ev["task"]) for ev in entries[i:] if ev["t"] != "run"] == [
+            ("free", "pair"), ("preempt", "x2"), ("alloc", "u1"), ("defer", "x2"),
+            ("preempt", "x1"), ("alloc", "u2"), ("defer", "x1")]
+        assert (e.state.allocations["u1"][0].node, e.state.allocations["u2"][0].node) == (1, 0)
 
 
-async def searched(e: PlacerEngine, n: int) -> None:
-    """The engine has done exactly `n` eviction searches for waiting online tasks, and no more come."""
-    await until(lambda: _is(e.queue_eviction_searches_total, n), f"{n} eviction searches")
-    await asyncio.sleep(0.3)  # passes still queued (the budget's next pass) have run
-    assert e.queue_eviction_searches_total == n
-
-
-async def _is(value: int, n: int) -> bool:
-    return value >= n
+async def test_a_waiting_online_task_is_searched_again_only_after_something_was_freed(redis, prefix) -> None:
+    """"wide" (offline, 32 cores: 24 on node 0, 8 on node 1) spans nodes, so the cheap count does not rule
+    evictions out and "big" (two 24-core replicas) is searched for in earnest; evicting wide empties node 0 only,
+    never two nodes: each search fails. A pass with nothing freed since its last search searches nobody; a pass
+    after a release searches it once."""
+    async with running(engine(redis, prefix, executor())) as e:
+        await fill(e, redis, prefix, ["wide"], cores=32)
+        await fill(e, redis, prefix, ["on-b"], cores=16, cls="online")
+        await fill(e, redis, prefix, [f"on{i}" for i in range(4)], cores=12, cls="online")
+        assert {p.node for p in e.state.allocations["wide"]} == {0, 1}
+        big = TaskSpec(Resources(24 * MILLI, 2 * GIB), runtime_s=0, priority_class="online", replicas=2)
+        assert (await e.place("big", big)).outcome == "deferred"  # searched at arrival, in vain
+        # on0 and on2 leave nodes 2 and 3 half full: still no two empty nodes
+        for total, freeing in ((0, None), (1, "on0"), (1, None), (2, "on2"), (2, None)):
+            if freeing:
+                assert not (await e.release(freeing)).placed_from_queue
+            else:
+                e._on_report(Report("drain", "", 0, 0))
+                await asyncio.sleep(0.2)
+            assert e.queue_eviction_searches_total == total, (total, freeing)
+        assert "big" in e.queue and not preempts(await ledger_events(redis, prefix))
 
 
 async def test_the_queue_serves_online_then_fair_share_then_priority_then_arrival(redis, prefix) -> None:

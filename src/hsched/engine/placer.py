@@ -132,7 +132,7 @@ class ReleaseResult:
     released: bool
     freed: Resources = field(default_factory=Resources)
     placed_from_queue: list[tuple[str, tuple[Part, ...]]] = field(default_factory=list)
-    thermal_limited: bool = False  # a waiting online task's eviction was ruled out on a conservative headroom
+    thermal_limited: bool = False  # a waiting online task is to be searched for on exact headroom (_decide_batch)
 
 
 @dataclass
@@ -243,6 +243,8 @@ class PlacerEngine:
         self.queue_eviction_searches = QUEUE_EVICTION_SEARCHES
         self._freed_count = 0
         self._eviction_searched: dict[str, int] = {}
+        self._state_version = 0  # bumped by every change of self.state (a cache key)
+        self._offline_cache: tuple[int, tuple[list[str], np.ndarray | None]] | None = None
         self.queue_eviction_searches_total = 0  # searches done for waiting online tasks (bench/preempt_cpu.py)
 
     @property
@@ -348,6 +350,7 @@ class PlacerEngine:
     def _adopt(self, state: ClusterState, queue: OrderedDict[str, TaskSpec], last_id: str) -> None:
         """Serve from a fresh fold of the ledger."""
         self.state, self.queue, self.last_id = state, queue, last_id
+        self._state_version += 1
         self._eviction_searched.clear()  # a new fold: every waiting online task is searched for once more
         if isinstance(self.thermal, RoomGuard):  # its cached exact headroom describes the old state
             self.thermal = RoomGuard(self.thermal.room, state)
@@ -605,6 +608,7 @@ class PlacerEngine:
                                                      "at": e["_queued_ms"] or 0})
 
     def _undo(self, batch: list[_Op], queue_before: _QueueSave) -> None:
+        self._state_version += 1
         clocks, queued_ms = self.state.clocks, self.state.queued_ms
         for op in reversed(batch):
             for e in reversed(op.events):
@@ -646,6 +650,7 @@ class PlacerEngine:
                 for save in unsaved:
                     save.items = items
         fold_event(event, state, self.queue)
+        self._state_version += 1
         if event["t"] in FREEING:
             self._freed_count += 1  # never undone: at worst one search more
         # for _undo (keys with "_" are not written)
@@ -702,9 +707,10 @@ class PlacerEngine:
         None (nothing changed) when no such eviction would let it in."""
         now = _now_ms()
         state = self.state
-        offline = [t for t, clock in state.clocks.items() if clock.priority_class != ONLINE and t in state.specs]
-        if not offline:
+        if not self._eviction_could_help(spec):
             return None
+        offline, _ = self._offline_view()
+        smallest = _smallest_part(spec, self.dc)
         reclaimable = self._reclaimable(spec, offline)
         cands = []
         for t in offline:
@@ -714,10 +720,6 @@ class PlacerEngine:
                 cands.append(candidate(t, [p for p in parts if reclaimable[p.node]], lost))
         if not cands:
             return None
-
-        demands = [d.demand for d in split_task(spec, self.dc)]
-        smallest = (min(d.cpu_milli for d in demands), min(d.memory_mib for d in demands),
-                    min(d.disk_mib for d in demands), min(d.bandwidth_mbps for d in demands))
         power: dict[str, list[tuple[int, float]]] = {}  # victim -> the heat its parts make, per node
 
         def fits(victims: tuple[str, ...]) -> bool:
@@ -761,6 +763,36 @@ class PlacerEngine:
     def _eviction_note(self, eviction: Eviction) -> str:
         return (f"preempted {len(eviction.victims)} offline task(s) on node {self.state.table.names[eviction.node]}: "
                 f"{', '.join(eviction.victims)} (lost work {eviction.lost_work:.4g} DC-seconds); requeued")
+
+    def _eviction_could_help(self, spec: TaskSpec) -> bool:
+        """Cheap and blind to heat: False when no one-node eviction could let `spec` in (`_one_node_could_let_in`)."""
+        offline, held = self._offline_view()
+        return bool(offline) and (held is None or _one_node_could_let_in(
+            self.state, held, _smallest_part(spec, self.dc), len(split_task(spec, self.dc))))
+
+    def _offline_view(self) -> tuple[list[str], np.ndarray | None]:
+        """The preemptible (offline) tasks held, and what they hold per node (CPU, memory, disk, bandwidth; None when
+        one spans nodes); kept until the state changes, so a pass's searches share it."""
+        if self._offline_cache is not None and self._offline_cache[0] == self._state_version:
+            return self._offline_cache[1]
+        state = self.state
+        offline = [t for t, clock in state.clocks.items() if clock.priority_class != ONLINE and t in state.specs]
+        nodes, amounts = [], []
+        for t in offline:
+            parts = state.allocations[t]
+            if any(p.node != parts[0].node for p in parts):
+                nodes = None
+                break
+            for p in parts:
+                nodes.append(p.node)
+                amounts.append((p.cpu_milli, p.memory_mib, p.disk_mib, p.bandwidth_mbps))
+        held = None
+        if nodes is not None:
+            held = np.zeros((state.n, 4), dtype=np.int64)
+            if nodes:
+                np.add.at(held, np.asarray(nodes), np.asarray(amounts, dtype=np.int64))
+        self._offline_cache = (self._state_version, (offline, held))
+        return offline, held
 
     def _reclaimable(self, spec: TaskSpec, offline: list[str]) -> np.ndarray:
         """Nodes where a part of `spec` would fit if all their offline tasks were gone: the only nodes whose
@@ -914,6 +946,9 @@ class PlacerEngine:
         past the pass's budget, and not when a task of the same shape found nothing earlier in the pass."""
         if self._eviction_searched.get(task_id) == self._freed_count:
             return False
+        if not self._eviction_could_help(spec):  # not a search; true whatever the headroom's precision
+            op.searched[task_id] = self._freed_count
+            return False
         shape = (spec.resources, spec.replicas, spec.gpu_models)
         if shape in searches.failed:
             op.searched[task_id] = self._freed_count
@@ -921,6 +956,9 @@ class PlacerEngine:
         if searches.left <= 0:
             op.searches_left_over = self.queue_eviction_searches > 0  # 0: waiting online tasks never evict
             return False
+        if headroom is not None and not self._headroom_exact:
+            result.thermal_limited = True  # a conservative bound could rule victims out: the batch is decided
+            return False  # again on exact numbers (_decide_batch), and searched then
         searches.left -= 1
         self.queue_eviction_searches_total += 1
         first = len(op.events)
@@ -929,11 +967,8 @@ class PlacerEngine:
                 if e["t"] == "preempt":
                     fair.evicted(e["_clock"].tenant, usage_vector(e["_parts"]))
             return True
-        if headroom is not None and not self._headroom_exact:
-            result.thermal_limited = True  # a conservative bound may have ruled victims out: exact numbers next
-        else:
-            searches.failed.add(shape)
-            op.searched[task_id] = self._freed_count
+        searches.failed.add(shape)
+        op.searched[task_id] = self._freed_count
         return False
 
     def _pick_dag(self, band: list[Waiting], headroom: np.ndarray | None, planned: dict[str, Plan],
@@ -1163,6 +1198,33 @@ class _Searches:
     def __init__(self, budget: int) -> None:
         self.left = budget
         self.failed: set[tuple[Resources, int, tuple[str, ...]]] = set()
+
+
+def _smallest_part(spec: TaskSpec, dc: DataCenter) -> tuple[int, int, int, int]:
+    """The least CPU, memory, disk and bandwidth any part of `spec` asks for."""
+    demands = [d.demand for d in split_task(spec, dc)]
+    return (min(d.cpu_milli for d in demands), min(d.memory_mib for d in demands),
+            min(d.disk_mib for d in demands), min(d.bandwidth_mbps for d in demands))
+
+
+def _one_node_could_let_in(state: ClusterState, held: np.ndarray, smallest: tuple[int, int, int, int],
+                           parts: int) -> bool:
+    """A cheap necessary condition for any one-node eviction to let a task of `parts` parts in (the searches for
+    waiting online tasks mostly end here): counting, per node, how many of its smallest part its free room holds
+    (CPU, memory, disk, bandwidth; GPU cards are left to the planner), now and with all the node's offline tasks
+    (`held`: what they hold per node, none spanning nodes) gone, the nodes now plus the best node's gain must
+    hold them all."""
+    free = np.stack([state.free_cpu, state.free_memory, state.free_disk, state.free_bandwidth], axis=1).astype(np.int64)
+    need = np.asarray(smallest, dtype=np.int64)
+    dims = need > 0
+    if not dims.any():
+        return True
+
+    def count(room: np.ndarray) -> np.ndarray:
+        return np.minimum((np.maximum(room[:, dims], 0) // need[dims]).min(axis=1), parts)
+
+    now = count(free)
+    return int(now.sum() + (count(free + held) - now).max()) >= parts
 
 
 def _room_for_some_part(state: ClusterState, freed: list[tuple[Part, ...]], smallest: tuple[int, int, int, int]) -> bool:
