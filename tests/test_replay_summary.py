@@ -33,3 +33,10 @@ def test_rows_count_every_final_state_and_the_preemptions_per_data_center() -> N
     doc = json.loads(json.dumps(summary_document("openb", stats, list(rows.values()))))
     assert doc["trace"] == "openb" and doc["submitted"] == 10
     assert [r["succeeded"] for r in doc["datacenters"]] == [2, 0, 0]
+
+
+def test_json_is_refused_for_the_dag_job_replays_naming_the_flag(capsys) -> None:
+    from hsched import cli
+
+    assert cli.main(["replay", "tpch", "--json", "--gateway", "127.0.0.1:1"]) == 2
+    assert "--json" in capsys.readouterr().err

@@ -391,6 +391,8 @@ def cmd_replay(args) -> int:
     from rich.console import Console
 
     _check_trace(args.replay)
+    if args.json and args.replay in JOB_TRACES:
+        raise ValidationError("--json", f"is for task traces only, not the DAG job replay {args.replay!r}")
     fleet = _fleet(args.fleet)
     credentials = _credentials(args)
     # fail fast: without a gateway every Submit would wait out its deadline for the replay's whole duration

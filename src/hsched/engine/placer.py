@@ -31,7 +31,10 @@ the state moved while it waited (tasks finished, offline tasks took part of the 
 freed resources can turn an impossible eviction into a possible one (a newly placed offline task gives back
 just its own room), so a waiting online task is searched for again only after something was freed since its
 last search that found nothing (`_freed_count`), at most `queue_eviction_searches` of them per pass (the rest
-by a further pass right after), and one search per shape of task per pass.
+by a further pass right after), and one search per shape of task per pass. Before any search (at arrival too),
+a cheap count per node (`_one_node_could_let_in`) rules out tasks no one-node eviction could hold; a pass on a
+conservative thermal headroom leaves its searches to the batch's re-decision on exact numbers. A placer that
+takes the lease serves its queue once (its predecessor may have died before a pass).
 
 The gRPC service (services/placer) only translates protobuf to these calls.
 """
