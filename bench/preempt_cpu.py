@@ -4,7 +4,16 @@ tasks of `--online-cores` arrive one by one, each finding no room and evicting t
 lose the least work (hsched.policies.preemption). Prints the offline tasks held, the nodes, and per online task
 the victims, the lost work and the CPU ms of this process for the decision (Redis's own CPU not counted).
 
-    python bench/preempt_cpu.py [--dc kansas-city] [--cores 4] [--online 5] [--online-cores 8]
+With `--waiting N`, N online tasks that no one-node eviction can let in (two replicas of a whole node each, each a
+different shape) then wait in the queue, and the CPU of queue passes is measured: after an offline task is
+released (each waiting online task is searched again: `queue_eviction_searches` per pass, the rest in passes right
+after), after a pass with nothing freed since (no search), and with `queue_eviction_searches` 0 (the rule before:
+waiting online tasks never evict). Their searches mostly end at a cheap per-node count (no one-node eviction could
+hold their parts); `--spanning` first places one offline task across two nodes, which turns that count off: the
+worst case, every waiting task searched in full.
+
+    python bench/preempt_cpu.py [--dc kansas-city] [--cores 4] [--online 5] [--online-cores 8] [--waiting 0]
+    python bench/preempt_cpu.py --online 3 --waiting 16 [--spanning]
 
 REDIS_URL, when set, is used (default redis://127.0.0.1:6379/0); keys go under a unique prefix, deleted at the end.
 """
@@ -47,6 +56,10 @@ async def measure(opts) -> None:
     await engine.start()
     try:
         n, full = 0, False
+        if opts.spanning:  # larger than any node: split across nodes (DataCenter.split_chunk_milli)
+            big = int(engine.state.table.cpu_milli.max()) + 1000
+            r = await engine.place("spanning", TaskSpec(Resources(big, 2048), runtime_s=36_000), allow_defer=False)
+            assert len({p.node for p in r.parts}) > 1, r
         while not full:
             results = await asyncio.gather(*[
                 engine.place(f"off{n + i}", TaskSpec(Resources(opts.cores * 1000, opts.cores * 2048), runtime_s=36_000),
@@ -60,16 +73,66 @@ async def measure(opts) -> None:
         for i in range(opts.online):
             t0 = time.process_time()
             r = await engine.place(f"on{i}", TaskSpec(Resources(opts.online_cores * 1000, opts.online_cores * 2048),
-                                                      runtime_s=60, priority_class="online"), allow_defer=False)
+                                                      runtime_s=36_000, priority_class="online"),
+                               allow_defer=False)
             cpu_ms.append(1000 * (time.process_time() - t0))
             note = next((x for x in r.notes if x.startswith("preempted")), "no preemption")
             print(f"  online {i}: {r.outcome}, {note}; {cpu_ms[-1]:.1f} ms CPU")
         print(f"median CPU per preemption decision: {statistics.median(cpu_ms):.1f} ms "
               f"(min {min(cpu_ms):.1f}, max {max(cpu_ms):.1f}); preemptions written: {engine.preemptions_total}")
+        if opts.waiting:
+            await measure_queue_passes(engine, opts.waiting)
     finally:
         await engine.stop()
         await redis.aclose()
         delete_prefix(redis_url, prefix)
+
+
+async def measure_queue_passes(engine, waiting: int) -> None:
+    from hsched.domain.resources import Resources
+    from hsched.domain.task import TaskSpec
+    from hsched.engine.executor import Report
+
+    table = engine.state.table
+    cores = int(sorted(table.cpu_milli)[-2])  # two nodes at least this large: the task fits an empty DC
+    for i in range(waiting):
+        spec = TaskSpec(Resources(cores, 1024 + i), runtime_s=60, priority_class="online", replicas=2)
+        r = await engine.place(f"wait{i}", spec)
+        assert r.outcome == "deferred", r
+    offline = [t for t, c in engine.state.clocks.items() if c.priority_class != "online"]
+
+    async def settled() -> float:
+        """CPU ms until the engine is idle (the budget's further passes done)."""
+        t0 = time.process_time()
+        while True:
+            await asyncio.sleep(0.05)
+            if engine._ops.empty() and not engine._writing.locked():
+                await asyncio.sleep(0.05)
+                if engine._ops.empty() and not engine._writing.locked():
+                    break
+        return 1000 * (time.process_time() - t0)
+
+    print(f"{waiting} online tasks wait (2 x {cores} milli-CPU each; no one-node eviction lets them in), "
+          f"{engine.queue_eviction_searches} searches per pass:")
+    rows = []
+    for label, searches, freeing in (("release (room freed)", engine.queue_eviction_searches, True),
+                                     ("pass, nothing freed since", engine.queue_eviction_searches, False),
+                                     ("release, searches off (old rule)", 0, True)):
+        engine.queue_eviction_searches = searches
+        cpu, n = [], 0
+        for _ in range(3):
+            t0, n0 = time.process_time(), engine.queue_eviction_searches_total
+            if freeing:
+                await engine.release(offline.pop())
+            else:
+                engine._on_report(Report("drain", "", 0, 0))
+            first = 1000 * (time.process_time() - t0)
+            cpu.append(first + await settled())
+            n += engine.queue_eviction_searches_total - n0
+        rows.append((label, statistics.median(cpu), n / 3))
+    for label, ms, n in rows:
+        print(f"  {label:34s}: {ms:8.1f} ms CPU (median of 3, all its passes), {n:.0f} searches"
+              + (f", {ms / n:.2f} ms each" if n else ""))
 
 
 def main() -> None:
@@ -79,6 +142,8 @@ def main() -> None:
     p.add_argument("--cores", type=int, default=4)
     p.add_argument("--online", type=int, default=5)
     p.add_argument("--online-cores", type=int, default=8)
+    p.add_argument("--waiting", type=int, default=0, help="online tasks waiting in the queue (queue pass CPU)")
+    p.add_argument("--spanning", action="store_true", help="an offline task across two nodes (no cheap count)")
     asyncio.run(measure(p.parse_args()))
 
 

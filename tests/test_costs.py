@@ -287,6 +287,17 @@ def test_min_cost_crf_spf_disagree_on_hand_made_fleet() -> None:
     assert [c.datacenter for c in rank("spf")] == ["A", "B", "C"]
 
 
+def test_a_task_that_runs_until_released_is_ranked_by_an_hour_of_its_price() -> None:
+    g, dcs = three_dc_fleet()
+    task = one_core_task(data_size_mb=1000.0)
+    released = TaskSpec(resources=Resources(cpu_milli=1000), runtime_s=0.0, data_size_mb=1000.0)
+    hour, _ = rank_datacenters(task, dcs, g, 5.0, "e")
+    ranked, _ = rank_datacenters(released, dcs, g, 5.0, "e")
+    # as the 1-hour task above: B 60 + 25, A 100 + 5, C 10 + 100 (not the network cost alone: A, B, C)
+    assert [(c.datacenter, c.total) for c in ranked] == [(c.datacenter, c.total) for c in hour]
+    assert [c.total for c in ranked] == pytest.approx([85.0, 105.0, 110.0])
+
+
 def test_crf_random_paths_vary_with_a_long_lived_finder() -> None:
     g, dcs = three_dc_fleet()
     finder = RandomPathFinder(g, seed=3)

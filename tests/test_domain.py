@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -134,9 +135,10 @@ def test_valid_spec_passes() -> None:
     ({"resources": Resources(cpu_milli=-1)}, "resources.cpu_milli", ">= 0"),
     ({"replicas": 0}, "replicas", "1..256"),
     ({"replicas": 257}, "replicas", "1..256"),
-    ({"runtime_s": 0.0}, "runtime_s", "> 0"),
-    ({"runtime_s": float("nan")}, "runtime_s", "> 0"),
-    ({"runtime_s": float("inf")}, "runtime_s", "> 0"),
+    ({"runtime_s": -0.5}, "runtime_s", "finite number >= 0"),
+    ({"runtime_s": float("nan")}, "runtime_s", "finite number >= 0"),
+    ({"runtime_s": float("inf")}, "runtime_s", "finite number >= 0"),
+    ({"runtime_s": float("-inf")}, "runtime_s", "finite number >= 0"),
     ({"runtime_s": MAX_RUNTIME_S + 1}, "runtime_s", "one year"),
     ({"data_size_mb": -0.5}, "data_size_mb", "finite number >= 0"),
     ({"data_size_mb": float("nan")}, "data_size_mb", "finite number >= 0"),
@@ -154,6 +156,18 @@ def test_valid_spec_passes() -> None:
 ])
 def test_spec_rule_names_its_field(overrides: dict, field: str, fragment: str) -> None:
     assert_invalid(spec(**overrides), field, fragment)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10, 10), st.just(0.0), st.just(-0.0),
+                 st.sampled_from([MAX_RUNTIME_S, MAX_RUNTIME_S + 1e-3, 5e-324, -5e-324])))
+def test_runtime_s_is_valid_exactly_when_finite_and_in_0_to_a_year(runtime_s: float) -> None:
+    """0 is valid (runs until released); negative, NaN, infinite and past a year are refused naming the field."""
+    s = spec(runtime_s=runtime_s)
+    if math.isfinite(runtime_s) and 0 <= runtime_s <= MAX_RUNTIME_S:
+        s.validate()
+    else:
+        assert_invalid(s, "runtime_s", "finite number >= 0")
 
 
 @pytest.mark.parametrize(("name", "value"), [("replicas", 1.5), ("replicas", True), ("priority", 0.5)])
@@ -222,7 +236,7 @@ def valid_specs(draw: st.DrawFn) -> TaskSpec:
         resources=Resources(draw(st.integers(1, 10**7)), draw(st.integers(0, 10**7)), draw(st.integers(0, 10**7)),
                             draw(st.integers(0, 10**5)), gpus, draw(st.integers(1, 100)) if gpus else 0,
                             draw(st.integers(0, 80_000)) if gpus else 0),
-        runtime_s=draw(st.floats(min_value=0.001, max_value=MAX_RUNTIME_S)),
+        runtime_s=draw(st.one_of(st.just(0.0), st.floats(min_value=0, max_value=MAX_RUNTIME_S))),
         tenant=draw(st.from_regex(r"[a-z0-9]([a-z0-9._-]{0,10}[a-z0-9])?", fullmatch=True)),
         name=draw(st.text(max_size=20)), request_id=draw(st.from_regex(r"[A-Za-z0-9._:-]{0,20}", fullmatch=True)),
         priority=draw(st.integers(-1000, 1000)), replicas=draw(st.integers(1, 256)), data_size_mb=draw(FINITE),

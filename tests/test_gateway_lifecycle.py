@@ -5,6 +5,7 @@ tasks run (and wait in a queue) misses and doubles no transition once restarted.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 
@@ -142,3 +143,75 @@ def test_cli_watch_of_one_task_ends_with_its_final_state(stack, capsys):
     assert capsys.readouterr().out.split()[:2] == [placed.task_id, "SUCCEEDED"]
     assert cli.main(["list", "--state", "succeeded", "--gateway", stack.gateway]) == 0
     assert placed.task_id in capsys.readouterr().out
+
+
+def test_a_task_with_runtime_0_runs_until_released_even_across_a_placer_restart(stack):
+    gw = stub(stack)
+    idle = free_cores(stack, "cheap")
+    service = gw.Submit(gateway_pb2.SubmitRequest(task=task(cores=2, runtime_s=0)), timeout=30).task
+    assert service.state == pb.TASK_STATE_PLACED and service.datacenter == "cheap"
+
+    def get() -> pb.Task:
+        return gw.Get(gateway_pb2.GetRequest(task_id=service.task_id), timeout=10)
+
+    running = wait_for(lambda: (t := get()).state == pb.TASK_STATE_RUNNING and t, "the task started")
+    stack.kill("placer-cheap")  # SIGKILL while it runs; the restarted placer resumes its clock from the ledger
+    stack.restart("placer-cheap")
+    time.sleep(3)  # three task minutes: a task with any runtime up to that would have finished
+    still = get()
+    assert (still.state, still.started_unix_ms, still.finished_unix_ms) == (pb.TASK_STATE_RUNNING,
+                                                                           running.started_unix_ms, 0)
+    assert free_cores(stack, "cheap") == idle - 2000
+    released = gw.Release(gateway_pb2.ReleaseRequest(task_id=service.task_id), timeout=30).task
+    assert released.state == pb.TASK_STATE_RELEASED and released.started_unix_ms == running.started_unix_ms
+    assert free_cores(stack, "cheap") == idle
+    assert kinds_per_task(stack)[service.task_id] == ["submitted", "dc_selected", "placed", "running", "released"]
+
+
+def test_the_trace_replay_summary_counts_running_and_succeeded_tasks(stack, redis_url):
+    """Three one-minute tasks (a wall second each) arrive first, a ten-hour one with them and a run-until-released
+    one last, three wall seconds later: at the end the gateway has the three SUCCEEDED, the other two RUNNING (the
+    last one may still be PLACED)."""
+    import asyncio
+
+    from hsched.domain.resources import Resources
+    from hsched.domain.task import TaskSpec
+    from hsched.replay import STATE_COLUMNS, TraceTask, dc_summaries, replay, summary_document, summary_rows
+
+    def trace_task(arrival_s: float, runtime_s: float) -> TraceTask:
+        return TraceTask(TaskSpec(Resources(2000, 4096), runtime_s=runtime_s), arrival_s, runtime_s)
+
+    tasks = [*(trace_task(0, 60) for _ in range(3)), trace_task(0, 36_000), trace_task(100, 0)]
+    stats = asyncio.run(replay(stack.gateway, tasks, duration_s=3.0, concurrency=8, release=False))
+    assert stats.submitted == 5 and not stats.errors
+    rows = summary_rows(stats, asyncio.run(dc_summaries(redis_url, stack.config.prefix, stack.fleet)))
+    total = {k: sum(r[k] for r in rows) for k in (*STATE_COLUMNS, "preempted")}
+    # the last one is read right after its Submit: RUNNING, or still PLACED if its start overhead has not passed
+    last = 1 if stats.final[max(stats.final, key=lambda i: stats.final[i].created_unix_ms)].state == \
+        pb.TASK_STATE_PLACED else 0
+    assert total == {**dict.fromkeys((*STATE_COLUMNS, "preempted"), 0), "succeeded": 3, "running": 2 - last,
+                     "placed": last}
+    doc = summary_document("hand-made", stats, rows)
+    assert sum(r["succeeded"] for r in doc["datacenters"]) == 3 and doc["first_answers"] == {"placed": 5}
+    gw = stub(stack)
+    for task_id, task in stats.final.items():  # leave the fleet idle for the tests after this one
+        if task.state in (pb.TASK_STATE_RUNNING, pb.TASK_STATE_PLACED):
+            gw.Release(gateway_pb2.ReleaseRequest(task_id=task_id), timeout=30)
+
+
+def test_hsched_replay_json_has_the_lifecycle_columns(stack, redis_url, monkeypatch, capsys):
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    code = cli.main(["replay", "openb", "--limit", "6", "--duration", "1", "--gateway", stack.gateway,
+                     "--prefix", stack.config.prefix, "--json"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)  # stdout is the JSON alone (progress: stderr)
+    assert doc["trace"] == "openb" and doc["submitted"] == 6
+    rows = doc["datacenters"]
+    assert {"running", "succeeded", "failed", "preempted", "expired"} <= set(rows[0])
+    counted = sum(r[k] for r in rows for k in ("placed", "deferred", "running", "succeeded", "failed", "released",
+                                               "expired", "rejected"))
+    assert counted == 6 - doc["first_answers"].get("error", 0)
+    gw = stub(stack)
+    for t in gw.List(gateway_pb2.ListRequest(limit=1000), timeout=10).tasks:  # the fleet idle again
+        if t.state not in FINAL:
+            gw.Release(gateway_pb2.ReleaseRequest(task_id=t.task_id), timeout=30)

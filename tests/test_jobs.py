@@ -68,7 +68,9 @@ def test_each_rule_names_its_field():
     assert field_of(job(stage("a", parents=("x",)))).field == "job.stages[0].parents[0]"
     assert field_of(job(stage("a", parents=("a",)))).field == "job.stages[0].parents[0]"
     assert field_of(job(stage("a"), stage("b", parents=("a", "a")))).field == "job.stages[1].parents[1]"
-    assert field_of(job(stage("a", runtime_s=0))).field == "job.stages[0].runtime_s"
+    assert field_of(job(stage("a", runtime_s=0))).field == "job.stages[0].runtime_s"  # a task's 0 is not a stage's
+    assert "must finish" in field_of(job(stage("a", runtime_s=0))).rule
+    assert field_of(job(stage("a", runtime_s=-1))).field == "job.stages[0].runtime_s"
     assert field_of(job(stage("a", cores=0))).field.startswith("job.stages[0].resources")
     assert field_of(job(stage("a"), tenant="Not A Label")).field == "job.tenant"
     assert field_of(job(stage("a"), priority_class="batch")).field == "job.priority_class"

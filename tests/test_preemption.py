@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections import OrderedDict
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from hsched.domain.cluster import ClusterState, Part, usage_vector
 from hsched.domain.errors import ValidationError
 from hsched.domain.resources import MILLI, Resources
 from hsched.domain.task import TaskSpec, task_to_dict
-from hsched.engine.executor import Overheads, SimulatedExecutor, Span
+from hsched.engine.executor import Overheads, Report, SimulatedExecutor, Span
 from hsched.engine.placer import PlacerEngine
 from hsched.policies.fairshare import TenantWeights
 from hsched.policies.heuristics import make_policy
+from hsched.policies.placement import Outcome, plan
 from hsched.state.keys import Keys
 from hsched.state.ledger import AppendNotReplicated, fold_event, load_snapshot, replay, snapshot_of
 from hsched.state.redis import EmbeddedRedis, connect
@@ -106,6 +108,22 @@ async def test_online_preempts_the_offline_task_that_lost_least_only_when_needed
         assert state.clocks == e.state.clocks and set(state.specs) == set(e.state.specs)
 
 
+async def test_a_task_that_runs_until_released_loses_the_time_it_has_run(redis, prefix) -> None:
+    """svc (runtime 0) started before batch (runtime 10 h): batch has run less and is evicted first, whatever its
+    runtime; then svc, losing its elapsed run time × its dominant share (24 of cheap's 96 cores: 0.25)."""
+    async with running(engine(redis, prefix, executor())) as e:
+        await fill(e, redis, prefix, ["a", "b"], cls="online")
+        await fill(e, redis, prefix, ["svc"], runtime_s=0)
+        await fill(e, redis, prefix, ["batch"], runtime_s=36_000)
+        assert "batch" in (await e.place("on1", task(24, "online"))).notes[-1]
+        r = await e.place("on2", task(24, "online"))
+        assert r.outcome == "placed" and r.parts[0].node == 2
+        (_, run), = [(i, ev) for i, ev in await events_of(redis, prefix, "svc") if ev["t"] == "run"]
+        pre = next(ev for ev in preempts(await ledger_events(redis, prefix)) if ev["task"] == "svc")
+        lost = (pre["at"] - run["at"]) / 1000 * TF * 0.25
+        assert f"svc (lost work {lost:.4g} DC-seconds)" in r.notes[-1]
+
+
 async def test_online_tasks_are_never_evicted(redis, prefix) -> None:
     async with running(engine(redis, prefix, executor())) as e:
         await fill(e, redis, prefix, ["on0", "on1", "on2", "on3"], cls="online")
@@ -164,6 +182,128 @@ async def test_a_restarted_placer_keeps_the_requeued_victim_waiting(redis, prefi
         assert list(e2.queue) == ["v"] and e2.state.ready_ms["v"] > 0
         r = await e2.release("a")  # room, but v is not ready: nothing is placed from the queue
         assert r.released and not r.placed_from_queue and "v" in e2.queue
+
+
+async def all_online_but_one_offline(e: PlacerEngine, redis, prefix: str) -> None:
+    """Eight 12-core online tasks (two per node, firstfit: on0 and on1 on node 0), run until released; a 24-core
+    online task "u" waits (nothing to evict), then an offline "x" (12 cores, two task minutes) waits; on0 is released:
+    "u" still does not fit (12 cores free on node 0, nothing offline to evict there) and "x" takes the room."""
+    await fill(e, redis, prefix, [f"on{i}" for i in range(8)], cores=12, cls="online")
+    r = await e.place("u", task(24, "online"))
+    assert r.outcome == "deferred" and not preempts(await ledger_events(redis, prefix))
+    assert (await e.place("x", task(12, runtime_s=120))).outcome == "deferred"
+    released = await e.release("on0")
+    assert [t for t, _ in released.placed_from_queue] == ["x"] and list(e.queue) == ["u"]
+    await started(redis, prefix, "x")
+
+
+@pytest.mark.parametrize(("searches", "thermal"), [(4, False), (0, False), (4, True)])
+async def test_a_waiting_online_task_preempts_once_freed_room_makes_an_eviction_possible(redis, prefix, searches,
+                                                                                         thermal) -> None:
+    """With `searches` 0 (waiting online tasks never evict, the rule before) "u" waits for "x" to finish. With the
+    thermal guard (cheap's room, far from its redline) the pass after a release runs on a conservative headroom:
+    the search waits for the batch to be decided again on exact numbers, with the same outcome."""
+    room = room_for(cheap()) if thermal else None
+    async with running(engine(redis, prefix, executor(preempt_s="60"), thermal=room)) as e:
+        e.queue_eviction_searches = searches
+        await all_online_but_one_offline(e, redis, prefix)
+        # on1 (node 0) goes: node 0 holds x and 12 free cores; u fits there only by evicting x
+        released = await e.release("on1")
+        if not searches:
+            assert not released.placed_from_queue and list(e.queue) == ["u"]
+            assert not preempts(await ledger_events(redis, prefix)) and "x" in e.state.allocations
+            return
+        assert [(t, parts[0].node) for t, parts in released.placed_from_queue] == [("u", 0)]
+        entries = [ev for _, ev in await ledger_events(redis, prefix)]
+        i = next(k for k, ev in enumerate(entries) if ev["t"] == "free" and ev["task"] == "on1")
+        # one append with the release: the preemption, u's alloc (after the overhead), x's requeue until then
+        assert [(ev["t"], ev["task"]) for ev in entries[i:i + 4]] == [("free", "on1"), ("preempt", "x"),
+                                                                    ("alloc", "u"), ("defer", "x")]
+        pre, alloc, requeue = entries[i + 1:i + 4]
+        assert pre["by"] == "u" and alloc["delay_s"] == 60 and requeue["after"] == alloc["at"] + 1000
+        assert e.preemptions_total == 1 and list(e.queue) == ["x"]
+        # x is placed again when room comes back (not before its overhead) and succeeds
+        assert (await e.release("on2")).released
+        await until(lambda: _has(redis, prefix, "x", "done"), "the victim runs again and completes")
+        history = await events_of(redis, prefix, "x")
+        assert kinds(history) == ["defer", "alloc", "run", "preempt", "defer", "alloc", "run", "done"]
+        assert history[5][1]["at"] >= requeue["after"] and history[7][1]["ok"] is True
+        assert len(preempts(await ledger_events(redis, prefix))) == 1
+
+
+async def test_a_placer_that_takes_over_serves_a_waiting_online_task_its_predecessor_had_not(redis, prefix) -> None:
+    """The predecessor never searched for u (as if killed before its queue pass): the new holder's first pass
+    preempts x, once; a third holder finds nothing left to do."""
+    async with running(engine(redis, prefix, executor())) as e:
+        e.queue_eviction_searches = 0
+        await all_online_but_one_offline(e, redis, prefix)
+        assert not (await e.release("on1")).placed_from_queue
+    async with running(engine(redis, prefix, executor())) as e2:
+        await until(lambda: _has(redis, prefix, "u", "alloc"), "the new holder places u by evicting x")
+        assert [(p["task"], p["by"]) for p in preempts(await ledger_events(redis, prefix))] == [("x", "u")]
+        assert e2.state.allocations["u"][0].node == 0 and list(e2.queue) == ["x"]
+    async with running(engine(redis, prefix, executor())) as e3:
+        await asyncio.sleep(0.3)
+        assert len(preempts(await ledger_events(redis, prefix))) == 1 and "u" in e3.state.allocations
+
+
+@pytest.mark.parametrize("searches", [1, 4])
+async def test_waiting_online_tasks_are_searched_within_a_budget_per_pass_the_rest_by_the_next(redis, prefix,
+                                                                                             searches) -> None:
+    """"pair" (online, two 12-core replicas) holds half of nodes 0 and 1; u1 (24 cores, priority 5) and u2 (20
+    cores) wait with nothing offline to evict; x1 then x2 (offline, 12 cores) take the other halves as on0 and on1
+    leave. Nobody was searched for so far (no one-node eviction could let u1 or u2 in: a cheap count, not a
+    search). pair's release frees half of both nodes: u1 evicts x2 (it has run less than x1), u2 then x1. With one
+    search per pass, the release's pass places u1 and the pass right after it u2; with four, the same pass both."""
+    async with running(engine(redis, prefix, executor())) as e:
+        e.queue_eviction_searches = searches
+        await fill(e, redis, prefix, ["on0"], cores=12, cls="online")
+        assert (await e.place("pair", TaskSpec(Resources(12 * MILLI, 2 * GIB), runtime_s=0, priority_class="online",
+                                               replicas=2))).outcome == "placed"
+        assert sorted(p.node for p in e.state.allocations["pair"]) == [0, 1]
+        await fill(e, redis, prefix, [f"on{i}" for i in range(1, 6)], cores=12, cls="online")
+        assert (await e.place("u1", task(24, "online", priority=5))).outcome == "deferred"
+        assert (await e.place("u2", task(20, "online"))).outcome == "deferred"
+        for name in ("x1", "x2"):
+            assert (await e.place(name, task(12, runtime_s=600))).outcome == "deferred"
+        for freed, taker in (("on0", "x1"), ("on1", "x2")):
+            assert [t for t, _ in (await e.release(freed)).placed_from_queue] == [taker]
+            await started(redis, prefix, taker)
+            await asyncio.sleep(0.05)
+        assert e.queue_eviction_searches_total == 0 and list(e.queue) == ["u1", "u2"]
+        placed = [t for t, _ in (await e.release("pair")).placed_from_queue]
+        assert placed == (["u1"] if searches == 1 else ["u1", "u2"])
+        await until(lambda: _has(redis, prefix, "u2", "alloc"), "u2 placed by evicting x1")
+        assert e.queue_eviction_searches_total == 2
+        entries = [ev for _, ev in await ledger_events(redis, prefix)]
+        i = next(k for k, ev in enumerate(entries) if ev["t"] == "free" and ev["task"] == "pair")
+        assert [(ev["t"], ev["task"]) for ev in entries[i:] if ev["t"] != "run"] == [
+            ("free", "pair"), ("preempt", "x2"), ("alloc", "u1"), ("defer", "x2"),
+            ("preempt", "x1"), ("alloc", "u2"), ("defer", "x1")]
+        assert (e.state.allocations["u1"][0].node, e.state.allocations["u2"][0].node) == (1, 0)
+
+
+async def test_a_waiting_online_task_is_searched_again_only_after_something_was_freed(redis, prefix) -> None:
+    """"wide" (offline, 32 cores: 24 on node 0, 8 on node 1) spans nodes, so the cheap count does not rule
+    evictions out and "big" (two 24-core replicas) is searched for in earnest; evicting wide empties node 0 only,
+    never two nodes: each search fails. A pass with nothing freed since its last search searches nobody; a pass
+    after a release searches it once."""
+    async with running(engine(redis, prefix, executor())) as e:
+        await fill(e, redis, prefix, ["wide"], cores=32)
+        await fill(e, redis, prefix, ["on-b"], cores=16, cls="online")
+        await fill(e, redis, prefix, [f"on{i}" for i in range(4)], cores=12, cls="online")
+        assert {p.node for p in e.state.allocations["wide"]} == {0, 1}
+        big = TaskSpec(Resources(24 * MILLI, 2 * GIB), runtime_s=0, priority_class="online", replicas=2)
+        assert (await e.place("big", big)).outcome == "deferred"  # searched at arrival, in vain
+        # on0 and on2 leave nodes 2 and 3 half full: still no two empty nodes
+        for total, freeing in ((0, None), (1, "on0"), (1, None), (2, "on2"), (2, None)):
+            if freeing:
+                assert not (await e.release(freeing)).placed_from_queue
+            else:
+                e._on_report(Report("drain", "", 0, 0))
+                await asyncio.sleep(0.2)
+            assert e.queue_eviction_searches_total == total, (total, freeing)
+        assert "big" in e.queue and not preempts(await ledger_events(redis, prefix))
 
 
 async def test_the_queue_serves_online_then_fair_share_then_priority_then_arrival(redis, prefix) -> None:
@@ -367,3 +507,76 @@ def test_the_cancellation_of_a_preemption_that_was_not_written_changes_nothing()
     _fold([{"t": "free", "task": "on"}, {**alloc_v, "restore": True}, {"t": "run", "task": "v", "at": 1_500}],
           state, queue)
     assert state.allocations == held and state.clocks == clocks and not queue
+
+
+# ------------------------------------------------------------------------------------------------------------
+# online tasks evict only when they could not be placed otherwise: at arrival and from the queue alike
+
+@st.composite
+def place_and_release_runs(draw) -> list[tuple]:
+    """Places (online/offline, 6-24 cores, 1-2 replicas, may wait in the queue) and releases of earlier tasks,
+    often after online tasks took much of the DC (online tasks then wait with nothing to evict)."""
+    ops = [("place", f"t{i}", 12, "online", 1) for i in range(draw(st.sampled_from([0, 6, 7, 8])))]
+    for i in range(len(ops), len(ops) + draw(st.integers(4, 40))):
+        if i > 4 and draw(st.booleans()):
+            ops.append(("release", f"t{draw(st.integers(0, min(i, 8) - 1 if draw(st.booleans()) else i - 1))}"))
+        else:
+            ops.append(("place", f"t{i}", draw(st.sampled_from([12, 12, 24, 6, 18])),
+                        draw(st.sampled_from(["online", ""])), draw(st.integers(1, 2))))
+    return ops
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(place_and_release_runs())
+def test_an_online_task_evicts_only_offline_tasks_and_only_when_it_did_not_fit(redis_url, prefix, ops) -> None:
+    """Whatever the order of arrivals and releases: every preemption is by an online task that the ledger's fold
+    just before it shows could not be placed, evicts offline tasks only, and comes as preempts, the online task's
+    alloc, then each victim's requeue; and the engine's state is the ledger's fold."""
+    p = f"{prefix}:{uuid.uuid4().hex[:8]}"  # each example its own ledger, deleted with the test's prefix
+
+    async def run() -> list[dict]:
+        client = connect(redis_url)
+        try:
+            async with running(engine(client, p, None)) as e:  # no executor: tasks hold until released
+                for op in ops:
+                    if op[0] == "place":
+                        _, name, cores, cls, replicas = op
+                        spec = TaskSpec(Resources(cores * MILLI, 2 * GIB), runtime_s=0, priority_class=cls,
+                                        replicas=replicas)
+                        await e.place(name, spec)
+                    else:
+                        await e.release(op[1])
+                await asyncio.sleep(0.05)  # a queue pass the budget left for later
+                await e.release("none")  # after every queued op
+                entries = [ev for _, ev in await ledger_events(client, p)]
+                state, queue = _fold(entries)
+                assert state.allocations == e.state.allocations and list(queue) == list(e.queue)
+                return entries
+        finally:
+            await client.aclose()
+
+    entries = asyncio.run(run())
+    queued = {e["task"] for e in entries if e["t"] == "defer"}
+    event("preempted from the queue" if any(e["t"] == "preempt" and e["by"] in queued
+                                            for e in entries) else
+          "preempted at arrival" if preempts([(0, e) for e in entries]) else "no preemption")
+    specs = {op[1]: TaskSpec(Resources(op[2] * MILLI, 2 * GIB), runtime_s=0, priority_class=op[3], replicas=op[4])
+             for op in ops if op[0] == "place"}
+    i = 0
+    while i < len(entries):
+        if entries[i]["t"] != "preempt":
+            i += 1
+            continue
+        by = entries[i]["by"]
+        before, _ = _fold(entries[:i])
+        assert specs[by].effective_class == "online"
+        assert plan(before, specs[by], make_policy("firstfit"), None).outcome is not Outcome.PLACED
+        victims = []
+        while entries[i]["t"] == "preempt":
+            assert entries[i]["by"] == by and specs[entries[i]["task"]].effective_class == "offline"
+            victims.append(entries[i]["task"])
+            i += 1
+        assert (entries[i]["t"], entries[i]["task"]) == ("alloc", by)
+        assert [(ev["t"], ev["task"]) for ev in entries[i + 1:i + 1 + len(victims)]] == [("defer", v) for v in victims]
+        i += 1 + len(victims)

@@ -104,3 +104,62 @@ def test_an_unknown_priority_class_is_refused_naming_the_field(stack):
         gw.Submit(gateway_pb2.SubmitRequest(task=gpu_task(60, "urgent")), timeout=30)
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "priority_class" in exc.value.details()
+
+
+def test_a_waiting_online_task_preempts_once_the_state_lets_it_exactly_once_across_placer_kills(stack):
+    """Eight online 1-card services (run until released) fill the `gpu` DC; a 2-card online task waits (nothing
+    offline to evict), then an offline 1-card task. A service's release frees one card: the online task still does
+    not fit, the offline task takes the card. The other service on that node goes: now evicting the offline task
+    lets the online one in — it does so from the queue. The placer is SIGKILLed before and after that; the
+    preemption is written exactly once and the victim, requeued, later succeeds."""
+    gw = gateway_pb2_grpc.GatewayStub(grpc.insecure_channel(stack.gateway))
+
+    def submit(spec: pb.TaskSpec) -> pb.Task:
+        return gw.Submit(gateway_pb2.SubmitRequest(task=spec), timeout=30).task
+
+    def get(task_id: str) -> pb.Task:
+        return gw.Get(gateway_pb2.GetRequest(task_id=task_id), timeout=10)
+
+    def release(task_id: str) -> None:
+        gw.Release(gateway_pb2.ReleaseRequest(task_id=task_id), timeout=30)
+
+    def preempted() -> list[tuple[str, str]]:
+        return [(e["task"], e["by"]) for e in ledger(stack) if e["t"] == "preempt"]
+
+    before = preempted()
+    services = [submit(gpu_task(0, "online")) for _ in range(8)]
+    assert {(t.state, t.datacenter) for t in services} == {(pb.TASK_STATE_PLACED, "gpu")}
+    nodes: dict[int, list[str]] = {}
+    for e in ledger(stack):
+        if e["t"] == "alloc" and e["task"] in {t.task_id for t in services}:
+            nodes.setdefault(e["parts"][0][2], []).append(e["task"])
+    node, (first, second) = min(nodes.items())
+    two_cards = gpu_task(600, "online")
+    two_cards.resources.gpu_count = 2
+    urgent = submit(two_cards)
+    batch = submit(gpu_task(1200))
+    assert (urgent.state, batch.state) == (pb.TASK_STATE_DEFERRED, pb.TASK_STATE_DEFERRED)
+    release(first)
+    wait_for(lambda: get(batch.task_id).state == pb.TASK_STATE_RUNNING, "the offline task took the freed card")
+    assert get(urgent.task_id).state == pb.TASK_STATE_DEFERRED and preempted() == before
+    stack.kill("placer-gpu")  # the restarted placer serves its queue once: evicting batch is still not enough
+    stack.restart("placer-gpu")
+    release(second)
+    wait_for(lambda: get(urgent.task_id).state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_RUNNING),
+             "the waiting online task placed by evicting the offline one")
+    assert preempted() == [*before, (batch.task_id, urgent.task_id)]
+    assert [e["parts"][0][2] for e in ledger(stack) if e["t"] == "alloc" and e["task"] == urgent.task_id] == [node]
+    stack.kill("placer-gpu")
+    stack.restart("placer-gpu")
+    release(services[-1].task_id if services[-1].task_id not in (first, second) else services[0].task_id)
+    done = wait_for(lambda: (t := get(batch.task_id)).state == pb.TASK_STATE_SUCCEEDED and t,
+                    "the requeued victim succeeded")
+    assert done.preemptions == 1
+    kinds = stream_kinds(stack, batch.task_id)
+    assert kinds.count("preempted") == 1
+    assert kinds[kinds.index("preempted"):][:2] == ["preempted", "deferred"]
+    assert kinds[-3:] == ["placed", "running", "succeeded"]
+    for t in services:
+        release(t.task_id)
+    wait_for(lambda: get(urgent.task_id).state == pb.TASK_STATE_SUCCEEDED, "the online task succeeded")
+    assert preempted() == [*before, (batch.task_id, urgent.task_id)]  # exactly once, kills and all

@@ -167,7 +167,7 @@ def test_replicas_are_placed_with_the_state_updated_between_them(gw, stack):
     (task(cores=-1), "resources.cpu_milli"),
     (task(cores=0, mem_gib=1), "resources.cpu_milli"),
     (task(gpus=1, gpu_pct=150), "resources.gpu_core_percent"),
-    (task(runtime_s=0), "runtime_s"),
+    (task(runtime_s=-1), "runtime_s"),
     (task(tenant="Not A Label"), "tenant"),
     (task(replicas=10_000), "replicas"),
     (task(entry_vertex="atlantis"), "task.entry_vertex"),
@@ -425,7 +425,7 @@ def test_random_submit_release_sequences_never_over_allocate(gw, stack):
 def test_trace_replay_drives_real_tasks_and_summarises(stack, redis_url):
     import asyncio
 
-    from hsched.replay import dc_summaries, load_trace, replay, summary_rows, with_locations
+    from hsched.replay import STATE_COLUMNS, dc_summaries, load_trace, replay, summary_rows, with_locations
 
     tasks = with_locations(load_trace("openb", 40), stack.fleet, seed=1)
     assert sum(t.spec.resources.gpu_count > 0 for t in tasks) > 20  # openb: mostly GPU pods
@@ -436,10 +436,10 @@ def test_trace_replay_drives_real_tasks_and_summarises(stack, redis_url):
     rows = summary_rows(stats, asyncio.run(dc_summaries(redis_url, stack.config.prefix, stack.fleet)))
     by_dc = {r["datacenter"]: r for r in rows}
     assert set(by_dc) >= {"cheap", "near", "gpu"}
-    assert sum(r["placed"] + r["deferred"] + r["released"] for r in rows) == 40 - stats.outcomes["rejected"]
+    assert sum(r[k] for r in rows for k in STATE_COLUMNS if k != "rejected") == 40 - stats.outcomes["rejected"]
     assert by_dc["gpu"]["pue"] is not None
     for task_id, task in stats.final.items():  # leave the fleet empty for the tests after this one
-        if task.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED):
+        if task.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_RUNNING, pb.TASK_STATE_DEFERRED):
             with grpc.insecure_channel(stack.gateway) as ch:
                 gateway_pb2_grpc.GatewayStub(ch).Release(gateway_pb2.ReleaseRequest(task_id=task_id))
 

@@ -316,7 +316,15 @@ def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from hsched.replay import dc_summaries, load_trace, replay, summary_rows, with_locations
+    from hsched.replay import (
+        STATE_COLUMNS,
+        dc_summaries,
+        load_trace,
+        replay,
+        summary_document,
+        summary_rows,
+        with_locations,
+    )
 
     limit = 1000 if args.limit is None else args.limit
     tasks = with_locations(load_trace(args.replay, limit, args.skip), fleet, args.seed)
@@ -335,15 +343,20 @@ def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix
                   + f"; {stats.released} released; Submit latency p50 {p(0.5):.1f} ms, p99 {p(0.99):.1f} ms"
                   + (f"; errors {dict(stats.errors)}" if stats.errors else ""))
     summaries = asyncio.run(dc_summaries(redis_url, prefix, fleet)) if redis_url else {}
-    table = Table(title=f"replay summary — {args.replay}: final task states per data center")
-    for col in ("DC", "placed", "deferred", "released", "rejected", "cost/task", "CPU", "GPU", "PUE", "inlet°C"):
+    rows = summary_rows(stats, summaries)
+    if getattr(args, "json", False):
+        print(json.dumps(summary_document(args.replay, stats, rows), indent=2))
+        return True
+    table = Table(title=f"replay summary — {args.replay}: final task states per data center (as the gateway has "
+                        "them at the end; preempted = preemptions they went through)")
+    for col in ("DC", *STATE_COLUMNS, "preempted", "cost/task", "CPU", "GPU", "PUE", "inlet°C"):
         table.add_column(col, justify="right" if col != "DC" else "left", no_wrap=True)
 
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
-    for r in summary_rows(stats, summaries):
-        table.add_row(r["datacenter"], str(r["placed"]), str(r["deferred"]), str(r["released"]), str(r["rejected"]),
+    for r in rows:
+        table.add_row(r["datacenter"], *(str(r[k]) for k in (*STATE_COLUMNS, "preempted")),
                       fmt(r["mean_total_cost"], ".3f"), fmt(r["cpu_util"], ".1%"), fmt(r["gpu_util"], ".1%"),
                       fmt(r["pue"], ".3f"), fmt(r["max_inlet_c"], ".1f"))
     console.print(table)
@@ -378,6 +391,8 @@ def cmd_replay(args) -> int:
     from rich.console import Console
 
     _check_trace(args.replay)
+    if args.json and args.replay in JOB_TRACES:
+        raise ValidationError("--json", f"is for task traces only, not the DAG job replay {args.replay!r}")
     fleet = _fleet(args.fleet)
     credentials = _credentials(args)
     # fail fast: without a gateway every Submit would wait out its deadline for the replay's whole duration
@@ -388,7 +403,7 @@ def cmd_replay(args) -> int:
             print(f"hsched replay: no gateway reachable at {args.gateway} within {GATEWAY_WAIT_S:g} s "
                   "(start one with `hsched up`, or name it with --gateway)", file=sys.stderr)
             return 1
-    ok = run_replay(Console(width=max(Console().width, 112)), args.gateway, fleet, args,
+    ok = run_replay(Console(width=max(Console().width, 112), stderr=args.json), args.gateway, fleet, args,
                     _redis_url(args.gateway), args.prefix, credentials)
     return 0 if ok else 1
 
@@ -826,6 +841,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--gateway", default=None, help=GATEWAY_HELP)
     rp.add_argument("--fleet", default=None)
     rp.add_argument("--prefix", default="hsched")
+    rp.add_argument("--json", action="store_true",
+                    help="task traces: print the summary as JSON on stdout (progress goes to stderr)")
     replay_flags(rp)
     rp.set_defaults(fn=cmd_replay)
 
@@ -856,7 +873,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-memory-gib", type=non_negative_float, default=None, help="GPU memory per slice (needs --gpus)")
     s.add_argument("--gpu-model", action="append", help="allowed GPU model (repeatable)")
     s.add_argument("--replicas", type=positive_int, default=1)
-    s.add_argument("--runtime-s", type=positive_float, default=3600.0)
+    s.add_argument("--runtime-s", type=non_negative_float, default=3600.0, help="task seconds (0: runs until released)")
     s.add_argument("--data-mb", type=non_negative_float, default=0.0)
     s.add_argument("--entry", default="", help="entry vertex (default: the fleet's scheduler vertex)")
     s.add_argument("--max-latency-ms", type=non_negative_float, default=0.0)

@@ -126,6 +126,10 @@ def validate_job(job: pb.JobSpec) -> None:
         except ValidationError as exc:  # per-stage fields under the stage, the rest are the job's
             own = exc.field.split(".")[0].split("[")[0] in ("resources", "runtime_s")
             raise ValidationError(f"{where}.{exc.field}" if own else f"job.{exc.field}", exc.rule, exc.value) from None
+        if stage.runtime_s <= 0:  # a task's 0 (runs until released) would never let the stages after it start
+            raise ValidationError(f"{where}.runtime_s", "must be > 0: a stage's tasks must finish for the stages "
+                                  "that depend on it to run (0, run until released, is for standalone tasks)",
+                                  stage.runtime_s)
     if total > JOB_MAX_TASKS:
         raise ValidationError("job.stages", f"must hold at most {JOB_MAX_TASKS} tasks in all (got {total})")
     parents: dict[str, list[str]] = {}

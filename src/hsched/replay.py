@@ -170,13 +170,20 @@ async def dc_summaries(redis_url: str, prefix: str, fleet: Fleet) -> dict[str, d
     return out
 
 
+# the summary's task states, in lifecycle order (a task caught PREEMPTED is already requeued: deferred)
+STATE_COLUMNS = ("placed", "deferred", "running", "succeeded", "failed", "released", "expired", "rejected")
+
+
 def summary_rows(stats: ReplayStats, summaries: dict[str, dict]) -> list[dict]:
-    """One row per DC: tasks by final state, mean total cost of the tasks it got, utilisation and PUE."""
+    """One row per DC: its tasks by final state (as the gateway answered Get at the end: STATE_COLUMNS), the
+    preemptions they went through, the mean total cost of the tasks it got, utilisation and PUE."""
     by_dc: dict[str, Counter] = defaultdict(Counter)
     costs: dict[str, list[float]] = defaultdict(list)
     for task in stats.final.values():
-        state = pb.TaskState.Name(task.state).removeprefix("TASK_STATE_").lower()
+        state = "deferred" if task.state == pb.TASK_STATE_PREEMPTED else \
+            pb.TaskState.Name(task.state).removeprefix("TASK_STATE_").lower()
         by_dc[task.datacenter or "-"][state] += 1
+        by_dc[task.datacenter or "-"]["preempted"] += task.preemptions
         for c in task.explanation.ranking:
             if c.datacenter == task.datacenter:
                 costs[task.datacenter].append(c.total_cost)
@@ -186,8 +193,16 @@ def summary_rows(stats: ReplayStats, summaries: dict[str, dict]) -> list[dict]:
         if dc == "-" and not by_dc.get("-"):
             continue
         cost = costs.get(dc)
-        rows.append({"datacenter": dc, **{k: by_dc[dc][k] for k in ("placed", "deferred", "released", "rejected")},
+        rows.append({"datacenter": dc, **{k: by_dc[dc][k] for k in (*STATE_COLUMNS, "preempted")},
                      "mean_total_cost": sum(cost) / len(cost) if cost else None,
                      "cpu_util": s.get("cpu_utilisation"), "gpu_util": s.get("gpu_core_utilisation"),
                      "pue": s.get("thermal", {}).get("pue"), "max_inlet_c": s.get("thermal", {}).get("max_inlet_c")})
     return rows
+
+
+def summary_document(trace: str, stats: ReplayStats, rows: list[dict]) -> dict:
+    """The summary as JSON (`hsched replay --json`): the Submit outcomes and the per-DC rows of `summary_rows`."""
+    lat = sorted(stats.latencies_s)
+    return {"trace": trace, "submitted": stats.submitted, "first_answers": dict(stats.outcomes),
+            "released_by_replay": stats.released, "errors": dict(stats.errors), "elapsed_s": stats.elapsed_s,
+            "submit_latency_p50_ms": lat[len(lat) // 2] * 1000 if lat else None, "datacenters": rows}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from hsched.costs.graph import WanGraph
 from hsched.costs.network import PathMetrics, network_cost
 from hsched.costs.paths import DijkstraPathFinder, PathFinder, RandomPathFinder, VertexPath
-from hsched.costs.resource import ResourceCost, resource_cost
+from hsched.costs.resource import SECONDS_PER_HOUR, ResourceCost, resource_cost
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import DataCenter
 from hsched.domain.task import NetworkRequirements, TaskSpec
@@ -99,7 +99,8 @@ def rank_datacenters(
         if reasons:
             excluded.append((dc.name, "; ".join(reasons)))
             continue
-        resource = resource_cost(dc.prices, requested, task.runtime_s)
+        # a task that runs until released has no runtime to price: DCs are ranked by an hour of it
+        resource = resource_cost(dc.prices, requested, task.runtime_s or SECONDS_PER_HOUR)
         network = network_cost(network_price_per_gb_ms, task.data_size_mb, metrics.latency_ms)
         candidates.append(Candidate(dc.name, dc.vertex, resource, network, resource.total + network, metrics,
                                     source, note))

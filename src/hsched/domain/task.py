@@ -37,7 +37,7 @@ class NetworkRequirements:
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     resources: Resources  # per replica
-    runtime_s: float
+    runtime_s: float  # task seconds; 0 = runs until released (RUNNING until its client's Release)
     tenant: str = "default"
     name: str = ""
     request_id: str = ""  # client-chosen idempotency key; a retry with the same id gets the first answer
@@ -86,8 +86,9 @@ class TaskSpec:
             raise ValidationError("replicas", "must be an integer", self.replicas)
         if not 1 <= self.replicas <= MAX_REPLICAS:
             raise ValidationError("replicas", f"must be in 1..{MAX_REPLICAS}", self.replicas)
-        if not math.isfinite(self.runtime_s) or not 0 < self.runtime_s <= MAX_RUNTIME_S:
-            raise ValidationError("runtime_s", f"must be > 0 and <= {MAX_RUNTIME_S} (one year)", self.runtime_s)
+        if not math.isfinite(self.runtime_s) or not 0 <= self.runtime_s <= MAX_RUNTIME_S:
+            raise ValidationError("runtime_s", f"must be a finite number >= 0 and <= {MAX_RUNTIME_S} (one year; "
+                                  "0 = runs until released)", self.runtime_s)
         if self.priority_class not in PRIORITY_CLASSES:
             raise ValidationError("priority_class", "must be \"online\", \"offline\" or \"\" (= offline)",
                                   self.priority_class)

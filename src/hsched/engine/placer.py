@@ -25,8 +25,16 @@ placement; in the batch's one append: a `preempt` event per victim, the online t
 the executor's preemption overhead, `delay_s`) and a `defer` requeueing each victim with its spec (not placed
 again before that overhead has passed: "after"). The deferred queue is served online first, then the tenant
 furthest below its deserved share (Volcano proportion, hsched.policies.fairshare), then by priority and
-arrival. An online task that waits in the queue (no eviction could make room) preempts nothing from there: it
-is served first when room frees.
+arrival. An online task that waits in the queue (no eviction could make room when it came) and still does not
+fit when the queue is served evicts the same way from there, in the same append as whatever freed the room:
+the state moved while it waited (tasks finished, offline tasks took part of the room, the heat changed). Only
+freed resources can turn an impossible eviction into a possible one (a newly placed offline task gives back
+just its own room), so a waiting online task is searched for again only after something was freed since its
+last search that found nothing (`_freed_count`), at most `queue_eviction_searches` of them per pass (the rest
+by a further pass right after), and one search per shape of task per pass. Before any search (at arrival too),
+a cheap count per node (`_one_node_could_let_in`) rules out tasks no one-node eviction could hold; a pass on a
+conservative thermal headroom leaves its searches to the batch's re-decision on exact numbers. A placer that
+takes the lease serves its queue once (its predecessor may have died before a pass).
 
 The gRPC service (services/placer) only translates protobuf to these calls.
 """
@@ -50,7 +58,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from redis import Redis as SyncRedis
 
-from hsched.domain.cluster import ClusterState, Part
+from hsched.domain.cluster import ClusterState, Part, usage_vector
 from hsched.domain.fleet import DataCenter
 from hsched.domain.resources import Resources
 from hsched.domain.task import TaskSpec, task_to_dict
@@ -93,6 +101,7 @@ tracer = trace.get_tracer(__name__)
 MAX_BATCH = 256
 SUMMARY_HEARTBEAT_S = 5.0  # a serving placer publishes its summary at least this often (readers judge staleness)
 MAX_QUEUE_TRIES_PER_RELEASE = 64
+QUEUE_EVICTION_SEARCHES = 4  # eviction searches for waiting online tasks per pass of the queue (the rest: next pass)
 REPORT_RETRY_S = 0.5  # a lifecycle event that could not be written is tried again after this
 
 
@@ -126,6 +135,7 @@ class ReleaseResult:
     released: bool
     freed: Resources = field(default_factory=Resources)
     placed_from_queue: list[tuple[str, tuple[Part, ...]]] = field(default_factory=list)
+    thermal_limited: bool = False  # a waiting online task is to be searched for on exact headroom (_decide_batch)
 
 
 @dataclass
@@ -140,6 +150,8 @@ class _Op:
     events: list[dict] = field(default_factory=list)
     trace_context: otel_context.Context | None = None
     report: Report | None = None  # run | done | expire
+    searched: dict[str, int] = field(default_factory=dict)  # waiting online tasks' failed evictions (_freed_count)
+    searches_left_over: bool = False  # a queue pass had more waiting online tasks to search than its budget
 
 
 class _QueueSave:
@@ -229,6 +241,14 @@ class PlacerEngine:
         self.preemptions_total = 0  # victims evicted (written to the ledger) since this engine started
         self._refold_due = False  # set by a failed append of lifecycle events that may have landed
         self._queue_saves: list[_QueueSave] = []  # open undo scopes (_queue_saved)
+        # waiting online tasks evict too (module docstring): how many freeing events this engine has folded, and
+        # per waiting online task that count at its last eviction search that found nothing (written batches only)
+        self.queue_eviction_searches = QUEUE_EVICTION_SEARCHES
+        self._freed_count = 0
+        self._eviction_searched: dict[str, int] = {}
+        self._state_version = 0  # bumped by every change of self.state (a cache key)
+        self._offline_cache: tuple[int, tuple[list[str], np.ndarray | None]] | None = None
+        self.queue_eviction_searches_total = 0  # searches done for waiting online tasks (bench/preempt_cpu.py)
 
     @property
     def fenced(self) -> bool:
@@ -323,6 +343,8 @@ class PlacerEngine:
             self._refold_due = False
             self.holding, self.held_before, self.holder, self.lost_at = True, True, self.ledger.owner, None
             self._resume_clocks()
+            if queue:  # serve it once: a pass the previous holder had not run yet (e.g. a waiting online task's eviction)
+                self._internal(_Op("drain", ""))
         log.info("placer %s: token %s, rebuilt %d allocations and %d deferred tasks from the ledger up to %s",
                  self.dc.name, token, len(state.allocations), len(queue), last_id)
         self._dirty.set()
@@ -331,6 +353,8 @@ class PlacerEngine:
     def _adopt(self, state: ClusterState, queue: OrderedDict[str, TaskSpec], last_id: str) -> None:
         """Serve from a fresh fold of the ledger."""
         self.state, self.queue, self.last_id = state, queue, last_id
+        self._state_version += 1
+        self._eviction_searched.clear()  # a new fold: every waiting online task is searched for once more
         if isinstance(self.thermal, RoomGuard):  # its cached exact headroom describes the old state
             self.thermal = RoomGuard(self.thermal.room, state)
         self._headroom, self._headroom_exact, self.last_thermal = None, False, None
@@ -472,6 +496,10 @@ class PlacerEngine:
             self._dirty.set()
             self._follow_events(events)
         for op in batch:
+            self._eviction_searched.update((t, n) for t, n in op.searched.items() if t in self.queue)
+        if any(op.searches_left_over for op in batch):
+            self._internal(_Op("drain", ""))  # the waiting online tasks this pass had no budget left for
+        for op in batch:
             if isinstance(op.result, PlaceResult) and op.events:
                 op.result.ledger_id = self.last_id
             if not op.future.done():  # the caller may have gone (cancelled); its decision stands in the ledger
@@ -492,12 +520,12 @@ class PlacerEngine:
         headroom = self._headroom.copy() if self._headroom is not None else await self._fresh_headroom()
         for op in batch:
             self._decide(op, headroom)
-        if not self._headroom_exact and any(isinstance(op.result, PlaceResult) and op.result.thermal_limited
-                                            for op in batch):
+        if not self._headroom_exact and any(op.result is not None and op.result.thermal_limited for op in batch):
             # refused on a conservative headroom: decide again on exact numbers before saying no
             self._undo(batch, queue_before)
             for op in batch:
                 op.result, op.events = None, []
+                op.searched.clear()
             headroom = await self._fresh_headroom()
             for op in batch:
                 self._decide(op, headroom)
@@ -515,6 +543,7 @@ class PlacerEngine:
         self._undo(batch, queue_before)
         for op in batch:
             op.result, op.events = None, []
+            op.searched.clear()
         if len(batch) == 1:
             await self._decide_alone(batch[0], [], thermal_veto=check)
         else:
@@ -534,6 +563,7 @@ class PlacerEngine:
                 thermal_veto = check
                 self._undo([op], queue_before)
             op.events = []
+            op.searched.clear()
         # Too hot even alone: a place waits in the queue (or is refused); a release still frees.
         if op.kind == "place":
             over = ", ".join(map(str, thermal_veto.nodes_over_redline[:5]))
@@ -581,6 +611,7 @@ class PlacerEngine:
                                                      "at": e["_queued_ms"] or 0})
 
     def _undo(self, batch: list[_Op], queue_before: _QueueSave) -> None:
+        self._state_version += 1
         clocks, queued_ms = self.state.clocks, self.state.queued_ms
         for op in reversed(batch):
             for e in reversed(op.events):
@@ -622,6 +653,9 @@ class PlacerEngine:
                 for save in unsaved:
                     save.items = items
         fold_event(event, state, self.queue)
+        self._state_version += 1
+        if event["t"] in FREEING:
+            self._freed_count += 1  # never undone: at worst one search more
         # for _undo (keys with "_" are not written)
         event["_clock"], event["_queued_ms"], event["_spec"], event["_ready_ms"] = before
         op.events.append(event)
@@ -657,24 +691,29 @@ class PlacerEngine:
         if decision.outcome is Outcome.NO_ROOM and op.spec.effective_class == ONLINE:
             inexact = headroom is not None and not self._headroom_exact
             if not (inexact and thermal_limited):  # else: first decided again on exact numbers (_decide_batch)
-                placed = self._preempt_for(op, headroom, decision.notes)
-                if placed is not None:
-                    return placed
+                preempted = self._preempt_for(op, op.task_id, op.spec, headroom)
+                if preempted is not None:
+                    placed, eviction = preempted
+                    return PlaceResult("placed", placed.parts, placed.alternatives,
+                                       notes=[*decision.notes, *placed.notes, self._eviction_note(eviction)])
+                if not inexact:
+                    op.searched[op.task_id] = self._freed_count
                 thermal_limited = thermal_limited or inexact  # a conservative bound may have ruled victims out
         refusal = self._refuse(op, decision.outcome, decision.reason, decision.notes)
         refusal.thermal_limited = thermal_limited
         return refusal
 
-    def _preempt_for(self, op: _Op, headroom: np.ndarray | None, notes: list[str]) -> PlaceResult | None:
-        """Evict the offline tasks of one node that lose the least work and place op's online task in the room
-        (module docstring); None (nothing changed) when no such eviction would let it in."""
-        spec = op.spec
-        assert spec is not None
+    def _preempt_for(self, op: _Op, task_id: str, spec: TaskSpec,
+                     headroom: np.ndarray | None) -> tuple[Plan, Eviction] | None:
+        """Evict the offline tasks of one node that lose the least work and place the online task `task_id` (op's
+        own, or a waiting one op's pass of the queue serves) in the room, as part of op (module docstring);
+        None (nothing changed) when no such eviction would let it in."""
         now = _now_ms()
         state = self.state
-        offline = [t for t, clock in state.clocks.items() if clock.priority_class != ONLINE and t in state.specs]
-        if not offline:
+        if not self._eviction_could_help(spec):
             return None
+        offline, _ = self._offline_view()
+        smallest = _smallest_part(spec, self.dc)
         reclaimable = self._reclaimable(spec, offline)
         cands = []
         for t in offline:
@@ -684,10 +723,6 @@ class PlacerEngine:
                 cands.append(candidate(t, [p for p in parts if reclaimable[p.node]], lost))
         if not cands:
             return None
-
-        demands = [d.demand for d in split_task(spec, self.dc)]
-        smallest = (min(d.cpu_milli for d in demands), min(d.memory_mib for d in demands),
-                    min(d.disk_mib for d in demands), min(d.bandwidth_mbps for d in demands))
         power: dict[str, list[tuple[int, float]]] = {}  # victim -> the heat its parts make, per node
 
         def fits(victims: tuple[str, ...]) -> bool:
@@ -712,12 +747,12 @@ class PlacerEngine:
             state, node, [state.allocations[c.task_id] for c in on_node], smallest))
         if eviction is None:
             return None
-        requeues = self._evict(op, eviction, headroom, now)
+        requeues = self._evict(op, task_id, eviction, headroom, now)
         decision = plan(state, spec, self.policy, headroom)
         if decision.outcome is not Outcome.PLACED:  # the policy's greedy part order missed what the probe found
             decision = plan(state, spec, self._probe, headroom)
         assert decision.outcome is Outcome.PLACED, "fits() said the eviction lets the task in"
-        self._alloc(op, op.task_id, spec, decision.parts, headroom, preempting=True)
+        self._alloc(op, task_id, spec, decision.parts, headroom, preempting=True)
         alloc = op.events[-1]
         # the context switch (paper 001's preemption overhead, drawn once and recorded in the alloc) delays the
         # online task's start and keeps the victims from being placed again before it has passed
@@ -726,10 +761,41 @@ class PlacerEngine:
             if ready_ms > requeue["at"]:
                 requeue["after"] = ready_ms
             self._emit(op, requeue)
-        return PlaceResult("placed", decision.parts, decision.alternatives, notes=[
-            *notes, *decision.notes,
-            f"preempted {len(eviction.victims)} offline task(s) on node {state.table.names[eviction.node]}: "
-            f"{', '.join(eviction.victims)} (lost work {eviction.lost_work:.4g} DC-seconds); requeued"])
+        return decision, eviction
+
+    def _eviction_note(self, eviction: Eviction) -> str:
+        return (f"preempted {len(eviction.victims)} offline task(s) on node {self.state.table.names[eviction.node]}: "
+                f"{', '.join(eviction.victims)} (lost work {eviction.lost_work:.4g} DC-seconds); requeued")
+
+    def _eviction_could_help(self, spec: TaskSpec) -> bool:
+        """Cheap and blind to heat: False when no one-node eviction could let `spec` in (`_one_node_could_let_in`)."""
+        offline, held = self._offline_view()
+        return bool(offline) and (held is None or _one_node_could_let_in(
+            self.state, held, _smallest_part(spec, self.dc), len(split_task(spec, self.dc))))
+
+    def _offline_view(self) -> tuple[list[str], np.ndarray | None]:
+        """The preemptible (offline) tasks held, and what they hold per node (CPU, memory, disk, bandwidth; None when
+        one spans nodes); kept until the state changes, so a pass's searches share it."""
+        if self._offline_cache is not None and self._offline_cache[0] == self._state_version:
+            return self._offline_cache[1]
+        state = self.state
+        offline = [t for t, clock in state.clocks.items() if clock.priority_class != ONLINE and t in state.specs]
+        nodes, amounts = [], []
+        for t in offline:
+            parts = state.allocations[t]
+            if any(p.node != parts[0].node for p in parts):
+                nodes = None
+                break
+            for p in parts:
+                nodes.append(p.node)
+                amounts.append((p.cpu_milli, p.memory_mib, p.disk_mib, p.bandwidth_mbps))
+        held = None
+        if nodes is not None:
+            held = np.zeros((state.n, 4), dtype=np.int64)
+            if nodes:
+                np.add.at(held, np.asarray(nodes), np.asarray(amounts, dtype=np.int64))
+        self._offline_cache = (self._state_version, (offline, held))
+        return offline, held
 
     def _reclaimable(self, spec: TaskSpec, offline: list[str]) -> np.ndarray:
         """Nodes where a part of `spec` would fit if all their offline tasks were gone: the only nodes whose
@@ -746,14 +812,14 @@ class PlacerEngine:
             for parts in held:
                 self.state._delta(parts, -1)
 
-    def _evict(self, op: _Op, eviction: Eviction, headroom: np.ndarray | None, now: int) -> list[dict]:
+    def _evict(self, op: _Op, task_id: str, eviction: Eviction, headroom: np.ndarray | None, now: int) -> list[dict]:
         """A preempt event per victim (frees it); returns their requeues (defer with the spec), emitted by the
         caller after the online task's alloc, which draws the preemption overhead they wait out."""
         requeues = []
         for victim in eviction.victims:
             parts, spec, clock = (self.state.allocations[victim], self.state.specs[victim],
                                   self.state.clocks[victim])
-            event = {"t": "preempt", "task": victim, "by": op.task_id, "at": now}
+            event = {"t": "preempt", "task": victim, "by": task_id, "at": now}
             self._emit(op, event)
             event["_parts"] = parts  # for _undo and the thermal check only; stripped before the ledger write
             # if the append's outcome is unknown, the ledger cancels it by re-allocating the victim as it was
@@ -843,8 +909,9 @@ class PlacerEngine:
 
     def _drain_queue(self, op: _Op, headroom: np.ndarray | None, result: ReleaseResult) -> None:
         """Freed resources go to waiting tasks in the fair order (hsched.policies.fairshare: online first, then
-        the tenant furthest below its deserved share, then priority, then arrival); those that still do not fit,
-        or wait out a preemption overhead, keep waiting."""
+        the tenant furthest below its deserved share, then priority, then arrival); a waiting online task that
+        still does not fit evicts offline tasks if that lets it in (`_evict_for_waiting`); those that still do not
+        fit, or wait out a preemption overhead, keep waiting."""
         if not self.queue:
             return
         now, ready = _now_ms(), self.state.ready_ms
@@ -863,13 +930,49 @@ class PlacerEngine:
             def pick(band: list[Waiting]) -> Waiting:
                 return self._pick_dag(band, headroom, planned, now, running, full)
         fair = FairQueue(waiting, self.state.tenant_usage, self._capacity, self.tenant_weights, pick)
+        searches = _Searches(self.queue_eviction_searches)
         for w in itertools.islice(fair, MAX_QUEUE_TRIES_PER_RELEASE):
             spec = self.queue[w.task_id]
             decision: Plan = planned.pop(w.task_id, None) or plan(self.state, spec, self.policy, headroom)
             if decision.outcome is Outcome.PLACED:
                 self._alloc(op, w.task_id, spec, decision.parts, headroom)
-                result.placed_from_queue.append((w.task_id, decision.parts))
-                fair.placed(w)
+            elif not (decision.outcome is Outcome.NO_ROOM and w.priority_class == ONLINE
+                      and self._evict_for_waiting(op, w.task_id, spec, headroom, result, fair, searches)):
+                continue
+            result.placed_from_queue.append((w.task_id, self.state.allocations[w.task_id]))
+            fair.placed(w)
+
+    def _evict_for_waiting(self, op: _Op, task_id: str, spec: TaskSpec, headroom: np.ndarray | None,
+                           result: ReleaseResult, fair: FairQueue, searches: _Searches) -> bool:
+        """Whether the waiting online task `task_id`, which does not fit, was placed by evicting offline tasks
+        (module docstring): searched only if something was freed since its last search that found nothing, not
+        past the pass's budget, and not when a task of the same shape found nothing earlier in the pass."""
+        if self._eviction_searched.get(task_id) == self._freed_count:
+            return False
+        if not self._eviction_could_help(spec):  # not a search; true whatever the headroom's precision
+            op.searched[task_id] = self._freed_count
+            return False
+        shape = (spec.resources, spec.replicas, spec.gpu_models)
+        if shape in searches.failed:
+            op.searched[task_id] = self._freed_count
+            return False
+        if searches.left <= 0:
+            op.searches_left_over = self.queue_eviction_searches > 0  # 0: waiting online tasks never evict
+            return False
+        if headroom is not None and not self._headroom_exact:
+            result.thermal_limited = True  # a conservative bound could rule victims out: the batch is decided
+            return False  # again on exact numbers (_decide_batch), and searched then
+        searches.left -= 1
+        self.queue_eviction_searches_total += 1
+        first = len(op.events)
+        if self._preempt_for(op, task_id, spec, headroom) is not None:
+            for e in op.events[first:]:  # the victims' tenants hold less now
+                if e["t"] == "preempt":
+                    fair.evicted(e["_clock"].tenant, usage_vector(e["_parts"]))
+            return True
+        searches.failed.add(shape)
+        op.searched[task_id] = self._freed_count
+        return False
 
     def _pick_dag(self, band: list[Waiting], headroom: np.ndarray | None, planned: dict[str, Plan],
                   now_ms: int, running: Counter[str], full: set[tuple[str, str]]) -> Waiting:
@@ -927,6 +1030,8 @@ class PlacerEngine:
         """After an append: hand new allocations to the executor, stop freed tasks, time queued tasks out."""
         for e in events:
             kind, task = e["t"], e["task"]
+            if kind == "alloc" or kind in UNQUEUING:
+                self._eviction_searched.pop(task, None)
             if kind == "alloc":
                 self._cancel_expiry(task)
                 clock = self.state.clocks.get(task)
@@ -1086,6 +1191,43 @@ class PlacerEngine:
                 log.exception("placer %s: publishing the summary failed", self.dc.name)
                 self._dirty.set()
             await asyncio.sleep(period_s)
+
+
+class _Searches:
+    """A queue pass's eviction searches for waiting online tasks: the budget left, the task shapes that found none."""
+
+    __slots__ = ("failed", "left")
+
+    def __init__(self, budget: int) -> None:
+        self.left = budget
+        self.failed: set[tuple[Resources, int, tuple[str, ...]]] = set()
+
+
+def _smallest_part(spec: TaskSpec, dc: DataCenter) -> tuple[int, int, int, int]:
+    """The least CPU, memory, disk and bandwidth any part of `spec` asks for."""
+    demands = [d.demand for d in split_task(spec, dc)]
+    return (min(d.cpu_milli for d in demands), min(d.memory_mib for d in demands),
+            min(d.disk_mib for d in demands), min(d.bandwidth_mbps for d in demands))
+
+
+def _one_node_could_let_in(state: ClusterState, held: np.ndarray, smallest: tuple[int, int, int, int],
+                           parts: int) -> bool:
+    """A cheap necessary condition for any one-node eviction to let a task of `parts` parts in (the searches for
+    waiting online tasks mostly end here): counting, per node, how many of its smallest part its free room holds
+    (CPU, memory, disk, bandwidth; GPU cards are left to the planner), now and with all the node's offline tasks
+    (`held`: what they hold per node, none spanning nodes) gone, the nodes now plus the best node's gain must
+    hold them all."""
+    free = np.stack([state.free_cpu, state.free_memory, state.free_disk, state.free_bandwidth], axis=1).astype(np.int64)
+    need = np.asarray(smallest, dtype=np.int64)
+    dims = need > 0
+    if not dims.any():
+        return True
+
+    def count(room: np.ndarray) -> np.ndarray:
+        return np.minimum((np.maximum(room[:, dims], 0) // need[dims]).min(axis=1), parts)
+
+    now = count(free)
+    return int(now.sum() + (count(free + held) - now).max()) >= parts
 
 
 def _room_for_some_part(state: ClusterState, freed: list[tuple[Part, ...]], smallest: tuple[int, int, int, int]) -> bool:

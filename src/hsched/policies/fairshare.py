@@ -212,6 +212,11 @@ class FairQueue:
         """`w` (the task last yielded) was placed: its demand now counts toward its tenant's share."""
         self.held[w.tenant] = self.held[w.tenant] + w.demand
 
+    def evicted(self, tenant: str, usage: np.ndarray) -> None:
+        """A task of `tenant` holding `usage` was preempted during the pass: its share shrinks by that."""
+        if tenant in self.held:
+            self.held[tenant] = self.held[tenant] - usage
+
 
 def class_rank(priority_class: str) -> int:
     """Online tasks before offline ones ("" is offline, as on the wire)."""
