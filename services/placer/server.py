@@ -27,6 +27,7 @@ from hsched.engine.executor import (
     SimulatedExecutor,
     Span,
 )
+from hsched.engine.slices import SliceCatalog
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
 from hsched.policies.dagqueue import DAG_POLICIES, load_dag_queue_policy
 from hsched.policies.fairshare import TenantWeights
@@ -274,7 +275,7 @@ async def serve(args, stop: asyncio.Event) -> None:
                           retention=Retention(args.ledger_snapshot_entries, args.ledger_snapshot_interval_s,
                                               args.ledger_trim_margin_s),
                           executor=executor_of(args), tenant_weights=args.tenant_weights,
-                          dag_policy=load_dag_queue_policy(args.dag_policy))
+                          dag_policy=load_dag_queue_policy(args.dag_policy), slices=args.slice_types)
     engine.ledger.epoch = guard.epoch  # every append re-checks it, atomically with the fencing token
     engine.ledger.min_replicas, engine.ledger.wait_timeout_ms = args.redis_min_replicas, args.redis_wait_ms
     try:
@@ -303,6 +304,10 @@ async def serve(args, stop: asyncio.Event) -> None:
         await engine.gave_up.wait()
         stop.set()
 
+    if args.slice_types is not None:
+        occupancy = engine.state.occupancy() if hasattr(engine.state, "occupancy") else {}
+        log.info("placer %s: nodes cut into slices of %d types (%s): %s slices per type, %s in use", dc.name,
+                 args.slice_types.q, args.slice_types.listing(), occupancy.get("cut"), occupancy.get("used"))
     if engine.holding:
         log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
     else:
@@ -376,7 +381,19 @@ def parser():
                         "class/tenant/priority band (hsched.policies.dagqueue): fifo = arrival order (default, "
                         "as without it), sjf-cp = least remaining job work then longest critical path, ba3c = "
                         "the shipped action-branching A3C (models/ba3c_dag.pt, one torch thread)")
+    p.add_argument("--slice-types", default=env("HSCHED_SLICE_TYPES", ""),
+                   help="pre-partition every node into container slices of the types in this YAML/JSON file "
+                        "(`hsched slices fit`, paper 001) and place each task part in a free slice of the smallest "
+                        "type that fits; parts no type fits are refused as unschedulable (default: no slices)")
     return p
+
+
+def check_slice_types(p: argparse.ArgumentParser, args) -> None:
+    """Load --slice-types once, at start: a bad file is a usage error naming the file and the field."""
+    try:
+        args.slice_types = SliceCatalog.load(args.slice_types) if args.slice_types else None
+    except ValidationError as exc:
+        p.error(str(exc))
 
 
 def check_tenant_weights(p: argparse.ArgumentParser, args) -> None:
@@ -404,4 +421,5 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--fenced-exit-s and --lease-wait-s must be >= 0")
     check_executor_args(p, args)
     check_tenant_weights(p, args)
+    check_slice_types(p, args)
     run(f"placer-{args.datacenter}", args, lambda stop: serve(args, stop))
