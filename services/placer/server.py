@@ -27,8 +27,8 @@ from hsched.engine.executor import (
     SimulatedExecutor,
     Span,
 )
-from hsched.engine.slices import SliceCatalog
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
+from hsched.engine.slices import SliceCatalog
 from hsched.policies.dagqueue import DAG_POLICIES, load_dag_queue_policy
 from hsched.policies.fairshare import TenantWeights
 from hsched.policies.heuristics import POLICY_NAMES, make_policy

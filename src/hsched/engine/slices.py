@@ -247,8 +247,8 @@ def fit_catalog(q: int | None = None, *, q_max: int = 12, min_gain: float = 0.01
     shares = type_shares(types, demands, weights, scale)
     stack = [alibaba_resources(float(c), float(m), gib) for c, m in types.sizes]
     source = {
-        "trace": "alibaba2018", "jobs": len(pool), "tasks": int(len(demands)),
-        "distinct_demands": int(len(types.demands)), "filter": {"max_instances": max_instances, "min_tasks": min_tasks},
+        "trace": "alibaba2018", "jobs": len(pool), "tasks": len(demands),
+        "distinct_demands": len(types.demands), "filter": {"max_instances": max_instances, "min_tasks": min_tasks},
         "method": "connectivity-constrained hierarchical clustering (paper 001 §2.1, hsched.policies.slices)",
         "machine": {"cpu_cores": float(cfg.node_capacity[0]), "memory_percent": float(cfg.node_capacity[1]),
                     "memory_gib": gib},
