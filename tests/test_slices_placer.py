@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import uuid
 from collections import OrderedDict
 
 import numpy as np
 import pytest
+import redis as sync_redis
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hsched.cli import main
 from hsched.domain.errors import ValidationError
 from hsched.domain.resources import Resources
 from hsched.domain.task import TaskSpec
@@ -29,7 +33,10 @@ from hsched.policies.slices import partition_node
 from hsched.state.keys import Keys
 from hsched.state.ledger import replay
 from hsched.state.redis import connect
+from hsched.v1 import placer_pb2
+from tests.conftest import SMALL_FLEET
 from tests.test_engine import cheap, running
+from tests.test_leases import PlacerProcess, place, state_of, wait_for
 from tests.test_policies import assert_books_balance
 
 GIB = 1024
@@ -283,3 +290,102 @@ async def run_sequence(redis_url: str, prefix: str, ops: list[tuple]) -> None:
 @given(ops=st.lists(OP, min_size=1, max_size=14))
 def test_random_sequences_never_share_a_slice_nor_exceed_a_node(redis_url: str, prefix: str, ops: list[tuple]) -> None:
     asyncio.run(run_sequence(redis_url, f"{prefix}:{uuid.uuid4().hex[:8]}", ops))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# a real placer process over gRPC: kill -9 and restart
+
+
+def latest_summary(redis_url: str, prefix: str) -> dict | None:
+    client = sync_redis.Redis.from_url(redis_url)
+    try:
+        entries = client.xrevrange(Keys(prefix).summary("cheap"), count=1)
+    finally:
+        client.close()
+    return json.loads(entries[0][1][b"s"]) if entries else None
+
+
+def test_a_placer_process_places_into_slices_and_a_kill_9_restart_keeps_the_occupancy(
+        redis_url, prefix, tmp_path) -> None:
+    path = tmp_path / "slices.yaml"
+    TWO.save(path)
+    cut = SlicedState(cheap(), TWO).cut.sum(axis=0)
+    first = PlacerProcess(redis_url, prefix, tmp_path, "a", "--slice-types", str(path))
+    second = None
+    try:
+        target = first.wait_listening()
+        placed = 0
+        for i in range(cut[0] + 2):  # every A slice, then two B slices
+            r = place(target, f"t{i}", cores=1)
+            assert r.outcome == placer_pb2.PLACE_OUTCOME_PLACED, r.reason
+            placed += 1
+        assert [a.resources.cpu_milli for a in place(target, "t0", cores=1).assignments] == [2000]  # a retry: same slice
+        before = wait_for(lambda: (s := latest_summary(redis_url, prefix)) and s["running_tasks"] == placed and s,
+                          "the summary shows every placement")
+        assert before["slices"]["used"] == [int(cut[0]), 2]
+        tasks_before = state_of(target).summary.running_tasks
+
+        first.kill()  # SIGKILL: no lease release, nothing flushed
+        second = PlacerProcess(redis_url, prefix, tmp_path, "b", "--slice-types", str(path))
+        target = second.wait_listening()
+        after = wait_for(lambda: (s := latest_summary(redis_url, prefix))
+                         and s["fencing_token"] > before["fencing_token"] and s, "the restarted placer serves")
+        assert after["slices"] == before["slices"] and state_of(target).summary.running_tasks == tasks_before
+        # fill what is left: exactly the free B slices are placed, then the DC is full
+        for i in range(cut[1] - 2):
+            assert place(target, f"u{i}", cores=1).outcome == placer_pb2.PLACE_OUTCOME_PLACED
+        full = place(target, "over", cores=1)
+        assert full.outcome == placer_pb2.PLACE_OUTCOME_NO_ROOM and "no free slice of type 0" in full.reason
+        ledger = asyncio.run(_fold(redis_url, prefix))
+        assert_slices_sound(ledger)
+        assert ledger.used.sum(axis=0).tolist() == cut.tolist() and len(ledger.allocations) == cut.sum()
+        assert "Traceback" not in first.output() + second.output()
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+async def _fold(redis_url: str, prefix: str) -> SlicedState:
+    client = connect(redis_url)
+    try:
+        return await folded(client, prefix)
+    finally:
+        await client.aclose()
+
+
+def test_a_placer_with_a_bad_slice_types_file_exits_2_with_one_line(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("types:\n- {cpu_milli: 500, memory_mib: -1}\n")
+    run = subprocess.run([sys.executable, "-m", "services.placer", "--fleet", str(SMALL_FLEET), "--datacenter", "cheap",
+                          "--slice-types", str(bad)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1].endswith(
+        f"{bad}: types[0].memory_mib: must be an integer >= 1 (got -1)")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the CLI
+
+
+def test_slices_fit_prints_the_curve_and_writes_the_file_the_placers_load(tmp_path, capsys, fit6) -> None:
+    out_file = tmp_path / "slices.yaml"
+    assert main(["slices", "fit", "--trace", "alibaba2018", "--q", "6", "-o", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    assert "   7                    0.1426              0.1356  <- knee" in out
+    assert "knee (one more type saves < 0.01): Q = 7; using Q = 6 (given)" in out
+    assert "a node of 96 cores / 384 GiB is cut into 127 slices: [7, 23, 55, 39, 1, 2]" in out
+    assert SliceCatalog.load(out_file) == fit6.catalog
+    assert main(["slices", "show", str(out_file)]) == 0
+
+
+def test_bad_slice_flags_are_usage_errors(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["slices", "fit", "--q", "0", "-o", str(tmp_path / "x.yaml")])
+    assert exit_.value.code == 2 and "--q: must be auto or a whole number in 1.." in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"types": [{"cpu_milli": 1000, "memory_mib": 10}, {"cpu_milli": 1000, "memory_mib": 10}]}')
+    assert main(["up", "--slice-types", str(bad)]) == 2  # before anything starts
+    assert capsys.readouterr().err.strip() == (f"hsched: {bad}: types[1]: has the same cpu_milli and memory_mib as "
+                                               "types[0] (got [1000, 10])")
+    assert not (tmp_path / "x.yaml").exists()
