@@ -389,3 +389,23 @@ def test_bad_slice_flags_are_usage_errors(tmp_path, capsys) -> None:
     assert capsys.readouterr().err.strip() == (f"hsched: {bad}: types[1]: has the same cpu_milli and memory_mib as "
                                                "types[0] (got [1000, 10])")
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_hsched_up_slice_types_reach_every_placer(redis_url, tmp_path) -> None:
+    import grpc
+
+    from hsched.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+    from tests.conftest import small_fleet_stack
+
+    path = tmp_path / "slices.yaml"
+    TWO.save(path)
+    with small_fleet_stack(redis_url, "slices", thermal=False, slice_types=str(path)) as stack, \
+            grpc.insecure_channel(stack.gateway) as channel:
+        gw = gateway_pb2_grpc.GatewayStub(channel)
+        spec = common_pb2.TaskSpec(resources=common_pb2.Resources(cpu_milli=1000, memory_mib=2048), runtime_s=3600)
+        placed = gw.Submit(gateway_pb2.SubmitRequest(task=spec), timeout=30).task
+        assert placed.state == common_pb2.TASK_STATE_PLACED, placed.reason
+        assert [(a.resources.cpu_milli, a.resources.memory_mib) for a in placed.assignments] == [(2000, 4096)]
+        big = common_pb2.TaskSpec(resources=common_pb2.Resources(cpu_milli=5000, memory_mib=2048), runtime_s=3600)
+        refused = gw.Submit(gateway_pb2.SubmitRequest(task=big), timeout=30).task
+        assert refused.state != common_pb2.TASK_STATE_PLACED and "fits no slice type" in refused.reason, refused
