@@ -307,7 +307,7 @@ async def serve(args, stop: asyncio.Event) -> None:
         stop.set()
 
     if args.slice_types is not None:
-        occupancy = engine.state.occupancy() if hasattr(engine.state, "occupancy") else {}
+        occupancy = engine.summary()["slices"]
         log.info("placer %s: nodes cut into slices of %d types (%s): %s slices per type, %s in use", dc.name,
                  args.slice_types.q, args.slice_types.listing(), occupancy.get("cut"), occupancy.get("used"))
     if engine.holding:

@@ -190,7 +190,6 @@ class PlacerEngine:
         self.redis = redis
         self.keys = keys
         self.policy = policy
-        self.slices = slices
         self._new_state = state_factory(slices)  # every fold of the ledger is one of these
         self.state = self._new_state(dc)
         self.thermal = RoomGuard(thermal, self.state) if isinstance(thermal, RoomModel) else thermal

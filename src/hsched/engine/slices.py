@@ -45,10 +45,9 @@ from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import DataCenter, NodeTable
 from hsched.domain.resources import Resources
-from hsched.policies.slices import partition_node
+from hsched.policies.slices import QCurve, partition_node, q_curve, type_shares
 
 FORMAT = "hsched-slice-types/1"
-GIB = 1024
 
 
 @dataclass(frozen=True)
@@ -223,7 +222,7 @@ def state_factory(catalog: SliceCatalog | None):
 @dataclass(frozen=True)
 class Fit:
     catalog: SliceCatalog
-    curve: object  # hsched.policies.slices.QCurve
+    curve: QCurve
 
 
 def fit_catalog(q: int | None = None, *, q_max: int = 12, min_gain: float = 0.01, max_instances: int = 200,
@@ -232,7 +231,6 @@ def fit_catalog(q: int | None = None, *, q_max: int = 12, min_gain: float = 0.01
     curve (hsched.policies.slices.choose_q) when None. The curve is always computed and recorded."""
     from hsched.envs.colocation import ColocationConfig, job_pool, layout_for, pool_demands
     from hsched.job_replay import ALIBABA_MACHINE_MEMORY_GIB, alibaba_resources
-    from hsched.policies.slices import q_curve, type_shares
 
     gib = ALIBABA_MACHINE_MEMORY_GIB if machine_memory_gib is None else machine_memory_gib
     if not (gib > 0 and math.isfinite(gib)):
