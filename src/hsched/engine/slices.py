@@ -237,6 +237,8 @@ def fit_catalog(q: int | None = None, *, q_max: int = 12, min_gain: float = 0.01
         raise ValidationError("--machine-memory-gib", "must be a finite number > 0", machine_memory_gib)
     cfg = ColocationConfig(workload="alibaba", max_instances=max_instances, min_tasks=min_tasks).validate()
     pool = job_pool(cfg)
+    if not pool:
+        raise ValidationError("--min-tasks/--max-instances", "leave no job of the trace to fit", [min_tasks, max_instances])
     demands, weights = pool_demands(pool)
     scale = np.asarray(cfg.node_capacity, dtype=np.float64)
     curve = q_curve(demands, weights, scale=scale, q_max=q_max, min_gain=min_gain)
