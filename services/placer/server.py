@@ -271,13 +271,14 @@ async def serve(args, stop: asyncio.Event) -> None:
         thermal = room_for(dc) if args.thermal_guard == "local" else ThermalClient(args.thermal, dc.name, tls=tls)
     guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
     owner = f"{socket.gethostname()}:{os.getpid()}"
+    slices = slice_types_of(args)
     engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
                           lease_ms=args.lease_ms, fenced_exit_s=args.fenced_exit_s,
                           lease_client=connect_sync(args.redis_url),
                           retention=Retention(args.ledger_snapshot_entries, args.ledger_snapshot_interval_s,
                                               args.ledger_trim_margin_s),
                           executor=executor_of(args), tenant_weights=args.tenant_weights,
-                          dag_policy=load_dag_queue_policy(args.dag_policy), slices=args.slice_types)
+                          dag_policy=load_dag_queue_policy(args.dag_policy), slices=slices)
     engine.ledger.epoch = guard.epoch  # every append re-checks it, atomically with the fencing token
     engine.ledger.min_replicas, engine.ledger.wait_timeout_ms = args.redis_min_replicas, args.redis_wait_ms
     try:
@@ -306,10 +307,10 @@ async def serve(args, stop: asyncio.Event) -> None:
         await engine.gave_up.wait()
         stop.set()
 
-    if args.slice_types is not None:
+    if slices is not None:
         occupancy = engine.summary()["slices"]
         log.info("placer %s: nodes cut into slices of %d types (%s): %s slices per type, %s in use", dc.name,
-                 args.slice_types.q, args.slice_types.listing(), occupancy.get("cut"), occupancy.get("used"))
+                 slices.q, slices.listing(), occupancy["cut"], occupancy["used"])
     if engine.holding:
         log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
     else:
@@ -390,10 +391,15 @@ def parser():
     return p
 
 
+def slice_types_of(args) -> SliceCatalog | None:
+    """The --slice-types file's catalog (None: no slices); ValidationError names the file and the field."""
+    return SliceCatalog.load(args.slice_types) if args.slice_types else None
+
+
 def check_slice_types(p: argparse.ArgumentParser, args) -> None:
-    """Load --slice-types once, at start: a bad file is a usage error naming the file and the field."""
+    """A bad --slice-types file is a usage error naming the file and the field, before anything starts."""
     try:
-        args.slice_types = SliceCatalog.load(args.slice_types) if args.slice_types else None
+        slice_types_of(args)
     except ValidationError as exc:
         p.error(str(exc))
 
