@@ -28,6 +28,7 @@ from hsched.engine.executor import (
     Span,
 )
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
+from hsched.engine.slices import SliceCatalog
 from hsched.policies.dagqueue import DAG_POLICIES, load_dag_queue_policy
 from hsched.policies.fairshare import TenantWeights
 from hsched.policies.heuristics import POLICY_NAMES, make_policy
@@ -88,7 +89,9 @@ def thermal_to_pb(c: ThermalCheck | None) -> common_pb2.ThermalEffect | None:
 
 
 def summary_to_pb(s: dict) -> common_pb2.DcSummary:
-    fields = {k: v for k, v in s.items() if k not in ("capacity", "free", "largest_node", "largest_node_index")}
+    # (slice occupancy, with --slice-types, is in the Redis summary only: the message has no field for it)
+    fields = {k: v for k, v in s.items()
+              if k not in ("capacity", "free", "largest_node", "largest_node_index", "slices")}
     return common_pb2.DcSummary(capacity=resources_to_pb(s["capacity"]), free=resources_to_pb(s["free"]),
                                 largest_node=resources_to_pb(s["largest_node"]), **fields)
 
@@ -268,13 +271,14 @@ async def serve(args, stop: asyncio.Event) -> None:
         thermal = room_for(dc) if args.thermal_guard == "local" else ThermalClient(args.thermal, dc.name, tls=tls)
     guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
     owner = f"{socket.gethostname()}:{os.getpid()}"
+    slices = slice_types_of(args)
     engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
                           lease_ms=args.lease_ms, fenced_exit_s=args.fenced_exit_s,
                           lease_client=connect_sync(args.redis_url),
                           retention=Retention(args.ledger_snapshot_entries, args.ledger_snapshot_interval_s,
                                               args.ledger_trim_margin_s),
                           executor=executor_of(args), tenant_weights=args.tenant_weights,
-                          dag_policy=load_dag_queue_policy(args.dag_policy))
+                          dag_policy=load_dag_queue_policy(args.dag_policy), slices=slices)
     engine.ledger.epoch = guard.epoch  # every append re-checks it, atomically with the fencing token
     engine.ledger.min_replicas, engine.ledger.wait_timeout_ms = args.redis_min_replicas, args.redis_wait_ms
     try:
@@ -303,6 +307,10 @@ async def serve(args, stop: asyncio.Event) -> None:
         await engine.gave_up.wait()
         stop.set()
 
+    if slices is not None:
+        occupancy = engine.summary()["slices"]
+        log.info("placer %s: nodes cut into slices of %d types (%s): %s slices per type, %s in use", dc.name,
+                 slices.q, slices.listing(), occupancy["cut"], occupancy["used"])
     if engine.holding:
         log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
     else:
@@ -376,7 +384,24 @@ def parser():
                         "class/tenant/priority band (hsched.policies.dagqueue): fifo = arrival order (default, "
                         "as without it), sjf-cp = least remaining job work then longest critical path, ba3c = "
                         "the shipped action-branching A3C (models/ba3c_dag.pt, one torch thread)")
+    p.add_argument("--slice-types", default=env("HSCHED_SLICE_TYPES", ""),
+                   help="pre-partition every node into container slices of the types in this YAML/JSON file "
+                        "(`hsched slices fit`, paper 001) and place each task part in a free slice of the smallest "
+                        "type that fits; parts no type fits are refused as unschedulable (default: no slices)")
     return p
+
+
+def slice_types_of(args) -> SliceCatalog | None:
+    """The --slice-types file's catalog (None: no slices); ValidationError names the file and the field."""
+    return SliceCatalog.load(args.slice_types) if args.slice_types else None
+
+
+def check_slice_types(p: argparse.ArgumentParser, args) -> None:
+    """A bad --slice-types file is a usage error naming the file and the field, before anything starts."""
+    try:
+        slice_types_of(args)
+    except ValidationError as exc:
+        p.error(str(exc))
 
 
 def check_tenant_weights(p: argparse.ArgumentParser, args) -> None:
@@ -404,4 +429,5 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--fenced-exit-s and --lease-wait-s must be >= 0")
     check_executor_args(p, args)
     check_tenant_weights(p, args)
+    check_slice_types(p, args)
     run(f"placer-{args.datacenter}", args, lambda stop: serve(args, stop))

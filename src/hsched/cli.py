@@ -134,6 +134,12 @@ def cmd_up(args) -> int:
     from hsched.state.redis import RedisUnavailable, redact_url, url_without_password
 
     _fleet(args.fleet)  # a bad fleet file: its one-line message (exit 2) before anything starts
+    slice_types = None
+    if args.slice_types:  # a bad file: its one-line message (exit 2) before anything starts; placers get the path
+        from hsched.engine.slices import SliceCatalog
+
+        SliceCatalog.load(args.slice_types)
+        slice_types = os.path.abspath(args.slice_types)
     if args.replay:
         _check_trace(args.replay)
     console = Console(width=max(Console().width, 112))  # the summary table needs ~110 columns
@@ -148,7 +154,7 @@ def cmd_up(args) -> int:
                          redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
                          supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls, auth=args.auth,
-                         time_factor=args.time_factor, dag_policy=args.dag_policy)
+                         time_factor=args.time_factor, dag_policy=args.dag_policy, slice_types=slice_types)
     _log_supervision_to(console)
     stack = Stack(config)
     try:
@@ -636,6 +642,44 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_slices(args) -> int:
+    """`hsched slices fit`: paper 001's slice types of a trace, the idle-vs-Q curve, the chosen Q, and the slices
+    each node size of the fleet is cut into; written to -o for `hsched up --slice-types` / `placer --slice-types`."""
+    from hsched.engine.slices import SliceCatalog, cut_summary, fit_catalog
+
+    if args.slices_command == "show":
+        catalog = SliceCatalog.load(args.file)
+    else:
+        fit = fit_catalog(args.q, q_max=args.q_max, min_gain=args.min_gain, max_instances=args.max_instances,
+                          min_tasks=args.min_tasks, machine_memory_gib=args.machine_memory_gib)
+        catalog, curve, src = fit.catalog, fit.curve, fit.catalog.source
+        print(f"{src['trace']}: {src['jobs']} jobs, {src['tasks']} tasks, {src['distinct_demands']} distinct demand "
+              "vectors; idle fraction of the reserved slice resources against Q (paper 001 fig. 12):")
+        print("   Q  constrained (paper 001)  plain hierarchical")
+        for k, con, unc in zip(curve.qs, curve.constrained, curve.unconstrained, strict=True):
+            mark = "  <- knee" if k == curve.chosen_q else ""
+            print(f"  {k:2d}  {con:24.4f}  {unc:18.4f}{mark}")
+        print(f"  uniform (one type): {curve.uniform:.4f}")
+        print(f"knee (one more type saves < {curve.min_gain:g}): Q = {curve.chosen_q}; using Q = {src['q']} "
+              f"({src['q_choice']})")
+    print(f"{catalog.q} slice types (cpu_milli / memory_mib, share of the slice capacity):")
+    for k in range(catalog.q):
+        print(f"  {k}: {catalog.cpu_milli[k]:6d}m  {catalog.memory_mib[k]:7d} MiB  {catalog.shares[k]:.3f}")
+    fleet = _fleet(args.fleet)
+    sizes = [(int(c), int(m)) for dc in fleet.datacenters for c, m in
+             zip(dc.node_table().cpu_milli, dc.node_table().memory_mib, strict=True)]
+    for cpu, mem, cut in cut_summary(catalog, sizes):
+        print(f"a node of {cpu // 1000} cores / {mem // 1024} GiB is cut into {sum(cut)} slices: {list(cut)}")
+    if args.slices_command == "fit":
+        try:
+            catalog.save(args.output)
+        except OSError as exc:
+            print(f"hsched slices fit: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        print(f"written to {args.output} (use: hsched up --slice-types {args.output})")
+    return 0
+
+
 def cmd_link(args) -> int:
     """Publish a WAN link metric update (what a network probe does) on the links stream, validated first by the
     selector's own rules (WanGraph.update_link on the fleet's WAN): a bad update is exit 2 and nothing is written."""
@@ -687,6 +731,16 @@ def positive_int(text: str) -> int:
     if not 0 < value <= INT32_MAX:
         raise argparse.ArgumentTypeError(f"must be in 1..{INT32_MAX}, got {text!r}")
     return value
+
+
+def q_or_auto(text: str) -> int | None:
+    """A number of slice types, or None for "auto"."""
+    if text == "auto":
+        return None
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be auto or a whole number in 1..{INT32_MAX}, got {text!r}") from None
 
 
 def non_negative_int(text: str) -> int:
@@ -800,6 +854,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the placers' order among queued DAG-job stages of one class/tenant/priority band: fifo "
                          "(arrival, default), sjf-cp (least remaining job work, then longest critical path) or "
                          "ba3c (the shipped learned scheduler); hsched.policies.dagqueue")
+    up.add_argument("--slice-types", default="",
+                    help="a slice-types file (`hsched slices fit`): the placers pre-partition every node into slices "
+                         "of those types and place each task part in one (paper 001; default: no slices)")
     up.add_argument("--auth", action="store_true",
                     help="tenant authentication at the gateway: <state-dir>/tokens.yaml with an admin token whose "
                          "value is in <state-dir>/admin.token (0600); the CLI uses it for this stack")
@@ -972,6 +1029,29 @@ def build_parser() -> argparse.ArgumentParser:
     lk.add_argument("--fleet", default=None, help="fleet YAML whose WAN the update is checked against (default: the running "
                     "stack's, else the embedded Abilene fleet)")
     lk.set_defaults(fn=cmd_link)
+
+    sl = sub.add_parser("slices", help="paper 001's slice (container) types: fit them to a trace, or show a file")
+    sl_sub = sl.add_subparsers(dest="slices_command", required=True)
+    fit = sl_sub.add_parser("fit", help="cluster a trace's task demand vectors into Q slice types (connectivity-"
+                                        "constrained hierarchical clustering), print the idle-vs-Q curve, write FILE")
+    fit.add_argument("--trace", default="alibaba2018", choices=["alibaba2018"],
+                     help="the trace whose demand vectors are clustered (its batch DAG jobs)")
+    fit.add_argument("--q", type=q_or_auto, default=None, metavar="{auto,Q}", help="number of slice types, or auto: the knee of the idle-vs-Q curve")
+    fit.add_argument("--q-max", type=positive_int, default=12, help="the curve's largest Q")
+    fit.add_argument("--min-gain", type=non_negative_float, default=0.01,
+                     help="auto Q: the smallest Q from which one more type lowers the idle fraction less than this")
+    fit.add_argument("--max-instances", type=positive_int, default=200,
+                     help="only jobs with at most this many instances (the simulator's pool)")
+    fit.add_argument("--min-tasks", type=positive_int, default=2, help="only jobs with at least this many tasks")
+    fit.add_argument("--machine-memory-gib", type=positive_float, default=None,
+                     help="a v2018 machine's memory in GiB (the trace normalises it to 100; default 384, as the "
+                          "replay assumes)")
+    fit.add_argument("-o", "--output", required=True, help="the slice-types file to write (.yaml or .json)")
+    show = sl_sub.add_parser("show", help="print a slice-types file and how the fleet's nodes are cut")
+    show.add_argument("file")
+    for sp in (fit, show):
+        sp.add_argument("--fleet", default=None, help="fleet YAML whose node sizes are shown cut (default: embedded)")
+    sl.set_defaults(fn=cmd_slices)
     return p
 
 

@@ -89,6 +89,13 @@ def tpch_jobs(sizes: list[str] | None = None, limit: int = 0, interval_s: float 
 ALIBABA_MACHINE_MEMORY_GIB = 384.0  # a v2018 machine's memory (normalised to 100 in the trace): 4 GiB per core
 
 
+def alibaba_resources(cpu_cores: float, memory: float, machine_memory_gib: float = ALIBABA_MACHINE_MEMORY_GIB
+                      ) -> tuple[int, int]:
+    """(cpu_milli, memory_mib) of a trace demand (cores, percent of a machine's memory); monotone, so a slice
+    type that covers a demand in trace units covers it in the stack's units too (hsched.engine.slices)."""
+    return max(1, round(cpu_cores * 1000)), max(1, round(memory / MACHINE_MEMORY * machine_memory_gib * 1024))
+
+
 def alibaba_to_job_spec(job: AlibabaJob, max_tasks_per_stage: int = 0, request_id: str = "", tenant: str = TENANT,
                         machine_memory_gib: float = ALIBABA_MACHINE_MEMORY_GIB) -> pb.JobSpec:
     """A JobSpec for an Alibaba 2018 batch job (module docstring); `max_tasks_per_stage` > 0 folds wider
@@ -96,10 +103,10 @@ def alibaba_to_job_spec(job: AlibabaJob, max_tasks_per_stage: int = 0, request_i
     stages = []
     for i, t in enumerate(job.tasks):
         tasks = t.instances if not max_tasks_per_stage else min(t.instances, max_tasks_per_stage)
-        memory_mib = max(1, round(t.memory / MACHINE_MEMORY * machine_memory_gib * 1024))
+        cpu_milli, memory_mib = alibaba_resources(t.cpu_cores, t.memory, machine_memory_gib)
         stages.append(pb.StageSpec(
             name=f"t{i}", tasks=tasks, runtime_s=t.duration_s * t.instances / tasks,
-            resources=pb.Resources(cpu_milli=max(1, round(t.cpu_cores * 1000)), memory_mib=memory_mib),
+            resources=pb.Resources(cpu_milli=cpu_milli, memory_mib=memory_mib),
             parents=[f"t{p}" for p in job.parents(i)]))
     return pb.JobSpec(name=job.name, tenant=tenant, request_id=request_id, priority_class="offline", stages=stages)
 

@@ -36,6 +36,10 @@ a cheap count per node (`_one_node_could_let_in`) rules out tasks no one-node ev
 conservative thermal headroom leaves its searches to the batch's re-decision on exact numbers. A placer that
 takes the lease serves its queue once (its predecessor may have died before a pass).
 
+Slice types (issue 15, paper 001 §2.1): with `slices`, every fold of the ledger is a SlicedState — the nodes cut
+into container slices — and the same planner gives each part one free slice of the smallest type that covers it
+(hsched.engine.slices); nothing else here changes.
+
 The gRPC service (services/placer) only translates protobuf to these calls.
 """
 
@@ -63,6 +67,7 @@ from hsched.domain.fleet import DataCenter
 from hsched.domain.resources import Resources
 from hsched.domain.task import TaskSpec, task_to_dict
 from hsched.engine.executor import Executor, Report
+from hsched.engine.slices import SliceCatalog, SlicedState, state_factory
 from hsched.envs.dag import DagPolicy
 from hsched.policies.base import NodePolicy
 from hsched.policies.dagqueue import MAX_BAND_STAGES, QueuedStage, choose_stage, job_of_task
@@ -181,7 +186,8 @@ class PlacerEngine:
                  thermal: ThermalGuard | RoomModel | None = None, lease_ms: int = 3000, fenced_exit_s: float = 0.0,
                  max_loop_stall_s: float = 30.0, lease_client: SyncRedis | None = None,
                  retention: Retention | None = None, executor: Executor | None = None,
-                 tenant_weights: TenantWeights | None = None, dag_policy: DagPolicy | None = None) -> None:
+                 tenant_weights: TenantWeights | None = None, dag_policy: DagPolicy | None = None,
+                 slices: SliceCatalog | None = None) -> None:
         """`thermal`: the DC's room model (checked in-process over this engine's state), another ThermalGuard,
         or None for no thermal guard. `fenced_exit_s` (0 = never): after losing its lease, give up (`gave_up` is
         set) if it cannot take it back for that long, so a supervisor restarts the process. `lease_client`: a
@@ -190,12 +196,14 @@ class PlacerEngine:
         clock: tasks hold their resources until released, and queue timeouts pass in wall time.
         `tenant_weights`: the tenants' weights in the deferred queue's fair share (default: equal).
         `dag_policy`: which DAG job's stage the queue serves first within a class/tenant/priority band
-        (hsched.policies.dagqueue; None = arrival order)."""
+        (hsched.policies.dagqueue; None = arrival order). `slices`: pre-partition every node into slices of
+        these types and place each part in one (hsched.engine.slices; None = no slices)."""
         self.dc = dc
         self.redis = redis
         self.keys = keys
         self.policy = policy
-        self.state = ClusterState(dc)
+        self._new_state = state_factory(slices)  # every fold of the ledger is one of these
+        self.state = self._new_state(dc)
         self.thermal = RoomGuard(thermal, self.state) if isinstance(thermal, RoomModel) else thermal
         self.queue: OrderedDict[str, TaskSpec] = OrderedDict()
         self.ledger = Ledger(redis, keys, dc.name, owner, lease_ms=lease_ms)
@@ -335,7 +343,7 @@ class PlacerEngine:
             self._keeper.hold(token)  # renewed while folding: a long ledger can take longer than a lease
             if self.ledger.pending_undo:  # cancellations owed for appends of unknown outcome: into the fold too
                 await self.ledger.settle()
-            state, queue = ClusterState(self.dc, self.state.table), OrderedDict()
+            state, queue = self._new_state(self.dc, self.state.table), OrderedDict()
             last_id = await replay(self.redis, self.ledger.stream, state, queue)
             if self._keeper.token != token:  # lost again while folding; _keep_lease tries again
                 return False
@@ -363,7 +371,7 @@ class PlacerEngine:
         """After an append of lifecycle events whose outcome was unknown: memory becomes the ledger's fold
         again (those events may have landed), so a retry never writes a completion twice."""
         await self.ledger.settle()
-        state, queue = ClusterState(self.dc, self.state.table), OrderedDict()
+        state, queue = self._new_state(self.dc, self.state.table), OrderedDict()
         last_id = await replay(self.redis, self.ledger.stream, state, queue)
         self._adopt(state, queue, last_id)
         self._refold_due = False
@@ -1169,6 +1177,7 @@ class PlacerEngine:
             "pue": th.pue_after if th else 0.0, "max_inlet_c": th.max_inlet_after_c if th else 0.0,
             "ledger_id": self.last_id, "fencing_token": self.ledger.token or 0, "unix_ms": int(time.time() * 1000),
             "gpu_models": sorted({m for m in t.gpu_model if m}),
+            **({"slices": s.occupancy()} if isinstance(s, SlicedState) else {}),
         }
 
     async def _publish_summaries(self, period_s: float = 0.1, heartbeat_s: float = SUMMARY_HEARTBEAT_S) -> None:

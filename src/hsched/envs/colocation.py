@@ -57,7 +57,7 @@ from gymnasium import spaces
 
 from hsched.domain.dag import critical_path, topological_order
 from hsched.policies.colocation import COUNT_LEVELS
-from hsched.policies.slices import SliceTypes, cluster_demands, partition_node, uniform_type
+from hsched.policies.slices import SliceTypes, cluster_demands, partition_node, type_shares, uniform_type
 
 MAX_CANDIDATES = 512
 SLICINGS = ("constrained", "plain", "uniform")
@@ -179,14 +179,7 @@ def layout_for(pool: Sequence[JobSpec], cfg: ColocationConfig) -> tuple[SliceTyp
         types = uniform_type(demands)
     else:
         types = cluster_demands(demands, cfg.q, scale=scale, constrained=cfg.slicing == "constrained")
-    index = {tuple(v): k for v, k in zip(map(tuple, types.demands), types.assignment, strict=False)}
-    reserve = np.zeros(types.q)
-    for r, w in zip(demands, weights, strict=False):
-        k = index[tuple(r)]
-        reserve[k] += w * float((types.sizes[k] / scale).mean())
-    if reserve.sum() <= 0:
-        reserve[:] = 1.0
-    return types, tuple(partition_node(cfg.node_capacity, types.sizes, reserve))
+    return types, tuple(partition_node(cfg.node_capacity, types.sizes, type_shares(types, demands, weights, scale)))
 
 
 @lru_cache(maxsize=16)

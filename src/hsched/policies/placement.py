@@ -90,28 +90,43 @@ def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np
     demands = split_task(task, state.dc)
     notes = [f"split into {len(demands)} parts of <= {state.dc.split_chunk_milli // 1000} cores (paper 003)"] \
         if len(demands) > task.replicas else []
+    sliced = getattr(state, "slice_options", None)  # a SlicedState (hsched.engine.slices): one slice per part
     try:
         for d in demands:
-            mask = state.feasible(d.demand, task.gpu_models)
-            power = None
-            if headroom is not None:
-                power = part_power_w(state, d.demand)
-                room = mask.copy()
-                mask &= power <= headroom
-                if room.any() and not mask.any():
+            if sliced is not None and (never := state.slice_never_fits(d.demand)) is not None:
+                return Plan(Outcome.UNSCHEDULABLE, reason=f"replica {d.replica} part {d.part}: {never}", notes=notes)
+            # without slices the part itself; with them, the slice sizes covering it, smallest first
+            options = sliced(d.demand) if sliced is not None else [(d.demand, None)]
+            choice, too_hot = None, False
+            for demand, free_slice in options:
+                mask = state.feasible(demand, task.gpu_models)
+                if free_slice is not None:
+                    mask &= free_slice
+                power = None
+                if headroom is not None:
+                    power = part_power_w(state, demand)
+                    room = mask.copy()
+                    mask &= power <= headroom
+                    too_hot |= bool(room.any() and not mask.any())
+                choice = select(policy, state, demand, mask)
+                if choice is not None:
+                    break
+            if choice is None:
+                if too_hot:
                     return Plan(Outcome.NO_ROOM, reason="every node with room would push an inlet past the "
                                 "thermal redline", notes=notes, thermal_limited=True)
-            choice = select(policy, state, d.demand, mask)
-            if choice is None:
                 if not state.could_ever_fit(d.demand, task.gpu_models).any():
                     return Plan(Outcome.UNSCHEDULABLE, reason=never_fits_reason(state, d.demand, task), notes=notes)
+                if sliced is not None:
+                    return Plan(Outcome.NO_ROOM, reason=f"replica {d.replica} part {d.part}: "
+                                f"{state.no_room_reason(d.demand)}", notes=notes)
                 return Plan(Outcome.NO_ROOM, reason=f"no node has room for replica {d.replica} part {d.part} now",
                             notes=notes)
             if not parts:
                 first_alternatives = choice.alternatives
             node = choice.node
-            part = Part(d.replica, d.part, node, d.demand.cpu_milli, d.demand.memory_mib, d.demand.disk_mib,
-                        d.demand.bandwidth_mbps, state.choose_cards(node, d.demand))
+            part = Part(d.replica, d.part, node, demand.cpu_milli, demand.memory_mib, demand.disk_mib,
+                        demand.bandwidth_mbps, state.choose_cards(node, demand))
             state._delta((part,), -1)  # tentative: later parts see this one (paper 002)
             parts.append(part)
             if headroom is not None and power is not None:

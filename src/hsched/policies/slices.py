@@ -192,6 +192,23 @@ def q_curve(demands: np.ndarray, weights: np.ndarray, *, scale: Sequence[float] 
                   min_gain=min_gain)
 
 
+def type_shares(types: SliceTypes, demands: np.ndarray, weights: np.ndarray,
+                scale: Sequence[float] | None = None) -> np.ndarray:
+    """Per type, the share of the slice capacity the workload reserves: Σ over the demand vectors of its
+    cluster of weight × the (scaled) volume of the type's slice — `partition_node`'s `shares`. Uniform when
+    the weights are all zero."""
+    d = np.asarray(demands, dtype=np.float64)
+    s = np.ones(d.shape[1]) if scale is None else np.asarray(scale, dtype=np.float64)
+    index = {tuple(v): k for v, k in zip(map(tuple, types.demands), types.assignment, strict=False)}
+    reserve = np.zeros(types.q)
+    for r, w in zip(d, np.asarray(weights, dtype=np.float64), strict=True):
+        k = index[tuple(r)]
+        reserve[k] += w * float((types.sizes[k] / s).mean())
+    if reserve.sum() <= 0:
+        reserve[:] = 1.0
+    return reserve
+
+
 def partition_node(capacity: Sequence[float], sizes: np.ndarray, shares: Sequence[float]) -> list[int]:
     """How many slices of each type to cut from one node of `capacity`.
 
