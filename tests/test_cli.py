@@ -207,6 +207,9 @@ def test_a_rejected_submit_exits_1_and_prints_its_state(small_stack, tmp_path):
     gw = ["--gateway", small_stack.gateway]
     rejected = run_cli("submit", "--cpu", "8", "--gpus", "4", "--gpu-memory-gib", "8", *gw, env=env)  # no node has 4
     assert rejected.returncode == 1 and "REJECTED" in rejected.stdout and "Traceback" not in rejected.stderr
+    # short, with units: the DCs without GPUs grouped under one reason, the GPU DC's own reason after it
+    assert "2 DCs (cheap, near): the task needs 4 GPUs in all, the DC has 0 GPUs; gpu: no node of gpu has 4 GPUs " \
+           "(max 2)" in rejected.stdout, rejected.stdout
     placed = run_cli("submit", "--cpu", "1", *gw, env=env)
     assert placed.returncode == 0 and "PLACED" in placed.stdout, placed.stdout + placed.stderr
     task_id = placed.stdout.split()[0]

@@ -456,3 +456,32 @@ def test_min_cost_is_minimal_over_all_simple_paths(fleet: Fleetish) -> None:
         mine = next(c for c in ranked if c.datacenter == dc.name)
         assert mine.path.latency_ms == pytest.approx(min(latencies(dc.vertex)))
     assert [c.total for c in ranked] == sorted(c.total for c in ranked)
+
+
+def test_exclusion_summary_groups_dcs_by_reason_largest_first():
+    from hsched.costs.selection import exclusion_summary
+
+    excluded = [(dc, "the task needs 8 GPUs in all, the DC has 0 GPUs") for dc in ("ny", "chi", "dc-1", "sea", "la")]
+    excluded += [(dc, f"no node of {dc} has GPU model A100") for dc in ("kc", "hou")]
+    excluded += [("gpu", "no node of gpu has 4 GPUs (max 2)")]
+    assert exclusion_summary(excluded) == (
+        "5 DCs (ny, chi, dc-1, +2): the task needs 8 GPUs in all, the DC has 0 GPUs; "
+        "2 DCs (kc, hou): no node of the DC has GPU model A100; gpu: no node of gpu has 4 GPUs (max 2)")
+    assert exclusion_summary(excluded, shown_groups=1).endswith("; 2 more reason(s) in the task's explanation")
+    # a DC's name inside another word is not the DC: "dc" in "dc-1" stays
+    assert exclusion_summary([("dc", "dc-1 is busy"), ("x", "dc-1 is busy")]) == "2 DCs (dc, x): dc-1 is busy"
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b-c", "d1", "ee", "f"]), st.integers(0, 3)), max_size=300))
+def test_exclusion_summary_stays_short_however_many_dcs(rows):
+    from hsched.costs.selection import exclusion_summary
+
+    excluded = [(f"{name}{i}", f"reason {kind} of {name}{i}") for i, (name, kind) in enumerate(rows)]
+    summary = exclusion_summary(excluded)
+    assert len(summary) <= 3 * (len("999 DCs (, , , +999): reason 3 of the DC") + 3 * 8) + 60
+    if excluded:  # the largest group leads, with its size
+        sizes = {}
+        for _, kind in rows:
+            sizes[kind] = sizes.get(kind, 0) + 1
+        top = max(sizes.values())
+        assert summary.startswith(f"{top} DCs (") if top > 1 else summary.startswith(f"{excluded[0][0]}: ")

@@ -16,7 +16,7 @@ import grpc
 from hsched import rpc
 from hsched.batching import Coalescer
 from hsched.convert import task_from_pb, task_to_pb
-from hsched.costs.selection import METHODS
+from hsched.costs.selection import METHODS, exclusion_summary
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
@@ -203,8 +203,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         ex.ranking.extend(selection.candidates)
         ex.excluded.extend(selection.excluded)
         if not selection.candidates:
-            task.reason = "no data center can hold this task: " + "; ".join(
-                f"{e.datacenter}: {e.reason}" for e in selection.excluded)
+            task.reason = "no data center can hold this task: " + exclusion_summary(
+                (e.datacenter, e.reason) for e in selection.excluded)
             records.append(step("rejected", task, task.reason))
             await self._commit(task, records)
             return task

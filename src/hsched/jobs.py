@@ -29,6 +29,7 @@ import yaml
 from google.protobuf import json_format
 
 from hsched.convert import resources_from_pb, resources_to_pb, task_to_pb
+from hsched.costs.selection import exclusion_summary
 from hsched.domain.dag import paths_to_end
 from hsched.domain.errors import ValidationError
 from hsched.domain.limits import JOB_MAX_TASKS, STAGE_MAX_TASKS, check_count, check_message
@@ -238,8 +239,7 @@ def choose_datacenter(feasible: selector_pb2.SelectResponse, by_cost: selector_p
             return c.datacenter, (f"{c.datacenter}: cheapest of {len(can)} data centers able to hold the largest "
                                   f"task, at a total job cost of {c.total_cost:.4f}")
     excluded = {e.datacenter: e.reason for e in [*feasible.excluded, *by_cost.excluded]}
-    return "", "no data center can hold this job: " + ("; ".join(f"{dc}: {why}" for dc, why in excluded.items())
-                                                       or "no data center answered")
+    return "", "no data center can hold this job: " + (exclusion_summary(excluded.items()) or "no data center answered")
 
 
 # -- the job's state, a fold of the task table ---------------------------------------------------------------------

@@ -16,7 +16,8 @@ A request does no graph search when the caches are warm: shortest paths are cach
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from hsched.costs.graph import WanGraph
@@ -146,3 +147,25 @@ def _violations(path: PathMetrics, need: NetworkRequirements, bandwidth_mbps: fl
 def _num(x: float) -> str:
     """41.2 → '41.2', 30.0 → '30', 1.99 → '1.99': short but never rounding a violation into equality."""
     return f"{x:.3f}".rstrip("0").rstrip(".")
+
+
+def exclusion_summary(excluded: Iterable[tuple[str, str]], shown_groups: int = 3, shown_names: int = 3) -> str:
+    """Why no data center could take a task, short: the DCs grouped by the same reason (a DC's own name in its
+    reason reads "the DC"), the largest groups first, a few names each; the whole list stays in the task's
+    explanation (`hsched get --json`). A reason only one DC gave is shown as it is."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for dc, reason in excluded:
+        shared = re.sub(rf"(?<![\w-]){re.escape(dc)}(?![\w-])", "the DC", reason) if dc else reason
+        groups.setdefault(shared, []).append((dc, reason))
+    ranked = sorted(groups.items(), key=lambda g: -len(g[1]))  # stable: ties keep the selector's order
+    out = []
+    for shared, members in ranked[:shown_groups]:
+        if len(members) == 1:
+            out.append(f"{members[0][0]}: {members[0][1]}")
+            continue
+        names = [dc for dc, _ in members]
+        more = f", +{len(names) - shown_names}" if len(names) > shown_names else ""
+        out.append(f"{len(names)} DCs ({', '.join(names[:shown_names])}{more}): {shared}")
+    if len(ranked) > shown_groups:
+        out.append(f"{len(ranked) - shown_groups} more reason(s) in the task's explanation")
+    return "; ".join(out)

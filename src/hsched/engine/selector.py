@@ -67,9 +67,12 @@ class DcSelector:
         reason = ""
         total = task.total
         cap = dc.capacity_total()
-        if total.cpu_milli > cap.cpu_milli or total.gpu_count > cap.gpu_count or total.memory_mib > cap.memory_mib:
-            reason = (f"the task needs {total.cpu_cores:g} cores / {total.memory_mib} MiB / {total.gpu_count} GPUs in "
-                      f"all, the DC has {cap.cpu_cores:g} / {cap.memory_mib} / {cap.gpu_count}")
+        short = [(f"{need:g} {unit}", f"{have:g} {unit}") for need, have, unit in (
+            (total.cpu_cores, cap.cpu_cores, "cores"), (total.memory_mib / 1024, cap.memory_mib / 1024, "GiB memory"),
+            (total.gpu_count, cap.gpu_count, "GPUs")) if need > have]
+        if short:  # only what is short, with units
+            reason = (f"the task needs {', '.join(n for n, _ in short)} in all, the DC has "
+                      f"{', '.join(h for _, h in short)}")
         else:
             for part in {p.demand for p in split_task(task, dc)}:
                 if not empty.could_ever_fit(part, task.gpu_models).any():
