@@ -11,7 +11,9 @@
 - no secret value in any manifest; the external Redis' URL comes from the Secret, mounted as a file;
 - bad input is one line naming the flag, exit 2, nothing written; output is deterministic; deploy/k8s/ is what
   the generator renders for the default fleet (so it cannot drift);
-- a real gRPC server answers `liveness` SERVING while its overall health is NOT_SERVING (a standby placer).
+- a real gRPC server answers `liveness` SERVING while its overall health is NOT_SERVING (a standby placer), and
+  a placer Deployment's own command line, run twice as real processes on a real Redis, gives one ready lease
+  holder and one live standby that becomes ready when the holder is killed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ import copy
 import importlib
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -524,3 +530,59 @@ async def test_a_not_serving_server_still_answers_liveness():
             assert await status(rpc.LIVENESS) == health_pb2.HealthCheckResponse.SERVING
     finally:
         await server.stop(None)
+
+
+def _health(target: str, service: str) -> int | None:
+    try:
+        with grpc.insecure_channel(target) as channel:
+            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                             timeout=2).status
+    except grpc.RpcError:
+        return None
+
+
+def _wait_for(condition, what: str, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
+        time.sleep(0.1)
+    return value
+
+
+def test_a_dcs_two_replicas_run_as_a_ready_holder_and_a_live_standby_that_takes_over(redis_url, prefix, tmp_path):
+    """The placer Deployment's own command line, twice (its addresses mapped to this machine), probed as the
+    manifest's probes ask: one replica ready, both alive; the holder killed, the standby becomes ready."""
+    c = container(by_kind(rendered(SMALL), "Deployment")["placer-cheap"])
+    ready_service = c["readinessProbe"]["grpc"].get("service", "")
+    live_service = c["livenessProbe"]["grpc"]["service"]
+    local = {"--listen": "127.0.0.1:0", "--redis-url": redis_url, "--fleet": str(SMALL), "--metrics-port": "-1"}
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for name in ("a", "b"):
+            args = [local.get(prev, arg) for prev, arg in zip(["", *c["args"]], c["args"], strict=False)]
+            args += ["--prefix", prefix, "--port-file", str(tmp_path / f"{name}.port")]
+            with open(tmp_path / f"{name}.log", "wb") as log:
+                procs[name] = subprocess.Popen([sys.executable, "-m", "services.placer", *args], stdout=log,
+                                               stderr=subprocess.STDOUT, start_new_session=True)
+        ports = {n: tmp_path / f"{n}.port" for n in procs}
+        _wait_for(lambda: all(p.exists() for p in ports.values()), "both replicas listening")
+        targets = {n: f"127.0.0.1:{p.read_text().strip()}" for n, p in ports.items()}
+        serving = health_pb2.HealthCheckResponse.SERVING
+
+        def ready() -> list[str]:
+            return [n for n, t in targets.items() if _health(t, ready_service) == serving]
+
+        (holder,) = _wait_for(ready, "one replica ready")
+        time.sleep(1)  # the standby stays a standby while the holder renews
+        assert ready() == [holder]
+        assert all(_health(t, live_service) == serving for t in targets.values())  # both alive
+        os.killpg(procs[holder].pid, signal.SIGKILL)
+        procs[holder].wait(10)
+        (standby,) = set(targets) - {holder}
+        _wait_for(lambda: ready() == [standby], "the standby ready in the holder's place")
+        assert _health(targets[standby], live_service) == serving
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
