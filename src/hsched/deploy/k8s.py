@@ -249,7 +249,7 @@ class _Builder:
     @staticmethod
     def grpc_probe(port: int, service: str, period_s: int, failures: int) -> dict[str, Any]:
         grpc = {"port": port, **({"service": service} if service else {})}  # no service: the whole server ("")
-        return {"grpc": grpc, "periodSeconds": period_s, "timeoutSeconds": 5, "failureThreshold": failures}
+        return {"grpc": grpc, "periodSeconds": period_s, "timeoutSeconds": min(5, period_s), "failureThreshold": failures}
 
     @staticmethod
     def container_security() -> dict[str, Any]:
