@@ -452,6 +452,16 @@ def k8s_data_dir() -> Path:
     return data_dir()
 
 
+def test_a_policy_no_placer_knows_is_refused_by_the_library_too():
+    with pytest.raises(ValidationError, match="^--gpu-policy: must be one of bestfit"):
+        k8s.Options(gpu_policy="best-fit").check()
+    k8s.Options(policy="fgd", gpu_policy="eade-ddpg").check()
+    args = {flag(container(d)["args"], "--datacenter"): flag(container(d)["args"], "--policy")
+            for n, d in by_kind(rendered(SMALL, policy="fgd", gpu_policy="eade-ddpg"), "Deployment").items()
+            if n.startswith("placer-")}
+    assert args == {"cheap": "fgd", "near": "fgd", "gpu": "eade-ddpg"}  # as `hsched up --gpu-policy` does
+
+
 @given(st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z"))
 def test_every_rfc1123_label_is_accepted_as_a_namespace(name):
     k8s.Options(namespace=name).check()

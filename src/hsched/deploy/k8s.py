@@ -31,6 +31,7 @@ import yaml
 
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet
+from hsched.policies.heuristics import POLICY_NAMES
 from hsched.rpc import LIVENESS
 
 # Fixed gRPC and /metrics ports per role (compose.yaml's; every pod has its own address, so all placers share one)
@@ -104,6 +105,9 @@ class Options:
                                   self.redis_storage)
         if self.redis_appendfsync not in ("everysec", "always"):
             raise ValidationError("--redis-appendfsync", "must be everysec or always", self.redis_appendfsync)
+        for flag, policy in (("--policy", self.policy), ("--gpu-policy", self.gpu_policy or self.policy)):
+            if policy not in POLICY_NAMES:
+                raise ValidationError(flag, f"must be one of {', '.join(POLICY_NAMES)}", policy)
 
 
 def render(fleet: Fleet, fleet_text: str, options: Options, fleet_label: str = "--fleet") -> list[dict[str, Any]]:
@@ -113,7 +117,8 @@ def render(fleet: Fleet, fleet_text: str, options: Options, fleet_label: str = "
     _check_fleet(fleet, fleet_text, fleet_label)
     b = _Builder(fleet, fleet_text, options)
     objects = [b.namespace(), b.fleet_configmap(), *b.network_policies(), *b.redis(),
-               *b.service_objects("thermal", b.thermal_args()), *b.service_objects("selector", b.selector_args()),
+               *b.service_objects("thermal", b.listen_args("thermal")),
+               *b.service_objects("selector", b.listen_args("selector")),
                *(obj for dc in fleet.datacenters for obj in b.placer(dc)),
                *b.service_objects("gateway", b.gateway_args())]
     return sorted(objects, key=lambda o: (KIND_ORDER.index(o["kind"]), o["metadata"]["name"]))
@@ -226,15 +231,10 @@ class _Builder:
         return ["--redis-url", f"redis://redis:{REDIS_PORT}/0"]  # compose's: no password, NetworkPolicy-fenced
 
     def listen_args(self, component: str) -> list[str]:
+        """What every service is given: its fixed ports on every interface of its pod, Redis, the fleet file."""
         grpc_port, metrics_port = PORTS[component]
         return ["--listen", f"0.0.0.0:{grpc_port}", "--metrics-port", str(metrics_port),
                 "--metrics-host", "0.0.0.0", *self.redis_url_args(), "--fleet", f"{FLEET_DIR}/{FLEET_KEY}"]
-
-    def thermal_args(self) -> list[str]:
-        return self.listen_args("thermal")
-
-    def selector_args(self) -> list[str]:
-        return self.listen_args("selector")
 
     def placer_args(self, dc) -> list[str]:
         gpu = dc.capacity_total().gpu_count > 0
