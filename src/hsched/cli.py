@@ -680,6 +680,33 @@ def cmd_slices(args) -> int:
     return 0
 
 
+def cmd_k8s(args) -> int:
+    """`hsched k8s render`: the deployment's manifests (hsched.deploy.k8s) to stdout or a directory."""
+    from pathlib import Path
+
+    from hsched.deploy import k8s
+    from hsched.domain.fleet import default_fleet_path
+
+    options = k8s.Options(namespace=args.namespace, image=args.image, redis_url_secret=args.redis_url_secret,
+                          redis_port=args.redis_port, redis_storage=args.redis_storage,
+                          redis_appendfsync=args.redis_appendfsync, policy=args.policy, gpu_policy=args.gpu_policy)
+    options.check()  # before the fleet: every usage error is found without reading files
+    fleet = _fleet(args.fleet)
+    fleet_text = Path(args.fleet or default_fleet_path()).read_text()
+    objects = k8s.render(fleet, fleet_text, options, f"--fleet {args.fleet}" if args.fleet else "--fleet")
+    if args.output == "-":
+        sys.stdout.write(k8s.to_stream(objects))
+        return 0
+    try:
+        written = k8s.write_dir(k8s.to_files(objects), Path(args.output))
+    except OSError as exc:
+        print(f"hsched k8s render: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"{len(objects)} objects in {len(written)} files under {args.output} (kubectl apply -k {args.output})",
+          file=sys.stderr)
+    return 0
+
+
 def cmd_link(args) -> int:
     """Publish a WAN link metric update (what a network probe does) on the links stream, validated first by the
     selector's own rules (WanGraph.update_link on the fleet's WAN): a bad update is exit 2 and nothing is written."""
@@ -1052,6 +1079,28 @@ def build_parser() -> argparse.ArgumentParser:
     for sp in (fit, show):
         sp.add_argument("--fleet", default=None, help="fleet YAML whose node sizes are shown cut (default: embedded)")
     sl.set_defaults(fn=cmd_slices)
+
+    k8 = sub.add_parser("k8s", help="Kubernetes manifests generated from the fleet file (docs/operations.md)")
+    k8_sub = k8.add_subparsers(dest="k8s_command", required=True)
+    kr = k8_sub.add_parser("render", help="plain YAML for Redis (or an external one), thermal, selector, one "
+                                          "placer Deployment per data center, the gateway and NetworkPolicies")
+    kr.add_argument("--fleet", default=None, help="fleet YAML (default: the embedded Abilene 11-DC fleet)")
+    kr.add_argument("--namespace", default="hsched", help="the namespace every object goes to (RFC 1123 label)")
+    kr.add_argument("--image", default="hsched:latest", help="the hsched image (the Dockerfile's)")
+    kr.add_argument("--redis-url-secret", default=None, metavar="NAME",
+                    help="use an external Redis whose URL is the key redis-url of this Secret (mounted as a file, "
+                         "--redis-url-file); default: an in-cluster Redis StatefulSet with its AOF on a volume")
+    kr.add_argument("--redis-port", type=int, default=6379,
+                    help="with --redis-url-secret: the external Redis' port, opened by the egress NetworkPolicies")
+    kr.add_argument("--redis-storage", default="1Gi", help="the in-cluster Redis' volume size")
+    kr.add_argument("--redis-appendfsync", default="everysec", choices=["everysec", "always"],
+                    help="the in-cluster Redis' AOF fsync: once a second, or before every reply")
+    kr.add_argument("--policy", default="bestfit", choices=POLICY_NAMES, help="the placers' policy")
+    kr.add_argument("--gpu-policy", choices=POLICY_NAMES, help="policy of the DCs with GPU cards (default: --policy)")
+    kr.add_argument("-o", "--output", default="-",
+                    help="a directory (one file per component and a kustomization.yaml) or - for one multi-document "
+                         "stream on stdout (default)")
+    kr.set_defaults(fn=cmd_k8s)
     return p
 
 

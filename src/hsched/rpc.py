@@ -30,6 +30,8 @@ from hsched.telemetry.interceptors import WrappedGeneric
 log = logging.getLogger(__name__)
 
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+LIVENESS = "liveness"  # the health service name every server answers SERVING while its event loop runs
+
 CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
     # a restarted peer (a placer after a crash) is reached again within ~0.1-2 s, not gRPC's default 1-120 s
@@ -109,6 +111,9 @@ async def start_server(register: Callable[[grpc.aio.Server], None], service_name
                          "one of this machine's")
     await server.start()
     await set_health(health_servicer, service_names, serving)
+    # SERVING for as long as this server answers, whatever "" says: a liveness check (Kubernetes' grpc probe)
+    # that a standby placer passes while it is, rightly, NOT_SERVING (not ready)
+    await health_servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
     return server, port, health_servicer
 
 
