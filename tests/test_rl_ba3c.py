@@ -102,6 +102,7 @@ def test_tiny_training_writes_model_resumes_and_is_deterministic(tmp_path):
     resumed = train(TINY, TrainArgs(seed=0, out=tmp_path / "a.pt", progress=False, steps=4, resume=True),
                     "ba3c", "ba3c_dag", True)
     assert resumed["episodes"] == 4
+    assert resumed["train_cpu_seconds"] >= a["train_cpu_seconds"]  # the checkpoint carries the CPU spent so far
     straight = train(TINY, TrainArgs(seed=0, out=tmp_path / "b.pt", progress=False, steps=4), "ba3c", "ba3c_dag",
                      True)
     wa, wb = torch.load(tmp_path / "a.pt")["model"], torch.load(tmp_path / "b.pt")["model"]
