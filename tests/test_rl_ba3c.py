@@ -87,7 +87,7 @@ def test_lockstep_greedy_episodes_match_the_served_policy(branching):
     model = DagActorCritic(branching, Config(), seed=3)
     cfg = Config(validation_stream_jobs=4, interarrival_s=5.0)
     seeds = (40_000, 40_001, 40_002)
-    batched = evaluate_model(model, "x", cfg, 4, seeds)
+    batched = evaluate_model(model, cfg, 4, seeds)
     env = DagSchedulingEnv(4, num_init_jobs=1, num_stream_jobs=4, interarrival_s=5.0)
     one_by_one = [run_dag_policy(env, LearnedDagPolicy(model, "x"), seed=s).metrics for s in seeds]
     assert batched == one_by_one

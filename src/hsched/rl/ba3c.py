@@ -86,12 +86,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from hsched.envs.dag import CF, JF, NF, PAPER004_EXECUTOR_COUNTS, DagSchedulingEnv, run_dag_policy
+from hsched.envs.dag import CF, JF, NF, DagSchedulingEnv, run_dag_policy
 from hsched.rl import checkpoint, training
 from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
 from hsched.rl.training import TrainArgs, plot_curves, progress, returns_to_go, seed_everything
 
-EXECUTOR_COUNTS = PAPER004_EXECUTOR_COUNTS
 TRAIN_SEED0 = 10_000
 EXPERT_SEED0 = 20_000
 SEED_STRIDE = 100_000  # args.seed s trains on episode seeds TRAIN_SEED0 + s·stride + k
@@ -524,7 +523,7 @@ def update(model: DagActorCritic, opt: torch.optim.Optimizer, rollouts: Sequence
     return totals
 
 
-def evaluate_model(model: DagActorCritic, name: str, cfg: Config, executors: int,
+def evaluate_model(model: DagActorCritic, cfg: Config, executors: int,
                    seeds: Sequence[int] = VALIDATION_SEEDS) -> list[dict[str, float]]:
     """Greedy episodes (the served policy's choices) on `seeds`: their `episode_metrics`, all seeds stepped in
     lockstep (one batched forward pass per round)."""
@@ -558,11 +557,10 @@ def reference_jct(cfg: Config) -> dict[int, float]:
     return out
 
 
-def validation_score(model: DagActorCritic, name: str, cfg: Config, reference: dict[int, float]) -> float:
+def validation_score(model: DagActorCritic, cfg: Config, reference: dict[int, float]) -> float:
     """Greedy average JCT ÷ SJF-CP's, averaged over the validation executor counts (lower is better);
     validation seeds only, never the evaluation ones."""
-    return float(np.mean([np.mean([e["avg_jct_s"] for e in evaluate_model(model, name, cfg, n,
-                                                                                    cfg.validation_seeds)])
+    return float(np.mean([np.mean([e["avg_jct_s"] for e in evaluate_model(model, cfg, n, cfg.validation_seeds)])
                           / reference[n] for n in cfg.validation_counts]))
 
 
@@ -593,7 +591,7 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
     def select() -> None:
         """Validate the current weights; keep them if they beat the best so far (model selection on the
         validation seeds: the RL phase may drift below the clone it starts from)."""
-        score = validation_score(model, name, cfg, reference)
+        score = validation_score(model, cfg, reference)
         curves.setdefault("validation", []).append([episode, round(score, 4)])
         if not best or score < best["score"]:
             best.update(score=score, episode=episode,
@@ -638,7 +636,7 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
         figures["selected_episode"] = best["episode"]
         figures["validation_jct_over_sjf_cp"] = round(best["score"], 4)
     n0 = cfg.executor_counts[0]
-    mine = evaluate_model(model, name, cfg, n0)
+    mine = evaluate_model(model, cfg, n0)
     sjf_env = DagSchedulingEnv(n0, num_init_jobs=1, num_stream_jobs=cfg.validation_stream_jobs,
                                interarrival_s=cfg.interarrival_s)
     sjf = [run_dag_policy(sjf_env, SjfCp(), seed=s) for s in cfg.validation_seeds]
