@@ -21,6 +21,7 @@ from hsched.rl.ba3c import (
     behaviour_cloning,
     demonstrations,
     encode,
+    evaluate_model,
     load_dag_policy,
     rollout,
     time_baseline,
@@ -79,6 +80,19 @@ def test_log_probs_and_entropy_of_sampled_actions(branching):
     assert (entropy >= -1e-6).all() and torch.isfinite(value).all()
 
 
+@pytest.mark.parametrize("branching", [True, False])
+def test_lockstep_greedy_episodes_match_the_served_policy(branching):
+    """Validation steps its seeds in lockstep with batched forward passes: each episode must be exactly the one
+    the served policy (one observation at a time) plays."""
+    model = DagActorCritic(branching, Config(), seed=3)
+    cfg = Config(validation_stream_jobs=4, interarrival_s=5.0)
+    seeds = (40_000, 40_001, 40_002)
+    batched = evaluate_model(model, cfg, 4, seeds)
+    env = DagSchedulingEnv(4, num_init_jobs=1, num_stream_jobs=4, interarrival_s=5.0)
+    one_by_one = [run_dag_policy(env, LearnedDagPolicy(model, "x"), seed=s).metrics for s in seeds]
+    assert batched == one_by_one
+
+
 def test_tiny_training_writes_model_resumes_and_is_deterministic(tmp_path):
     a = train(TINY, TrainArgs(seed=0, out=tmp_path / "a.pt", progress=False, steps=2), "ba3c", "ba3c_dag", True)
     meta = json.loads((tmp_path / "a.json").read_text())
@@ -88,6 +102,7 @@ def test_tiny_training_writes_model_resumes_and_is_deterministic(tmp_path):
     resumed = train(TINY, TrainArgs(seed=0, out=tmp_path / "a.pt", progress=False, steps=4, resume=True),
                     "ba3c", "ba3c_dag", True)
     assert resumed["episodes"] == 4
+    assert resumed["train_cpu_seconds"] >= a["train_cpu_seconds"]  # the checkpoint carries the CPU spent so far
     straight = train(TINY, TrainArgs(seed=0, out=tmp_path / "b.pt", progress=False, steps=4), "ba3c", "ba3c_dag",
                      True)
     wa, wb = torch.load(tmp_path / "a.pt")["model"], torch.load(tmp_path / "b.pt")["model"]
