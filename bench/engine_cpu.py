@@ -9,7 +9,7 @@ one Place's latency inside a placer). Against stack_bench's CPU per Place of the
 difference is what the gRPC call around a decision costs.
 
     python bench/engine_cpu.py [--dc kansas-city] [--places 2400] [--hold 800] [--concurrency 8]
-                               [--policy bestfit] [--servers N] [--blas-threads K]
+                               [--policy bestfit] [--servers N] [--blas-threads K] [--batch-budget-ms B]
 
 `--servers N`: the CPU room `--dc` (default then: chicago, 16 racks × 42 servers) scaled to N servers (racks
 of the same height added in its rows; its recirculation matrix built from the geometry, O(N²): ~200 MiB and
@@ -60,7 +60,8 @@ async def measure(opts) -> dict[str, float]:
     build_s = time.perf_counter() - t0
     redis = connect(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     prefix = f"bench-engine-{secrets.token_hex(3)}"
-    engine = PlacerEngine(dc, redis, Keys(prefix), make_policy(opts.policy, 0, dc), "bench", room)
+    engine = PlacerEngine(dc, redis, Keys(prefix), make_policy(opts.policy, 0, dc), "bench", room,
+                          batch_budget_s=opts.batch_budget_ms / 1000 or None)
     await engine.start()
     place_cpu = release_cpu = place_wall = 0.0
     placed = 0
@@ -92,6 +93,7 @@ async def measure(opts) -> dict[str, float]:
         await redis.aclose()
     n = opts.places // opts.hold * opts.hold
     return {"places": n, "placed": placed, "servers": engine.state.n, "room_build_s": build_s,
+            "ops_per_batch": (n + placed) / max(1, engine.batches_total),
             "blas_threads": openblas_threads(), "cpu_ms_per_place": 1e3 * place_cpu / n,
             "wall_ms_per_place": 1e3 * place_wall * opts.concurrency / n,
             "cpu_ms_per_release": 1e3 * release_cpu / max(1, placed)}
@@ -119,9 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--policy", default="bestfit")
     p.add_argument("--servers", type=int, default=0, help="scale the CPU room --dc to this many servers")
     p.add_argument("--blas-threads", type=int, default=0, help="BLAS threads (0: the environment's)")
+    p.add_argument("--batch-budget-ms", type=float, default=0.0,
+                   help="the engine's batch time budget (0: its default, a tenth of the 3 s lease)")
     opts = p.parse_args(argv)
-    if opts.servers < 0 or opts.blas_threads < 0:
-        p.error("--servers and --blas-threads must be >= 0")
+    if opts.servers < 0 or opts.blas_threads < 0 or opts.batch_budget_ms < 0:
+        p.error("--servers, --blas-threads and --batch-budget-ms must be >= 0")
     opts.dc = opts.dc or ("chicago" if opts.servers else "kansas-city")
     if opts.blas_threads:  # read once, when numpy loads OpenBLAS: nothing above imported numpy
         from hsched.threads import BLAS_THREAD_VARS
@@ -137,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{r['room_build_s']:.1f} s, OpenBLAS threads {r['blas_threads']}): {r['places']} Places "
           f"({r['placed']} placed), {r['cpu_ms_per_place']:.3f} ms CPU per Place "
           f"({1e3 / r['cpu_ms_per_place']:.0f} placements/s per core), {r['cpu_ms_per_release']:.3f} ms per "
-          f"Release; {r['wall_ms_per_place']:.3f} ms from a Place call to its answer (mean)")
+          f"Release; {r['wall_ms_per_place']:.3f} ms from a Place call to its answer (mean); "
+          f"{r['ops_per_batch']:.1f} calls per batch")
 
 
 if __name__ == "__main__":

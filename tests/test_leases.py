@@ -394,6 +394,15 @@ def test_a_burst_for_a_slow_policy_never_costs_the_placer_its_lease(placers, red
     assert "Traceback" not in standby.output()
 
 
+def test_a_negative_batch_budget_is_a_usage_error(capsys):
+    from services.placer.server import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--datacenter", "cheap", "--batch-budget-ms", "-5"])
+    assert exit_.value.code == 2
+    assert "--batch-budget-ms must be >= 0 (0 = a tenth of --lease-ms), got -5.0" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------------------------------
 # the whole stack: a paused placer and a stalled Redis heal without a human
 

@@ -252,6 +252,7 @@ class PlacerEngine:
         self._watchers: list[Callable[[bool], Awaitable[None]]] = []
         self._ops: asyncio.Queue[_Op] = asyncio.Queue()
         self._carried: deque[_Op] = deque()  # ops a batch took but left undecided (its budget ran out): next first
+        self.batches_total = 0  # batches decided since this engine started (bench/engine_cpu.py: ops per batch)
         self._tasks: list[asyncio.Task] = []
         self._dirty = asyncio.Event()
         self.retention = retention or Retention()
@@ -489,6 +490,7 @@ class PlacerEngine:
                                 op.future.set_exception(exc)
                         continue
                 await self._run_batch(batch)
+                self.batches_total += 1
 
     async def _run_batch(self, batch: list[_Op]) -> None:
         # The batch's thermal calls join the trace of its first call (one Submit, one trace).
