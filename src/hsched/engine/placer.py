@@ -19,7 +19,7 @@ thermal refusal, the re-decision of the batch's ops one by one, which yields bet
 below the shortest of them, whatever a decision costs: 256 decisions of a policy at 10 ms (FGD or Double DQN
 from 2,000 nodes) are 2.6 s, of EADE-DDPG at 5,000 hosts (0.55 s) 140 s, past the 30 s watchdog. It costs
 the fast policies nothing: the thermal check and the append a batch amortises are a few ms, so 0.3 s of
-decisions (about 200 of bestfit's with the guard at 5,000 servers) already spread them over many ops.
+decisions (some 250 of bestfit's with the guard at 5,000 servers) already spread them over many ops.
 
 The thermal guard is normally the DC's room model evaluated in-process over this engine's own state
 (hsched.thermal.guard.RoomGuard): the placer is the single writer of the ledger, so its state is the truth.
