@@ -16,7 +16,8 @@ of the same height added in its rows; its recirculation matrix built from the ge
 some seconds at 5,000) and the openb tasks without GPUs. `--blas-threads K`: OPENBLAS/MKL/OMP_NUM_THREADS=K
 for this process, set before numpy is imported (default: the environment's, i.e. the library's own default
 unless set; the services run with 1, hsched.threads); the thread count the loaded OpenBLAS reports is printed.
-Placements/s per core = Places / CPU seconds of this process (all its threads).
+Placements/s per core = Places / CPU seconds of this process (all its threads). Also printed: the longest the
+event loop went without running (a 10 ms ticker's worst lateness), which `--batch-budget-ms` bounds.
 
 REDIS_URL, when set, is used (default redis://127.0.0.1:6379/0).
 """
@@ -63,6 +64,16 @@ async def measure(opts) -> dict[str, float]:
     engine = PlacerEngine(dc, redis, Keys(prefix), make_policy(opts.policy, 0, dc), "bench", room,
                           batch_budget_s=opts.batch_budget_ms / 1000 or None)
     await engine.start()
+    stall = 0.0  # the longest the event loop went without running (what health, summaries, the watchdog see)
+
+    async def watch_loop() -> None:
+        nonlocal stall
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.01)
+            stall = max(stall, time.perf_counter() - t - 0.01)
+
+    watcher = asyncio.create_task(watch_loop())
     place_cpu = release_cpu = place_wall = 0.0
     placed = 0
     try:
@@ -86,6 +97,7 @@ async def measure(opts) -> dict[str, float]:
             place_cpu += c1 - c0
             release_cpu += time.process_time() - c1
     finally:
+        watcher.cancel()
         await engine.stop()
         keys = [k async for k in redis.scan_iter(f"{prefix}*")]
         if keys:
@@ -93,7 +105,7 @@ async def measure(opts) -> dict[str, float]:
         await redis.aclose()
     n = opts.places // opts.hold * opts.hold
     return {"places": n, "placed": placed, "servers": engine.state.n, "room_build_s": build_s,
-            "ops_per_batch": (n + placed) / max(1, engine.batches_total),
+            "ops_per_batch": (n + placed) / max(1, engine.batches_total), "loop_stall_ms": 1e3 * stall,
             "blas_threads": openblas_threads(), "cpu_ms_per_place": 1e3 * place_cpu / n,
             "wall_ms_per_place": 1e3 * place_wall * opts.concurrency / n,
             "cpu_ms_per_release": 1e3 * release_cpu / max(1, placed)}
@@ -142,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
           f"({r['placed']} placed), {r['cpu_ms_per_place']:.3f} ms CPU per Place "
           f"({1e3 / r['cpu_ms_per_place']:.0f} placements/s per core), {r['cpu_ms_per_release']:.3f} ms per "
           f"Release; {r['wall_ms_per_place']:.3f} ms from a Place call to its answer (mean); "
-          f"{r['ops_per_batch']:.1f} calls per batch")
+          f"{r['ops_per_batch']:.1f} calls per batch, the event loop stalled {r['loop_stall_ms']:.0f} ms at most")
 
 
 if __name__ == "__main__":
