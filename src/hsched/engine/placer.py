@@ -17,9 +17,10 @@ BATCH_BUDGET_SHARE (0.1) × min(lease, max_loop_stall_s) — 0.3 s with the defa
 a batch's hold on the loop (the budget, plus the decision that crosses it, the thermal check and, after a
 thermal refusal, the re-decision of the batch's ops one by one, which yields between ops) about ten times
 below the shortest of them, whatever a decision costs: 256 decisions of a policy at 10 ms (FGD or Double DQN
-from 2,000 nodes) are 2.6 s, of EADE-DDPG at 5,000 hosts (0.55 s) 140 s, past the 30 s watchdog. It costs
-the fast policies nothing: the thermal check and the append a batch amortises are a few ms, so 0.3 s of
-decisions (some 250 of bestfit's with the guard at 5,000 servers) already spread them over many ops.
+from 2,000 nodes) are 2.6 s, of EADE-DDPG at 5,000 hosts (0.55 s) 140 s, past the 30 s watchdog. The price
+is one thermal check and one append per budget's worth of decisions: nothing for bestfit (some 250 decisions
+with the guard at 5,000 servers fit in 0.3 s), about the check's cost over the budget for a slow policy
+(docs/operations.md has the figures).
 
 The thermal guard is normally the DC's room model evaluated in-process over this engine's own state
 (hsched.thermal.guard.RoomGuard): the placer is the single writer of the ledger, so its state is the truth.
