@@ -5,8 +5,8 @@ is loaded, i.e. when numpy or torch is first imported; numpy has no call to chan
 has one, but is not a dependency). A service's decisions are matrix-vector products (the thermal guard's
 recirculation matrix) and small matmuls: a second BLAS thread saves no wall time and its spin-waits take CPU
 from the stack's other processes (bestfit with the thermal guard at 5,000 servers, bench/engine_cpu.py
---servers 5000 --blas-threads 1 vs 2: 1.3× the CPU per placement with two on a busy 2-core machine, 1.9× idle,
-docs/operations.md). So every service's `__main__` calls `serve_blas_on_one_thread` before it imports
+--servers 5000 --blas-threads 1 vs 2: 1.2-1.3× the CPU per placement with two on a busy 2-core machine, 1.9×
+in issue 16's measurement; docs/operations.md). So every service's `__main__` calls `serve_blas_on_one_thread` before it imports
 anything else: that covers `hsched up` and compose, which both start `python -m services.<name>`. torch's own
 intra-op threads are held by hsched.rl.checkpoint.serve_on_one_thread where a model is loaded.
 
