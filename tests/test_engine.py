@@ -510,6 +510,30 @@ async def test_in_process_guard_defers_at_the_redline_and_reports_the_effect(red
         assert room_for(dc).evaluate(*load_arrays(folded)).max_inlet_c == pytest.approx(r.thermal.max_inlet_after_c)
 
 
+async def test_batches_cut_by_the_time_budget_decide_exactly_as_whole_batches(redis, prefix) -> None:
+    """A budget too small for a second decision cuts every batch to one call: the same answers, parts and queue as
+    batches of up to 256 calls, every call answered once (with the room model's guard, near its redline)."""
+    dc = cheap(redline_c=23.0)  # all busy: 23.72 °C, so some placements are refused for heat
+    sizes = [1, 3, 6, 12, 2, 0.5]
+    outcomes = []
+    for budget, stream in ((1e-9, "cut"), (None, "whole")):
+        e = PlacerEngine(dc, redis, Keys(f"{prefix}:{stream}"), make_policy("bestfit"), "p1", thermal=room_for(dc),
+                         batch_budget_s=budget)
+        async with running(e):
+            placed = await asyncio.gather(*(e.place(f"t{i}", spec(sizes[i % len(sizes)])) for i in range(60)))
+            released = await asyncio.gather(*(e.release(f"t{i}") for i in range(0, 60, 4)))
+            batches = e.batches_total
+        folded, queue = await fold_ledger(redis, f"{prefix}:{stream}", dc)
+        outcomes.append(([(r.outcome, r.thermal_limited, r.parts) for r in placed],
+                         [(r.released, r.placed_from_queue) for r in released],
+                         dict(folded.allocations), list(queue)))
+        if budget:
+            assert batches >= 60 + 15  # one call per batch
+    cut, whole = outcomes
+    assert cut == whole
+    assert {(o, hot) for o, hot, _ in cut[0]} == {("placed", False), ("deferred", True)}  # heat decided some
+
+
 async def test_normal_redline_places_and_reports_the_thermal_effect(redis, prefix) -> None:
     dc = cheap(redline_c=27.0)
     guard = LibraryThermalGuard(dc, redis, Keys(prefix))

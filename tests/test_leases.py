@@ -25,7 +25,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hsched.costs import WanGraph
 from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.fleet import load_fleet
+from hsched.domain.resources import Resources
+from hsched.domain.task import TaskSpec
+from hsched.engine.placer import PlacerEngine, PlaceResult
 from hsched.engine.selector import DcSelector
+from hsched.policies.heuristics import FirstFit
 from hsched.stack import Stack, StackConfig
 from hsched.state.keys import Keys
 from hsched.state.ledger import Ledger, replay
@@ -100,14 +104,19 @@ def metric(port: int, name: str, dc: str) -> float | None:
 
 def fold(redis_url: str, prefix: str, dc_name: str) -> ClusterState:
     """The DC's ledger folded from scratch (ClusterState.apply refuses any over-allocation)."""
+    return fold_with_queue(redis_url, prefix, dc_name)[0]
+
+
+def fold_with_queue(redis_url: str, prefix: str, dc_name: str) -> tuple[ClusterState, OrderedDict]:
+    """The DC's ledger folded from scratch: its state and its deferred queue."""
     dc = load_fleet(SMALL_FLEET).datacenter(dc_name)
 
-    async def go() -> ClusterState:
+    async def go() -> tuple[ClusterState, OrderedDict]:
         client = connect(redis_url)
         try:
-            state = ClusterState(dc)
-            await replay(client, Keys(prefix).ledger(dc_name), state, OrderedDict())
-            return state
+            state, queue = ClusterState(dc), OrderedDict()
+            await replay(client, Keys(prefix).ledger(dc_name), state, queue)
+            return state, queue
         finally:
             await client.aclose()
 
@@ -320,6 +329,78 @@ def test_a_standby_placer_takes_over_with_the_holders_allocations(placers, redis
     assert place(b_target, "t9").outcome == placer_pb2.PLACE_OUTCOME_PLACED
     assert set(fold(redis_url, prefix, "cheap").allocations) == {"t0", "t1", "t2", "t9"}
     assert "Traceback" not in b.output()
+
+
+class SpinningFirstFit(FirstFit):
+    """FirstFit that burns `seconds` of CPU per decision, holding the GIL as a Python policy does."""
+
+    name = "spinning-firstfit"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def scores(self, state, demand, mask):
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+        return super().scores(state, demand, mask)
+
+
+def test_a_burst_for_a_slow_policy_never_costs_the_placer_its_lease(placers, redis_url, prefix):
+    """300 Places at 20 ms of CPU each (one batch of 256 would hold the loop for 5 s, past the loop watchdog of
+    1.5 s, and the standby would take the DC over and fence the batch): batches bounded by time keep the lease,
+    answer every call once, in order, and allocate nothing twice; 50 Releases then serve the queue in order."""
+    dc = load_fleet(SMALL_FLEET).datacenter("cheap")  # 4 nodes × 24 cores × 96 GiB: 192 tasks of 0.5 core, 2 GiB
+    n, freed = 300, 50
+
+    def place_spec():
+        return TaskSpec(Resources(500, 2048), runtime_s=3600)
+
+    async def burst():
+        client = connect(redis_url)
+        engine = PlacerEngine(dc, client, Keys(prefix), SpinningFirstFit(0.02), "slow", lease_ms=LEASE_MS,
+                              max_loop_stall_s=1.5)
+        await engine.start()
+        try:
+            token = engine.ledger.token
+            standby = placers("standby")  # takes the DC over if this placer's lease lapses
+            standby_target = await asyncio.to_thread(standby.wait_listening)  # (the loop must keep running)
+            assert await asyncio.to_thread(both_health, standby_target) == NOT_SERVING
+            placed = await asyncio.gather(*(engine.place(f"t{i}", place_spec()) for i in range(n)),
+                                          return_exceptions=True)
+            released = await asyncio.gather(*(engine.release(f"t{i}") for i in range(freed)),
+                                            return_exceptions=True)
+            assert engine.holding and not engine.lost_reason, engine.lost_reason
+            assert int(await client.get(Keys(prefix).fence("cheap"))) == token == engine.ledger.token
+            assert await asyncio.to_thread(both_health, standby_target) == NOT_SERVING
+            return placed, released, standby
+        finally:
+            await engine.stop()
+            await client.aclose()
+
+    placed, released, standby = asyncio.run(burst())
+    fits = 192
+    outcomes = [r.outcome if isinstance(r, PlaceResult) else repr(r) for r in placed]
+    assert outcomes == ["placed"] * fits + ["deferred"] * (n - fits), sorted(set(outcomes))
+    assert all(r.released for r in released)
+    assert [t for r in released for t, _ in r.placed_from_queue] == [f"t{i}" for i in range(fits, fits + freed)]
+
+    events = [json.loads(f[b"e"]) for _, f in connect_sync(redis_url).xrange(Keys(prefix).ledger("cheap"))]
+    allocs = [e["task"] for e in events if e["t"] == "alloc"]
+    assert allocs == [f"t{i}" for i in range(fits + freed)]  # each once, in arrival order
+    state, queue = fold_with_queue(redis_url, prefix, "cheap")
+    assert set(state.allocations) == {f"t{i}" for i in range(freed, fits + freed)}
+    assert list(queue) == [f"t{i}" for i in range(fits + freed, n)]
+    assert "Traceback" not in standby.output()
+
+
+def test_a_negative_batch_budget_is_a_usage_error(capsys):
+    from services.placer.server import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--datacenter", "cheap", "--batch-budget-ms", "-5"])
+    assert exit_.value.code == 2
+    assert "--batch-budget-ms must be >= 0 (0 = a tenth of --lease-ms), got -5.0" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -274,6 +274,7 @@ async def serve(args, stop: asyncio.Event) -> None:
     slices = slice_types_of(args)
     engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
                           lease_ms=args.lease_ms, fenced_exit_s=args.fenced_exit_s,
+                          batch_budget_s=args.batch_budget_ms / 1000 or None,
                           lease_client=connect_sync(args.redis_url),
                           retention=Retention(args.ledger_snapshot_entries, args.ledger_snapshot_interval_s,
                                               args.ledger_trim_margin_s),
@@ -345,6 +346,10 @@ def parser():
                         "state (local), or by asking the thermal service (service: one more hop per batch)")
     p.add_argument("--lease-ms", type=int, default=os.environ.get("HSCHED_LEASE_MS", "3000"),
                    help="lease period: another placer may take the DC over this long after this one stops renewing")
+    p.add_argument("--batch-budget-ms", type=float, default=os.environ.get("HSCHED_BATCH_BUDGET_MS", "0"),
+                   help="a batch of calls takes no more once its decisions have used this much time; the rest go to "
+                        "the next batch, after the event loop has run (health, summaries, the lease watchdog), so a "
+                        "slow policy cannot stall the placer (0 = a tenth of --lease-ms, at most 3 s)")
     p.add_argument("--standby", action=argparse.BooleanOptionalAction, default=True,
                    help="if another placer holds the DC's lease, run as a NOT_SERVING standby and take over when "
                         "its lease lapses (--no-standby: exit with an error after --lease-wait-s instead)")
@@ -425,6 +430,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.lease_ms < 100:
         p.error(f"--lease-ms must be at least 100 (renewals run every third of it), got {args.lease_ms}")
+    if not args.batch_budget_ms >= 0:
+        p.error(f"--batch-budget-ms must be >= 0 (0 = a tenth of --lease-ms), got {args.batch_budget_ms}")
     if args.fenced_exit_s < 0 or args.lease_wait_s < 0:
         p.error("--fenced-exit-s and --lease-wait-s must be >= 0")
     check_executor_args(p, args)

@@ -7,6 +7,21 @@ this amortises the thermal check and the Redis write over many tasks; at low loa
 single call. If the batch as a whole would push an inlet past the redline, it is undone and replayed
 one call at a time, each checked on its own.
 
+Batches are bounded by time as well as by count (MAX_BATCH): deciding in memory does not yield the event loop,
+so a batch stops taking ops once its decisions have used `batch_budget_s` (at least one op is decided); the
+ops it did not reach keep their order and open the next batch, after the loop has run once. The arithmetic:
+the lease is renewed by a thread (hsched.state.lease) that needs only the GIL (CPython hands it over every
+5 ms), but that thread lets the lease lapse when the loop has not run for `max_loop_stall_s` (a wedged
+leader), and health probes, summary heartbeats and calls are all served by the loop. The default budget,
+BATCH_BUDGET_SHARE (0.1) × min(lease, max_loop_stall_s) — 0.3 s with the defaults (3 s lease, 30 s) — keeps
+a batch's hold on the loop (the budget, plus the decision that crosses it, the thermal check and, after a
+thermal refusal, the re-decision of the batch's ops one by one, which yields between ops) about ten times
+below the shortest of them, whatever a decision costs: 256 decisions of a policy at 10 ms (FGD or Double DQN
+from 2,000 nodes) are 2.6 s, of EADE-DDPG at 5,000 hosts (0.55 s) 140 s, past the 30 s watchdog. The price
+is one thermal check and one append per budget's worth of decisions: nothing for bestfit (some 250 decisions
+with the guard at 5,000 servers fit in 0.3 s), about the check's cost over the budget for a slow policy
+(docs/operations.md has the figures).
+
 The thermal guard is normally the DC's room model evaluated in-process over this engine's own state
 (hsched.thermal.guard.RoomGuard): the placer is the single writer of the ledger, so its state is the truth.
 
@@ -51,7 +66,7 @@ import itertools
 import json
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -104,6 +119,8 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 MAX_BATCH = 256
+# A batch stops taking ops once its decisions have used this share of min(lease, max_loop_stall_s) (module doc)
+BATCH_BUDGET_SHARE = 0.1
 SUMMARY_HEARTBEAT_S = 5.0  # a serving placer publishes its summary at least this often (readers judge staleness)
 MAX_QUEUE_TRIES_PER_RELEASE = 64
 QUEUE_EVICTION_SEARCHES = 4  # eviction searches for waiting online tasks per pass of the queue (the rest: next pass)
@@ -187,7 +204,7 @@ class PlacerEngine:
                  max_loop_stall_s: float = 30.0, lease_client: SyncRedis | None = None,
                  retention: Retention | None = None, executor: Executor | None = None,
                  tenant_weights: TenantWeights | None = None, dag_policy: DagPolicy | None = None,
-                 slices: SliceCatalog | None = None) -> None:
+                 slices: SliceCatalog | None = None, batch_budget_s: float | None = None) -> None:
         """`thermal`: the DC's room model (checked in-process over this engine's state), another ThermalGuard,
         or None for no thermal guard. `fenced_exit_s` (0 = never): after losing its lease, give up (`gave_up` is
         set) if it cannot take it back for that long, so a supervisor restarts the process. `lease_client`: a
@@ -197,7 +214,9 @@ class PlacerEngine:
         `tenant_weights`: the tenants' weights in the deferred queue's fair share (default: equal).
         `dag_policy`: which DAG job's stage the queue serves first within a class/tenant/priority band
         (hsched.policies.dagqueue; None = arrival order). `slices`: pre-partition every node into slices of
-        these types and place each part in one (hsched.engine.slices; None = no slices)."""
+        these types and place each part in one (hsched.engine.slices; None = no slices). `batch_budget_s`: the
+        decision time after which a batch takes no more ops (default: BATCH_BUDGET_SHARE of the shorter of the
+        lease and `max_loop_stall_s`; see the module docstring)."""
         self.dc = dc
         self.redis = redis
         self.keys = keys
@@ -221,6 +240,11 @@ class PlacerEngine:
         self.lost_at: float | None = None  # monotonic time this placer lost the lease it held (None: holds it)
         self.fenced_exit_s = fenced_exit_s
         self.max_loop_stall_s = max_loop_stall_s
+        if batch_budget_s is None:
+            batch_budget_s = BATCH_BUDGET_SHARE * min(lease_ms / 1000, max_loop_stall_s)
+        if not batch_budget_s > 0:
+            raise ValueError(f"batch_budget_s must be > 0, got {batch_budget_s}")
+        self.batch_budget_s = batch_budget_s
         self.gave_up = asyncio.Event()  # set after fenced_exit_s without the lease
         self._keeper: LeaseKeeper | None = None
         self._lease_client = lease_client
@@ -228,6 +252,8 @@ class PlacerEngine:
         self._writing = asyncio.Lock()  # held by a batch in flight, and by a take-over (never both)
         self._watchers: list[Callable[[bool], Awaitable[None]]] = []
         self._ops: asyncio.Queue[_Op] = asyncio.Queue()
+        self._carried: deque[_Op] = deque()  # ops a batch took but left undecided (its budget ran out): next first
+        self.batches_total = 0  # batches decided since this engine started (bench/engine_cpu.py: ops per batch)
         self._tasks: list[asyncio.Task] = []
         self._dirty = asyncio.Event()
         self.retention = retention or Retention()
@@ -441,7 +467,12 @@ class PlacerEngine:
 
     async def _run(self) -> None:
         while True:
-            batch = [await self._ops.get()]
+            if self._carried:  # the rest of a batch that ran out of time, ahead of anything that came since
+                batch = list(self._carried)
+                self._carried.clear()
+                await asyncio.sleep(0)  # the loop runs between batches (lease watchdog, health, summaries)
+            else:
+                batch = [await self._ops.get()]
             while not self._ops.empty() and len(batch) < MAX_BATCH:
                 batch.append(self._ops.get_nowait())
             async with self._writing:
@@ -460,6 +491,7 @@ class PlacerEngine:
                                 op.future.set_exception(exc)
                         continue
                 await self._run_batch(batch)
+                self.batches_total += 1
 
     async def _run_batch(self, batch: list[_Op]) -> None:
         # The batch's thermal calls join the trace of its first call (one Submit, one trace).
@@ -522,12 +554,10 @@ class PlacerEngine:
     async def _decide_batch(self, batch: list[_Op], queue_before: _QueueSave) -> None:
         """Decide the batch in memory; `queue_before`: the undo scope opened before it."""
         if not self.thermal:
-            for op in batch:
-                self._decide(op, None)
+            self._decide_in_budget(batch, None)
             return
         headroom = self._headroom.copy() if self._headroom is not None else await self._fresh_headroom()
-        for op in batch:
-            self._decide(op, headroom)
+        self._decide_in_budget(batch, headroom)
         if not self._headroom_exact and any(op.result is not None and op.result.thermal_limited for op in batch):
             # refused on a conservative headroom: decide again on exact numbers before saying no
             self._undo(batch, queue_before)
@@ -556,7 +586,21 @@ class PlacerEngine:
             await self._decide_alone(batch[0], [], thermal_veto=check)
         else:
             for i, op in enumerate(batch):
+                if i:
+                    await asyncio.sleep(0)  # an exact headroom each: let the loop run between them
                 await self._decide_alone(op, batch[:i])
+
+    def _decide_in_budget(self, batch: list[_Op], headroom: np.ndarray | None) -> None:
+        """Decide the batch's ops in order until their decisions have used `batch_budget_s` (at least one op);
+        the rest leave the batch, undecided, and open the next one (`_carried`): a batch holds the event loop
+        for about the budget whatever the policy costs."""
+        deadline = time.perf_counter() + self.batch_budget_s
+        for k, op in enumerate(batch):
+            if k and time.perf_counter() >= deadline:
+                self._carried.extendleft(reversed(batch[k:]))
+                del batch[k:]
+                return
+            self._decide(op, headroom)
 
     async def _decide_alone(self, op: _Op, prior: list[_Op], thermal_veto: ThermalCheck | None = None) -> None:
         """Decide `op` on its own, after the already decided (not yet written) `prior` calls of its batch."""

@@ -30,7 +30,9 @@ def serve_on_one_thread() -> None:
     """Hold this (serving) process's torch to one intra-op thread. One served decision is a few small
     matmuls: a second thread saves nothing, and its OpenMP spin-waits take the cores the stack's other
     processes need (`hsched up --policy double-dqn --gpu-policy eade-ddpg --path-finder per-dqn --replay
-    openb` on 2 cores: Submit p99 0.76-0.92 s with torch's default threads, 26-36 ms on one)."""
+    openb` on 2 cores: Submit p99 0.76-0.92 s with torch's default threads, 26-36 ms on one). numpy's BLAS
+    cannot be limited from here (it reads its thread count when numpy is imported): every service's __main__
+    holds it to one thread first (hsched.threads)."""
     torch.set_num_threads(1)
 
 
