@@ -353,16 +353,20 @@ def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix
     if getattr(args, "json", False):
         print(json.dumps(summary_document(args.replay, stats, rows), indent=2))
         return True
+    # the counts no DC has are left out (named in the caption; --json has them all): the table fits 80 columns
+    counts = [k for k in (*STATE_COLUMNS, "preempted") if any(r[k] for r in rows)]
+    zero = [k for k in (*STATE_COLUMNS, "preempted") if k not in counts]
     table = Table(title=f"replay summary — {args.replay}: final task states per data center (as the gateway has "
-                        "them at the end; preempted = preemptions they went through)")
-    for col in ("DC", *STATE_COLUMNS, "preempted", "cost/task", "CPU", "GPU", "PUE", "inlet°C"):
+                        "them at the end; preempted = preemptions they went through)",
+                  caption=f"none {', '.join(zero)}" if zero else None)
+    for col in ("DC", *counts, "cost/task", "CPU", "GPU", "PUE", "inlet°C"):
         table.add_column(col, justify="right" if col != "DC" else "left", no_wrap=True)
 
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
     for r in rows:
-        table.add_row(r["datacenter"], *(str(r[k]) for k in (*STATE_COLUMNS, "preempted")),
+        table.add_row(r["datacenter"], *(str(r[k]) for k in counts),
                       fmt(r["mean_total_cost"], ".3f"), fmt(r["cpu_util"], ".1%"), fmt(r["gpu_util"], ".1%"),
                       fmt(r["pue"], ".3f"), fmt(r["max_inlet_c"], ".1f"))
     console.print(table)
