@@ -198,11 +198,14 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine, requested_pol
     def per_dc(value: Callable[[], float]):
         return lambda: [((dc,), float(value()))]
 
-    def ratio(key: str):
-        return per_dc(lambda: engine.state.utilisation()[key])
+    def allocated(key: str, scale: float = 1.0):  # fraction of the DC's capacity (x 100: paper 002's percent)
+        return per_dc(lambda: engine.state.utilisation()[key] * scale)
 
     def core_used():
         return t.gpu_core_percent - engine.state.gpu_free_core
+
+    def core_ratio():
+        return core_used() / np.maximum(t.gpu_core_percent, 1)
 
     def memory_used():
         return t.gpu_memory_mib - engine.state.gpu_free_memory
@@ -221,16 +224,14 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine, requested_pol
             return [((dc, model), float(total(v[rows, cols]))) for model, (rows, cols) in by_model.items()]
         return collect
 
-    metrics.register_gauge_family(*m.HSCHED_DC_CPU_ALLOCATED_RATIO, ratio("cpu"))
-    metrics.register_gauge_family(*m.HSCHED_DC_GPU_CORE_ALLOCATED_RATIO, ratio("gpu_core"))
-    metrics.register_gauge_family(*m.HSCHED_DC_GPU_MEMORY_ALLOCATED_RATIO, ratio("gpu_memory"))
-    metrics.register_gauge_family(*m.CLUSTER_GPU_CORE_PERCENTAGE,
-                                  per_dc(lambda: 100.0 * engine.state.utilisation()["gpu_core"]))
-    metrics.register_gauge_family(*m.CLUSTER_GPU_MEMORY_PERCENTAGE,
-                                  per_dc(lambda: 100.0 * engine.state.utilisation()["gpu_memory"]))
+    metrics.register_gauge_family(*m.HSCHED_DC_CPU_ALLOCATED_RATIO, allocated("cpu"))
+    metrics.register_gauge_family(*m.HSCHED_DC_GPU_CORE_ALLOCATED_RATIO, allocated("gpu_core"))
+    metrics.register_gauge_family(*m.HSCHED_DC_GPU_MEMORY_ALLOCATED_RATIO, allocated("gpu_memory"))
+    metrics.register_gauge_family(*m.CLUSTER_GPU_CORE_PERCENTAGE, allocated("gpu_core", 100.0))
+    metrics.register_gauge_family(*m.CLUSTER_GPU_MEMORY_PERCENTAGE, allocated("gpu_memory", 100.0))
     metrics.register_gauge_family(*m.HSCHED_GPU_CARDS, per_model(lambda: t.gpu_core_percent, np.size))
-    metrics.register_gauge_family(*m.HSCHED_GPU_CORE_ALLOCATED_RATIO, per_model(
-        lambda: core_used() / np.maximum(t.gpu_core_percent, 1), np.mean))  # every card's core is 100 %
+    metrics.register_gauge_family(*m.HSCHED_GPU_CORE_ALLOCATED_RATIO,
+                                  per_model(core_ratio, np.mean))  # cards of a model have equal cores
     metrics.register_gauge_family(*m.HSCHED_GPU_MEMORY_ALLOCATED_BYTES, per_model(lambda: memory_used() * m.MIB))
     metrics.register_gauge_family(*m.HSCHED_GPU_MEMORY_CAPACITY_BYTES, per_model(lambda: t.gpu_memory_mib * m.MIB))
     metrics.register_gauge_family(*m.HSCHED_GPU_SLICES, per_model(slices))
@@ -241,7 +242,7 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine, requested_pol
                 return [((dc, t.names[i], str(c), t.gpu_model[i]), float(v[i, c]) * scale) for i, c in cards]
             return collect
 
-        metrics.register_gauge_family(*m.HSCHED_GPU_CARD_CORE_ALLOCATED_RATIO, card(core_used, 0.01))
+        metrics.register_gauge_family(*m.HSCHED_GPU_CARD_CORE_ALLOCATED_RATIO, card(core_ratio))
         metrics.register_gauge_family(*m.HSCHED_GPU_CARD_MEMORY_ALLOCATED_BYTES, card(memory_used, m.MIB))
         metrics.register_gauge_family(*m.HSCHED_GPU_CARD_MEMORY_CAPACITY_BYTES, card(lambda: t.gpu_memory_mib, m.MIB))
         metrics.register_gauge_family(*m.HSCHED_GPU_CARD_SLICES, card(slices))
@@ -269,10 +270,9 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine, requested_pol
     fallback = policy if hasattr(policy, "learned") else None  # hsched.policies.learned.Fallback (imports torch)
     served = fallback.policy.name if fallback else policy.name
     metrics.register_gauge_family(*m.HSCHED_PLACER_POLICY_INFO, lambda: [((dc, served, requested_policy), 1.0)])
-    if requested_policy in LEARNED_POLICIES:  # the family exists (at 0) whenever a learned policy was asked for
+    if requested_policy in LEARNED_POLICIES:  # a sample only while a heuristic stands in for the learned policy
         metrics.register_counter_family(*m.HSCHED_PLACER_POLICY_FALLBACKS, lambda: [
-            ((dc, requested_policy, fallback.kind if fallback else m.FALLBACK_REASONS[0]),
-             float(fallback.decisions if fallback else 0))])
+            ((dc, requested_policy, fallback.kind), float(fallback.decisions))] if fallback else [])
 
 
 async def serve(args, stop: asyncio.Event) -> None:
