@@ -39,7 +39,7 @@ class ModelMismatch(ValueError):
 class Fallback:
     """A heuristic standing in for a learned policy; its name carries the reason into every decision."""
 
-    def __init__(self, policy: Any, learned: str, reason: str, kind: str = "model_missing") -> None:
+    def __init__(self, policy: Any, learned: str, reason: str, kind: str) -> None:
         self.policy = policy
         self.learned = learned
         self.reason = reason
