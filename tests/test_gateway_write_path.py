@@ -147,7 +147,7 @@ async def test_500_open_watches_share_one_reader_while_submits_succeed_and_caps_
                 assert event.kind == "submitted" and (not tenant or event.task_id == firsts[tenant].task_id)
             text = urllib.request.urlopen(f"http://127.0.0.1:{stack.services['gateway'].metrics_port}/metrics",
                                           timeout=10).read().decode()
-            assert 'hsched_gateway_watches{tenant="a"} 200.0' in text and 'hsched_gateway_watches{tenant=""} 100.0' \
+            assert 'hsched_gateway_watches{tenant="a"} 200.0' in text and 'hsched_gateway_watches{tenant="*"} 100.0' \
                 in text
             for request in (gateway_pb2.WatchRequest(tenant="a"), gateway_pb2.WatchRequest(tenant="c")):
                 with pytest.raises(grpc.aio.AioRpcError) as err:  # 200 of "a" open; 500 in all
@@ -180,7 +180,7 @@ async def test_500_open_watches_share_one_reader_while_submits_succeed_and_caps_
 def gateway_place_calls(stack: Stack, dc: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{stack.services['gateway'].metrics_port}/metrics",
                                   timeout=10).read().decode()
-    found = re.search(rf'hsched_gateway_batched_calls\{{method="Place",peer="{dc}"\}} (\S+)', text)
+    found = re.search(rf'hsched_gateway_batched_calls_total\{{method="Place",peer="{dc}"\}} (\S+)', text)
     return float(found.group(1)) if found else 0.0
 
 

@@ -317,6 +317,9 @@ def test_a_standby_placer_takes_over_with_the_holders_allocations(placers, redis
     assert f"standby for cheap, holder is {a.owner}" in err.details(), err.details()
     time.sleep(3 * LEASE_MS / 1000)  # the holder keeps renewing: b stays a standby
     assert both_health(b_target) == NOT_SERVING and both_health(a_target) == SERVING
+    assert metric(a.metrics_port, "hsched_placer_lease_held", "cheap") == 1.0
+    assert metric(b.metrics_port, "hsched_placer_lease_held", "cheap") == 0.0
+    assert metric(b.metrics_port, "hsched_placer_fencing_token", "cheap") == 0.0  # never held
 
     a.kill()
     wait_for(lambda: both_health(b_target) == SERVING, "b takes over")
@@ -324,6 +327,8 @@ def test_a_standby_placer_takes_over_with_the_holders_allocations(placers, redis
     assert after.summary.fencing_token > before.summary.fencing_token
     assert after.summary.running_tasks == 3
     assert [n.free for n in after.nodes] == [n.free for n in before.nodes]
+    assert metric(b.metrics_port, "hsched_placer_lease_held", "cheap") == 1.0
+    assert metric(b.metrics_port, "hsched_placer_fencing_token", "cheap") == after.summary.fencing_token
     again = place(b_target, "t0", 3)  # a retried Place: the ledger already holds it, nothing is added
     assert again.outcome == placer_pb2.PLACE_OUTCOME_PLACED and again.notes[0].startswith("already placed")
     assert place(b_target, "t9").outcome == placer_pb2.PLACE_OUTCOME_PLACED

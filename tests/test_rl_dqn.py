@@ -278,9 +278,10 @@ async def test_the_selector_service_routes_on_the_agent_and_exposes_agreement(sm
         assert list(by_dc["gpu"].path.vertices) == ["s", "a", "b", "c"]  # the agent's path = Dijkstra's
         await select_all(stub)
         text = await scrape(metrics_url)
-    assert 'hsched_selector_path_agreement{finder="per-dqn"} 1.0' in text
-    assert 'hsched_selector_path_checks{finder="per-dqn",outcome="used"} ' in text  # 6 or more (retries)
-    assert 'hsched_selector_path_checks{finder="per-dqn",outcome="replaced"} 0.0' in text
+    assert 'hsched_selector_path_agreement_ratio{finder="per-dqn"} 1.0' in text
+    assert 'hsched_selector_path_checks_total{finder="per-dqn",outcome="used"} ' in text  # 6 or more (retries)
+    assert 'hsched_selector_path_checks_total{finder="per-dqn",outcome="replaced"} 0.0' in text
+    assert 'hsched_selector_path_finder_info{finder="per-dqn",requested="per-dqn"} 1.0' in text
 
 
 async def test_the_selector_service_falls_back_to_dijkstra_without_a_model(redis_url, prefix, tmp_path,
@@ -295,3 +296,4 @@ async def test_the_selector_service_falls_back_to_dijkstra_without_a_model(redis
     assert list(by_dc["gpu"].path.vertices) == ["s", "a", "b", "c"]
     assert f"path finder per-dqn: no model at {missing}; routing on dijkstra instead" in caplog.text
     assert "hsched_selector_path_agreement" not in text
+    assert 'hsched_selector_path_finder_info{finder="dijkstra",requested="per-dqn"} 1.0' in text

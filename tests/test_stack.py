@@ -53,7 +53,7 @@ def stack(redis_url, otlp):
     _, port = otlp
     with small_fleet_stack(redis_url, "stack", traces="otlp", log_level="INFO",
                      extra_env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
-                                "OTEL_BSP_SCHEDULE_DELAY": "100"}) as s:
+                                "OTEL_BSP_SCHEDULE_DELAY": "100", "HSCHED_METRICS_PER_CARD": "1"}) as s:
         yield s
 
 
@@ -337,26 +337,40 @@ def test_placer_can_ask_the_thermal_service_instead_of_its_own_room_model(redis_
 
 
 def test_metrics_endpoints_expose_paper_002_names(stack, gw):
+    """With --metrics-per-card (HSCHED_METRICS_PER_CARD): one series per card, in base units and as paper 002's
+    GPUDevice* aliases, under the naming rules with node/card bounded by the fleet (4 nodes x 2 cards)."""
     import urllib.request
+
+    from hsched.telemetry.naming import naming_problems
 
     t = submit(gw, task(cores=2, gpus=1, gpu_pct=30, gpu_mem_gib=2)).task
     time.sleep(0.2)
     text = urllib.request.urlopen(f"http://127.0.0.1:{stack.services['placer-gpu'].metrics_port}/metrics").read()
     text = text.decode()
-    assert 'GPUDeviceCoreAllocated{datacenter="gpu",deviceidx="0",model="T4",node="gpu-r00-s00"} 30.0' in text
-    assert "ClusterGPUCorePercentage" in text
+    card = '{card="0",datacenter="gpu",model="T4",node="gpu-r00-s00"}'
+    assert f"GPUDeviceCoreAllocated{card} 30.0" in text
+    assert f"hsched_gpu_card_core_allocated_ratio{card} 0.3" in text
+    assert f"GPUDeviceMemoryAllocated{card} 2048.0" in text
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    assert float(values[f"hsched_gpu_card_memory_allocated_bytes{card}"]) == 2 * 2**30
+    assert float(values[f"hsched_gpu_card_memory_capacity_bytes{card}"]) == 16 * 2**30
+    assert "ClusterGPUCorePercentage" in text and "deviceidx" not in text
+    bounds = {"datacenter": 1, "node": 4, "card": 2, "model": 1, "method": 16, "code": 17, "le": 14,
+              "policy": 1, "requested": 1}
+    assert naming_problems(text, bounds) == []
     # the Place that came in a batch is counted as its own call, under its own method
     placed = re.search(r'hsched_rpc_server_requests_total\{code="OK",method="hsched.v1.Placer/Place"\} (\S+)', text)
     assert placed and float(placed.group(1)) >= 1
     sel = urllib.request.urlopen(f"http://127.0.0.1:{stack.services['selector'].metrics_port}/metrics").read()
     assert 'UserToClusterLatency{datacenter="near",entry_vertex="s"} 0.5' in sel.decode()
+    assert 'hsched_user_to_dc_latency_seconds{datacenter="near",entry_vertex="s"} 0.0005' in sel.decode()
     release(gw, t.task_id)
     gateway = urllib.request.urlopen(f"http://127.0.0.1:{stack.services['gateway'].metrics_port}/metrics").read()
     sent = {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in gateway.decode().splitlines()
             if line.startswith("hsched_gateway_batch")}
     for method, peer in (("Place", "gpu"), ("Release", "gpu"), ("SelectDataCenter", "selector")):
-        calls = sent[f'hsched_gateway_batched_calls{{method="{method}",peer="{peer}"}}']
-        assert calls >= 1 and 1 <= sent[f'hsched_gateway_batches{{method="{method}",peer="{peer}"}}'] <= calls
+        calls = sent[f'hsched_gateway_batched_calls_total{{method="{method}",peer="{peer}"}}']
+        assert calls >= 1 and 1 <= sent[f'hsched_gateway_batches_total{{method="{method}",peer="{peer}"}}'] <= calls
 
 
 # -- invariants under random load -----------------------------------------------------------------------------

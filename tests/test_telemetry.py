@@ -26,6 +26,7 @@ from hsched.telemetry import (
     setup_tracing,
     traced_channel,
 )
+from hsched.telemetry.naming import naming_problems
 from hsched.v1 import (
     common_pb2,
     gateway_pb2,
@@ -370,29 +371,60 @@ def fetch(url: str) -> list[str]:
 
 def test_metrics_server_exposes_callback_gauges_and_counters() -> None:
     cards = {("dc-1", "node-0", 0, "A100"): 30.0, ("dc-1", "node-0", 1, "A100"): 0.0}
+    preemptions = {"dc-1": 0}
     with MetricsServer(port=0, process_metrics=False) as server:
         assert server.port > 0 and server.url == f"http://127.0.0.1:{server.port}/metrics"
         server.register_gauge_family(*metrics.GPU_DEVICE_CORE_ALLOCATED, callback=lambda: list(cards.items()))
-        fallbacks = server.counter(*metrics.HSCHED_PATH_FALLBACKS)
-        fallbacks.labels("invalid").inc(2)
-        assert server.counter(*metrics.HSCHED_PATH_FALLBACKS) is fallbacks  # shared, not duplicated
+        server.register_counter_family(*metrics.HSCHED_PLACER_PREEMPTIONS,
+                                       callback=lambda: [((dc,), n) for dc, n in preemptions.items()])
+        restarts = server.counter(*metrics.HSCHED_SUPERVISOR_RESTARTS)
+        restarts.labels("gateway").inc(2)
+        assert server.counter(*metrics.HSCHED_SUPERVISOR_RESTARTS) is restarts  # shared, not duplicated
 
         lines = fetch(server.url)
-        assert lines[:5] == [
-            "# HELP GPUDeviceCoreAllocated GPU core percent allocated on the card (sum of its slices)",
+        assert lines[1:4] == [
             "# TYPE GPUDeviceCoreAllocated gauge",
-            'GPUDeviceCoreAllocated{datacenter="dc-1",deviceidx="0",model="A100",node="node-0"} 30.0',
-            'GPUDeviceCoreAllocated{datacenter="dc-1",deviceidx="1",model="A100",node="node-0"} 0.0',
-            "# HELP hsched_path_fallbacks_total Agent paths replaced by Dijkstra (invalid or worse)",
+            'GPUDeviceCoreAllocated{card="0",datacenter="dc-1",model="A100",node="node-0"} 30.0',
+            'GPUDeviceCoreAllocated{card="1",datacenter="dc-1",model="A100",node="node-0"} 0.0',
         ]
         assert lines[5:] == [
-            "# TYPE hsched_path_fallbacks_total counter",
-            'hsched_path_fallbacks_total{reason="invalid"} 2.0',
+            "# TYPE hsched_placer_preemptions_total counter",
+            'hsched_placer_preemptions_total{datacenter="dc-1"} 0.0',
+            "# HELP hsched_supervisor_restarts_total Restarts of a stack service (by the supervisor or Stack.restart)",
+            "# TYPE hsched_supervisor_restarts_total counter",
+            'hsched_supervisor_restarts_total{service="gateway"} 2.0',
         ]
 
         cards[("dc-1", "node-0", 1, "A100")] = 55.0  # evaluated at scrape time: no gauge was touched
-        changed = 'GPUDeviceCoreAllocated{datacenter="dc-1",deviceidx="1",model="A100",node="node-0"} 55.0'
-        assert changed in fetch(server.url)
+        preemptions["dc-1"] = 3
+        text = fetch(server.url)
+        assert 'GPUDeviceCoreAllocated{card="1",datacenter="dc-1",model="A100",node="node-0"} 55.0' in text
+        assert 'hsched_placer_preemptions_total{datacenter="dc-1"} 3.0' in text
+
+
+def test_naming_rules_name_each_broken_rule() -> None:
+    bad = "\n".join([
+        "# TYPE hsched_batches_total gauge", "hsched_batches_total 3",
+        "# TYPE hsched_cpu_percentage gauge", 'hsched_cpu_percentage{datacenter="a"} 0.5',
+        "# TYPE hsched_busy_ratio gauge", "hsched_busy_ratio 1.5",
+        "# TYPE hsched_link_latency_ms gauge", "hsched_link_latency_ms 3",
+        "# TYPE hsched_free_memory gauge", "hsched_free_memory 3",
+        "# TYPE hsched_tasks gauge", 'hsched_tasks{datacenter=""} 1', 'hsched_tasks{datacenter="a"} 1',
+        'hsched_tasks{datacenter="b"} 1',
+        "# TYPE hsched_slices gauge", 'hsched_slices{task_id="t1"} 1',
+        "# TYPE hsched_fine_seconds gauge", 'hsched_fine_seconds{datacenter="a"} 1',
+        "# TYPE other_percentage gauge", "other_percentage 50",  # not ours: not checked
+    ]) + "\n"
+    assert naming_problems(bad, {"datacenter": 2}) == [
+        "hsched_batches_total: a gauge must not end in _total (counters do)",
+        "hsched_cpu_percentage: no percent in a name (a 0-1 value is a _ratio)",
+        "hsched_busy_ratio{}: ratio 1.5 outside [0, 1]",
+        "hsched_link_latency_ms: must end in _seconds (its base unit)",
+        "hsched_free_memory: must end in _bytes or _ratio (its base unit)",
+        "hsched_tasks: empty value of label 'datacenter'",
+        "hsched_tasks: label 'datacenter' has 3 values, more than its bound 2",
+        "hsched_slices: label 'task_id' has no cardinality bound",
+    ]
 
 
 def test_metrics_helpers_guard_names_and_survive_a_broken_callback() -> None:
@@ -418,8 +450,10 @@ def test_metrics_helpers_guard_names_and_survive_a_broken_callback() -> None:
     assert "hsched_wait_seconds_created" not in text
 
 
-def test_metric_specs_use_the_paper_names() -> None:
-    names = {spec.name for spec in metrics.PAPER_002_METRICS}
-    assert len(names) == 18
-    assert {"ClusterGPUMemoryPercentage", "GPUDeviceSharedNum", "vGPUPodsDeviceAllocated"} <= names
-    assert {"UserToClusterPacketLoss", "ClusterToClusterBandwidth"} <= names
+def test_paper_002_aliases_restate_hsched_families() -> None:
+    specs = {v.name: v for v in vars(metrics).values() if isinstance(v, metrics.MetricSpec)}
+    assert {"ClusterGPUMemoryPercentage", "GPUDeviceSharedNum", "UserToClusterPacketLoss"} <= set(
+        metrics.PAPER_002_ALIASES)
+    for alias, canonical in metrics.PAPER_002_ALIASES.items():
+        assert alias in specs and (canonical is None or canonical in specs), alias
+        assert canonical is None or specs[alias].labelnames == specs[canonical].labelnames, alias

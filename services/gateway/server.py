@@ -43,6 +43,7 @@ from hsched.state.redis import connect
 from hsched.state.tasks import ABANDONED, FINISHED, Record, TaskStore, keep_pruned, now_ms, step
 from hsched.state.transitions import Transitions
 from hsched.telemetry import MetricsServer
+from hsched.telemetry import metrics as m
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import (
     gateway_pb2,
@@ -656,41 +657,31 @@ def parse_placers(spec: str) -> dict[str, str]:
 
 
 def register_metrics(metrics: MetricsServer, store: TaskStore, servicer: GatewayServicer) -> None:
-    def by_state():
-        counts: dict[tuple[str, str], int] = {}
-        for t in list(store.tasks.values()):  # scraped on the metrics thread: iterate a copy
-            key = (pb.TaskState.Name(t.state).removeprefix("TASK_STATE_").lower(), t.datacenter)
-            counts[key] = counts.get(key, 0) + 1
-        return [(k, float(v)) for k, v in counts.items()]
+    def count_by_state(records, state_name):
+        def collect():
+            counts: dict[tuple[str, str], int] = {}
+            for r in list(records.values()):  # scraped on the metrics thread: iterate a copy
+                key = (state_name(r.state), r.datacenter or m.NO_DATACENTER)
+                counts[key] = counts.get(key, 0) + 1
+            return [(k, float(v)) for k, v in counts.items()]
+        return collect
 
-    metrics.register_gauge_family("hsched_tasks", "Tasks by state and data center", ["state", "datacenter"], by_state)
-
-    def jobs_by_state():
-        counts: dict[tuple[str, str], int] = {}
-        for j in list(store.jobs.values()):  # scraped on the metrics thread: iterate a copy
-            key = (pb.JobState.Name(j.state).removeprefix("JOB_STATE_").lower(), j.datacenter)
-            counts[key] = counts.get(key, 0) + 1
-        return [(k, float(v)) for k, v in counts.items()]
-
-    metrics.register_gauge_family("hsched_jobs", "DAG jobs by state and data center", ["state", "datacenter"],
-                                  jobs_by_state)
+    metrics.register_gauge_family(*m.HSCHED_TASKS, count_by_state(
+        store.tasks, lambda s: pb.TaskState.Name(s).removeprefix("TASK_STATE_").lower()))
+    metrics.register_gauge_family(*m.HSCHED_JOBS, count_by_state(
+        store.jobs, lambda s: pb.JobState.Name(s).removeprefix("JOB_STATE_").lower()))
+    if servicer.feed is not None:
+        feed = servicer.feed
+        metrics.register_gauge_family(*m.HSCHED_GATEWAY_WATCHES, lambda: [
+            ((t or m.ALL_TENANTS,), float(n)) for t, n in list(feed.open.items())])
 
     coalescers = servicer.coalescers()
 
     def sent(attr: str):
         return lambda: [(labels, float(getattr(c, attr))) for labels, c in coalescers]
 
-    if servicer.feed is not None:
-        feed = servicer.feed
-        metrics.register_gauge_family("hsched_gateway_watches", "Watch streams open, by the tenant watched ('' = "
-                                      "every tenant)", ["tenant"],
-                                      lambda: [((t,), float(n)) for t, n in list(feed.open.items())])
-
-    labels = ["peer", "method"]
-    metrics.register_gauge_family("hsched_gateway_batched_calls", "Calls sent inside batches since start, by peer "
-                                  "and method", labels, sent("calls"))
-    metrics.register_gauge_family("hsched_gateway_batches", "Batches sent since start (calls / batches = the "
-                                  "mean batch size)", labels, sent("batches"))
+    metrics.register_counter_family(*m.HSCHED_GATEWAY_BATCHED_CALLS, sent("calls"))
+    metrics.register_counter_family(*m.HSCHED_GATEWAY_BATCHES, sent("batches"))
 
 
 async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:

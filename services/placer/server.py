@@ -11,8 +11,6 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
 
 from hsched import rpc
 from hsched.batching import serve_batch
@@ -31,7 +29,7 @@ from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCh
 from hsched.engine.slices import SliceCatalog
 from hsched.policies.dagqueue import DAG_POLICIES, load_dag_queue_policy
 from hsched.policies.fairshare import TenantWeights
-from hsched.policies.heuristics import POLICY_NAMES, make_policy
+from hsched.policies.heuristics import LEARNED_POLICIES, POLICY_NAMES, make_policy
 from hsched.runtime import (
     common_args,
     exit_if_lost,
@@ -46,7 +44,9 @@ from hsched.security.tls import TlsFiles
 from hsched.state.keys import Keys
 from hsched.state.ledger import Fenced, LeaseHeld, Retention
 from hsched.state.redis import connect, connect_sync
+from hsched.state.tasks import now_ms
 from hsched.telemetry import BatchedCalls, MetricsServer
+from hsched.telemetry import metrics as m
 from hsched.thermal.datacenter import room_for
 from hsched.v1 import common_pb2, placer_pb2, placer_pb2_grpc, thermal_pb2, thermal_pb2_grpc
 
@@ -183,53 +183,34 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
         return out
 
 
-class _EngineCounter(Collector):
-    """A counter read from the engine at scrape time (exposed as `<name>_total`)."""
-
-    def __init__(self, name: str, help: str, dc: str, value: Callable[[], float]) -> None:
-        self._name, self._help, self._dc, self._value = name, help, dc, value
-
-    def describe(self):
-        return [CounterMetricFamily(self._name, self._help, labels=["datacenter"])]
-
-    def collect(self):
-        family = CounterMetricFamily(self._name, self._help, labels=["datacenter"])
-        family.add_metric([self._dc], float(self._value()))
-        yield family
-
-
-def register_metrics(metrics: MetricsServer, engine: PlacerEngine) -> None:
-    """Paper 002 table 1 metrics at scrape time (no per-operation gauge updates on the hot path)."""
+def register_metrics(metrics: MetricsServer, engine: PlacerEngine, requested_policy: str,
+                     per_card: bool = False) -> None:
+    """The DC's allocation, queue, lease and policy at scrape time (no per-operation updates on the hot path).
+    GPU cards are aggregated per model; `per_card` adds one series per card and family (docs/metrics.md)."""
     dc, t = engine.dc.name, engine.state.table
     cards = [(i, c) for i in range(len(t)) for c in range(int(t.gpu_count[i]))]
-
-    def util(key: str):
-        return lambda: [((dc,), 100.0 * engine.state.utilisation()[key])]
-
-    def per_card(values):
-        def collect():
-            v = values()
-            return [((dc, t.names[i], str(c), t.gpu_model[i]), float(v[i, c])) for i, c in cards]
-        return collect
+    by_model: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # model -> (node indices, card indices)
+    for model in sorted({t.gpu_model[i] for i, _ in cards}):
+        nodes, slots = zip(*((i, c) for i, c in cards if t.gpu_model[i] == model), strict=True)
+        by_model[model] = (np.array(nodes), np.array(slots))
 
     # engine.state is looked up at each scrape: a re-acquired lease replaces it with a fresh fold of the ledger
-    metrics.register_gauge_family("ClusterGPUMemoryPercentage", "GPU memory allocated in the DC (%)",
-                                  ["datacenter"], util("gpu_memory"))
-    metrics.register_gauge_family("ClusterGPUCorePercentage", "GPU cores allocated in the DC (%)",
-                                  ["datacenter"], util("gpu_core"))
-    metrics.register_gauge_family("hsched_cluster_cpu_percentage", "CPU allocated in the DC (%)", ["datacenter"],
-                                  util("cpu"))
-    labels = ["datacenter", "node", "deviceidx", "model"]
-    metrics.register_gauge_family("GPUDeviceCoreAllocated", "GPU core percent allocated on the card", labels,
-                                  per_card(lambda: t.gpu_core_percent - engine.state.gpu_free_core))
-    metrics.register_gauge_family("GPUDeviceCoreLimit", "GPU core percent of the card", labels,
-                                  per_card(lambda: t.gpu_core_percent))
-    metrics.register_gauge_family("GPUDeviceMemoryAllocated", "GPU memory allocated on the card (MiB)", labels,
-                                  per_card(lambda: t.gpu_memory_mib - engine.state.gpu_free_memory))
-    metrics.register_gauge_family("GPUDeviceMemoryLimit", "GPU memory of the card (MiB)", labels,
-                                  per_card(lambda: t.gpu_memory_mib))
+    def per_dc(value: Callable[[], float]):
+        return lambda: [((dc,), float(value()))]
 
-    def shared():
+    def allocated(key: str, scale: float = 1.0):  # fraction of the DC's capacity (x 100: paper 002's percent)
+        return per_dc(lambda: engine.state.utilisation()[key] * scale)
+
+    def core_used():
+        return t.gpu_core_percent - engine.state.gpu_free_core
+
+    def core_ratio():
+        return core_used() / np.maximum(t.gpu_core_percent, 1)
+
+    def memory_used():
+        return t.gpu_memory_mib - engine.state.gpu_free_memory
+
+    def slices():
         counts = np.zeros_like(t.gpu_core_percent)
         for parts in list(engine.state.allocations.values()):  # scraped on the metrics thread: iterate a copy
             for p in parts:
@@ -237,24 +218,61 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine) -> None:
                     counts[p.node, g.card] += 1
         return counts
 
-    metrics.register_gauge_family("GPUDeviceSharedNum", "vGPU slices allocated on the card", labels, per_card(shared))
-    metrics.register_gauge_family("hsched_deferred_tasks", "Tasks waiting in the deferred queue", ["datacenter"],
-                                  lambda: [((dc,), float(len(engine.queue)))])
-    metrics.register_gauge_family("hsched_running_tasks", "Tasks holding resources", ["datacenter"],
-                                  lambda: [((dc,), float(len(engine.state.allocations)))])
-    metrics.register_gauge_family("hsched_started_tasks", "Tasks holding resources that the executor started "
-                                  "(RUNNING; the others wait for their container)", ["datacenter"],
-                                  lambda: [((dc,), float(sum(1 for c in list(engine.state.clocks.values())
-                                                             if c.started_ms)))])
-    metrics.register_gauge_family("hsched_placer_lease_held", "1 while this placer holds the DC's lease and serves, "
-                                  "0 while fenced or standby", ["datacenter"],
-                                  lambda: [((dc,), float(engine.holding))])
-    metrics.registry.register(_EngineCounter(
-        "hsched_placer_preemptions", "Offline tasks this placer evicted for online ones (preempt ledger events it "
-        "wrote since it started)", dc, lambda: engine.preemptions_total))
-    metrics.register_gauge_family("hsched_placer_fencing_token", "Fencing token of the lease this placer holds or "
-                                  "last held (0: never held)", ["datacenter"],
-                                  lambda: [((dc,), float(engine.ledger.token or 0))])
+    def per_model(values: Callable[[], np.ndarray], total: Callable[[np.ndarray], float] = np.sum):
+        def collect():
+            v = values()
+            return [((dc, model), float(total(v[rows, cols]))) for model, (rows, cols) in by_model.items()]
+        return collect
+
+    metrics.register_gauge_family(*m.HSCHED_DC_CPU_ALLOCATED_RATIO, allocated("cpu"))
+    metrics.register_gauge_family(*m.HSCHED_DC_GPU_CORE_ALLOCATED_RATIO, allocated("gpu_core"))
+    metrics.register_gauge_family(*m.HSCHED_DC_GPU_MEMORY_ALLOCATED_RATIO, allocated("gpu_memory"))
+    metrics.register_gauge_family(*m.CLUSTER_GPU_CORE_PERCENTAGE, allocated("gpu_core", 100.0))
+    metrics.register_gauge_family(*m.CLUSTER_GPU_MEMORY_PERCENTAGE, allocated("gpu_memory", 100.0))
+    metrics.register_gauge_family(*m.HSCHED_GPU_CARDS, per_model(lambda: t.gpu_core_percent, np.size))
+    metrics.register_gauge_family(*m.HSCHED_GPU_CORE_ALLOCATED_RATIO,
+                                  per_model(core_ratio, np.mean))  # cards of a model have equal cores
+    metrics.register_gauge_family(*m.HSCHED_GPU_MEMORY_ALLOCATED_BYTES, per_model(lambda: memory_used() * m.MIB))
+    metrics.register_gauge_family(*m.HSCHED_GPU_MEMORY_CAPACITY_BYTES, per_model(lambda: t.gpu_memory_mib * m.MIB))
+    metrics.register_gauge_family(*m.HSCHED_GPU_SLICES, per_model(slices))
+    if per_card:
+        def card(values: Callable[[], np.ndarray], scale: float = 1.0):
+            def collect():
+                v = values()
+                return [((dc, t.names[i], str(c), t.gpu_model[i]), float(v[i, c]) * scale) for i, c in cards]
+            return collect
+
+        metrics.register_gauge_family(*m.HSCHED_GPU_CARD_CORE_ALLOCATED_RATIO, card(core_ratio))
+        metrics.register_gauge_family(*m.HSCHED_GPU_CARD_MEMORY_ALLOCATED_BYTES, card(memory_used, m.MIB))
+        metrics.register_gauge_family(*m.HSCHED_GPU_CARD_MEMORY_CAPACITY_BYTES, card(lambda: t.gpu_memory_mib, m.MIB))
+        metrics.register_gauge_family(*m.HSCHED_GPU_CARD_SLICES, card(slices))
+        metrics.register_gauge_family(*m.GPU_DEVICE_CORE_ALLOCATED, card(core_used))
+        metrics.register_gauge_family(*m.GPU_DEVICE_CORE_LIMIT, card(lambda: t.gpu_core_percent))
+        metrics.register_gauge_family(*m.GPU_DEVICE_MEMORY_ALLOCATED, card(memory_used))
+        metrics.register_gauge_family(*m.GPU_DEVICE_MEMORY_LIMIT, card(lambda: t.gpu_memory_mib))
+        metrics.register_gauge_family(*m.GPU_DEVICE_SHARED_NUM, card(slices))
+
+    def oldest_wait_s() -> float:
+        queued = engine.state.queued_ms
+        since = [queued.get(task, 0) for task in list(engine.queue)]  # a copy: the loop may be resizing it
+        since = [ms for ms in since if ms > 0]
+        return max(0.0, (now_ms() - min(since)) / 1000) if since else 0.0
+
+    metrics.register_gauge_family(*m.HSCHED_DEFERRED_TASKS, per_dc(lambda: len(engine.queue)))
+    metrics.register_gauge_family(*m.HSCHED_DEFERRED_OLDEST_AGE, per_dc(oldest_wait_s))
+    metrics.register_gauge_family(*m.HSCHED_RUNNING_TASKS, per_dc(lambda: len(engine.state.allocations)))
+    metrics.register_gauge_family(*m.HSCHED_STARTED_TASKS, per_dc(
+        lambda: sum(1 for c in list(engine.state.clocks.values()) if c.started_ms)))
+    metrics.register_gauge_family(*m.HSCHED_PLACER_LEASE_HELD, per_dc(lambda: engine.holding))
+    metrics.register_gauge_family(*m.HSCHED_PLACER_FENCING_TOKEN, per_dc(lambda: engine.ledger.token or 0))
+    metrics.register_counter_family(*m.HSCHED_PLACER_PREEMPTIONS, per_dc(lambda: engine.preemptions_total))
+    policy = engine.policy
+    fallback = policy if hasattr(policy, "learned") else None  # hsched.policies.learned.Fallback (imports torch)
+    served = fallback.policy.name if fallback else policy.name
+    metrics.register_gauge_family(*m.HSCHED_PLACER_POLICY_INFO, lambda: [((dc, served, requested_policy), 1.0)])
+    if requested_policy in LEARNED_POLICIES:  # a sample only while a heuristic stands in for the learned policy
+        metrics.register_counter_family(*m.HSCHED_PLACER_POLICY_FALLBACKS, lambda: [
+            ((dc, requested_policy, fallback.kind), float(fallback.decisions))] if fallback else [])
 
 
 async def serve(args, stop: asyncio.Event) -> None:
@@ -289,7 +307,7 @@ async def serve(args, stop: asyncio.Event) -> None:
         raise SystemExit(f"placer {dc.name}: {exc} (--no-standby: exiting)") from None
     metrics = metrics_server(args)
     if metrics:
-        register_metrics(metrics, engine)
+        register_metrics(metrics, engine, args.policy, args.metrics_per_card)
     names = [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name]
     health = None
 
@@ -338,6 +356,10 @@ def parser():
     p.add_argument("--datacenter", required=True)
     p.add_argument("--policy", default="bestfit", choices=POLICY_NAMES)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--metrics-per-card", action="store_true",
+                   default=os.environ.get("HSCHED_METRICS_PER_CARD", "") not in ("", "0"),
+                   help="also export one series per GPU card and family (GPUDevice*, hsched_gpu_card_*; "
+                        "default: per GPU model only, a few series per DC) [$HSCHED_METRICS_PER_CARD]")
     p.add_argument("--thermal", default=os.environ.get("HSCHED_THERMAL", ""),
                    help="thermal service address (empty = no thermal guard)")
     p.add_argument("--thermal-guard", default=os.environ.get("HSCHED_THERMAL_GUARD", "local"),

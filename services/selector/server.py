@@ -19,6 +19,7 @@ from hsched.runtime import common_args, metrics_server, reflection_on, run, serv
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.telemetry import BatchedCalls, MetricsServer
+from hsched.telemetry import metrics as m
 from hsched.v1 import common_pb2, selector_pb2, selector_pb2_grpc
 
 log = logging.getLogger("hsched.selector")
@@ -133,29 +134,32 @@ async def follow_links(redis, keys: Keys, selector: DcSelector, cursor: str = "0
 
 
 def register_metrics(metrics: MetricsServer, selector: DcSelector) -> None:
-    """Paper 002 user-to-cluster network metrics along the current shortest paths."""
+    """Entry vertex -> DC network state along the current shortest paths, in base units and as paper 002's
+    UserToCluster* aliases (ms, percent, Mbit/s)."""
     fleet, graph = selector.fleet, selector.graph
 
-    def per_pair(attr: str):
+    def per_pair(attr: str, scale: float = 1.0, known_only: bool = False):
         def collect():
             out = []
             for entry in fleet.wan.entry_vertices:
                 paths = graph.dijkstra.paths_from(entry)
                 for dc in fleet.datacenters:
                     if dc.vertex in paths:
-                        out.append(((entry, dc.name), float(getattr(graph.path_metrics(paths[dc.vertex]), attr))))
+                        value = float(getattr(graph.path_metrics(paths[dc.vertex]), attr))
+                        if value or not known_only:
+                            out.append(((entry, dc.name), value * scale))
             return out
         return collect
 
-    labels = ["entry_vertex", "datacenter"]
-    metrics.register_gauge_family("UserToClusterLatency", "Path latency entry vertex -> DC (ms)", labels,
-                                  per_pair("latency_ms"))
-    metrics.register_gauge_family("UserToClusterJitter", "Path jitter entry vertex -> DC (ms)", labels,
-                                  per_pair("jitter_ms"))
-    metrics.register_gauge_family("UserToClusterPacketLoss", "Path loss entry vertex -> DC (%)", labels,
-                                  per_pair("loss_percent"))
-    metrics.register_gauge_family("UserToClusterBandwidth", "Path bottleneck bandwidth (Mbit/s, 0 = unknown)",
-                                  labels, per_pair("bottleneck_bandwidth_mbps"))
+    metrics.register_gauge_family(*m.HSCHED_USER_TO_DC_LATENCY, per_pair("latency_ms", 1e-3))
+    metrics.register_gauge_family(*m.HSCHED_USER_TO_DC_JITTER, per_pair("jitter_ms", 1e-3))
+    metrics.register_gauge_family(*m.HSCHED_USER_TO_DC_PACKET_LOSS, per_pair("loss_percent", 1e-2))
+    metrics.register_gauge_family(*m.HSCHED_USER_TO_DC_BANDWIDTH,  # 0 Mbit/s = unknown: no sample
+                                  per_pair("bottleneck_bandwidth_mbps", m.MBIT_PER_S, known_only=True))
+    metrics.register_gauge_family(*m.USER_TO_CLUSTER_LATENCY, per_pair("latency_ms"))
+    metrics.register_gauge_family(*m.USER_TO_CLUSTER_JITTER, per_pair("jitter_ms"))
+    metrics.register_gauge_family(*m.USER_TO_CLUSTER_PACKET_LOSS, per_pair("loss_percent"))
+    metrics.register_gauge_family(*m.USER_TO_CLUSTER_BANDWIDTH, per_pair("bottleneck_bandwidth_mbps"))
 
 
 async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
@@ -172,7 +176,7 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     metrics = metrics_server(args)
     if metrics:
         register_metrics(metrics, selector)
-        register_path_metrics(metrics, selector)
+        register_path_metrics(metrics, selector, getattr(args, "path_finder", "dijkstra"))
     server, port, _ = await rpc.start_server(
         lambda s: selector_pb2_grpc.add_SelectorServicer_to_server(SelectorServicer(selector, metrics), s),
         [selector_pb2.DESCRIPTOR.services_by_name["Selector"].full_name], args.listen, metrics,

@@ -17,6 +17,7 @@ from hsched.state.follow import LedgerFollower, follow
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.telemetry import MetricsServer
+from hsched.telemetry import metrics as m
 from hsched.thermal import RoomModel, ThermalState, rack_outlet_mean
 from hsched.thermal.datacenter import load_arrays, room_for
 from hsched.thermal.guard import LoadDelta, newly_hot, shifted
@@ -139,15 +140,15 @@ def register_metrics(metrics: MetricsServer, rooms: dict[str, Room]) -> None:
     def per_dc(fn):
         return lambda: [((name,), float(fn(room.state()))) for name, room in rooms.items()]
 
-    metrics.register_gauge_family("hsched_dc_pue", "Power usage effectiveness of the room", ["datacenter"],
+    metrics.register_gauge_family(*m.HSCHED_DC_PUE,
                                   per_dc(lambda s: s.pue))
-    metrics.register_gauge_family("hsched_dc_max_inlet_celsius", "Hottest server inlet", ["datacenter"],
+    metrics.register_gauge_family(*m.HSCHED_DC_MAX_INLET_CELSIUS,
                                   per_dc(lambda s: s.max_inlet_c))
-    metrics.register_gauge_family("hsched_dc_it_power_watts", "IT power", ["datacenter"],
+    metrics.register_gauge_family(*m.HSCHED_DC_IT_POWER_WATTS,
                                   per_dc(lambda s: s.it_power_w))
-    metrics.register_gauge_family("hsched_dc_cooling_power_watts", "CRAC power", ["datacenter"],
+    metrics.register_gauge_family(*m.HSCHED_DC_COOLING_POWER_WATTS,
                                   per_dc(lambda s: s.cooling_power_w))
-    metrics.register_gauge_family("hsched_dc_supply_celsius", "CRAC supply air temperature", ["datacenter"],
+    metrics.register_gauge_family(*m.HSCHED_DC_SUPPLY_CELSIUS,
                                   per_dc(lambda s: s.t_supply_c))
 
 

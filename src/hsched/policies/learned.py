@@ -39,12 +39,16 @@ class ModelMismatch(ValueError):
 class Fallback:
     """A heuristic standing in for a learned policy; its name carries the reason into every decision."""
 
-    def __init__(self, policy: Any, learned: str, reason: str) -> None:
+    def __init__(self, policy: Any, learned: str, reason: str, kind: str) -> None:
         self.policy = policy
+        self.learned = learned
         self.reason = reason
+        self.kind = kind  # model_missing or model_mismatch: the bounded reason of the metrics
         self.name = f"{policy.name} (fallback for {learned}: {reason})"
+        self.decisions = 0  # node choices made in the learned policy's place (hsched_placer_policy_fallbacks_total)
 
     def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
+        self.decisions += 1
         return self.policy.scores(state, demand, mask)
 
     def placed(self, node: int) -> None:
@@ -66,7 +70,8 @@ def learned_policy(name: str, dc: Any, seed: int = 0, model: str | None = None) 
         return policy
     except (FileNotFoundError, ModelMismatch) as exc:
         log.warning("policy %s: %s; serving the %s heuristic instead", name, exc, fallback)
-        return Fallback(make_policy(fallback, seed), name, str(exc))
+        kind = "model_mismatch" if isinstance(exc, ModelMismatch) else "model_missing"
+        return Fallback(make_policy(fallback, seed), name, str(exc), kind)
 
 
 def double_dqn_policy(dc: Any, seed: int = 0) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 
 from hsched.costs.graph import WanGraph
 from hsched.costs.paths import PathFinder
+from hsched.telemetry import metrics as m
 
 log = logging.getLogger("hsched.selector")
 
@@ -39,17 +40,17 @@ def selector_path_finder(kind: str, model: str, graph: WanGraph) -> PathFinder |
     return finder
 
 
-def register_path_metrics(metrics: Any, selector: Any) -> None:
-    """Prometheus gauges on the selector's MetricsServer: the share of checked agent paths it used (valid,
-    not longer than Dijkstra's) and the check counts by outcome, since start. Nothing without an agent."""
+def register_path_metrics(metrics: Any, selector: Any, requested: str) -> None:
+    """Prometheus families on the selector's MetricsServer: the path finder served (and the one asked for), and
+    with an agent the share of checked agent paths it used (valid, not longer than Dijkstra's) and the check
+    counts by outcome since start (replaced: its fallbacks to Dijkstra)."""
     finder = selector.path_finder
+    served = finder.name if finder is not None else "dijkstra"
+    metrics.register_gauge_family(*m.HSCHED_SELECTOR_PATH_FINDER_INFO, lambda: [((served, requested), 1.0)])
     if finder is None:
         return
-    metrics.register_gauge_family(
-        "hsched_selector_path_agreement", "Share of checked agent paths used (valid, not longer than Dijkstra)",
-        ["finder"], lambda: [((finder.name,), selector.path_agreed / selector.path_checks)]
-        if selector.path_checks else [])
-    metrics.register_gauge_family(
-        "hsched_selector_path_checks", "Agent paths checked against Dijkstra since start, by outcome",
-        ["finder", "outcome"], lambda: [((finder.name, "used"), selector.path_agreed),
-                                        ((finder.name, "replaced"), selector.path_checks - selector.path_agreed)])
+    metrics.register_gauge_family(*m.HSCHED_SELECTOR_PATH_AGREEMENT, lambda: [
+        ((finder.name,), selector.path_agreed / selector.path_checks)] if selector.path_checks else [])
+    metrics.register_counter_family(*m.HSCHED_SELECTOR_PATH_CHECKS, lambda: [
+        ((finder.name, "used"), selector.path_agreed),
+        ((finder.name, "replaced"), selector.path_checks - selector.path_agreed)])
