@@ -154,7 +154,8 @@ def cmd_up(args) -> int:
                          redis_appendfsync=args.redis_appendfsync, redis_replicas=args.redis_replicas,
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
                          supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls, auth=args.auth,
-                         time_factor=args.time_factor, dag_policy=args.dag_policy, slice_types=slice_types)
+                         time_factor=args.time_factor, dag_policy=args.dag_policy, slice_types=slice_types,
+                         prometheus=args.prometheus, prometheus_port=args.prometheus_port)
     _log_supervision_to(console)
     stack = Stack(config)
     try:
@@ -187,6 +188,9 @@ def cmd_up(args) -> int:
             table.add_column(col)
         rss = stack.rss_mib()
         for name, svc in stack.services.items():
+            if svc.http_health:  # Prometheus: its UI and HTTP API
+                table.add_row(name, "-", f"{svc.http_health} (UI, API)", f"{rss.get(name, 0):.0f}")
+                continue
             table.add_row(name, svc.target, f"http://127.0.0.1:{svc.metrics_port}/metrics" if svc.metrics_port else "-",
                           f"{rss.get(name, 0):.0f}")
         redis_rss = sum(v for k, v in rss.items() if k.startswith("redis"))
@@ -902,6 +906,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="port of the supervisor's Prometheus /metrics (0: a free port, shown in the table)")
     up.add_argument("--tls", action="store_true",
                     help="mutual TLS on every gRPC hop: a CA and per-service certificates in <state dir>/tls")
+    up.add_argument("--prometheus", action="store_true",
+                    help="also run a real Prometheus (the `prometheus` binary: Debian's package, or HSCHED_PROMETHEUS_BIN) "
+                         "scraping every service; config generated from the stack, TSDB in <state dir>/prometheus")
+    up.add_argument("--prometheus-port", type=non_negative_int, default=None,
+                    help="Prometheus' port on 127.0.0.1 (default: 9090 if free, else a free port; 0: a free port)")
     replay_flags(up)
     up.set_defaults(fn=cmd_up)
 

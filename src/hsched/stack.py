@@ -61,6 +61,7 @@ from hsched.state.redis import (
     redact_url,
     tls_redis_server_binary,
 )
+from hsched.telemetry import prometheus as _prometheus
 from hsched.telemetry.metrics import (
     HSCHED_SUPERVISOR_LAST_EXIT_CODE,
     HSCHED_SUPERVISOR_RESTARTS,
@@ -80,6 +81,8 @@ class Service:
     proc: subprocess.Popen | None = None
     port: int = 0
     metrics_port: int = 0
+    # a non-Python child (Prometheus): `args` is its whole command line and this URL's /-/ready its health probe
+    http_health: str = ""
     # supervision state (read and written under Stack._lock)
     stopped: bool = False  # stopped on purpose (stop_service): the supervisor leaves it down
     restarts: int = 0
@@ -148,6 +151,13 @@ class StackConfig:
     # (kept across restarts), or in the run dir without a state dir; the supervisor probes with its own cert
     tls: bool = False
     redis_tls: bool = True  # with `tls`, the embedded Redis on TLS too (_embedded_redis_tls); False: gRPC hops only
+    # a real Prometheus (`hsched up --prometheus`) scraping every service's /metrics and the supervisor's, its
+    # config generated from the started stack (hsched.telemetry.prometheus), its TSDB in <state_dir>/prometheus
+    # (the run dir without a state dir); supervised and stopped with the rest. Port None: 9090 if free, else any
+    # free port; 0: any free port; N: that port, which must be free.
+    prometheus: bool = False
+    prometheus_port: int | None = None
+    prometheus_scrape_interval_s: float = 5.0
 
 
 EMBEDDED_ACL_USER = "hsched"  # the embedded Redis' only user when it runs on TLS (the default user is off)
@@ -247,17 +257,19 @@ class Stack:
             self._probe_tls = (fingerprint, channel_credentials(files))
         return self._probe_tls[1]
 
-    def _spawn(self, name: str, module: str, args: list[str]) -> Service:
+    def _spawn(self, name: str, module: str, args: list[str], http_health: str = "") -> Service:
         # the URL (and its password) by environment: /proc/<pid>/environ is this user's only, cmdline is everyone's
         env = {**os.environ, **self.config.extra_env, "PYTHONUNBUFFERED": "1", "REDIS_URL": self.redis_url,
                **(self.redis_tls.env() if self.redis_tls else {})}
+        argv = [sys.executable, "-m", module, *args]
+        if not module:  # not an hsched service (Prometheus): its own command line, and no Redis credentials
+            argv, env = list(args), dict(os.environ)
         with self._lock, _open_log(self.log_dir / f"{name}.log") as log_file:
-            proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log_file,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             svc = self.services.get(name)
             if svc is None:
                 metrics = int(args[args.index("--metrics-port") + 1]) if "--metrics-port" in args else 0
-                svc = self.services[name] = Service(name, module, args, metrics_port=metrics,
+                svc = self.services[name] = Service(name, module, args, metrics_port=metrics, http_health=http_health,
                                                     backoff_s=self.config.backoff_initial_s)
             svc.proc, svc.started_at, svc.restart_at, svc.kill_reason = proc, time.monotonic(), None, ""
             svc.serving_since, svc.unhealthy_since, svc.ever_served = None, svc.started_at, False
@@ -273,7 +285,12 @@ class Stack:
                     tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
                     raise RuntimeError(f"{name} exited with {svc.proc.returncode} while starting:\n{tail}")
                 port_file = self.run_dir / f"{name}.port"
-                if port_file.exists() and _serving(f"127.0.0.1:{port_file.read_text().strip()}",
+                if svc.http_health:
+                    if _prometheus.health(svc.http_health) == "SERVING":
+                        with self._lock:
+                            self._judge(svc, "SERVING", time.monotonic())
+                        pending.discard(name)
+                elif port_file.exists() and _serving(f"127.0.0.1:{port_file.read_text().strip()}",
                                                    self.probe_credentials()):
                     with self._lock:
                         svc.port = int(port_file.read_text())
@@ -285,9 +302,15 @@ class Stack:
 
     def start(self, timeout_s: float = 120.0) -> Stack:
         port = self.config.gateway_port
-        if port and not port_is_free(port):  # before anything starts: one line, not a gateway's failed start
-            raise RuntimeError(f"--port {port}: 127.0.0.1:{port} is already in use (another `hsched up`?); "
-                               "stop what listens there or choose another --port")
+        try:  # before anything starts: one line, not a gateway's failed start (and no run dir left behind)
+            if port and not port_is_free(port):
+                raise RuntimeError(f"--port {port}: 127.0.0.1:{port} is already in use (another `hsched up`?); "
+                                   "stop what listens there or choose another --port")
+            prometheus = self._prometheus_plan() if self.config.prometheus else None
+        except RuntimeError:
+            if self.log_dir != self.run_dir:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
         try:
             self._prepare_state_dir()
             self._prepare_tls()  # before Redis: a TLS embedded Redis presents the stack's `redis` certificate
@@ -324,6 +347,10 @@ class Stack:
                          "--selector", self.services["selector"].target, "--placers", placer_map,
                          *(["--tokens-file", self.tokens_file] if self.tokens_file else [])])
             self._wait_ready(["gateway"], timeout_s)
+            if self.config.supervise and self.config.metrics:
+                self._start_supervisor_metrics()  # before Prometheus: its port is one of the scrape targets
+            if prometheus:
+                self._start_prometheus(*prometheus, timeout_s)
             if self.config.supervise:
                 self._start_supervisor()
             return self
@@ -331,6 +358,45 @@ class Stack:
             self._start_failed = True
             self.stop()
             raise
+
+    def _prometheus_plan(self) -> tuple[str, int]:
+        """The prometheus binary and port, checked before anything starts (one line each when they are not usable)."""
+        binary = _prometheus.prometheus_binary({**os.environ, **self.config.extra_env})
+        if not self.config.metrics:
+            raise RuntimeError("--prometheus: the services run without /metrics (metrics off): nothing to scrape")
+        port = self.config.prometheus_port
+        if port is None:
+            port = _prometheus.DEFAULT_PORT if port_is_free(_prometheus.DEFAULT_PORT) else free_port()
+        elif port == 0:
+            port = free_port()
+        elif not port_is_free(port):
+            raise RuntimeError(f"--prometheus-port {port}: 127.0.0.1:{port} is already in use; stop what listens "
+                               "there or choose another --prometheus-port (0: any free port)")
+        return binary, port
+
+    def prometheus_targets(self) -> dict[str, str]:
+        """{service: host:port} of every /metrics endpoint of the running stack, the supervisor's included."""
+        targets = {name: f"127.0.0.1:{svc.metrics_port}" for name, svc in self.services.items()
+                   if svc.metrics_port and not svc.http_health}
+        if self.supervisor_metrics:
+            targets["supervisor"] = f"127.0.0.1:{self.supervisor_metrics.port}"
+        return targets
+
+    def _start_prometheus(self, binary: str, port: int, timeout_s: float) -> None:
+        data_dir = (self.state_dir or self.run_dir) / "prometheus"
+        data_dir.mkdir(mode=0o700, exist_ok=True)
+        config_file = self.run_dir / "prometheus.yml"
+        _prometheus.write_config(config_file, _prometheus.scrape_config(
+            self.prometheus_targets(), self.config.prometheus_scrape_interval_s))
+        svc = self._spawn("prometheus", "", _prometheus.command(binary, config_file, data_dir, port),
+                          http_health=f"http://127.0.0.1:{port}")
+        svc.port = port
+        self._wait_ready(["prometheus"], timeout_s)
+
+    @property
+    def prometheus_url(self) -> str | None:
+        svc = self.services.get("prometheus")
+        return svc.http_health if svc else None
 
     def _start_redis(self) -> None:
         """The embedded Redis (unless a URL was given), then the epoch marker: StateLost when Redis lacks the
@@ -456,7 +522,8 @@ class Stack:
             # dead without being told to stop, or left down because Redis lost the state: their logs are kept
             self._crashed = sorted(n for n, s in self.services.items() if s.proc is not None and (
                 (not s.alive and not s.stopped) or s.last_exit_code == EXIT_STATE_LOST))
-            order = ["gateway", *[n for n in self.services if n.startswith("placer-")], "selector", "thermal"]
+            order = ["prometheus", "gateway", *[n for n in self.services if n.startswith("placer-")], "selector",
+                     "thermal"]
             for name in order:
                 svc = self.services.get(name)
                 if svc:
@@ -493,9 +560,13 @@ class Stack:
 
     # -- supervision -------------------------------------------------------------------------------------------
 
+    def _start_supervisor_metrics(self) -> None:
+        self.supervisor_metrics = MetricsServer(self.config.supervisor_metrics_port)
+
     def _start_supervisor(self) -> None:
         if self.config.metrics:
-            m = self.supervisor_metrics = MetricsServer(self.config.supervisor_metrics_port)
+            m = self.supervisor_metrics or MetricsServer(self.config.supervisor_metrics_port)
+            self.supervisor_metrics = m
             self._restarts = m.counter(*HSCHED_SUPERVISOR_RESTARTS)
             for name in [*self.services, *(["redis"] if self._supervises_redis else [])]:
                 self._restarts.labels(name)  # every service's series exists from the start, at 0
@@ -558,7 +629,8 @@ class Stack:
             probe_at[svc.name] = now + self.config.probe_interval_s
             proc, target = svc.proc, svc.target
         # outside the lock: a hung child takes the whole timeout
-        status = _health(target, timeout_s=2.0, credentials=self.probe_credentials())
+        status = _prometheus.health(svc.http_health) if svc.http_health else \
+            _health(target, timeout_s=2.0, credentials=self.probe_credentials())
         with self._lock:
             if svc.proc is proc and svc.alive and not svc.stopped:
                 self._judge(svc, status, time.monotonic())
