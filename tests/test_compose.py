@@ -9,8 +9,12 @@
   `main(argv)` runs with the process bootstrap `run` replaced by a recorder);
 - the gRPC health probe used by the health checks answers 0 for SERVING and non-zero otherwise, and over
   mutual TLS presents the container's role certificate;
-- exposure: only the gateway is published, on 127.0.0.1 by default; Redis, the other services, metrics and
-  health are on the `internal: true` network only;
+- exposure: only the gateway (and Grafana's dashboards) are published, on 127.0.0.1 by default; Redis, the other
+  services, Prometheus, metrics and health are on the `internal: true` network only;
+- metrics and dashboards: Prometheus scrapes every hsched service with the config `hsched up --prometheus`
+  generates (hsched.telemetry.prometheus.scrape_config) for compose's addresses; Grafana is provisioned with
+  that Prometheus and the dashboards of deploy/grafana, whose queries name only documented metric families
+  (tests/test_prometheus_stack.py runs every one of them against a real Prometheus);
 - compose.tls.yaml (merged over compose.yaml by the Compose Specification's rules): every service mounts the CA,
   its own role's certificate and key and nothing else of the PKI, gets HSCHED_TLS_DIR and reflection off, the
   gateway its tokens file; no secret value is written in either file; its flags and variables exist in the
@@ -59,6 +63,11 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 SCHEMA = Path(__file__).resolve().parent / "schemas" / "compose-spec.json"
 
 HSCHED_SERVICES = {"gateway", "selector", "thermal", "placer"}  # the services/ packages
+MONITORING = {"prometheus", "grafana"}  # third-party images next to redis: metrics and dashboards
+PUBLISHED = {"gateway": "HSCHED_GATEWAY", "grafana": "HSCHED_GRAFANA"}  # the only published services (*_BIND/_PORT)
+GRAFANA_PORT = "3000"
+PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+GRAFANA = ROOT / "deploy" / "grafana"
 REDIS_URL = "redis://redis:6379/0"
 
 
@@ -136,7 +145,7 @@ def module_of(svc: dict[str, Any]) -> str | None:
 
 
 def hsched_services(services) -> dict[str, dict[str, Any]]:
-    return {name: svc for name, svc in services.items() if name != "redis"}
+    return {name: svc for name, svc in services.items() if name != "redis" and name not in MONITORING}
 
 
 def flag(cmd: list[str], name: str) -> str:
@@ -233,7 +242,8 @@ def test_environment_is_overridable_from_the_shell(raw):
 
 
 def test_services_are_redis_thermal_selector_gateway_and_one_placer_per_fleet_dc(services, fleet_dcs):
-    assert set(services) == {"redis", "thermal", "selector", "gateway", *(f"placer-{dc}" for dc in fleet_dcs)}
+    assert set(services) == {"redis", "thermal", "selector", "gateway", *(f"placer-{dc}" for dc in fleet_dcs),
+                             *MONITORING}
     assert len(fleet_dcs) == 11  # the default fleet the file is written for
 
 
@@ -312,7 +322,7 @@ def test_depends_on_names_existing_services_and_every_service_a_command_addresse
             if spec["condition"] == "service_healthy":
                 assert "healthcheck" in services[dep], f"{name} waits for {dep} to be healthy: it has no check"
     # no cycles: a topological order exists
-    order = _start_order(services)
+    order = [n for n in _start_order(services) if n not in MONITORING]
     assert order[0] == "redis" and order[-1] == "gateway"
 
 
@@ -355,9 +365,10 @@ def _published(svc: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def exposure_problems(compose: dict[str, Any]) -> list[str]:
-    """What breaks the exposure rule (docs/security.md): the gateway's gRPC port is the only published port, on
-    127.0.0.1 unless HSCHED_GATEWAY_BIND is set; every other service (Redis included) and every /metrics and
-    health endpoint is on the `internal: true` network only."""
+    """What breaks the exposure rule (docs/security.md): the gateway's gRPC port and Grafana's UI are the only
+    published ports, on 127.0.0.1 unless HSCHED_GATEWAY_BIND / HSCHED_GRAFANA_BIND is set; every other service
+    (Redis and Prometheus included) and every /metrics and health endpoint is on the `internal: true` network
+    only."""
     problems = []
     services = compose["services"]
     networks = compose.get("networks") or {}
@@ -370,16 +381,17 @@ def exposure_problems(compose: dict[str, Any]) -> list[str]:
         joined = set(svc.get("networks") or ["default"])  # no networks: key = the project's default network
         if "internal" not in joined:
             problems.append(f"{name}: not on the internal network")
-        if name != "gateway" and joined != {"internal"}:
+        if name not in PUBLISHED and joined != {"internal"}:
             problems.append(f"{name}: on {sorted(joined - {'internal'})} besides the internal network")
-        if name != "gateway" and (svc.get("ports") or svc.get("expose")):
+        if name not in PUBLISHED and (svc.get("ports") or svc.get("expose")):
             problems.append(f"{name}: publishes ports")
-    gateway = services["gateway"]
-    if not set(gateway.get("networks") or ["default"]) & routed:
-        problems.append("gateway: its published port needs a network with a route out")
-    published = _published(gateway)
-    if [(ip, c) for ip, _, c in published] != [("127.0.0.1", str(listen_port(gateway)))]:
-        problems.append(f"gateway: publish the gRPC port once, on 127.0.0.1 by default, not {published}")
+    for name, port in (("gateway", str(listen_port(services["gateway"]))), ("grafana", GRAFANA_PORT)):
+        svc = services[name]
+        if not set(svc.get("networks") or ["default"]) & routed:
+            problems.append(f"{name}: its published port needs a network with a route out")
+        published = _published(svc)
+        if [(ip, c) for ip, _, c in published] != [("127.0.0.1", port)]:
+            problems.append(f"{name}: publish port {port} once, on 127.0.0.1 by default, not {published}")
     return problems
 
 
@@ -388,8 +400,10 @@ def test_only_the_gateway_is_published_and_only_on_loopback_by_default(raw, comp
     services = compose["services"]
     metrics = {flag(svc["command"], "--metrics-port") for svc in hsched_services(services).values()}
     assert not metrics & {c for _, _, c in _published(services["gateway"])}, "/metrics is never published"
-    everywhere = interpolate(raw, {"HSCHED_GATEWAY_BIND": "0.0.0.0", "HSCHED_GATEWAY_PORT": "8443"})["services"]
+    everywhere = interpolate(raw, {"HSCHED_GATEWAY_BIND": "0.0.0.0", "HSCHED_GATEWAY_PORT": "8443",
+                                   "HSCHED_GRAFANA_BIND": "0.0.0.0", "HSCHED_GRAFANA_PORT": "3300"})["services"]
     assert _published(everywhere["gateway"]) == [("0.0.0.0", "8443", "50051")]
+    assert _published(everywhere["grafana"]) == [("0.0.0.0", "3300", GRAFANA_PORT)]
 
 
 @pytest.mark.parametrize("breakage", [
@@ -401,11 +415,115 @@ def test_only_the_gateway_is_published_and_only_on_loopback_by_default(raw, comp
     ("selector on the default network", lambda d: d["services"]["selector"].pop("networks")),
     ("thermal on the host network", lambda d: d["services"]["thermal"].update(network_mode="host")),
     ("internal network routed", lambda d: d["networks"]["internal"].pop("internal")),
+    ("prometheus published", lambda d: d["services"]["prometheus"].update(ports=["127.0.0.1:9090:9090"])),
+    ("prometheus on the routed network", lambda d: d["services"]["prometheus"].update(networks=["internal", "edge"])),
+    ("grafana on every interface", lambda d: d["services"]["grafana"].update(ports=["3000:3000"])),
+    ("grafana off the internal network", lambda d: d["services"]["grafana"].update(networks=["edge"])),
 ], ids=lambda b: b[0])
 def test_the_exposure_check_catches(compose, breakage):
     broken = copy.deepcopy(compose)
     breakage[1](broken)
     assert exposure_problems(broken), f"{breakage[0]} was not detected"
+
+
+# -- metrics and dashboards ----------------------------------------------------------------------------------
+
+
+def _mounts(svc: dict[str, Any]) -> dict[str, str]:
+    """{container path: host path or volume} of the service's short-syntax volumes."""
+    out = {}
+    for entry in svc.get("volumes") or []:
+        source, target = entry.split(":")[:2]
+        out[target] = source
+    return out
+
+
+def test_prometheus_scrapes_every_hsched_service_with_the_generated_config(compose, services):
+    from hsched.telemetry.prometheus import scrape_config
+
+    prom = services["prometheus"]
+    assert prom["image"].startswith("prom/prometheus:v2."), "a pinned Prometheus 2.x (as Debian's for hsched up)"
+    config_path = next(a.split("=", 1)[1] for a in prom["command"] if a.startswith("--config.file="))
+    mounts = _mounts(prom)
+    assert (ROOT / mounts[config_path]).resolve() == PROMETHEUS_CONFIG, "the repo's config is the one mounted"
+    data = next(a.split("=", 1)[1] for a in prom["command"] if a.startswith("--storage.tsdb.path="))
+    assert mounts[data] in compose["volumes"], "the TSDB lives on a named volume"
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    targets = {name: f"{name}:{flag(svc['command'], '--metrics-port')}"
+               for name, svc in hsched_services(services).items()}
+    interval_s = int(config["global"]["scrape_interval"].removesuffix("s"))
+    assert config == scrape_config(targets, interval_s), \
+        "deploy/prometheus/prometheus.yml must be scrape_config() of compose's /metrics addresses"
+    scraped = {t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    assert scraped == set(targets.values()) and len(scraped) == len(hsched_services(services))
+
+
+def test_grafana_is_provisioned_with_the_compose_prometheus_and_the_repo_dashboards(services):
+    from tests import dashboards
+
+    grafana = services["grafana"]
+    assert grafana["image"].startswith("grafana/grafana:") and grafana["image"].split(":")[1][0].isdigit(), "pinned"
+    assert grafana["depends_on"]["prometheus"]["condition"] == "service_healthy"
+    mounts = _mounts(grafana)
+    assert (ROOT / mounts["/etc/grafana/provisioning"]).resolve() == GRAFANA / "provisioning"
+    sources = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yaml").read_text())["datasources"]
+    assert len(sources) == 1 and sources[0]["type"] == "prometheus"
+    prom_listen = "9090"  # Prometheus' default --web.listen-address; the compose command does not change it
+    assert not [a for a in services["prometheus"]["command"] if a.startswith("--web.listen-address")]
+    assert sources[0]["url"] == f"http://prometheus:{prom_listen}"
+    assert "prometheus" in services and "internal" in grafana["networks"], "Grafana reaches Prometheus on `internal`"
+    providers = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "hsched.yaml").read_text())["providers"]
+    assert [(ROOT / mounts[p["options"]["path"]]).resolve() for p in providers] == [dashboards.DASHBOARDS]
+    home = container_env(grafana)["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (ROOT / mounts[os.path.dirname(home)] / os.path.basename(home)).is_file()
+    loaded = dashboards.load()
+    assert set(loaded) == {"fleet-overview.json", "services.json"}
+    uids = [d["uid"] for d in loaded.values()]
+    assert len(set(uids)) == len(uids)
+    for name, dash in loaded.items():
+        ids = [p["id"] for p in dash["panels"]]
+        assert len(set(ids)) == len(ids), f"{name}: panel ids must be unique"
+        for panel in dashboards.panels(dash):
+            assert panel["datasource"]["uid"] == sources[0]["uid"], f"{name} / {panel['title']}: another data source"
+            assert panel["targets"] and all(t["expr"].strip() for t in panel["targets"]), panel["title"]
+            assert panel.get("description"), f"{name} / {panel['title']}: say what the panel shows"
+
+
+def documented_families() -> set[str]:
+    text = (ROOT / "docs" / "metrics.md").read_text()
+    return set(re.findall(r"^\| `(hsched_[a-z0-9_]+)`", text, re.M))
+
+
+def test_every_dashboard_query_names_documented_metric_families():
+    """A renamed family shows up here, not as an empty panel in production."""
+    from tests import dashboards
+
+    documented = documented_families()
+    assert len(documented) > 30
+    used = set()
+    for query in dashboards.queries():
+        for name in dashboards.metric_names(query.promql):
+            family = re.sub(r"_(bucket|sum|count)$", "", name) if name.startswith("hsched_rpc_server_duration") else name
+            assert family in documented or name.startswith("process_"), f"{query}: {name} is not in docs/metrics.md"
+            used.add(family)
+    # the views issue 18 asks for
+    fleet = {n for q in dashboards.queries() if q.dashboard == "fleet-overview.json" for n in
+             dashboards.metric_names(q.promql)}
+    assert {"hsched_tasks", "hsched_rpc_server_requests_total", "hsched_rpc_server_duration_seconds_bucket",
+            "hsched_dc_cpu_allocated_ratio", "hsched_dc_gpu_core_allocated_ratio", "hsched_dc_pue",
+            "hsched_dc_max_inlet_celsius", "hsched_gpu_core_allocated_ratio", "hsched_gpu_memory_allocated_bytes",
+            "hsched_deferred_tasks"} <= fleet
+    per_service = [q.expr for q in dashboards.queries() if q.dashboard == "services.json"]
+    assert any("hsched_rpc_server_requests_total" in e and "job" in e for e in per_service)
+    assert any("hsched_rpc_server_duration_seconds_bucket" in e and "job" in e for e in per_service)
+
+
+def test_the_metric_name_extraction_reads_promql():
+    from tests.dashboards import metric_names
+
+    assert metric_names('sum by (job, le) (rate(a_total{code!="OK", x=~"b|c"}[$__rate_interval])) / b') == \
+        {"a_total", "b"}
+    assert metric_names("histogram_quantile(0.99, sum by (le) (rate(x_bucket[1m]))) or 0 * y") == {"x_bucket", "y"}
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,8 @@ def job_of(service: str) -> str:
 def scrape_config(targets: Mapping[str, str], interval_s: float = 5.0) -> dict[str, Any]:
     """Prometheus' configuration scraping `targets` ({service name: host:port of its /metrics}), one job per
     service kind in JOBS order, every target labelled with its service name."""
-    interval = f"{max(1, round(interval_s * 1000))}ms"
+    ms = max(1, round(interval_s * 1000))
+    interval = f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"  # Prometheus durations are integers with a unit
     unknown = sorted({job_of(s) for s in targets} - set(JOBS))
     if unknown:
         raise ValueError(f"no scrape job for services of kind {unknown} (known: {', '.join(JOBS)})")
