@@ -11,11 +11,12 @@ For the default CPU room (chicago: 16 racks × 42 servers in 2 rows) scaled to 6
   the guard used, O(n^2); zonal: ``RiseTracker.headroom``, O(n + R*M));
 - time of the placer guard's ``RoomGuard.check`` on a batch of 8 placements (zonal, all of the above in one);
 
-and the fit error of the zonal model vs the dense one, max and mean |ΔT_inlet| (K): on the default room at
-random loads (every server 100-300 W), the hottest uniform load, skewed loads (whole racks at random full or
-idle: the far field as uneven as it gets) and the loads of the thermal eval's episodes (Thunder jobs, `hsched.eval.thermal`,
-seeds 0-2, round robin, the room's power every 25 decisions); and at 5,000 and 10,000 servers at random and
-skewed loads. Dense at 10,000 (775 MiB) is built only with --dense-max-mib >= 775 (default 1024, the issue's
+and the fit error of the zonal model vs the dense one, max and mean |ΔT_inlet| (K), at random loads (every
+server 100-300 W), the hottest uniform load, skewed loads (whole racks at random full or idle: the far field
+as uneven as it gets) and, on the default room, the loads of the thermal eval's episodes (Thunder jobs,
+`hsched.eval.thermal`, seeds 0-2, round robin, the room's power every 25 decisions); with the headroom
+ratio zonal / dense. For the served model (reach 6 m, tail folded in) and two variants with a 3.6 m reach
+(tail folded, or kept as a room-wide term), so the fit shows on the default room too (it is within 6 m). Dense at 10,000 (775 MiB) is built only with --dense-max-mib >= 775 (default 1024, the issue's
 1 GiB).
 
     python bench/thermal_scale.py [--sizes 672,5000,10000] [--repeat 200] [--eval-seeds 0,1,2] [--dense-max-mib 1024]
@@ -38,6 +39,8 @@ import time
 import numpy as np
 
 MIB = 2**20
+# the served model and two shorter-reach variants (reach m, far-field treatment), fitted on each room
+VARIANTS = {"served": (None, "fold"), "fold 3.6 m": (3.6, "fold"), "mean 3.6 m": (3.6, "mean")}
 
 
 def per_call_s(fn, repeat: int) -> float:
@@ -198,23 +201,28 @@ def measure(n_req: int, base, opts, rng: np.random.Generator):
               "batch_ms": 1e3 * per_call_s(lambda: d @ power, reps),
               "headroom_ms": 1e3 * per_call_s(lambda: dense_headroom(d, d @ power, limit), reps),
               "guard_ms": float("nan")}
-        # the headroom the zonal model gives vs the dense one, same load (relative, over finite entries)
-        hz, hd = op.headroom(op.matvec(power), limit), dense_headroom(d, d @ power, limit)
-        fit["headroom_rel"] = float(np.max(np.abs(hz - hd) / np.abs(hd)))
-        fit["random"] = errors(op, d, rng.uniform(100.0, 300.0, (20, n)))
-        fit["full"] = errors(op, d, np.full((1, n), 300.0))
-        fit["skewed"] = errors(op, d, skewed_loads(geometry, n, rng))
+        loads = {"random": rng.uniform(100.0, 300.0, (20, n)), "full": np.full((1, n), 300.0),
+                 "skewed": skewed_loads(geometry, n, rng)}
         if n == base.node_table().cpu_milli.size and opts.eval_seeds:
-            loads = eval_loads([int(s) for s in opts.eval_seeds.split(",")])
-            fit["eval"] = errors(op, d, loads)
-            fit["eval_samples"] = len(loads)
-            fit["eval_span_k"] = float((loads @ d.T).max())
+            loads["eval"] = eval_loads([int(s) for s in opts.eval_seeds.split(",")])
+            fit["eval_samples"] = len(loads["eval"])
+            fit["eval_span_k"] = float((loads["eval"] @ d.T).max())
+        p_h = loads["random"][0]
+        limit_h = float((d @ p_h).max()) + 0.5  # nothing hot: where headroom is a number, not a refusal
+        hd = dense_headroom(d, d @ p_h, limit_h)
+        for variant, (reach, far) in VARIANTS.items():
+            v = op if variant == "served" else ZonalRecirculation.from_geometry(geometry, reach, far).head(n)
+            fit[variant] = {key: errors(v, d, x) for key, x in loads.items()}
+            ratio = v.headroom(v.matvec(p_h), limit_h) / hd
+            fit[variant]["headroom"] = (float(ratio.min()), float(ratio.max()))
         del d, rise
     return n, op, z, dn, fit
 
 
 def main(argv: list[str] | None = None) -> None:
     from hsched.domain.fleet import load_fleet
+    from hsched.thermal import RoomGeometry
+    from hsched.thermal.zonal import REACH_DECAY_LENGTHS
     from hsched.threads import openblas_threads
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -243,16 +251,24 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| {n:,} | {name} | {r['mib']:.2f} | {r['build_s']:.2f} | {r['update_us']:.1f} | "
                   f"{r['batch_ms']:.3f} | {r['headroom_ms']:.3f} | {guard} |")
     print()
-    print("Fit: |ΔT_inlet| of the zonal model vs the dense one, K (max / mean over servers and loads)")
+    reach = REACH_DECAY_LENGTHS * RoomGeometry().horizontal_decay_m
+    print("Fit: |ΔT_inlet| of the zonal model vs the dense one, K, max / mean over servers and loads; headroom")
+    print("ratio zonal / dense (min-max over servers) at a random load with no inlet hot")
+    print()
+    print("| servers | model | random | full | skewed | eval loads | headroom ratio |")
+    print("|---:|---|---|---|---|---|---|")
     for n, _, _, _, fit in rows:
-        for key in ("random", "full", "skewed", "eval"):
-            if key in fit:
-                extra = (f" ({fit['eval_samples']} load vectors, hottest dense rise {fit['eval_span_k']:.2f} K)"
-                         if key == "eval" else "")
-                print(f"  {n:>6,} servers, {key:>6} loads: max {fit[key][0]:.4f}  mean {fit[key][1]:.5f}{extra}")
-        if "headroom_rel" in fit:
-            print(f"  {n:>6,} servers, headroom at a random load: max relative difference {fit['headroom_rel']:.4f}")
-
+        for variant in VARIANTS:
+            if variant not in fit:
+                continue
+            f = fit[variant]
+            name = f"served (fold, {reach:.1f} m)" if variant == "served" else variant
+            cells = [f"{f[k][0]:.4f} / {f[k][1]:.5f}" if k in f else "" for k in ("random", "full", "skewed", "eval")]
+            print(f"| {n:,} | {name} | {' | '.join(cells)} | {f['headroom'][0]:.3f}-{f['headroom'][1]:.3f} |")
+    for n, _, _, _, fit in rows:
+        if "eval_samples" in fit:
+            print(f"\neval loads: {fit['eval_samples']} load vectors of the {n}-server room, hottest dense rise "
+                  f"{fit['eval_span_k']:.2f} K")
 
 if __name__ == "__main__":
     main()

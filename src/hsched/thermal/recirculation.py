@@ -1,4 +1,8 @@
-"""Heat-recirculation matrix D (K/W): ``T_in = T_sup + D @ P``.
+"""Heat-recirculation matrix D (K/W): ``T_in = T_sup + D @ P`` — the dense reference model.
+
+Rooms are served by its zonal form (hsched.thermal.zonal: the same kernel with racks as zones, couplings only
+between racks within reach plus a fitted room-wide term, O(n) memory and work); this n x n matrix is what that
+form is fitted to and checked against (bench/thermal_scale.py, docs/thermal.md).
 
 ``D[i, j]`` is the inlet temperature rise of server i per watt dissipated by server j. It is the
 usual linear abstraction of a CFD room model (Tang et al., "abstract heat flow model"): in a

@@ -4,28 +4,33 @@
 
 Servers are grouped into zones (racks); ``a_i`` is how strongly server i's inlet draws recirculated air
 (its height in the rack, its rack's place in the row), ``b_j`` how much of server j's exhaust escapes over
-the rack, ``W`` a sparse non-negative zone-to-zone coupling (each rack with its neighbours: the racks of its
-own row and of the facing row across the cold aisle within ``reach_m``) and ``m`` a room-wide mean term per
-receiving zone: the part of the recirculated air that has mixed into the room before it comes back, drawn by
-zone r in proportion to the whole room's escaped heat (a rack in the middle of a long row has more of the
-room beyond its reach than one at the end: m is per zone). Physical assumptions
-(those of ``recirculation_from_geometry``, which is exactly this form with a full, dense ``W``):
+the rack, ``W`` a sparse non-negative zone-to-zone coupling: each rack with its neighbours, the racks of its
+own row and of the rows across the aisles within ``reach_m``. ``m`` is an optional room-wide term per
+receiving zone (the part of the recirculated air that has mixed into the room before it comes back, drawn
+in proportion to the whole room's escaped heat); the served default has none.
 
-- recirculation is local: the plume over a rack decays with horizontal distance (``horizontal_decay_m``),
-  so beyond ``reach_m`` (default 3 decay lengths: e^-3 = 5 % of the rack's own coupling) a rack sees the
-  rest of the room as well mixed: one fitted coupling ``m[r]`` to every rack's exhaust;
+Physical assumptions (those of ``recirculation_from_geometry``, which is exactly this form with a full W):
+
+- recirculation is local: the plume over a rack decays with horizontal distance (``horizontal_decay_m``,
+  1.2 m = two racks), so a rack's inlets draw from the racks within ``reach_m`` only — default 5 decay
+  lengths (6 m: ten racks either way along the row, fewer across the aisle), where the dense coupling has
+  fallen to e^-5 = 0.7 % of a rack's own. The dense model's tail beyond the reach (under 1 % of a rack's
+  recirculated heat in a long row) is folded into the near couplings (``far="fold"``): they are scaled up
+  per receiving rack so that its rise at a uniform load is the dense model's exactly. The error is the
+  tail's share of an uneven load; a load change beyond the reach does not move an inlet at all, so a hot
+  inlet only restricts placements within reach of it. ``far="mean"`` keeps the tail as the room-wide
+  ``m[r]`` instead (the mean far coupling, also exact at a uniform load): a little closer to the dense
+  model at a shorter reach, but every placement then warms every inlet, as in the dense model;
 - the vertical profile (top slots draw most) and the exhaust escape profile do not depend on the pair of
   racks, so they factor into ``a`` and ``b``;
 - ``W`` and ``m`` are in K/W after the scale that makes the mean share of a server's heat that recirculates
-  ``recirc_fraction`` — the same scale as the dense model's.
+  ``recirc_fraction`` — the dense model's scale, computed at the rack level.
 
-``m[r]`` is fitted to the dense model's far-field inlet rise of rack r at a uniform load (``from_geometry``:
-exact there; the error comes from loads that are uneven beyond the reach); the near couplings are the dense
-model's own, minus ``m[r]``. The error against the dense
-model (``bench/thermal_scale.py``, docs/thermal.md) is small because what is cut off is small.
+The fit's error against the dense model is printed by ``bench/thermal_scale.py`` (docs/thermal.md). A room
+that fits within the reach (the default 16-rack room: rows of 4.2 m) is the dense model exactly.
 
 Costs, with R zones and M neighbours per zone: memory O(n + R*M); ``matvec`` O(n + R*M); a load change on
-one server moves the rack-level rise of M zones and the room-wide term (``RiseTracker.add``, O(M)); the
+one server moves the rack-level rise of M zones (and the room-wide sum, O(1): ``RiseTracker.add``); the
 exact headroom of every server from the rack-level state O(n + R*M). A dense matrix is the degenerate case
 of one server per zone and all zones neighbours (``from_dense``): same code, O(n^2).
 """
@@ -39,6 +44,7 @@ from .recirculation import RoomGeometry, geometry_factors
 
 FloatArray = NDArray[np.float64]
 _CHUNK = 256  # zone rows at a time when a construction step is O(R^2) scalars: memory stays O(n)
+REACH_DECAY_LENGTHS = 5.0  # default reach: the dense coupling is down to e^-5 = 0.7 % of a rack's own there
 
 
 class ZonalRecirculation:
@@ -119,16 +125,21 @@ class ZonalRecirculation:
         return cls(np.arange(n), np.ones(n), np.ones(n), np.tile(np.arange(n), (n, 1)), d, 0.0, dense=d)
 
     @classmethod
-    def from_geometry(cls, geometry: RoomGeometry | None = None, reach_m: float | None = None) -> ZonalRecirculation:
-        """The zonal model of ``recirculation_from_geometry``'s room without its n x n matrix: racks are the zones,
-        racks within ``reach_m`` (default 3 x ``horizontal_decay_m``) keep the dense model's coupling, and every
-        farther pair gets the room-wide term ``m_r = sum_{q far} K_rq B_q / sum_{q far} B_q`` (``B_q = sum_{j in q} b_j``):
-        the mean far coupling, which makes rack r's rise at a uniform load the dense model's exactly.
-        O(R^2) scalars in chunks of rows (R = racks), never more than O(n) memory."""
+    def from_geometry(cls, geometry: RoomGeometry | None = None, reach_m: float | None = None,
+                      far: str = "fold") -> ZonalRecirculation:
+        """The zonal model of ``recirculation_from_geometry``'s room without its n x n matrix: racks are the zones
+        and the racks within ``reach_m`` (default ``REACH_DECAY_LENGTHS`` x ``horizontal_decay_m``) their
+        neighbours. With F_r = sum_{q far} K_rq B_q (rack r's far-field rise at a uniform load before a; K the
+        dense coupling, ``B_q = sum_{j in q} b_j``): ``far="fold"`` gives the near pairs
+        ``K_rq (1 + F_r / sum_{q near} K_rq B_q)`` and no far term; ``far="mean"`` gives them ``K_rq - m_r`` and
+        every pair ``m_r = F_r / sum_{q far} B_q``. Either way rack r's rise at a uniform load is the dense
+        model's. O(R^2) scalars in chunks of rows (R = racks), never more than O(n) memory."""
         g = geometry or RoomGeometry()
-        reach = 3.0 * g.horizontal_decay_m if reach_m is None else float(reach_m)
+        reach = REACH_DECAY_LENGTHS * g.horizontal_decay_m if reach_m is None else float(reach_m)
         if not reach >= 0:
             raise ValueError(f"reach_m must be >= 0, got {reach_m!r}")
+        if far not in ("mean", "fold"):
+            raise ValueError(f"far must be 'mean' or 'fold', got {far!r}")
         rack, xr, yr, a, b = geometry_factors(g)
         r = g.n_racks
         a_sum = np.bincount(rack, weights=a, minlength=r)
@@ -148,6 +159,7 @@ class ZonalRecirculation:
             phi[lo:lo + _CHUNK] = (dist > reach) @ b_sum
         # near pairs get W = K - m_r and every pair m_r: at a uniform load the far rise is m_r * phi_r, so
         # m_r is the b-weighted mean far coupling (0 when the reach covers the room)
+        far_rise = m.copy()
         m = np.divide(m, phi, out=np.zeros(r), where=phi > 0)
         width = max(len(x) for x in nbrs)
         nbr = np.full((r, width), -1, dtype=np.intp)
@@ -155,8 +167,11 @@ class ZonalRecirculation:
         for i, q in enumerate(nbrs):
             nbr[i, : len(q)] = q
             kernel = scale * np.exp(-np.hypot(xr[i] - xr[q], yr[i] - yr[q]) / g.horizontal_decay_m)
-            w[i, : len(q)] = np.maximum(kernel - m[i], 0.0)  # m[i] is a mean of farther, smaller couplings
-        return cls(rack, a, b, nbr, w, m)
+            if far == "fold":  # no far coupling: the near ones scaled up to carry the far rise at a uniform load
+                w[i, : len(q)] = kernel * (1.0 + far_rise[i] / float(kernel @ b_sum[q]))
+            else:
+                w[i, : len(q)] = np.maximum(kernel - m[i], 0.0)  # m[i] is a mean of farther, smaller couplings
+        return cls(rack, a, b, nbr, w, 0.0 if far == "fold" else m)
 
     def head(self, n: int) -> ZonalRecirculation:
         """The operator of the first ``n`` servers (a partly filled room: empty slots draw nothing)."""
