@@ -461,7 +461,8 @@ class DcPlacementEnv(gym.Env):
         return mask
 
     def headroom_w(self) -> np.ndarray:
-        """Per server, the extra IT power it may draw alone before an inlet passes the redline (O(n²))."""
+        """Per server, the extra IT power it may draw alone before an inlet passes the redline: recomputed from
+        the allocation state (O(n) for a zonal room), so the mask never depends on the updates' rounding."""
         return self.room.headroom_w(self.cluster.busy_cpu() / MILLI)
 
     # -- warm-up ---------------------------------------------------------------------------------------------
