@@ -12,9 +12,9 @@ difference is what the gRPC call around a decision costs.
                                [--policy bestfit] [--servers N] [--blas-threads K] [--batch-budget-ms B]
 
 `--servers N`: the CPU room `--dc` (default then: chicago, 16 racks × 42 servers) scaled to N servers (racks
-of the same height added in its rows; its recirculation matrix built from the geometry, O(N²): ~200 MiB and
-some seconds at 5,000) and the openb tasks without GPUs. `--blas-threads K`: OPENBLAS/MKL/OMP_NUM_THREADS=K
-for this process, set before numpy is imported (default: the environment's, i.e. the library's own default
+of the same height added in its rows; its zonal recirculation model built from the geometry, O(N): well
+under 1 MiB at 10,000, docs/thermal.md) and the openb tasks without GPUs. `--blas-threads K`:
+OPENBLAS/MKL/OMP_NUM_THREADS=K for this process, set before numpy is imported (default: the environment's, i.e. the library's own default
 unless set; the services run with 1, hsched.threads); the thread count the loaded OpenBLAS reports is printed.
 Placements/s per core = Places / CPU seconds of this process (all its threads). Also printed: the longest the
 event loop went without running (a 10 ms ticker's worst lateness), which `--batch-budget-ms` bounds.

@@ -35,6 +35,7 @@ class Room:
         self.follower = follower
         self.servers_per_rack = servers_per_rack
         self._cache: dict[str, tuple[int, object]] = {}
+        self._rise = None  # RiseTracker, built on first use
 
     def _cached(self, key: str, compute):
         version = self.follower.version
@@ -44,11 +45,25 @@ class Room:
             self._cache[key] = hit
         return hit[1]
 
+    def _tracker(self):
+        """The room's rise ``D @ P`` at the ledger's version, moved by the servers whose power changed since."""
+        def sync():
+            power = self.model.power(*load_arrays(self.follower.state))
+            if self._rise is None:
+                self._rise = self.model.tracker(power)
+            else:
+                self._rise.set_power(power)
+            return self._rise
+        return self._cached("tracker", sync)
+
     def state(self) -> ThermalState:
-        return self._cached("state", lambda: self.model.evaluate(*load_arrays(self.follower.state)))
+        def compute():
+            t = self._tracker()
+            return self.model.state_from(t.power.copy(), t.rise())
+        return self._cached("state", compute)
 
     def headroom(self) -> np.ndarray:
-        return self._cached("headroom", lambda: self.model.headroom_w(*load_arrays(self.follower.state)))
+        return self._cached("headroom", lambda: self._tracker().headroom(self.model.rise_limit_k))
 
 
 class ThermalServicer(thermal_pb2_grpc.ThermalServicer):

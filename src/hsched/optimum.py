@@ -797,7 +797,8 @@ def min_peak_inlet(state: ClusterState, room: RoomModel, tasks: Sequence[TaskSpe
     # ΔP_k (W) = Σ_parts x · (slope_k · cores + gslope_k · cards);  rise_i (K) = (D @ P0)_i + Σ_k D[i,k] · ΔP_k
     slope = room.added_power_w(1.0)  # W per busy core
     gslope = room.gpu_full_w - room.gpu_idle_w  # W per busy whole card
-    base_rise = room.d @ room.power(busy_milli / MILLI, state.busy_gpu_cards())
+    d = room.d  # the (n, n) matrix once: the MILP's rows are dense in it (small rooms only)
+    base_rise = d @ room.power(busy_milli / MILLI, state.busy_gpu_cards())
     terms: dict[int, tuple[list[int], list[float]]] = {}
     for item in items:
         r = item.demand
@@ -811,9 +812,9 @@ def min_peak_inlet(state: ClusterState, room: RoomModel, tasks: Sequence[TaskSpe
         m.row([dp[k], *cols], [1.0, *(-v for v in vals)], 0.0, 0.0)
     z = m.var(1.0, float(base_rise.max()), _INF, integer=False)  # the peak rise above supply, K
     for i in range(room.n):
-        ks = [k for k in dp if room.d[i, k] > 0]
+        ks = [k for k in dp if d[i, k] > 0]
         if ks:
-            m.row([z, *(dp[k] for k in ks)], [1.0, *(-room.d[i, k] for k in ks)], lower=float(base_rise[i]))
+            m.row([z, *(dp[k] for k in ks)], [1.0, *(-d[i, k] for k in ks)], lower=float(base_rise[i]))
 
     # overload indicators: busy_after_k > ⌊0.8 · total_k⌋ (milli-cores) forces o_k = 1
     overload_cols: list[int] = []

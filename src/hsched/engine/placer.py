@@ -228,8 +228,8 @@ class PlacerEngine:
         self.ledger = Ledger(redis, keys, dc.name, owner, lease_ms=lease_ms)
         self.last_id = "0-0"
         self.last_thermal: ThermalCheck | None = None
-        # Headroom for the state at self.last_id: exact, or a conservative bound (after frees only, which only
-        # add headroom, or as RoomGuard's cheap bound after a check), refreshed before a thermal refusal.
+        # Headroom for the state at self.last_id: exact (RoomGuard's checks always are), or a conservative bound
+        # (after frees only, which only add headroom), refreshed before a thermal refusal.
         self._headroom: np.ndarray | None = None
         self._headroom_exact = False
         # lease: `holding` = the lease is ours and self.state is the ledger's fold under self.ledger.token

@@ -21,11 +21,12 @@ The simulation (paper 003 §3.2.1's "IT system", with the thermal surrogate in t
 
 Thermal surrogate in the loop, incrementally
 --------------------------------------------
-The env keeps per-server IT power P (eq.5) and the recirculation rise ``D @ P``. A load change of c cores on
-server k changes P_k by ``c`` × the eq.5 slope (`RoomModel.added_power_w`) and the rise by one column
-``D[:, k] · ΔP_k`` (O(n)); `RoomModel.state_from(P, rise)` then gives inlets, outlets, supply temperature,
-cooling power and PUE with the library's formulas (``evaluate`` is the same call after the O(n²) product).
-Every `RESYNC_EVERY` load changes P and the rise are recomputed from scratch, so rounding never accumulates.
+The env keeps per-server IT power P (eq.5) and the recirculation rise ``D @ P`` in the room's `RiseTracker`
+(hsched.thermal.zonal). A load change of c cores on server k changes P_k by ``c`` × the eq.5 slope
+(`RoomModel.added_power_w`) and the rise by one column ``D[:, k] · ΔP_k`` (O(M) at the rack level);
+`RoomModel.state_from(P, rise)` then gives inlets, outlets, supply temperature, cooling power and PUE with the
+library's formulas (``evaluate`` is the same call after the full product). Every `RESYNC_EVERY` load changes P
+and the rise are recomputed from scratch, so rounding never accumulates.
 
 Reward (eq.12), per decision, constants in `RewardConfig`
 ----------------------------------------------------------
@@ -85,6 +86,7 @@ from hsched.policies.heuristics import make_policy
 from hsched.policies.placement import Outcome, part_power_w, plan, split_task
 from hsched.thermal import RoomModel, ThermalState, rack_outlet_mean
 from hsched.thermal.datacenter import room_for
+from hsched.thermal.zonal import RiseTracker
 
 ENV_ID = "hsched/DcPlacement-v0"
 DEFAULT_DC = "chicago"  # a CPU room of the default fleet: 16 racks × 42 1U servers × 24 cores (paper 003)
@@ -146,8 +148,7 @@ class _Warm:
     free: tuple[np.ndarray, ...]
     allocations: dict
     running: list
-    power: np.ndarray
-    rise: np.ndarray
+    rise: RiseTracker  # P and D @ P
     seq: int
 
 
@@ -215,9 +216,6 @@ class DcPlacementEnv(gym.Env):
         rc = self.reward_config
         self.phi_t = self.room.params.redline_c if rc.phi_t is None else float(rc.phi_t)
         self.phi_u = rc.phi_u
-        self._dt = np.ascontiguousarray(
-            self.room.d.T
-        )  # row k = column k of D: contiguous for the O(n) update
         self._slope = self.room.added_power_w(1.0)  # W per busy core (eq.5 slope), per server
         self._inv_cap = 1.0 / np.maximum(self.table.cpu_milli, 1)
         self._max_cores = float(self.table.cpu_milli.max()) / MILLI
@@ -265,7 +263,6 @@ class DcPlacementEnv(gym.Env):
         self._obs = np.zeros(2 * n + 2, dtype=np.float32)
         self._buf = np.empty(n)
         self._idle_power = self.room.power(np.zeros(n))
-        self._idle_rise = self.room.d @ self._idle_power
         self._fresh_episode_state()
 
     # -- job bookkeeping -------------------------------------------------------------------------------------
@@ -288,7 +285,7 @@ class DcPlacementEnv(gym.Env):
         self._queue: deque[tuple[Resources, float]] = deque()  # (demand, runtime) of waiting subtasks
         self._running: list[tuple[float, int, int, int]] = []  # heap of (end time, alloc id, node, cpu milli)
         self._seq = 0
-        self._power, self._rise = self._idle_power.copy(), self._idle_rise.copy()
+        self._tracker = self.room.tracker(self._idle_power)
         self._changes = 0
         self.placed = self.deferred = self.invalid = self.rejected = 0
         self.steps = 0
@@ -308,22 +305,19 @@ class DcPlacementEnv(gym.Env):
     # -- thermal and metrics ---------------------------------------------------------------------------------
 
     def _load_change(self, node: int, cpu_milli: int) -> None:
-        dp = float(self._slope[node]) * (cpu_milli / MILLI)
-        self._power[node] += dp
-        self._rise += np.multiply(self._dt[node], dp, out=self._buf)
+        self._tracker.add(node, float(self._slope[node]) * (cpu_milli / MILLI))
         self._changes += 1
         if self._changes % RESYNC_EVERY == 0:
             self._resync()
 
     def _resync(self) -> None:
         """Exact P and D @ P from the allocation state (what the incremental updates approximate to ~1e-12)."""
-        self._power = self.room.power(self.cluster.busy_cpu() / MILLI)
-        self._rise = self.room.d @ self._power
+        self._tracker.resync(self.room.power(self.cluster.busy_cpu() / MILLI))
 
     def _refresh(self) -> None:
         """Thermal state and metrics after a load change (the library's formulas on the incremental rise)."""
         self.util = (self.table.cpu_milli - self.cluster.free_cpu) * self._inv_cap
-        self.state: ThermalState = self.room.state_from(self._power.copy(), self._rise)
+        self.state: ThermalState = self.room.state_from(self._tracker.power.copy(), self._tracker.rise())
         s = self.state
         self.overloads = int(np.count_nonzero(self.util > self.phi_u))
         if self._racks_full:
@@ -467,7 +461,8 @@ class DcPlacementEnv(gym.Env):
         return mask
 
     def headroom_w(self) -> np.ndarray:
-        """Per server, the extra IT power it may draw alone before an inlet passes the redline (O(n²))."""
+        """Per server, the extra IT power it may draw alone before an inlet passes the redline: recomputed from
+        the allocation state (O(n) for a zonal room), so the mask never depends on the updates' rounding."""
         return self.room.headroom_w(self.cluster.busy_cpu() / MILLI)
 
     # -- warm-up ---------------------------------------------------------------------------------------------
@@ -512,8 +507,7 @@ class DcPlacementEnv(gym.Env):
             self.cluster.snapshot(),
             dict(self.cluster.allocations),
             list(self._running),
-            self._power.copy(),
-            self._rise.copy(),
+            self._tracker.copy(),
             self._seq,
         )
         if key is not None:
@@ -536,7 +530,7 @@ class DcPlacementEnv(gym.Env):
         ) = w.free
         c.allocations = dict(w.allocations)
         self._running = list(w.running)
-        self._power, self._rise = w.power.copy(), w.rise.copy()
+        self._tracker = w.rise.copy()
         self._seq = w.seq
         self.clock = w.clock
         self._refresh()

@@ -148,7 +148,7 @@ class RoomFeatures:
 
     @classmethod
     def of(cls, room: RoomModel) -> RoomFeatures:
-        influence = room.d.sum(axis=0)
+        influence = room.recirc.column_sums()  # O(n) from the zonal model
         p = room.params
         return cls(
             inv_cores=torch.as_tensor(1.0 / np.maximum(room.total_cores, 1e-9), dtype=torch.float32),
@@ -202,31 +202,31 @@ class DoubleDqnPolicy:
 
     The rise comes from the library's room model of the DC the ClusterState belongs to (`room_for`, built
     once per DC): D @ P with P from `RoomModel.power` (eq.5), i.e. `RoomModel.evaluate`'s inlet minus supply
-    without the rest of the state (outlets, CRAC, PUE) the features do not read, with D in float32 (half the
-    memory traffic of the O(n²) product, and the features are float32 anyway). So the same policy also scores
-    the small rooms of the evaluation's exact instances.
+    without the rest of the state (outlets, CRAC, PUE) the features do not read, with D the room's zonal
+    operator (O(n), hsched.thermal.zonal). So the same policy also scores the small rooms of the evaluation's
+    exact instances.
     """
 
     name = POLICY_NAME
 
     def __init__(self, net: PlacementQ, dc: DataCenter | None = None) -> None:
         self.net = net.eval()
-        self._rooms: dict[int, tuple[DataCenter, RoomModel, RoomFeatures, np.ndarray]] = {}
+        self._rooms: dict[int, tuple[DataCenter, RoomModel, RoomFeatures]] = {}
         if dc is not None:
             self._room(dc)
 
-    def _room(self, dc: DataCenter) -> tuple[DataCenter, RoomModel, RoomFeatures, np.ndarray]:
+    def _room(self, dc: DataCenter) -> tuple[DataCenter, RoomModel, RoomFeatures]:
         hit = self._rooms.get(id(dc))
         if hit is None or hit[0] is not dc:
             room = room_for(dc)
-            hit = self._rooms[id(dc)] = (dc, room, RoomFeatures.of(room), room.d.astype(np.float32))
+            hit = self._rooms[id(dc)] = (dc, room, RoomFeatures.of(room))
         return hit
 
     def q_values(self, state: ClusterState, demand: Resources) -> np.ndarray:
         """Q for actions 0..n (0 = wait) in the current state of `state`'s room."""
-        _, room, rf, d32 = self._room(state.dc)
+        _, room, rf = self._room(state.dc)
         busy_cores, busy_gpus = load_arrays(state)
-        rise = d32 @ room.power(busy_cores, busy_gpus).astype(np.float32)
+        rise = room.rise(room.power(busy_cores, busy_gpus))
         obs = observe(busy_cores / room.total_cores, rise, demand.cpu_milli / MILLI)
         with torch.inference_mode():
             return self.net(*features(torch.from_numpy(obs)[None], rf))[0].numpy()

@@ -11,15 +11,18 @@ from .recirculation import (
     recirculation_from_geometry,
 )
 from .room import RoomModel, ThermalParams, ThermalState, rack_outlet_mean
+from .zonal import RiseTracker, ZonalRecirculation
 
 __all__ = [
     "CP_AIR_J_PER_KG_K",
     "DEFAULT_AIR_MASS_FLOW_KG_S",
     "Calibration",
+    "RiseTracker",
     "RoomGeometry",
     "RoomModel",
     "ThermalParams",
     "ThermalState",
+    "ZonalRecirculation",
     "calibrate_recirculation",
     "cooling_power",
     "cop",

@@ -17,6 +17,7 @@ import numpy as np
 from hsched.domain.cluster import ClusterState
 from hsched.domain.resources import MILLI
 from hsched.thermal.room import RoomModel, ThermalState
+from hsched.thermal.zonal import RiseTracker
 
 RISE_EPS_K = 1e-9
 
@@ -66,61 +67,43 @@ class RoomGuard:
     asking the thermal service instead would add a hop and a wait for that service to fold the ledger.
     ``check`` is called with the batch already folded into the state: ``deltas`` lead back to the ledger.
 
-    The headroom a check returns for the next batch is usually a cheap conservative bound: the exact one
-    (O(n^2)) scaled by how much the slack under the redline has shrunk since it was computed (O(n)); the
-    placer asks for the exact numbers (``headroom``) only before it would refuse a task on that bound.
+    The rise ``D @ P`` is kept by the room's ``RiseTracker``: each call recomputes P from the state (O(n), so
+    it never drifts from the truth) and moves the rise by the servers whose power changed (O(M) each, M the
+    zones a rack heats). The headroom it returns is always exact: from the zone state, O(n + R*M).
     """
-
-    RECOMPUTE_AT = 0.1  # share of the slack used up since the exact headroom, past which it is recomputed
 
     def __init__(self, room: RoomModel, state: ClusterState) -> None:
         self.room = room
         self.state = state
-        self._exact: tuple[np.ndarray, np.ndarray] | None = None  # (slack, headroom) of the last exact headroom
-
-    def _slack(self, rise: np.ndarray) -> np.ndarray:
-        p = self.room.params
-        return p.redline_c - (p.t_supply_c if p.supply_mode == "fixed" else p.t_supply_min_c) - rise
-
-    def _exact_headroom(self, rise: np.ndarray) -> np.ndarray:
-        headroom = self.room.headroom_for_rise(rise)
-        self._exact = (self._slack(rise), headroom)
-        return headroom
-
-    def _bound(self, rise: np.ndarray) -> np.ndarray | None:
-        """(1 - e) x the exact headroom, e the largest share of any inlet's slack used up since: slack_i >=
-        (1 - e) slack0_i for every i, so min_i slack_i / D[i, k] >= (1 - e) min_i slack0_i / D[i, k]."""
-        if self._exact is None:
-            return None
-        slack0, headroom0 = self._exact
-        if not (slack0 > 0).all():
-            return None
-        used = float(np.max((slack0 - self._slack(rise)) / slack0))
-        return headroom0 * (1.0 - max(0.0, used)) if used < self.RECOMPUTE_AT else None
+        self._tracker: RiseTracker | None = None
 
     def _power(self) -> np.ndarray:
         s = self.state
         return self.room.power_of(s.busy_cpu() / MILLI, s.busy_gpu_percent() / 100.0)
 
+    def _sync(self) -> RiseTracker:
+        power = self._power()
+        if self._tracker is None:
+            self._tracker = self.room.tracker(power)
+        else:
+            self._tracker.set_power(power)
+        return self._tracker
+
     async def headroom(self, min_ledger_id: str = "") -> np.ndarray:
-        return self._exact_headroom(self.room.d @ self._power())
+        return self._sync().headroom(self.room.rise_limit_k)
 
     async def check(self, deltas: list[LoadDelta], min_ledger_id: str = "") -> ThermalCheck:
         room = self.room
-        power = self._power()
-        rise = room.d @ power
-        # The state before differs on the changed nodes only: O(n) per node, priced with eq.5's slopes.
+        tracker = self._sync()
+        power, rise = tracker.power.copy(), tracker.rise()
+        # The state before differs on the changed nodes only, priced with eq.5's slopes.
         change = np.zeros(room.n)
         for d in deltas:
             change[d.node] += (room.watts_per_core[d.node] * d.cpu_milli / MILLI
                                + room.watts_per_gpu[d.node] * round(d.gpu_busy * 100) / 100.0)
         nodes = np.flatnonzero(change)
-        before = room.state_from(power - change, rise - room.d[:, nodes] @ change[nodes])
+        before = room.state_from(power - change, rise - room.recirc.rise_of(nodes, change[nodes]))
         after = room.state_from(power, rise)
         worse = newly_hot(before, after)
-        headroom = self._bound(rise)
-        exact = headroom is None
-        if exact:
-            headroom = self._exact_headroom(rise)
         return ThermalCheck(not worse, before.max_inlet_c, after.max_inlet_c, before.pue, after.pue,
-                            after.t_supply_c, room.params.redline_c, worse, headroom, exact)
+                            after.t_supply_c, room.params.redline_c, worse, tracker.headroom(room.rise_limit_k))

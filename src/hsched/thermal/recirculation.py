@@ -1,4 +1,8 @@
-"""Heat-recirculation matrix D (K/W): ``T_in = T_sup + D @ P``.
+"""Heat-recirculation matrix D (K/W): ``T_in = T_sup + D @ P`` — the dense reference model.
+
+Rooms are served by its zonal form (hsched.thermal.zonal: the same kernel with racks as zones, couplings only
+between racks within reach plus a fitted room-wide term, O(n) memory and work); this n x n matrix is what that
+form is fitted to and checked against (bench/thermal_scale.py, docs/thermal.md).
 
 ``D[i, j]`` is the inlet temperature rise of server i per watt dissipated by server j. It is the
 usual linear abstraction of a CFD room model (Tang et al., "abstract heat flow model"): in a
@@ -102,22 +106,35 @@ class RoomGeometry:
         return x.astype(np.float64), y.astype(np.float64), z
 
 
-def recirculation_from_geometry(geometry: RoomGeometry | None = None) -> NDArray[np.float64]:
-    """Build the n x n recirculation matrix D (K/W) from the layout; see the module docstring."""
-    g = geometry or RoomGeometry()
-    x, y, z = g.server_coordinates()
+def geometry_factors(
+    g: RoomGeometry,
+) -> tuple[NDArray[np.intp], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """(rack of each server, x and y of each rack, receiver factor a_i, source factor b_j): the kernel is
+    ``K[i, j] = exp(-dist(rack_i, rack_j) / horizontal_decay_m) * a_i * b_j`` (module docstring)."""
     height = g.servers_per_rack * g.slot_height_m
     rack = np.repeat(np.arange(g.n_racks), g.servers_per_rack)
-    pos = rack % g.racks_per_row
+    z = (np.tile(np.arange(g.servers_per_rack), g.n_racks) + 0.5) * g.slot_height_m
+    racks = np.arange(g.n_racks)
+    pos = racks % g.racks_per_row
+    xr = (pos * g.rack_width_m).astype(np.float64)
+    yr = ((racks // g.racks_per_row) * g.row_spacing_m).astype(np.float64)
     # the last row may be shorter when n_racks is not a multiple of racks_per_row
-    row_len = np.minimum(g.racks_per_row, g.n_racks - (rack // g.racks_per_row) * g.racks_per_row)
-    d_end = np.minimum(pos, row_len - 1 - pos) * g.rack_width_m
-
-    horizontal = np.exp(-np.hypot(x[:, None] - x[None, :], y[:, None] - y[None, :]) / g.horizontal_decay_m)
+    row_len = np.minimum(g.racks_per_row, g.n_racks - (racks // g.racks_per_row) * g.racks_per_row)
+    d_end = (np.minimum(pos, row_len - 1 - pos) * g.rack_width_m)[rack]
     receiver = np.exp(-(height - z) / g.vertical_decay_m) * (
         1.0 + g.row_end_boost * np.exp(-d_end / g.horizontal_decay_m)
     )
     source = g.source_base + (1.0 - g.source_base) * z / height
+    return rack, xr, yr, receiver, source
+
+
+def recirculation_from_geometry(geometry: RoomGeometry | None = None) -> NDArray[np.float64]:
+    """Build the n x n recirculation matrix D (K/W) from the layout; see the module docstring. The dense
+    reference: rooms are served by its zonal form (hsched.thermal.zonal), O(n) instead of O(n^2)."""
+    g = geometry or RoomGeometry()
+    rack, xr, yr, receiver, source = geometry_factors(g)
+    x, y = xr[rack], yr[rack]
+    horizontal = np.exp(-np.hypot(x[:, None] - x[None, :], y[:, None] - y[None, :]) / g.horizontal_decay_m)
     kernel = horizontal * receiver[:, None] * source[None, :]
     scale = g.recirc_fraction / (g.air_mass_flow_kg_s * g.cp_air) / kernel.sum(axis=0).mean()
     return kernel * scale

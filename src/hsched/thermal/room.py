@@ -1,7 +1,7 @@
 """One data-center room: power -> inlet/outlet temperatures -> CRAC supply, cooling power, PUE.
 
     P      = eq.5 (+ GPU term)                       per server, W
-    T_in   = T_sup + D @ P                           D: recirculation matrix, K/W
+    T_in   = T_sup + D @ P                           D: recirculation operator, K/W (hsched.thermal.zonal)
     T_out  = T_in + P / (m_dot * c_p)                m_dot: air mass flow through one server
     T_sup  = params.t_supply_c                       supply_mode "fixed"
            = clip(redline - max(D @ P), t_min, t_max) supply_mode "redline" (warmest safe supply)
@@ -28,6 +28,7 @@ from .recirculation import (
     RoomGeometry,
     recirculation_from_geometry,
 )
+from .zonal import RiseTracker, ZonalRecirculation
 
 FloatArray = NDArray[np.float64]
 _EPS_K = 1e-9  # redline comparisons: an inlet placed exactly at the redline is not "hot"
@@ -93,11 +94,15 @@ def _frozen(arr: np.ndarray) -> np.ndarray:
 
 
 class RoomModel:
-    """Vectorised thermal surrogate of one room with n servers (all hot paths are O(n^2) NumPy)."""
+    """Vectorised thermal surrogate of one room with n servers.
+
+    ``d`` is the recirculation operator: a ``ZonalRecirculation`` (rooms from a geometry: O(n) memory and
+    per product) or any non-negative (n, n) matrix (its exact one-server-per-zone operator, O(n^2)).
+    """
 
     def __init__(
         self,
-        d: ArrayLike,
+        d: ArrayLike | ZonalRecirculation,
         params: ThermalParams | None = None,
         p_idle_w: ArrayLike = 100.0,
         p_full_w: ArrayLike = 300.0,
@@ -106,13 +111,15 @@ class RoomModel:
         gpu_idle_w: ArrayLike = 0.0,
         gpu_full_w: ArrayLike = 0.0,
     ) -> None:
-        self.d = np.array(d, dtype=np.float64)
-        if self.d.ndim != 2 or self.d.shape[0] != self.d.shape[1] or self.d.shape[0] < 1:
-            raise ValueError(f"d must be a square (n, n) matrix, got shape {self.d.shape}")
-        if not np.all(np.isfinite(self.d)) or np.any(self.d < 0):
-            raise ValueError("d must be finite and non-negative (K/W)")
-        self.d.flags.writeable = False
-        n = self.n = self.d.shape[0]
+        if not isinstance(d, ZonalRecirculation):
+            dense = np.array(d, dtype=np.float64)
+            if dense.ndim != 2 or dense.shape[0] != dense.shape[1] or dense.shape[0] < 1:
+                raise ValueError(f"d must be a square (n, n) matrix, got shape {dense.shape}")
+            if not np.all(np.isfinite(dense)) or np.any(dense < 0):
+                raise ValueError("d must be finite and non-negative (K/W)")
+            d = ZonalRecirculation.from_dense(dense)
+        self.recirc = d
+        n = self.n = d.n
         self.params = params or ThermalParams()
         self.p_idle_w = _per_server(p_idle_w, n, "p_idle_w")
         self.p_full_w = _per_server(p_full_w, n, "p_full_w")
@@ -131,10 +138,34 @@ class RoomModel:
 
     @classmethod
     def from_geometry(
-        cls, geometry: RoomGeometry | None = None, params: ThermalParams | None = None, **servers: ArrayLike
+        cls, geometry: RoomGeometry | None = None, params: ThermalParams | None = None, *, dense: bool = False,
+        reach_m: float | None = None, **servers: ArrayLike
     ) -> RoomModel:
-        """Room whose D comes from ``recirculation_from_geometry``; ``servers`` go to ``__init__``."""
-        return cls(recirculation_from_geometry(geometry), params, **servers)
+        """Room whose D is the zonal model of the layout (``ZonalRecirculation.from_geometry``), or with
+        ``dense`` the O(n^2) reference ``recirculation_from_geometry``; ``servers`` go to ``__init__``."""
+        if dense:
+            return cls(recirculation_from_geometry(geometry), params, **servers)
+        return cls(ZonalRecirculation.from_geometry(geometry, reach_m), params, **servers)
+
+    @property
+    def d(self) -> FloatArray:
+        """D as an (n, n) matrix: O(n^2), for small rooms (tests, the MILP of hsched.optimum) only."""
+        return self.recirc.to_dense()
+
+    def rise(self, power: FloatArray) -> FloatArray:
+        """``D @ power`` (K): the inlet rise over the supply air, O(n) for a zonal room."""
+        return self.recirc.matvec(power)
+
+    def tracker(self, power: FloatArray) -> RiseTracker:
+        """``D @ P`` maintained per load change (O(M) each) with its headroom: see ``RiseTracker``."""
+        return self.recirc.tracker(power)
+
+    @property
+    def rise_limit_k(self) -> float:
+        """The largest safe rise over the supply: redline minus the fixed supply, or in redline mode minus the
+        coldest set point the CRAC can reach (below it the redline cannot be held)."""
+        p = self.params
+        return p.redline_c - (p.t_supply_c if p.supply_mode == "fixed" else p.t_supply_min_c)
 
     # -- power ---------------------------------------------------------------------------------
     def power(self, busy_cores: ArrayLike, gpu_busy: ArrayLike | None = None) -> FloatArray:
@@ -169,12 +200,12 @@ class RoomModel:
 
     def evaluate(self, busy_cores: ArrayLike, gpu_busy: ArrayLike | None = None) -> ThermalState:
         power = self.power(busy_cores, gpu_busy)
-        return self.state_from(power, self.d @ power)
+        return self.state_from(power, self.rise(power))
 
     def state_from(self, power: FloatArray, rise: FloatArray) -> ThermalState:
         """The state for per-server ``power`` (W, as from ``power()``) whose recirculation rise ``D @ power`` (K)
-        the caller already has: an incremental caller (hsched.envs.dc) keeps it up to date with one column
-        ``D[:, k] * dP`` per load change, O(n) instead of the O(n^2) product. Inputs are not re-validated, and
+        the caller already has: an incremental caller (hsched.envs.dc, the guard) keeps it up to date per load
+        change (``tracker``) instead of the full product. Inputs are not re-validated, and
         ``power`` becomes the state's read-only ``power_w`` (pass a copy of an array you keep writing)."""
         t_sup = self._supply(float(rise.max()))
         inlet = t_sup + rise
@@ -205,11 +236,11 @@ class RoomModel:
         ``out[k] = T_sup + max_i((D @ P)_i + D[i, k] * extra[k])``, one (n, n) pass. The supply
         temperature is the CURRENT one (that of ``evaluate(busy_cores)``): in fixed mode it never
         changes; in redline mode the CRAC would react by lowering it, so a value above the redline
-        means "this placement would force colder supply air (higher cooling power)".
+        means "this placement would force colder supply air (higher cooling power)". O(n^2): small rooms.
         """
         power = self.power(busy_cores, gpu_busy)
         extra = np.broadcast_to(np.asarray(extra_power_w_per_server, dtype=np.float64), (self.n,))
-        rise = self.d @ power
+        rise = self.rise(power)
         t_sup = self._supply(float(rise.max()))
         buf = np.multiply(self.d, extra[None, :])  # buf[i, k] = D[i, k] * extra[k]
         buf += rise[:, None]
@@ -224,24 +255,11 @@ class RoomModel:
         placer masks every server whose added power exceeds its headroom — exact for one placement;
         the placer re-checks a batch of placements together with ``predict``.
         """
-        return self.headroom_for_rise(self.d @ self.power(busy_cores, gpu_busy))
+        return self.headroom_for_rise(self.rise(self.power(busy_cores, gpu_busy)))
 
     def headroom_for_rise(self, rise: FloatArray) -> FloatArray:
-        """``headroom_w`` for a state whose recirculation rise ``D @ P`` (K) the caller already has."""
-        p = self.params
-        t_sup = p.t_supply_c if p.supply_mode == "fixed" else p.t_supply_min_c
-        slack = p.redline_c - t_sup - rise
-        hot = slack <= 0
-        # Where every slack is positive, min_i slack_i / D[i, k] = 1 / max_i D[i, k] / slack_i: one scaled
-        # max over D instead of an (n, n) division and mask (~20x faster on a 672-server room).
-        scaled = self.d[~hot] if hot.any() else self.d
-        with np.errstate(divide="ignore"):
-            out = 1.0 / (scaled * (1.0 / slack[~hot])[:, None]).max(axis=0, initial=0.0)
-        if hot.any():  # inlets already at or past the redline: exact ratios on those rows only
-            d = self.d[hot]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                out = np.minimum(out, np.where(d > 0, slack[hot, None] / d, np.inf).min(axis=0))
-        return out
+        """``headroom_w`` for a state whose recirculation rise ``D @ P`` (K) the caller already has: O(n) zonal."""
+        return self.recirc.headroom(rise, self.rise_limit_k)
 
     def predict(
         self,
