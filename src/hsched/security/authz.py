@@ -31,7 +31,8 @@ POLICY: dict[str, frozenset[str]] = {
     "/hsched.v1.Selector/SelectDataCenters": frozenset({"gateway"}),
     # the gateway's clients are tenants and operators, authenticated by the gateway itself (tokens, or the
     # certificate's identity): with `--client-auth require` the handshake needs a CA certificate, nothing more here
-    **{f"/hsched.v1.Gateway/{m}": frozenset({ANY}) for m in ("Submit", "Get", "List", "Watch", "Release")},
+    **{f"/hsched.v1.Gateway/{m}": frozenset({ANY}) for m in ("Submit", "Get", "List", "Watch", "Release",
+                                                                 "ListDatacenters", "GetDatacenter", "DescribeTask")},
     "/grpc.health.v1.Health/Check": frozenset({ANY}),
     "/grpc.health.v1.Health/Watch": frozenset({ANY}),
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": frozenset({"admin", "supervisor"}),
