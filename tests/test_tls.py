@@ -466,6 +466,11 @@ def test_stack_with_tls_places_and_releases_end_to_end(redis_url):
                 assert gw.Get(gateway_pb2.GetRequest(task_id=t.task_id), timeout=10).state == common_pb2.TASK_STATE_PLACED
                 released = gw.Release(gateway_pb2.ReleaseRequest(task_id=t.task_id), timeout=30).task
                 assert released.state == common_pb2.TASK_STATE_RELEASED
+                # the fleet view crosses every hop: gateway -> placer GetState (the gateway's identity may call it),
+                # placer -> thermal Predict (the room now)
+                dcs = gw.ListDatacenters(gateway_pb2.ListDatacentersRequest(), timeout=30).datacenters
+                assert [v.status for v in dcs] == ["serving"] * 3, [(v.datacenter, v.reason) for v in dcs]
+                assert all(v.thermal.redline_c > 0 and v.thermal.pue_after > 1 for v in dcs)
             with grpc.insecure_channel(stack.gateway) as plain:  # no plaintext next to TLS
                 with pytest.raises(grpc.RpcError) as err:
                     gateway_pb2_grpc.GatewayStub(plain).Get(gateway_pb2.GetRequest(task_id=t.task_id), timeout=5)

@@ -522,8 +522,8 @@ def cmd_watch(args) -> int:
     after = args.after
     if args.task_id:
         task = stub.Get(gateway_pb2.GetRequest(task_id=args.task_id), timeout=10)
-        if task.state in FINAL:
-            _emit(args, task, lambda: _task_line(task))
+        if task.state in FINAL:  # as the stream's items are printed: one JSON line / one YAML document
+            _event(args, task, lambda: _task_line(task))
             return 0
         after = after or "0"  # it may finish between the Get and the Watch: its past events come too
     try:
@@ -543,8 +543,9 @@ def cmd_release(args) -> int:
     return 0
 
 
-def _event(args, ev: pb.TaskEvent, line) -> None:
-    """One streamed event: a line; -o json: one JSON object per line (JSON Lines); -o yaml: one YAML document."""
+def _event(args, ev, line) -> None:
+    """One streamed item (an event; a finished task): a line; -o json: one JSON object per line (JSON Lines); -o
+    yaml: one YAML document."""
     from hsched import views
 
     if args.output == "json":
