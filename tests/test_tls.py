@@ -175,6 +175,9 @@ def test_authorization_table_is_default_deny():
     assert not authz.allowed("/hsched.v1.Placer/Place", "spiffe://other.domain/service/gateway")
     assert not authz.allowed("/hsched.v1.Placer/NewMethod", "spiffe://hsched.local/service/gateway")
     assert authz.allowed("/grpc.health.v1.Health/Check", "spiffe://hsched.local/tenant/acme")
+    # every gateway method (DAG jobs and fleet views too) is for any CA identity: the tenant rules decide the rest
+    for method in gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].methods:
+        assert authz.allowed(f"/hsched.v1.Gateway/{method.name}", "spiffe://hsched.local/tenant/acme"), method.name
 
 
 # -- real services over TLS -------------------------------------------------------------------------------------

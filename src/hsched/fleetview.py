@@ -78,10 +78,10 @@ async def datacenter_view(dc: DataCenter, stub: placer_pb2_grpc.PlacerStub | Non
                 view.status, view.policy = "serving", state.policy
                 view.summary.CopyFrom(state.summary)
                 view.thermal.CopyFrom(state.thermal)
-                view.gpus.extend(gpu_models(state.nodes))
+                shown = [n for n in state.nodes if not gpu_model or any(c.model == gpu_model for c in n.gpus)]
+                view.gpus.extend(gpu_models(shown))  # the totals of the nodes asked for
                 if include_nodes:
-                    view.nodes.extend(n for n in state.nodes
-                                      if not gpu_model or any(c.model == gpu_model for c in n.gpus))
+                    view.nodes.extend(shown)
     finally:
         view.lease.CopyFrom(await lease)
     if view.status != "serving":  # what the fleet file says it has; nothing about what is free

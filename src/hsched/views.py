@@ -155,7 +155,7 @@ def describe_text(d: gateway_pb2.TaskDescription) -> str:
              f"Tenant:       {spec.tenant}" + (f"   Name: {spec.name}" if spec.name else "")
              + (f"   Job: {spec.job_id} stage {spec.stage}" if spec.job_id else ""),
              f"Requested:    {resources_text(spec.resources)} per replica, {spec.replicas or 1} replica(s)",
-             f"              runtime {_num(spec.runtime_s)} s" + (" (until released)" if not spec.runtime_s else "")
+             (f"              runtime {_num(spec.runtime_s)} s" if spec.runtime_s else "              runs until released")
              + f", {_num(spec.data_size_mb)} MB of data from {spec.entry_vertex or 'the scheduler vertex'}"
              + f", class {spec.priority_class or 'offline'}, priority {spec.priority}"
              + (f", GPU models {','.join(spec.gpu_models)}" if spec.gpu_models else ""),
@@ -169,6 +169,9 @@ def describe_text(d: gateway_pb2.TaskDescription) -> str:
                f"total cost {chosen.total_cost:.4f}")
         if rank > 1:
             why += "; the DCs ranked above it could not place it (see Notes)"
+        elif len(ex.ranking) > 1:
+            runner = ex.ranking[1]
+            why += f", {runner.total_cost - chosen.total_cost:.4f} below the next, {runner.datacenter}"
         lines += [f"Why:          {why}", f"Cost:         {_cost(chosen)}",
                   f"Path:         {' -> '.join(chosen.path.vertices)}  ({chosen.path.latency_ms:.2f} ms, jitter "
                   f"{chosen.path.jitter_ms:.2f} ms, loss {chosen.path.loss_percent:g}%, "
