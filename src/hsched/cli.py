@@ -13,7 +13,6 @@ import sys
 import threading
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 
 from hsched.domain.errors import ValidationError
 from hsched.security.client import ClientCredentials, client_credentials
@@ -77,10 +76,6 @@ class _WithCredentials:
 def _stub(args) -> gateway_pb2_grpc.GatewayStub:
     credentials = _credentials(args)
     return _WithCredentials(gateway_pb2_grpc.GatewayStub(credentials.channel(args.gateway)), credentials.metadata)
-
-
-def _print(message) -> None:
-    print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
 
 
 def _emit(args, message, text) -> None:
