@@ -175,6 +175,9 @@ def test_authorization_table_is_default_deny():
     assert not authz.allowed("/hsched.v1.Placer/Place", "spiffe://other.domain/service/gateway")
     assert not authz.allowed("/hsched.v1.Placer/NewMethod", "spiffe://hsched.local/service/gateway")
     assert authz.allowed("/grpc.health.v1.Health/Check", "spiffe://hsched.local/tenant/acme")
+    # every gateway method (DAG jobs and fleet views too) is for any CA identity: the tenant rules decide the rest
+    for method in gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].methods:
+        assert authz.allowed(f"/hsched.v1.Gateway/{method.name}", "spiffe://hsched.local/tenant/acme"), method.name
 
 
 # -- real services over TLS -------------------------------------------------------------------------------------
@@ -466,6 +469,11 @@ def test_stack_with_tls_places_and_releases_end_to_end(redis_url):
                 assert gw.Get(gateway_pb2.GetRequest(task_id=t.task_id), timeout=10).state == common_pb2.TASK_STATE_PLACED
                 released = gw.Release(gateway_pb2.ReleaseRequest(task_id=t.task_id), timeout=30).task
                 assert released.state == common_pb2.TASK_STATE_RELEASED
+                # the fleet view crosses every hop: gateway -> placer GetState (the gateway's identity may call it),
+                # placer -> thermal Predict (the room now)
+                dcs = gw.ListDatacenters(gateway_pb2.ListDatacentersRequest(), timeout=30).datacenters
+                assert [v.status for v in dcs] == ["serving"] * 3, [(v.datacenter, v.reason) for v in dcs]
+                assert all(v.thermal.redline_c > 0 and v.thermal.pue_after > 1 for v in dcs)
             with grpc.insecure_channel(stack.gateway) as plain:  # no plaintext next to TLS
                 with pytest.raises(grpc.RpcError) as err:
                     gateway_pb2_grpc.GatewayStub(plain).Get(gateway_pb2.GetRequest(task_id=t.task_id), timeout=5)

@@ -20,6 +20,7 @@ from hsched.costs.selection import METHODS, exclusion_summary
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
+from hsched.fleetview import datacenter_view, task_history
 from hsched.jobs import JobOrchestrator, JobPorts
 from hsched.runtime import (
     common_args,
@@ -104,6 +105,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                  place_timeout_s: float = 5.0, max_batch: int = 128, feed: TaskFeed | None = None,
                  auth: GatewayAuth | None = None) -> None:
         self.fleet = fleet
+        self.placers = placers  # unary calls (GetState for the fleet views); Place/Release go through the coalescers
+        self.keys = Keys()  # the deployment's key prefix: serve() sets it (leases for the fleet views)
         self.auth = auth or GatewayAuth()
         self.store = store
         self.feed = feed
@@ -623,6 +626,39 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             yield event
 
 
+    # -- fleet views -------------------------------------------------------------------------------------------
+
+    async def _view(self, dc, include_nodes: bool = False, gpu_model: str = ""):
+        return await datacenter_view(dc, self.placers.get(dc.name), self.store.redis, self.keys,
+                                     self.select_timeout_s, include_nodes, gpu_model)
+
+    @rpc.grpc_errors
+    async def ListDatacenters(self, request, context) -> gateway_pb2.ListDatacentersResponse:
+        self.auth.authenticate(context)  # any principal may see the fleet's capacity (not whose tasks hold it)
+        views = await asyncio.gather(*(self._view(dc) for dc in self.fleet.datacenters))
+        return gateway_pb2.ListDatacentersResponse(datacenters=views)
+
+    @rpc.grpc_errors
+    async def GetDatacenter(self, request, context) -> gateway_pb2.DatacenterView:
+        self.auth.authenticate(context)
+        names = [dc.name for dc in self.fleet.datacenters]
+        if request.datacenter not in names:
+            raise ValidationError("datacenter", f"must be one of the fleet's data centers ({', '.join(names)})",
+                                  request.datacenter)
+        dc = self.fleet.datacenter(request.datacenter)
+        models = sorted({p.gpu_model for p in dc.pools if p.gpu_count})
+        if request.gpu_model and request.gpu_model not in models:
+            raise ValidationError("gpu_model", f"must be a GPU model of {dc.name} ({', '.join(models) or 'it has none'})",
+                                  request.gpu_model)
+        return await self._view(dc, include_nodes=True, gpu_model=request.gpu_model)
+
+    @rpc.grpc_errors
+    async def DescribeTask(self, request: gateway_pb2.GetRequest, context) -> gateway_pb2.TaskDescription:
+        task = self._task(request.task_id, self.auth.authenticate(context))  # a tenant: its own tasks only
+        events, truncated = await task_history(self.store.redis, self.store.stream, task)
+        return gateway_pb2.TaskDescription(task=task, events=events, events_truncated=truncated)
+
+
 def gateway_auth(args) -> GatewayAuth:
     """Tenant authentication from the flags: a tokens file, and/or verified client certificates when the gateway
     serves TLS requiring them (`--client-auth require`: grpc Python cannot ask for an optional client
@@ -702,6 +738,7 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     servicer = GatewayServicer(fleet, store, selector_pb2_grpc.SelectorStub(channels[0]),
                                {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
                                args.select_timeout_s, args.place_timeout_s, auth=auth)
+    servicer.keys = Keys(args.prefix)
     settled, released = await servicer.reconcile(redis, Keys(args.prefix))
     ledger_redis = connect(args.redis_url)  # the followers' blocking read gets a client of its own
     following = await servicer.follow_ledgers(ledger_redis, Keys(args.prefix))

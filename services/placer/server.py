@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import Callable
 
+import grpc
 import numpy as np
 
 from hsched import rpc
@@ -70,6 +71,12 @@ class ThermalClient:
             datacenter=self.dc, min_ledger_id=min_ledger_id, want_headroom=True), timeout=self.timeout_s)
         return np.array(reply.headroom_w, dtype=np.float64)
 
+    async def now(self, min_ledger_id: str) -> ThermalCheck:
+        reply = await self.stub.Predict(thermal_pb2.PredictRequest(datacenter=self.dc, min_ledger_id=min_ledger_id),
+                                        timeout=self.timeout_s)
+        return ThermalCheck(True, reply.max_inlet_after_c, reply.max_inlet_after_c, reply.pue_after, reply.pue_after,
+                            reply.t_supply_c, reply.redline_c)
+
     async def check(self, deltas: list[LoadDelta], min_ledger_id: str) -> ThermalCheck:
         reply = await self.stub.Predict(thermal_pb2.PredictRequest(
             datacenter=self.dc, min_ledger_id=min_ledger_id, want_headroom=True,
@@ -78,6 +85,9 @@ class ThermalClient:
         return ThermalCheck(not reply.nodes_over_redline, reply.max_inlet_before_c, reply.max_inlet_after_c,
                             reply.pue_before, reply.pue_after, reply.t_supply_c, reply.redline_c,
                             tuple(reply.nodes_over_redline), np.array(reply.headroom_w, dtype=np.float64))
+
+
+STATUS_METADATA = "hsched-placer-status"  # on GetState's UNAVAILABLE: standby | fenced
 
 
 def thermal_to_pb(c: ThermalCheck | None) -> common_pb2.ThermalEffect | None:
@@ -162,9 +172,16 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
     async def GetState(self, request: placer_pb2.PlacerStateRequest, context) -> placer_pb2.PlacerState:
         e, t = self.engine, self.table
         if e.fenced:  # a standby's or a fenced placer's memory is not the DC's ledger
-            raise rpc.Unavailable(e.unavailable_reason())
+            status = "standby" if e.holder and e.holder != e.ledger.owner else "fenced"
+            await context.abort(grpc.StatusCode.UNAVAILABLE, e.unavailable_reason(),
+                                trailing_metadata=((STATUS_METADATA, status),))
         out = placer_pb2.PlacerState(summary=summary_to_pb(e.summary()), deferred_task_ids=list(e.queue),
-                                     policy=e.policy.name)
+                                     policy=e.policy.name, owner=e.ledger.owner)
+        if e.thermal:
+            try:  # the room now; a thermal service that does not answer leaves it out, the rest is still shown
+                out.thermal.CopyFrom(thermal_to_pb(await e.thermal.now(e.last_id)))
+            except grpc.aio.AioRpcError as exc:
+                log.warning("placer %s: GetState without the room's state (%s)", e.dc.name, exc.code().name)
         if request.include_nodes:
             s = e.state
             for i in range(s.n):

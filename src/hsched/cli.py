@@ -13,7 +13,6 @@ import sys
 import threading
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 
 from hsched.domain.errors import ValidationError
 from hsched.security.client import ClientCredentials, client_credentials
@@ -79,14 +78,17 @@ def _stub(args) -> gateway_pb2_grpc.GatewayStub:
     return _WithCredentials(gateway_pb2_grpc.GatewayStub(credentials.channel(args.gateway)), credentials.metadata)
 
 
-def _print(message) -> None:
-    print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
+def _emit(args, message, text) -> None:
+    """`message` as `-o json|yaml` (hsched.views.dump), else the table/line `text()` makes."""
+    from hsched import views
+
+    print(text() if args.output == "table" else views.dump(message, args.output))
 
 
 def _print_page(args, reply, items, line) -> None:
-    """A page of a List/ListJobs reply: the reply itself with --json, else a line per item and the next page."""
-    if args.json:
-        _print(reply)
+    """A page of a List/ListJobs reply: the reply itself with -o json|yaml, else a line per item and the next page."""
+    if args.output != "table":
+        _emit(args, reply, None)
         return
     for item in items:
         print(line(item))
@@ -99,6 +101,7 @@ def _names(enum, prefix: str) -> list[str]:
     return [enum.Name(v).removeprefix(prefix).lower() for v in enum.values() if v]
 
 
+FORMATS = ("table", "json", "yaml")  # -o; hsched.views.FORMATS (not imported: every command would load it)
 STATES = _names(pb.TaskState, "TASK_STATE_")
 JOB_STATES = _names(pb.JobState, "JOB_STATE_")
 # states a task never leaves: hsched.state.tasks.TERMINAL (test_cli checks), not imported so that every command
@@ -441,7 +444,7 @@ def cmd_submit_job(args) -> int:
         print(f"hsched submit -f: {exc}", file=sys.stderr)
         return 2
     reply = _stub(args).SubmitJob(gateway_pb2.SubmitJobRequest(job=job, selector_method=args.method), timeout=30)
-    _print(reply) if args.json else print(_job_line(reply.job) + ("  (duplicate)" if reply.duplicate else ""))
+    _emit(args, reply, lambda: _job_line(reply.job) + ("  (duplicate)" if reply.duplicate else ""))
     return 1 if reply.job.state == pb.JOB_STATE_FAILED else 0
 
 
@@ -452,10 +455,10 @@ def cmd_job(args) -> int:
         return 2
     if args.action == "get":
         job = stub.GetJob(gateway_pb2.GetJobRequest(job_id=args.job_id), timeout=10)
-        _print(job) if args.json else print(_job_line(job))
+        _emit(args, job, lambda: _job_line(job))
     elif args.action == "cancel":
         job = stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=args.job_id), timeout=30)
-        _print(job) if args.json else print(_job_line(job))
+        _emit(args, job, lambda: _job_line(job))
     elif args.action == "list":
         state = pb.JobState.Value(f"JOB_STATE_{args.state.upper()}") if args.state else 0  # a choice of JOB_STATES
         reply = stub.ListJobs(gateway_pb2.ListJobsRequest(tenant=args.tenant, state=state, limit=args.limit,
@@ -464,8 +467,8 @@ def cmd_job(args) -> int:
     else:
         try:
             for ev in stub.Watch(gateway_pb2.WatchRequest(job_id=args.job_id, after_event_id=args.after)):
-                print(f"{ev.event_id}  {ev.task_id or ev.job_id}  {ev.kind:<13} {ev.datacenter}  {ev.detail}",
-                      flush=True)
+                _event(args, ev, lambda ev=ev: f"{ev.event_id}  {ev.task_id or ev.job_id}  {ev.kind:<13} "
+                                               f"{ev.datacenter}  {ev.detail}")
         except KeyboardInterrupt:
             pass
     return 0
@@ -492,14 +495,14 @@ def cmd_submit(args) -> int:
         gpu_models=args.gpu_model or [])
     task_from_pb(spec).validate()  # the gateway's own rules, before any call: a ValidationError is exit 2
     reply = _stub(args).Submit(gateway_pb2.SubmitRequest(task=spec, selector_method=args.method), timeout=30)
-    _print(reply) if args.json else print(_task_line(reply.task) + ("  (duplicate)" if reply.duplicate else ""))
+    _emit(args, reply, lambda: _task_line(reply.task) + ("  (duplicate)" if reply.duplicate else ""))
     return 1 if reply.task.state == pb.TASK_STATE_REJECTED else 0
 
 
 def cmd_get(args) -> int:
-    """One line (the task's state, where, why), or the whole record with --json."""
+    """One line (the task's state, where, why), or the whole record with -o json|yaml."""
     task = _stub(args).Get(gateway_pb2.GetRequest(task_id=args.task_id), timeout=10)
-    _print(task) if args.json else print(_task_line(task))
+    _emit(args, task, lambda: _task_line(task))
     return 0
 
 
@@ -518,14 +521,14 @@ def cmd_watch(args) -> int:
     after = args.after
     if args.task_id:
         task = stub.Get(gateway_pb2.GetRequest(task_id=args.task_id), timeout=10)
-        if task.state in FINAL:
-            print(_task_line(task))
+        if task.state in FINAL:  # as the stream's items are printed: one JSON line / one YAML document
+            _event(args, task, lambda: _task_line(task))
             return 0
         after = after or "0"  # it may finish between the Get and the Watch: its past events come too
     try:
         for ev in stub.Watch(gateway_pb2.WatchRequest(task_id=args.task_id, tenant=args.tenant, after_event_id=after)):
-            print(f"{ev.event_id}  {ev.task_id}  {ev.kind:<11} {_state_name(ev.state):<9} {ev.datacenter}  "
-                  f"{ev.detail}", flush=True)
+            _event(args, ev, lambda ev=ev: f"{ev.event_id}  {ev.task_id}  {ev.kind:<11} {_state_name(ev.state):<9} "
+                                           f"{ev.datacenter}  {ev.detail}")
             if args.task_id and ev.state in FINAL:
                 return 0
     except KeyboardInterrupt:
@@ -535,7 +538,53 @@ def cmd_watch(args) -> int:
 
 def cmd_release(args) -> int:
     reply = _stub(args).Release(gateway_pb2.ReleaseRequest(task_id=args.task_id), timeout=30)
-    _print(reply) if args.json else print(_task_line(reply.task))
+    _emit(args, reply, lambda: _task_line(reply.task))
+    return 0
+
+
+def _event(args, ev, line) -> None:
+    """One streamed item (an event; a finished task): a line; -o json: one JSON object per line (JSON Lines); -o
+    yaml: one YAML document."""
+    from hsched import views
+
+    if args.output == "json":
+        print(json.dumps(views.as_dict(ev), ensure_ascii=False), flush=True)
+    elif args.output == "yaml":
+        print("---\n" + views.dump(ev, "yaml"), flush=True)
+    else:
+        print(line(), flush=True)
+
+
+def cmd_dcs(args) -> int:
+    """Every data center: capacity, what is free, utilisation, thermal state, placer status and lease."""
+    from hsched import views
+
+    reply = _stub(args).ListDatacenters(gateway_pb2.ListDatacentersRequest(), timeout=15)
+    _emit(args, reply, lambda: views.dcs_table(reply))
+    return 0
+
+
+def cmd_nodes(args) -> int:
+    """One data center's nodes and GPU cards with what is free on each; exit 1 if its placer does not answer."""
+    from hsched import views
+
+    view = _stub(args).GetDatacenter(gateway_pb2.GetDatacenterRequest(datacenter=args.datacenter,
+                                                                      gpu_model=args.gpu_model), timeout=15)
+    if view.status != "serving":  # json/yaml still print the view (its status, reason and lease)
+        if args.output != "table":
+            _emit(args, view, None)
+        print(f"hsched nodes: the placer of {view.datacenter} is {view.status}: {view.reason}", file=sys.stderr)
+        return 1
+    _emit(args, view, lambda: views.nodes_table(view))
+    return 0
+
+
+def cmd_describe(args) -> int:
+    """A task explained: where and why, cost, path, placement, thermal effect, alternatives, its events."""
+    from hsched import views
+
+    d = _stub(args).DescribeTask(gateway_pb2.GetRequest(task_id=args.task_id), timeout=15)
+    _emit(args, d, lambda: views.describe_text(d))
     return 0
 
 
@@ -954,7 +1003,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def gw(sp):
         sp.add_argument("--gateway", default=None, help=GATEWAY_HELP)
-        sp.add_argument("--json", action="store_true")
+        sp.add_argument("-o", "--output", default="table", choices=FORMATS,
+                        help="table (default), json or yaml (the gateway's reply; streamed events: JSON Lines / "
+                             "one YAML document each)")
+        sp.add_argument("--json", action="store_true", help="the same as -o json")
         credential_flags(sp)
         return sp
 
@@ -1014,6 +1066,17 @@ def build_parser() -> argparse.ArgumentParser:
     r = gw(sub.add_parser("release", help="release a task's resources"))
     r.add_argument("task_id")
     r.set_defaults(fn=cmd_release)
+
+    gw(sub.add_parser("dcs", help="every data center: free/total CPU, memory and GPUs by model, utilisation, PUE, "
+                                  "hottest inlet, placer status and lease")).set_defaults(fn=cmd_dcs)
+    nd = gw(sub.add_parser("nodes", help="one data center's nodes and GPU cards: free cores, memory, core %% per card"))
+    nd.add_argument("datacenter")
+    nd.add_argument("--gpu-model", default="", help="only the nodes with cards of this model (see hsched dcs)")
+    nd.set_defaults(fn=cmd_nodes)
+    de = gw(sub.add_parser("describe", help="one task explained: chosen DC and why, cost, path, node/card/slice, "
+                                            "thermal effect, alternatives, rejection reasons in full, its events"))
+    de.add_argument("task_id")
+    de.set_defaults(fn=cmd_describe)
 
     tk = sub.add_parser("tokens", help="create, list or revoke the gateway's bearer tokens (a tokens file)")
     tk_sub = tk.add_subparsers(dest="tokens_command", required=True)
@@ -1124,6 +1187,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "gateway", "") is None:
             args.gateway = os.environ.get("HSCHED_GATEWAY") or _running_stack().get("gateway") or FALLBACK_GATEWAY
+        if getattr(args, "json", False) and hasattr(args, "output"):
+            if args.output not in ("table", "json"):
+                raise ValidationError("--json", f"is -o json; it cannot be combined with -o {args.output}")
+            args.output = "json"
         return args.fn(args)
     except BrokenPipeError:
         # the reader left (`hsched list | head -1`): stop quietly, and keep the interpreter's final flush of

@@ -139,6 +139,10 @@ class ThermalGuard(Protocol):
         returns the headroom after the change, which the next batch starts from (no extra call)."""
         ...
 
+    async def now(self, min_ledger_id: str) -> ThermalCheck:
+        """The room now (before = after), for views: no headroom is computed."""
+        ...
+
 
 @dataclass
 class PlaceResult:

@@ -15,6 +15,7 @@ import grpc
 
 from hsched.security.pki import TRUST_DOMAIN
 from hsched.security.tls import peer_identity
+from hsched.v1 import gateway_pb2
 
 ANY = "*"  # any identity the CA signed (the handshake checked the signature)
 
@@ -31,7 +32,8 @@ POLICY: dict[str, frozenset[str]] = {
     "/hsched.v1.Selector/SelectDataCenters": frozenset({"gateway"}),
     # the gateway's clients are tenants and operators, authenticated by the gateway itself (tokens, or the
     # certificate's identity): with `--client-auth require` the handshake needs a CA certificate, nothing more here
-    **{f"/hsched.v1.Gateway/{m}": frozenset({ANY}) for m in ("Submit", "Get", "List", "Watch", "Release")},
+    **{f"/hsched.v1.Gateway/{m.name}": frozenset({ANY})
+       for m in gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].methods},
     "/grpc.health.v1.Health/Check": frozenset({ANY}),
     "/grpc.health.v1.Health/Watch": frozenset({ANY}),
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": frozenset({"admin", "supervisor"}),

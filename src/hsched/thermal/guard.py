@@ -92,6 +92,12 @@ class RoomGuard:
     async def headroom(self, min_ledger_id: str = "") -> np.ndarray:
         return self._sync().headroom(self.room.rise_limit_k)
 
+    async def now(self, min_ledger_id: str = "") -> ThermalCheck:
+        """The room as the state holds it now (before = after; no headroom: a view, not a decision)."""
+        power = self._power()
+        s = self.room.state_from(power, self.room.d @ power)
+        return ThermalCheck(True, s.max_inlet_c, s.max_inlet_c, s.pue, s.pue, s.t_supply_c, self.room.params.redline_c)
+
     async def check(self, deltas: list[LoadDelta], min_ledger_id: str = "") -> ThermalCheck:
         room = self.room
         tracker = self._sync()

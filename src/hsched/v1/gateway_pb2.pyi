@@ -1,4 +1,5 @@
 from hsched.v1 import common_pb2 as _common_pb2
+from hsched.v1 import placer_pb2 as _placer_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -122,3 +123,83 @@ class CancelJobRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListDatacentersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListDatacentersResponse(_message.Message):
+    __slots__ = ("datacenters",)
+    DATACENTERS_FIELD_NUMBER: _ClassVar[int]
+    datacenters: _containers.RepeatedCompositeFieldContainer[DatacenterView]
+    def __init__(self, datacenters: _Optional[_Iterable[_Union[DatacenterView, _Mapping]]] = ...) -> None: ...
+
+class GetDatacenterRequest(_message.Message):
+    __slots__ = ("datacenter", "gpu_model")
+    DATACENTER_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    datacenter: str
+    gpu_model: str
+    def __init__(self, datacenter: _Optional[str] = ..., gpu_model: _Optional[str] = ...) -> None: ...
+
+class PlacerLease(_message.Message):
+    __slots__ = ("holder", "ttl_ms", "fencing_token")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    ttl_ms: int
+    fencing_token: int
+    def __init__(self, holder: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., fencing_token: _Optional[int] = ...) -> None: ...
+
+class GpuModelCapacity(_message.Message):
+    __slots__ = ("model", "cards", "cards_idle", "core_percent_free", "memory_mib_free", "memory_mib_capacity")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    CARDS_IDLE_FIELD_NUMBER: _ClassVar[int]
+    CORE_PERCENT_FREE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FREE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    cards: int
+    cards_idle: int
+    core_percent_free: int
+    memory_mib_free: int
+    memory_mib_capacity: int
+    def __init__(self, model: _Optional[str] = ..., cards: _Optional[int] = ..., cards_idle: _Optional[int] = ..., core_percent_free: _Optional[int] = ..., memory_mib_free: _Optional[int] = ..., memory_mib_capacity: _Optional[int] = ...) -> None: ...
+
+class DatacenterView(_message.Message):
+    __slots__ = ("datacenter", "vertex", "kind", "status", "reason", "lease", "summary", "policy", "gpus", "thermal", "nodes")
+    DATACENTER_FIELD_NUMBER: _ClassVar[int]
+    VERTEX_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    THERMAL_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    datacenter: str
+    vertex: str
+    kind: str
+    status: str
+    reason: str
+    lease: PlacerLease
+    summary: _common_pb2.DcSummary
+    policy: str
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuModelCapacity]
+    thermal: _common_pb2.ThermalEffect
+    nodes: _containers.RepeatedCompositeFieldContainer[_placer_pb2.NodeState]
+    def __init__(self, datacenter: _Optional[str] = ..., vertex: _Optional[str] = ..., kind: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., lease: _Optional[_Union[PlacerLease, _Mapping]] = ..., summary: _Optional[_Union[_common_pb2.DcSummary, _Mapping]] = ..., policy: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuModelCapacity, _Mapping]]] = ..., thermal: _Optional[_Union[_common_pb2.ThermalEffect, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[_placer_pb2.NodeState, _Mapping]]] = ...) -> None: ...
+
+class TaskDescription(_message.Message):
+    __slots__ = ("task", "events", "events_truncated")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    task: _common_pb2.Task
+    events: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskEvent]
+    events_truncated: bool
+    def __init__(self, task: _Optional[_Union[_common_pb2.Task, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.TaskEvent, _Mapping]]] = ..., events_truncated: _Optional[bool] = ...) -> None: ...

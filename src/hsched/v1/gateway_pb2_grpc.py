@@ -81,6 +81,21 @@ class GatewayStub:
                 request_serializer=hsched_dot_v1_dot_gateway__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_common__pb2.Job.FromString,
                 _registered_method=True)
+        self.ListDatacenters = channel.unary_unary(
+                '/hsched.v1.Gateway/ListDatacenters',
+                request_serializer=hsched_dot_v1_dot_gateway__pb2.ListDatacentersRequest.SerializeToString,
+                response_deserializer=hsched_dot_v1_dot_gateway__pb2.ListDatacentersResponse.FromString,
+                _registered_method=True)
+        self.GetDatacenter = channel.unary_unary(
+                '/hsched.v1.Gateway/GetDatacenter',
+                request_serializer=hsched_dot_v1_dot_gateway__pb2.GetDatacenterRequest.SerializeToString,
+                response_deserializer=hsched_dot_v1_dot_gateway__pb2.DatacenterView.FromString,
+                _registered_method=True)
+        self.DescribeTask = channel.unary_unary(
+                '/hsched.v1.Gateway/DescribeTask',
+                request_serializer=hsched_dot_v1_dot_gateway__pb2.GetRequest.SerializeToString,
+                response_deserializer=hsched_dot_v1_dot_gateway__pb2.TaskDescription.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -143,6 +158,29 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDatacenters(self, request, context):
+        """Fleet views (`hsched dcs`, `hsched nodes`, `hsched describe`): the gateway asks each placer for its live
+        state (Placer.GetState) and reads the leases from Redis. A placer that does not answer (down, fenced, a
+        standby) is shown as such, never an error. Any authenticated caller may see the fleet's capacity.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDatacenter(self, request, context):
+        """with its nodes and cards
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeTask(self, request, context):
+        """A task with its whole event history (a tenant: only its own tasks, as Get).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -190,6 +228,21 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=hsched_dot_v1_dot_gateway__pb2.CancelJobRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_common__pb2.Job.SerializeToString,
+            ),
+            'ListDatacenters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDatacenters,
+                    request_deserializer=hsched_dot_v1_dot_gateway__pb2.ListDatacentersRequest.FromString,
+                    response_serializer=hsched_dot_v1_dot_gateway__pb2.ListDatacentersResponse.SerializeToString,
+            ),
+            'GetDatacenter': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDatacenter,
+                    request_deserializer=hsched_dot_v1_dot_gateway__pb2.GetDatacenterRequest.FromString,
+                    response_serializer=hsched_dot_v1_dot_gateway__pb2.DatacenterView.SerializeToString,
+            ),
+            'DescribeTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTask,
+                    request_deserializer=hsched_dot_v1_dot_gateway__pb2.GetRequest.FromString,
+                    response_serializer=hsched_dot_v1_dot_gateway__pb2.TaskDescription.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -436,6 +489,87 @@ class Gateway:
             '/hsched.v1.Gateway/CancelJob',
             hsched_dot_v1_dot_gateway__pb2.CancelJobRequest.SerializeToString,
             hsched_dot_v1_dot_common__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDatacenters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hsched.v1.Gateway/ListDatacenters',
+            hsched_dot_v1_dot_gateway__pb2.ListDatacentersRequest.SerializeToString,
+            hsched_dot_v1_dot_gateway__pb2.ListDatacentersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDatacenter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hsched.v1.Gateway/GetDatacenter',
+            hsched_dot_v1_dot_gateway__pb2.GetDatacenterRequest.SerializeToString,
+            hsched_dot_v1_dot_gateway__pb2.DatacenterView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hsched.v1.Gateway/DescribeTask',
+            hsched_dot_v1_dot_gateway__pb2.GetRequest.SerializeToString,
+            hsched_dot_v1_dot_gateway__pb2.TaskDescription.FromString,
             options,
             channel_credentials,
             insecure,

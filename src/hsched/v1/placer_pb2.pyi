@@ -172,13 +172,17 @@ class NodeState(_message.Message):
     def __init__(self, name: _Optional[str] = ..., index: _Optional[int] = ..., rack: _Optional[int] = ..., capacity: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., free: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuCardState, _Mapping]]] = ...) -> None: ...
 
 class PlacerState(_message.Message):
-    __slots__ = ("summary", "nodes", "deferred_task_ids", "policy")
+    __slots__ = ("summary", "nodes", "deferred_task_ids", "policy", "thermal", "owner")
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     DEFERRED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    THERMAL_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     summary: _common_pb2.DcSummary
     nodes: _containers.RepeatedCompositeFieldContainer[NodeState]
     deferred_task_ids: _containers.RepeatedScalarFieldContainer[str]
     policy: str
-    def __init__(self, summary: _Optional[_Union[_common_pb2.DcSummary, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., deferred_task_ids: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ...) -> None: ...
+    thermal: _common_pb2.ThermalEffect
+    owner: str
+    def __init__(self, summary: _Optional[_Union[_common_pb2.DcSummary, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., deferred_task_ids: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., thermal: _Optional[_Union[_common_pb2.ThermalEffect, _Mapping]] = ..., owner: _Optional[str] = ...) -> None: ...

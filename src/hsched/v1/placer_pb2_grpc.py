@@ -95,7 +95,9 @@ class PlacerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetState(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The DC's live state. A placer that does not hold the lease answers UNAVAILABLE (its memory is not the
+        ledger's) with trailing metadata hsched-placer-status: standby | fenced.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

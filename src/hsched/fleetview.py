@@ -1,0 +1,116 @@
+"""The gateway's fleet views (ListDatacenters, GetDatacenter, DescribeTask): each placer's live state
+(Placer.GetState), each DC's lease as Redis holds it, and a task's events on the task stream.
+
+A placer that does not answer is a view of its own (status standby / fenced / unreachable with the reason),
+never an error: an operator looks at the fleet exactly when part of it is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import grpc
+
+from hsched.convert import resources_to_pb
+from hsched.domain.fleet import DataCenter
+from hsched.state.keys import Keys
+from hsched.state.tasks import event_of
+from hsched.v1 import common_pb2 as pb
+from hsched.v1 import gateway_pb2, placer_pb2, placer_pb2_grpc
+
+STATUS_METADATA = "hsched-placer-status"  # the placer's trailing metadata on GetState's UNAVAILABLE
+HISTORY_SCAN = 20_000  # task-stream entries DescribeTask reads after a task's creation, at most
+HISTORY_EVENTS = 1_000  # events of one task it returns, at most
+
+
+def kind_of(dc: DataCenter) -> str:
+    return "gpu" if any(p.gpu_count for p in dc.pools) else "cpu"
+
+
+def gpu_models(nodes: Iterable[placer_pb2.NodeState]) -> list[gateway_pb2.GpuModelCapacity]:
+    """Per card model: cards, idle cards, free core % and memory summed over the cards (sorted by model)."""
+    out: dict[str, gateway_pb2.GpuModelCapacity] = {}
+    for node in nodes:
+        for card in node.gpus:
+            m = out.setdefault(card.model, gateway_pb2.GpuModelCapacity(model=card.model))
+            m.cards += 1
+            m.cards_idle += card.core_percent_free == 100 and card.memory_mib_free == card.memory_mib_capacity
+            m.core_percent_free += card.core_percent_free
+            m.memory_mib_free += card.memory_mib_free
+            m.memory_mib_capacity += card.memory_mib_capacity
+    return [out[k] for k in sorted(out)]
+
+
+async def lease_of(redis, keys: Keys, dc: str) -> gateway_pb2.PlacerLease:
+    async with redis.pipeline(transaction=False) as pipe:
+        holder, ttl, fence = await pipe.get(keys.lease(dc)).pttl(keys.lease(dc)).get(keys.fence(dc)).execute()
+    if isinstance(holder, bytes):
+        holder = holder.decode()
+    return gateway_pb2.PlacerLease(holder=holder or "", ttl_ms=max(int(ttl), 0), fencing_token=int(fence or 0))
+
+
+def _status(exc: grpc.aio.AioRpcError) -> str:
+    for key, value in exc.trailing_metadata() or ():
+        if key == STATUS_METADATA:
+            return value
+    return "unreachable"
+
+
+async def datacenter_view(dc: DataCenter, stub: placer_pb2_grpc.PlacerStub | None, redis, keys: Keys,
+                          timeout_s: float, include_nodes: bool = False, gpu_model: str = ""
+                          ) -> gateway_pb2.DatacenterView:
+    """One DC's view, asking its placer with `timeout_s`; with `include_nodes`, its nodes (those with a card of
+    `gpu_model`, if given)."""
+    view = gateway_pb2.DatacenterView(datacenter=dc.name, vertex=dc.vertex, kind=kind_of(dc))
+    lease = asyncio.ensure_future(lease_of(redis, keys, dc.name))
+    try:
+        if stub is None:
+            view.status, view.reason = "unreachable", "the gateway has no address for this placer (--placers)"
+        else:
+            try:
+                # the nodes of a GPU DC give its per-model totals; a CPU room's are sent only when asked for
+                nodes = include_nodes or view.kind == "gpu"
+                state = await stub.GetState(placer_pb2.PlacerStateRequest(include_nodes=nodes), timeout=timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                view.status, view.reason = _status(exc), f"{exc.code().name}: {exc.details()}"
+            else:
+                view.status, view.policy = "serving", state.policy
+                view.summary.CopyFrom(state.summary)
+                view.thermal.CopyFrom(state.thermal)
+                shown = [n for n in state.nodes if not gpu_model or any(c.model == gpu_model for c in n.gpus)]
+                view.gpus.extend(gpu_models(shown))  # the totals of the nodes asked for
+                if include_nodes:
+                    view.nodes.extend(shown)
+    finally:
+        view.lease.CopyFrom(await lease)
+    if view.status != "serving":  # what the fleet file says it has; nothing about what is free
+        view.summary.datacenter, view.summary.nodes = dc.name, dc.node_count
+        view.summary.capacity.CopyFrom(resources_to_pb(dc.capacity_total()))
+        view.summary.gpu_models.extend(sorted({p.gpu_model for p in dc.pools if p.gpu_count}))
+    return view
+
+
+async def task_history(redis, stream: str, task: pb.Task) -> tuple[list[pb.TaskEvent], bool]:
+    """The task's events, oldest first, read from its creation on (task ids and stream ids are both ms-ordered;
+    1 s of margin for the clock): at most HISTORY_SCAN entries and HISTORY_EVENTS events. Returns (events,
+    truncated)."""
+    start, scanned, events = f"{max(task.created_unix_ms - 1000, 0)}-0", 0, []
+    while scanned < HISTORY_SCAN:
+        page = await redis.xrange(stream, min=start, max="+", count=min(1000, HISTORY_SCAN - scanned))
+        if not page:
+            return events, False
+        scanned += len(page)
+        needle = task.task_id.encode()
+        for entry_id, fields in page:
+            entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            if needle not in fields.get(b"t", b""):  # cheap: most entries are other tasks', left unparsed
+                continue
+            event = event_of(entry, fields)
+            if event.task_id == task.task_id:
+                events.append(event)
+                if len(events) == HISTORY_EVENTS:
+                    return events, True
+        ms, _, seq = entry.partition("-")
+        start = f"{ms}-{int(seq) + 1}"
+    return events, True

@@ -1,0 +1,69 @@
+"""The pieces of the fleet views without a stack: the tables' columns read back as written (hypothesis), the GPU
+totals per model (hypothesis), and DescribeTask's history read from a real Redis stream (paging, order, the
+creation-time start, truncation)."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hsched import fleetview, views
+from hsched.state.tasks import now_ms, step
+from hsched.v1 import common_pb2 as pb
+from hsched.v1 import placer_pb2
+
+WORD = st.text(alphabet="abcXYZ019/%.:-_()", min_size=1, max_size=12)
+CELL = st.lists(WORD, min_size=1, max_size=3).map(" ".join)  # single spaces inside a cell, as the views print
+
+
+@given(st.integers(1, 6).flatmap(lambda n: st.tuples(st.lists(WORD, min_size=n, max_size=n),
+                                                     st.lists(st.lists(CELL, min_size=n, max_size=n), max_size=8))))
+def test_a_table_reads_back_as_its_cells(shape):
+    headers, rows = shape
+    lines = views.table(headers, rows).splitlines()
+    assert [re.split(r"\s{2,}", line.strip()) for line in lines] == [headers, *rows]
+    assert all(not line.endswith(" ") for line in lines)
+
+
+CARD = st.tuples(st.sampled_from(["T4", "P100", "V100M16"]), st.integers(0, 100), st.integers(0, 16384))
+
+
+@given(st.lists(st.lists(CARD, max_size=8), max_size=12))
+def test_gpu_totals_per_model_add_up(nodes):
+    msgs = [placer_pb2.NodeState(gpus=[placer_pb2.GpuCardState(card=i, model=m, core_percent_free=c,
+                                                               memory_mib_free=f, memory_mib_capacity=16384)
+                                       for i, (m, c, f) in enumerate(cards)]) for cards in nodes]
+    totals = fleetview.gpu_models(msgs)
+    cards = [card for node in nodes for card in node]
+    assert [t.model for t in totals] == sorted({m for m, _, _ in cards})
+    for t in totals:
+        mine = [(c, f) for m, c, f in cards if m == t.model]
+        assert t.cards == len(mine) and t.memory_mib_capacity == 16384 * len(mine)
+        assert t.core_percent_free == sum(c for c, _ in mine) and t.memory_mib_free == sum(f for _, f in mine)
+        assert t.cards_idle == sum(c == 100 and f == 16384 for c, f in mine)
+
+
+async def test_the_history_is_the_tasks_events_in_stream_order_from_its_creation(redis, prefix, monkeypatch):
+    stream = f"{prefix}:tasks"
+    mine = pb.Task(task_id="tmine", created_unix_ms=now_ms())
+    other = pb.Task(task_id="tother", created_unix_ms=now_ms())
+    # an entry of the same task id long before its creation (an id reused after retention): not its history
+    old = step("submitted", pb.Task(task_id="tmine"))
+    await redis.xadd(stream, old.fields, id="1-0")
+    kinds = ["submitted", "dc_selected", "placed", "running", "succeeded"]
+    for i in range(2500):  # three pages of other tasks' entries, with the task's five steps spread among them
+        if i % 600 == 0 and kinds:
+            await redis.xadd(stream, step(kinds.pop(0), mine, f"step at {i}").fields)
+        await redis.xadd(stream, step("submitted", other).fields)
+    events, truncated = await fleetview.task_history(redis, stream, mine)
+    assert [e.kind for e in events] == ["submitted", "dc_selected", "placed", "running", "succeeded"]
+    assert [e.detail for e in events] == [f"step at {i}" for i in (0, 600, 1200, 1800, 2400)] and not truncated
+    assert all(e.task_id == "tmine" for e in events) and events == sorted(events, key=lambda e: e.event_id)
+    monkeypatch.setattr(fleetview, "HISTORY_SCAN", 1300)  # stops after the third step
+    events, truncated = await fleetview.task_history(redis, stream, mine)
+    assert [e.kind for e in events] == ["submitted", "dc_selected", "placed"] and truncated
+    monkeypatch.setattr(fleetview, "HISTORY_EVENTS", 2)
+    events, truncated = await fleetview.task_history(redis, stream, mine)
+    assert [e.kind for e in events] == ["submitted", "dc_selected"] and truncated
