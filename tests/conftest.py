@@ -12,9 +12,18 @@ import pytest
 import redis
 
 from hsched.state.redis import EmbeddedRedis, connect
+from tests.hangs import Watchdog
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_FLEET = str(ROOT / "tests" / "fleets" / "small.yaml")
+# no test here needs more than a few minutes on a loaded 2-core machine: past this, it is stuck
+WATCHDOG_S = float(os.environ.get("HSCHED_TEST_WATCHDOG_S", "600"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with Watchdog(item.nodeid, WATCHDOG_S):
+        return (yield)
 
 
 def _reachable(url: str) -> bool:

@@ -8,6 +8,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.hangs import dump_tasks
+
+STOP_S = 60.0  # a service stops in seconds (2 s grace, then cleanup); past this it is stuck: say where
+
 
 @asynccontextmanager
 async def service(server: Any, argv: list[str], port_file: Path) -> AsyncIterator[str]:
@@ -24,4 +28,10 @@ async def service(server: Any, argv: list[str], port_file: Path) -> AsyncIterato
         yield f"127.0.0.1:{port_file.read_text()}"
     finally:
         stop.set()
-        await task
+        done, _ = await asyncio.wait({task}, timeout=STOP_S)
+        if not done:
+            dump_tasks(asyncio.get_running_loop())
+            task.cancel()
+            await asyncio.wait({task}, timeout=10)
+            raise AssertionError(f"{server.__name__} did not stop within {STOP_S:g} s of being asked (stacks above)")
+        task.result()
