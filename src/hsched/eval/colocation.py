@@ -37,7 +37,7 @@ from hsched.envs.colocation import (
     pool_demands,
     run_colocation_policy,
 )
-from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_lines
+from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_lines, plot_per_label
 from hsched.policies.colocation import random_action, sjf_action
 from hsched.policies.slices import q_curve
 
@@ -96,7 +96,7 @@ def slice_section(ctx: EvalContext) -> str:
     best_q = min(qs, key=lambda q: float(np.mean(jct[q])))
     png2 = plot_lines(ctx.png("colocation_jct_vs_q.png"), "Average JCT vs Q, shortest-stage-first on constrained "
                       "slices (paper 001 fig. 10)", "Q", "average JCT (s)",
-                      {"mean over seeds": (list(qs), [float(np.mean(jct[q])) for q in qs])})
+                      {"shortest-stage-first": (list(qs), [jct[q] for q in qs])})
     return "\n".join([
         "### Slice types and Q (paper 001 §2.1, figs. 10 and 12)",
         "",
@@ -118,7 +118,9 @@ def slice_section(ctx: EvalContext) -> str:
     ])
 
 
-def comparison(ctx: EvalContext, workload: str) -> tuple[str, dict[str, dict[str, list[float]]]]:
+def comparison(ctx: EvalContext, workload: str, bound_out: list[float] | None = None
+               ) -> tuple[str, dict[str, dict[str, list[float]]]]:
+    """The policies' table and per-seed metrics; `bound_out` gets the per-seed JCT lower bound."""
     models = _models()
     base = ColocationConfig(workload=workload)
     if workload == "tpch":
@@ -164,6 +166,8 @@ def comparison(ctx: EvalContext, workload: str) -> tuple[str, dict[str, dict[str
     worst_jct = max(paper_baselines, key=lambda lb: np.mean(results[lb]["avg_jct_s"]))
     jct_cut_max = (1 - np.mean(jf["avg_jct_s"]) / np.mean(results[worst_jct]["avg_jct_s"])) * 100
     gap = (np.mean(jf["avg_jct_s"]) / np.mean(bound) - 1) * 100
+    if bound_out is not None:  # the JCT plot's reference line
+        bound_out.extend(bound)
     text = "\n".join([
         markdown_table(["policy"] + [name for _, name, _ in METRICS], rows),
         "",
@@ -174,31 +178,18 @@ def comparison(ctx: EvalContext, workload: str) -> tuple[str, dict[str, dict[str
     return text, results
 
 
-def _bar_png(ctx: EvalContext, name: str, results: dict[str, dict[str, list[float]]], key: str, ylabel: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = list(results)
-    means = [float(np.mean(results[lb][key])) for lb in labels]
-    stds = [float(np.std(results[lb][key], ddof=1)) if len(results[lb][key]) > 1 else 0.0 for lb in labels]
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    ax.barh(range(len(labels)), means, xerr=stds, color=[f"C{i}" for i in range(len(labels))])
-    ax.set_yticks(range(len(labels)), [lb.replace(" (", "\n(") for lb in labels], fontsize=7)
-    ax.set(xlabel=ylabel, title=f"Paper 001 comparison: {ylabel}")
-    ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    path = ctx.png(name)
-    fig.savefig(path)
-    plt.close(fig)
-    return str(path)
+def _bar_png(ctx: EvalContext, name: str, results: dict[str, dict[str, list[float]]], key: str, ylabel: str,
+             refs: dict[str, float] | None = None) -> str:
+    return str(plot_per_label(ctx.png(name), f"Paper 001 comparison: {ylabel}", ylabel,
+                              {label: per[key] for label, per in results.items()}, refs=refs))
 
 
 def section(ctx: EvalContext) -> str:
     """Paper 001's part of the DAG report: slice types and Q, then the scheduler comparisons."""
-    alibaba, res = comparison(ctx, "alibaba")
-    pngs = [_bar_png(ctx, "colocation_jct.png", res, "avg_jct_s", "average JCT (s)"),
+    bound: list[float] = []
+    alibaba, res = comparison(ctx, "alibaba", bound)
+    pngs = [_bar_png(ctx, "colocation_jct.png", res, "avg_jct_s", "average JCT (s)",
+                     refs={"lower bound (mean over seeds)": float(np.mean(bound))}),
             _bar_png(ctx, "colocation_utilisation.png", res, "utilisation", "resource utilisation")]
     tpch, _ = comparison(ctx, "tpch")
     cfg = ColocationConfig()

@@ -36,7 +36,7 @@ from hsched.envs.gpu import (
     paper000_datacenters,
     run_policy,
 )
-from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_bars
+from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_bars, plot_per_label
 from hsched.metrics import RESOURCES, deployed_count, paper_summary, utilisation_matrix
 from hsched.policies.base import NodePolicy
 from hsched.policies.fgd import FragmentationGradientDescent
@@ -277,21 +277,31 @@ def _tables(setting: Setting, rows: Rows) -> str:
 
 
 def _plots(ctx: EvalContext, setting: Setting, rows: Rows, tag: str) -> list[str]:
-    labels = list(rows.by_label)
-
-    def means(key: str) -> list[float]:
-        return [float(np.mean(rows.values(label, key))) for label in labels]
-
+    """Per-seed values with error bars; the optimum is a line (its bound and best placement) on the deployed
+    plot, not a bar; GPU memory and GPU core share a group when they are equal for every policy and seed (an
+    openb slice asks for the same share of a card's memory as of its cores)."""
+    labels = [label for label in rows.by_label if label != OPTIMUM_LABEL]
+    resources = list(RESOURCES)
+    names = dict(RESOURCE_LABELS)
+    if "gpu_memory" in resources and "gpu_core" in resources and np.allclose(
+            [rows.values(label, "gpu_memory_mean") for label in labels],
+            [rows.values(label, "gpu_core_mean") for label in labels], rtol=1e-5, atol=1e-9):  # float32 state
+        resources.remove("gpu_core")
+        names["gpu_memory"] = "GPU memory = GPU core"
     files = [plot_bars(ctx.png(f"gpu_{tag}_utilisation.png"), f"Utilisation across clusters ({setting.name})",
-                       "mean utilisation", [RESOURCE_LABELS[r] for r in RESOURCES],
-                       {label: [float(np.mean(rows.values(label, f"{r}_mean"))) for r in RESOURCES]
-                        for label in labels})]
+                       "mean utilisation", [names[r] for r in resources],
+                       {label: [rows.values(label, f"{r}_mean") for r in resources] for label in labels},
+                       separate_axes=True)]
     for key, title, ylabel in (("deployed", f"Tasks deployed of {setting.n_tasks}", "tasks"),
                                ("fragmentation", "Fragmentation, eq.27", "F"),
                                ("fgd_fragmentation", "FGD expected fragmentation", "GPUs"),
                                ("gpu_load_variance", "Cross-cluster GPU load variance, eq.28", "σ²")):
-        files.append(plot_bars(ctx.png(f"gpu_{tag}_{key}.png"), f"{title} ({setting.name})", ylabel,
-                               labels, {key: means(key)}))
+        refs = {}
+        if key == "deployed" and OPTIMUM_LABEL in rows.by_label:
+            refs = {"MILP upper bound (mean over seeds)": float(np.mean(rows.values(OPTIMUM_LABEL, "bound"))),
+                    "MILP best placement (mean)": float(np.mean(rows.values(OPTIMUM_LABEL, "deployed")))}
+        files.append(plot_per_label(ctx.png(f"gpu_{tag}_{key}.png"), f"{title} ({setting.name})", ylabel,
+                                    {label: rows.values(label, key) for label in labels}, refs=refs))
     return [str(f) for f in files]
 
 

@@ -169,11 +169,11 @@ def _fig6(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str, Pa
         plot_bars(ctx.png("stage1_total_cost_per_dc.png"),
                   f"Paper 003 fig.6: total cost per DC (task of 2048 cores, {DATA_SIZE_GB:g} GB data)",
                   "total cost eq.1 + eq.2 (USD)", groups,
-                  {m: [float(np.mean([c.total for c in cells[m][g]])) for g in groups] for m in methods}),
+                  {m: [[c.total for c in cells[m][g]] for g in groups] for m in methods}),
         plot_bars(ctx.png("stage1_network_cost_per_dc.png"),
                   f"Network cost (eq.2) per DC, {DATA_SIZE_GB:g} GB from the scheduler vertex",
                   "network cost (USD)", groups,
-                  {m: [float(np.mean([c.network_cost for c in cells[m][g]])) for g in groups] for m in methods}),
+                  {m: [[c.network_cost for c in cells[m][g]] for g in groups] for m in methods}),
     ]
 
     # sensitivity to the data size: excess of each method's total over min-cost's, mean over DCs
