@@ -15,6 +15,7 @@ import grpc
 
 from hsched import rpc
 from hsched.batching import Coalescer
+from hsched.cancel import cancel_and_wait
 from hsched.convert import task_from_pb, task_to_pb
 from hsched.costs.selection import METHODS, exclusion_summary
 from hsched.domain.cluster import ClusterState
@@ -387,13 +388,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         for job in self._abandoned:
             log.warning("gateway stopping before this was done: %s (the next gateway's reconcile finishes it)",
                         job.get_name())
-            job.cancel()
-        await asyncio.gather(*self._abandoned, return_exceptions=True)
+        await cancel_and_wait(list(self._abandoned))
         for _, c in self.coalescers():
             await c.close()
-        if self._following is not None:
-            self._following.cancel()
-            await asyncio.gather(self._following, return_exceptions=True)
+        await cancel_and_wait([self._following])
         await self.transitions.close()
 
     def _explain(self, task: pb.Task, reply: placer_pb2.PlaceResponse) -> None:

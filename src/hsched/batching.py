@@ -34,6 +34,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 from opentelemetry.trace import TracerProvider
 
+from hsched.cancel import cancel_and_wait
 from hsched.domain.limits import check_message
 from hsched.rpc import status_of
 from hsched.telemetry import BatchedCalls
@@ -175,9 +176,7 @@ class Coalescer(Generic[Req, Resp]):
         return error
 
     async def close(self) -> None:
-        if self._sender is not None:
-            self._sender.cancel()
-            await asyncio.gather(self._sender, return_exceptions=True)
+        await cancel_and_wait([self._sender])
         if self._stream is not None:
             self._stream.cancel()
             self._stream = None

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from hsched.cancel import cancel_and_wait
 from hsched.domain.dag import critical_path
 from hsched.rpc import CHANNEL_OPTIONS
 from hsched.security.client import ClientCredentials
@@ -247,9 +248,7 @@ async def replay_jobs(gateway: str, jobs: list[TraceJob], time_factor: float, re
             stats.elapsed_s = time.monotonic() - start
             stats.preemptions = await _preemptions(stub, set(ids), metadata)
         finally:
-            for t in submitting:
-                t.cancel()
-            await asyncio.gather(*submitting, return_exceptions=True)
+            await cancel_and_wait(submitting)
             if redis is not None:
                 await redis.aclose()
     return stats

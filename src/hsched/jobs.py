@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 from google.protobuf import json_format
 
+from hsched.cancel import cancel_and_wait
 from hsched.convert import resources_from_pb, resources_to_pb, task_to_pb
 from hsched.costs.selection import exclusion_summary
 from hsched.domain.dag import paths_to_end
@@ -512,6 +513,4 @@ class JobOrchestrator:
                                f"{failed[0][1]}")
 
     async def close(self) -> None:
-        for worker in list(self._workers.values()):
-            worker.cancel()
-        await asyncio.gather(*self._workers.values(), return_exceptions=True)
+        await cancel_and_wait(list(self._workers.values()))

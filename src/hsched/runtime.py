@@ -13,6 +13,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from hsched.cancel import cancel_and_wait
 from hsched.security.pki import PkiError
 from hsched.security.tls import TlsFiles
 from hsched.state.epoch import EXIT_STATE_LOST, EpochGuard, StateLost
@@ -123,9 +124,7 @@ async def serve_until_stopped(stop: asyncio.Event, server, port: int, args: argp
     write_port_file(args.port_file, port)
     await stop.wait()
     await server.stop(grace=2)
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await cancel_and_wait(tasks)
     for close in cleanup:
         await close()
     if metrics:

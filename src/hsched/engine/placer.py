@@ -77,6 +77,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from redis import Redis as SyncRedis
 
+from hsched.cancel import cancel_and_wait
 from hsched.domain.cluster import ClusterState, Part, usage_vector
 from hsched.domain.fleet import DataCenter
 from hsched.domain.resources import Resources
@@ -327,11 +328,7 @@ class PlacerEngine:
     async def stop(self) -> None:
         self._closing = True
         self._stop_clocks()
-        pending = set(self._tasks)
-        while pending:  # cancel again until done: a cancel can be swallowed (3.11 asyncio.wait_for, redis-py mid-command)
-            for t in pending:
-                t.cancel()
-            _, pending = await asyncio.wait(pending, timeout=0.5)
+        await cancel_and_wait(self._tasks)
         if self._keeper:
             await asyncio.to_thread(self._keeper.close)
         if self.holding:

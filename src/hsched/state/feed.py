@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
+from hsched.cancel import cancel_and_wait
 from hsched.domain.errors import ResourceExhausted, ValidationError
 from hsched.state.tasks import event_of
 from hsched.v1 import common_pb2 as pb
@@ -109,8 +110,7 @@ class TaskFeed:
 
     async def close(self) -> None:
         if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+            await cancel_and_wait([self._reader])
         for sub in self._subscribers:
             sub.queue.put_nowait(None)
 

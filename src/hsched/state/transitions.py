@@ -11,10 +11,10 @@ others still run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from hsched.cancel import cancel_and_wait
 from hsched.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,4 @@ class Transitions:
 
     async def close(self) -> None:
         if self._dispatcher is not None:
-            self._dispatcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._dispatcher
+            await cancel_and_wait([self._dispatcher])
