@@ -14,10 +14,11 @@ machine is shared: wall time would measure the neighbours) and in wall time.
 
 Quality. The same policies with the bound vs scoring every feasible node (a learned policy's own
 `candidate_limit` lifted too), through the evaluations' own code: `hsched.eval.thermal.eval_env` +
-`hsched.envs.dc.run_policy` (CPU room "chicago", 672 servers, quick split: 200 warm-up and 50 evaluation
-Thunder jobs per seed, both CRAC modes: placed tasks, mean overloads, mean PUE) and `hsched.envs.gpu`'s
-"default fleet GPU DCs" setting of `hsched eval gpu` (340 hosts, `--gpu-tasks` openb tasks per seed: tasks
-deployed). Differences are (bounded − full) / full in %, per seed, then averaged.
+`hsched.envs.dc.run_policy` (CPU room "chicago", 672 servers, the paper split: 2,000 warm-up and 500
+evaluation Thunder jobs per seed, both CRAC modes: placed tasks, mean overloads, mean PUE) and
+`hsched.envs.gpu`'s "default fleet GPU DCs" setting of `hsched eval gpu` (340 hosts, `--gpu-tasks` openb
+tasks per seed, 1,800 as the eval: tasks deployed). Differences are (bounded − full) / full in %, per seed,
+then averaged; the full runs' own means are printed next to them.
 
     python bench/placer_scale.py [--nodes-to-score 256] [--places 600] [--hold 300] [--seeds 2]
                                  [--cpu-sizes 672,5000,10000] [--gpu-sizes 150,5000] [--skip-quality]
@@ -148,7 +149,8 @@ def _unbounded(policy):
 
 def quality_thermal(names, nodes_to_score: str, seeds) -> list[tuple]:
     from hsched.envs.dc import run_policy
-    from hsched.eval.thermal import POLICY_FACTORIES, QUICK_SPLIT, eval_env
+    from hsched.envs.dc import PAPER_SPLIT
+    from hsched.eval.thermal import POLICY_FACTORIES, eval_env
     from hsched.policies.base import bound
     from hsched.policies.heuristics import make_policy
 
@@ -162,16 +164,20 @@ def quality_thermal(names, nodes_to_score: str, seeds) -> list[tuple]:
     for mode in ("fixed", "redline"):
         for name in names:
             diffs: dict[str, list[float]] = {"placed": [], "mean_overloads": [], "mean_pue": []}
+            fulls: dict[str, list[float]] = {k: [] for k in diffs}
             for seed in seeds:
                 full_p, bounded_p = make(name, seed), make(name, seed)
                 if full_p is None:
                     break
-                full = run_policy(eval_env(mode, seed, QUICK_SPLIT), _unbounded(full_p), seed=seed)
-                part = run_policy(eval_env(mode, seed, QUICK_SPLIT), bound(bounded_p, nodes_to_score, seed), seed=seed)
+                full = run_policy(eval_env(mode, seed, PAPER_SPLIT), _unbounded(full_p), seed=seed)
+                part = run_policy(eval_env(mode, seed, PAPER_SPLIT), bound(bounded_p, nodes_to_score, seed), seed=seed)
                 for key in diffs:
                     diffs[key].append(_pct(part[key], full[key]))
+                    fulls[key].append(full[key])
             if diffs["placed"]:
-                rows.append((f"thermal {mode}", name, *(float(np.mean(v)) for v in diffs.values())))
+                rows.append((f"thermal {mode}", name, *(float(np.mean(v)) for v in diffs.values()),
+                             " / ".join(f"{np.mean(fulls[k]):.{d}f}" for k, d in
+                                        (("placed", 0), ("mean_overloads", 1), ("mean_pue", 4)))))
     return rows
 
 
@@ -191,6 +197,7 @@ def quality_gpu(names, nodes_to_score: str, seeds, n_tasks: int) -> list[tuple]:
     rows = []
     for name in names:
         diffs: list[float] = []
+        fulls: list[float] = []
         for seed in seeds:
             full_p, bounded_p = make(name, seed), make(name, seed)
             if full_p is None:
@@ -198,8 +205,10 @@ def quality_gpu(names, nodes_to_score: str, seeds, n_tasks: int) -> list[tuple]:
             full = run_policy(env, _unbounded(full_p), seed=seed).metrics["deployed"]
             part = run_policy(env, bound(bounded_p, nodes_to_score, seed), seed=seed).metrics["deployed"]
             diffs.append(_pct(part, full))
+            fulls.append(full)
         if diffs:
-            rows.append(("gpu 340 hosts", name, float(np.mean(diffs)), float("nan"), float("nan")))
+            rows.append(("gpu 340 hosts", name, float(np.mean(diffs)), float("nan"), float("nan"),
+                         f"{np.mean(fulls):.1f} deployed of {n_tasks}"))
     return rows
 
 
@@ -216,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gpu-sizes", default="150,5000")
     p.add_argument("--policies", default="", help="comma-separated subset (default: every policy that applies)")
     p.add_argument("--seeds", type=int, default=2, help="evaluation seeds for the quality part")
-    p.add_argument("--gpu-tasks", type=int, default=600, help="openb tasks per seed in the GPU quality eval")
+    p.add_argument("--gpu-tasks", type=int, default=1800, help="openb tasks per seed in the GPU quality eval")
     p.add_argument("--skip-quality", action="store_true")
     p.add_argument("--skip-speed", action="store_true")
     opts = p.parse_args(argv)
@@ -252,12 +261,13 @@ def main(argv: list[str] | None = None) -> None:
         seeds = range(opts.seeds)
         print(f"\nquality, nodes to score {nts} vs all feasible nodes, mean over seeds {list(seeds)} "
               "((bounded − full) / full, %):")
-        print(f"{'eval':<18}{'policy':<13}{'placed/deployed':>16}{'overloads':>11}{'PUE':>9}")
+        print(f"{'eval':<18}{'policy':<13}{'placed/deployed':>16}{'overloads':>11}{'PUE':>9}   full: placed / "
+              "overloads / PUE")
         cpu = [n for n in CPU_POLICIES if not only or n in only]
         gpu = [n for n in GPU_POLICIES if not only or n in only]
         t0 = time.perf_counter()
         for row in [*quality_thermal(cpu, nts, seeds), *quality_gpu(gpu, nts, seeds, opts.gpu_tasks)]:
-            print(f"{row[0]:<18}{row[1]:<13}{row[2]:>+16.2f}{row[3]:>+11.2f}{row[4]:>+9.3f}", flush=True)
+            print(f"{row[0]:<18}{row[1]:<13}{row[2]:>+16.2f}{row[3]:>+11.2f}{row[4]:>+9.3f}   {row[5]}", flush=True)
         print(f"(quality part: {time.perf_counter() - t0:.0f} s)")
 
 
