@@ -10,6 +10,30 @@ from hsched.domain.cluster import ClusterState
 from hsched.domain.resources import Resources
 
 
+_GPU_CAPACITY: dict[int, tuple[object, np.ndarray, np.ndarray]] = {}
+
+
+def _gpu_capacity(table) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, its GPU core percent and GPU memory over all cards (at least 1): fixed per node table, so
+    computed once per table rather than per decision."""
+    hit = _GPU_CAPACITY.get(id(table))
+    if hit is None or hit[0] is not table:
+        if len(_GPU_CAPACITY) > 64:  # a few tables per process (the DC's, an env's): never grow without bound
+            _GPU_CAPACITY.clear()
+        hit = _GPU_CAPACITY[id(table)] = (table, np.maximum(table.gpu_core_percent.sum(axis=1), 1),
+                                          np.maximum(table.gpu_memory_mib.sum(axis=1), 1))
+    return hit[1], hit[2]
+
+
+def row_sums(a: np.ndarray) -> np.ndarray:
+    """Row sums of a [n, cards] array by a column loop (numpy's reduction along a short last axis is ~4×
+    slower); the same integers as a.sum(axis=1)."""
+    out = np.zeros(a.shape[0], dtype=a.dtype)
+    for j in range(a.shape[1]):
+        out += a[:, j]
+    return out
+
+
 def _fractions(state: ClusterState, demand: Resources, nodes: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
     """Free and demanded fractions of capacity per node (all, or the indices `nodes`) over the dimensions
@@ -24,9 +48,8 @@ def _fractions(state: ClusterState, demand: Resources, nodes: np.ndarray | None 
         free.append(state.free_memory[i] / mem)
         want.append(demand.memory_mib / mem)
     if demand.gpu_count:
-        core_cap = np.maximum(t.gpu_core_percent[i].sum(axis=1), 1)
-        mem_cap = np.maximum(t.gpu_memory_mib[i].sum(axis=1), 1)
-        free += [state.gpu_free_core[i].sum(axis=1) / core_cap, state.gpu_free_memory[i].sum(axis=1) / mem_cap]
+        core_cap, mem_cap = (c[i] for c in _gpu_capacity(t))
+        free += [row_sums(state.gpu_free_core[i]) / core_cap, row_sums(state.gpu_free_memory[i]) / mem_cap]
         want += [demand.gpu_count * demand.gpu_core_percent / core_cap, demand.gpu_count * demand.gpu_memory_mib / mem_cap]
     return np.stack(free, axis=1), np.stack(want, axis=1)
 
