@@ -112,8 +112,9 @@ def candidates(policy, mask: np.ndarray) -> np.ndarray:
         k = min(k, own)
     if k >= len(feasible):
         return feasible
-    rng = sampler.rng if sampler is not None else np.random.default_rng(len(feasible))
-    return np.sort(feasible[rng.choice(len(feasible), k, replace=False)])
+    if sampler is None:  # a learned policy's own limit, no bound given: a generator of its own, seeded 0
+        sampler = policy.sampler = CandidateSampler(NodesToScore(), 0)
+    return np.sort(feasible[sampler.rng.choice(len(feasible), k, replace=False)])
 
 
 def scores_of(policy, state: ClusterState, demand: Resources, mask: np.ndarray, nodes: np.ndarray) -> np.ndarray:
