@@ -36,18 +36,18 @@ from pathlib import Path
 if not __package__:  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hsched.threads import BLAS_THREAD_VARS  # noqa: E402  (imports no numpy)
+from hsched.threads import BLAS_THREAD_VARS
 
 os.environ.update(dict.fromkeys(BLAS_THREAD_VARS, "1"))  # before numpy loads OpenBLAS
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import dataclasses  # noqa: E402
-import math  # noqa: E402
-import secrets  # noqa: E402
-import time  # noqa: E402
+import argparse
+import asyncio
+import dataclasses
+import math
+import secrets
+import time
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 CPU_POLICIES = ("bestfit", "utilization", "double-dqn")
 GPU_POLICIES = ("bestfit", "utilization", "fgd", "eade-ddpg")
@@ -148,8 +148,7 @@ def _unbounded(policy):
 
 
 def quality_thermal(names, nodes_to_score: str, seeds) -> list[tuple]:
-    from hsched.envs.dc import run_policy
-    from hsched.envs.dc import PAPER_SPLIT
+    from hsched.envs.dc import PAPER_SPLIT, run_policy
     from hsched.eval.thermal import POLICY_FACTORIES, eval_env
     from hsched.policies.base import bound
     from hsched.policies.heuristics import make_policy

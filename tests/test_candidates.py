@@ -112,7 +112,7 @@ def test_nodes_to_score_parse_and_limit():
     assert NodesToScore.parse("10%").limit(300) == MIN_NODES_TO_SCORE == 100  # kube's floor of 100 nodes
     assert NodesToScore.parse("10%").limit(40) == 40
     assert str(NodesToScore.parse("100%")) == "all" and str(NodesToScore.parse(" 12 ")) == "12"
-    for bad in ("0%", "101%", "-3", "x", "1.5"):
+    for bad in ("0", "0%", "101%", "-3", "x", "1.5"):
         with pytest.raises(ValueError, match="nodes_to_score: .* must be 'all', a node count >= 1 or a percentage"):
             NodesToScore.parse(bad)
 

@@ -28,9 +28,9 @@ from hsched.engine.executor import (
 )
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
 from hsched.engine.slices import SliceCatalog
+from hsched.policies.base import NodesToScore
 from hsched.policies.dagqueue import DAG_POLICIES, load_dag_queue_policy
 from hsched.policies.fairshare import TenantWeights
-from hsched.policies.base import NodesToScore
 from hsched.policies.heuristics import LEARNED_POLICIES, POLICY_NAMES, make_policy
 from hsched.runtime import (
     common_args,

@@ -58,7 +58,7 @@ class NodesToScore:
     def parse(cls, text: str | int | None) -> NodesToScore:
         raw = "all" if text is None else str(text).strip().lower()
         try:
-            if raw in ("", "all", "0"):
+            if raw in ("", "all"):
                 return cls()
             if raw.endswith("%"):
                 pct = float(raw[:-1])

@@ -9,7 +9,6 @@ import numpy as np
 from hsched.domain.cluster import ClusterState
 from hsched.domain.resources import Resources
 
-
 _GPU_CAPACITY: dict[int, tuple[object, np.ndarray, np.ndarray]] = {}
 
 

@@ -171,21 +171,6 @@ def features(obs: torch.Tensor, room: RoomFeatures) -> tuple[torch.Tensor, torch
     return torch.cat([wait, servers], dim=1), task
 
 
-def features_at(obs: torch.Tensor, room: RoomFeatures, nodes: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """`features` with the server items of `nodes` only (wait first, then the servers in `nodes`' order); the
-    task features are the whole room's, as in `features`."""
-    n = room.inv_cores.shape[0]
-    idx = torch.from_numpy(np.asarray(nodes, dtype=np.int64))
-    util, rise, demand = obs[:, :n], obs[:, n : 2 * n] * room.rise_scale, obs[:, 2 * n]
-    task = torch.stack([demand / room.max_cores, util.mean(dim=1), rise.amax(dim=1)], dim=-1)
-    u, r = util[:, idx], rise[:, idx]
-    after = u + demand[:, None] * room.inv_cores[idx]
-    servers = torch.stack([u, after, r, room.influence[idx].expand_as(u), torch.zeros_like(u)], dim=-1)
-    wait = torch.zeros(obs.shape[0], 1, len(ITEM_FEATURES))
-    wait[..., ITEM_FEATURES.index("is_wait")] = 1.0
-    return torch.cat([wait, servers], dim=1), task
-
-
 class PlacementQ(PooledScorer):
     """`PooledScorer` over the items of `features`, plus `q_at`: Q(s, a) of one item per row (the TD loss
     needs only the taken action's value, so the other items skip the head)."""
@@ -249,8 +234,9 @@ class DoubleDqnPolicy:
         """Q for actions 0..n (0 = wait) in the current state of `state`'s room (torch, as trained) — or, with
         `nodes`, for wait and those servers only (the bounded candidate set of hsched.policies.base), the
         pooled context then taken over them so the network's cost follows len(nodes); the task features stay
-        room-wide (mean utilisation, hottest rise: O(n) vector operations). That path computes `features_at`
-        and the forward in numpy (`PooledNumpy`: torch's per-operator overhead was most of a decision)."""
+        room-wide (mean utilisation, hottest rise: O(n) vector operations). That path builds the items of
+        `features` for `nodes` only and runs the forward in numpy (`PooledNumpy`: torch's per-operator overhead
+        was most of a decision)."""
         _, room, rf = self._room(state.dc)
         busy_cores, busy_gpus = load_arrays(state)
         if nodes is None:

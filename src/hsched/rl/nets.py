@@ -123,7 +123,7 @@ class PooledNumpy:
         self.rest = [(arr(m.weight).T, arr(m.bias)) for m in net.head[1:] if isinstance(m, nn.Linear)]
 
     def __call__(self, items: np.ndarray, task: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
-        n, f = items.shape
+        f = items.shape[1]
         h = np.maximum(items @ self.embed_w[:f] + (task @ self.embed_w[f:] + self.embed_b), 0.0)
         context = np.concatenate([h.mean(axis=0), h.max(axis=0)]) @ self.ctx_w + self.first_b
         z = h @ self.h_w + context
