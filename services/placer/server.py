@@ -28,6 +28,7 @@ from hsched.engine.executor import (
 )
 from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
 from hsched.engine.slices import SliceCatalog
+from hsched.policies.base import NodesToScore
 from hsched.policies.dagqueue import DAG_POLICIES, load_dag_queue_policy
 from hsched.policies.fairshare import TenantWeights
 from hsched.policies.heuristics import LEARNED_POLICIES, POLICY_NAMES, make_policy
@@ -307,7 +308,8 @@ async def serve(args, stop: asyncio.Event) -> None:
     guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
     owner = f"{socket.gethostname()}:{os.getpid()}"
     slices = slice_types_of(args)
-    engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
+    engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc, args.nodes_to_score), owner,
+                          thermal,
                           lease_ms=args.lease_ms, fenced_exit_s=args.fenced_exit_s,
                           batch_budget_s=args.batch_budget_ms / 1000 or None,
                           lease_client=connect_sync(args.redis_url),
@@ -385,6 +387,11 @@ def parser():
                         "state (local), or by asking the thermal service (service: one more hop per batch)")
     p.add_argument("--lease-ms", type=int, default=os.environ.get("HSCHED_LEASE_MS", "3000"),
                    help="lease period: another placer may take the DC over this long after this one stops renewing")
+    p.add_argument("--nodes-to-score", default=os.environ.get("HSCHED_NODES_TO_SCORE", "all"),
+                   help="feasible nodes one decision scores (kube-scheduler's percentageOfNodesToScore): all "
+                        "(default), a count (256) or a percentage of the feasible nodes, at least 100 (10%%); "
+                        "more feasible nodes than that: a seeded uniform sample of them (docs/scale.md). Learned "
+                        "policies score at most their training fleet's size whatever this says")
     p.add_argument("--batch-budget-ms", type=float, default=os.environ.get("HSCHED_BATCH_BUDGET_MS", "0"),
                    help="a batch of calls takes no more once its decisions have used this much time; the rest go to "
                         "the next batch, after the event loop has run (health, summaries, the lease watchdog), so a "
@@ -473,6 +480,10 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--batch-budget-ms must be >= 0 (0 = a tenth of --lease-ms), got {args.batch_budget_ms}")
     if args.fenced_exit_s < 0 or args.lease_wait_s < 0:
         p.error("--fenced-exit-s and --lease-wait-s must be >= 0")
+    try:
+        NodesToScore.parse(args.nodes_to_score)
+    except ValueError as exc:
+        p.error(f"--{exc}".replace("--nodes_to_score", "--nodes-to-score"))
     check_executor_args(p, args)
     check_tenant_weights(p, args)
     check_slice_types(p, args)

@@ -158,6 +158,7 @@ def cmd_up(args) -> int:
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
                          supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls, auth=args.auth,
                          time_factor=args.time_factor, dag_policy=args.dag_policy, slice_types=slice_types,
+                         nodes_to_score=args.nodes_to_score,
                          prometheus=args.prometheus, prometheus_port=args.prometheus_port)
     _log_supervision_to(console)
     stack = Stack(config)
@@ -848,6 +849,15 @@ def positive_float(text: str) -> float:
     return value
 
 
+def _nodes_to_score(text: str) -> str:
+    from hsched.policies.base import NodesToScore
+
+    try:
+        return str(NodesToScore.parse(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("nodes_to_score: ")) from None
+
+
 def non_negative_float(text: str) -> float:
     value = _finite(text)
     if value < 0:
@@ -938,6 +948,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the placers' order among queued DAG-job stages of one class/tenant/priority band: fifo "
                          "(arrival, default), sjf-cp (least remaining job work, then longest critical path) or "
                          "ba3c (the shipped learned scheduler); hsched.policies.dagqueue")
+    up.add_argument("--nodes-to-score", type=_nodes_to_score, default="all",
+                    help="feasible nodes one placement decision scores: all (default), a count (256) or a "
+                         "percentage of the feasible nodes, at least 100 (10%%); a seeded sample when more fit "
+                         "(kube-scheduler's percentageOfNodesToScore; docs/scale.md)")
     up.add_argument("--slice-types", default="",
                     help="a slice-types file (`hsched slices fit`): the placers pre-partition every node into slices "
                          "of those types and place each task part in one (paper 001; default: no slices)")

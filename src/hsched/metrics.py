@@ -270,6 +270,22 @@ class TaskDistribution:
                    np.array([c / total for _, c in items], dtype=np.float64))
 
 
+_SLICE_SIZES: dict[int, tuple[TaskDistribution, np.ndarray, np.ndarray]] = {}
+
+
+def _slice_sizes(dist: TaskDistribution) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (core %, memory) slice sizes of `dist`'s shapes [U, 2] and each shape's index into them
+    (cached per distribution: FGD scores every decision against the same one)."""
+    hit = _SLICE_SIZES.get(id(dist))
+    if hit is None or hit[0] is not dist:
+        need = np.stack([np.maximum(dist.gpu_core_percent, 1), dist.gpu_memory_mib], axis=1)
+        sizes, index = np.unique(need, axis=0, return_inverse=True)
+        if len(_SLICE_SIZES) > 64:  # a few distributions per process; never grow without bound
+            _SLICE_SIZES.clear()
+        hit = _SLICE_SIZES[id(dist)] = (dist, sizes, index.reshape(-1))
+    return hit[1], hit[2]
+
+
 def fgd_expected_fragmentation(free_cpu: np.ndarray, free_memory: np.ndarray, free_disk: np.ndarray,
                                free_bandwidth: np.ndarray, gpu_free_core: np.ndarray,
                                gpu_free_memory: np.ndarray, gpu_model: Sequence[str],
@@ -295,15 +311,17 @@ def fgd_expected_fragmentation(free_cpu: np.ndarray, free_memory: np.ndarray, fr
                & (free_memory[:, None] >= dist.memory_mib[None, :])
                & (free_disk[:, None] >= dist.disk_mib[None, :])
                & (free_bandwidth[:, None] >= dist.bandwidth_mbps[None, :]))  # [k, M]
-    holds = ((core[:, :, None] >= np.maximum(dist.gpu_core_percent, 1)[None, None, :])
-             & (gpu_free_memory[:, :, None] >= dist.gpu_memory_mib[None, None, :]))  # [k, cards, M]
-    runs = host_ok & (holds.sum(axis=1) >= dist.gpu_count[None, :]) & (dist.gpu_count > 0)[None, :]
+    # per card, per distinct slice size (openb: 22 for 151 shapes), then spread to the shapes: [k, cards, U]
+    sizes, shape_size = _slice_sizes(dist)
+    holds = (core[:, :, None] >= sizes[None, None, :, 0]) & (gpu_free_memory[:, :, None] >= sizes[None, None, :, 1])
+    runs = host_ok & (holds.sum(axis=1)[:, shape_size] >= dist.gpu_count[None, :]) & (dist.gpu_count > 0)[None, :]
     if any(dist.gpu_models):
         models = np.asarray(gpu_model)
         for m, allowed in enumerate(dist.gpu_models):
             if allowed:
                 runs[:, m] &= np.isin(models, list(allowed))
-    stranded = np.einsum("kg,kgm->km", core / 100.0, ~holds)  # idle share on cards that cannot hold a slice
+    # idle share on cards that cannot hold a slice
+    stranded = np.einsum("kg,kgu->ku", core / 100.0, ~holds)[:, shape_size]
     per_shape = np.where(runs, stranded, idle[:, None])  # [k, M]
     return per_shape @ dist.popularity
 

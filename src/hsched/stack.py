@@ -145,6 +145,8 @@ class StackConfig:
     time_factor: float | None = None
     # the placers' --dag-policy: which DAG job's stage their deferred queue serves first (hsched.policies.dagqueue)
     dag_policy: str = "fifo"
+    # the placers' --nodes-to-score: feasible nodes one decision scores ("all", "256", "10%"; docs/scale.md)
+    nodes_to_score: str = "all"
     # the placers' --slice-types: a slice-types file (hsched.engine.slices; `hsched slices fit`); None = no slices
     slice_types: str | None = None
     # mutual TLS on every gRPC hop (`hsched up --tls`): a CA and per-service certificates in <state_dir>/tls
@@ -335,6 +337,8 @@ class Stack:
                     args += ["--time-factor", repr(float(self.config.time_factor))]
                 if self.config.dag_policy != "fifo":
                     args += ["--dag-policy", self.config.dag_policy]
+                if self.config.nodes_to_score != "all":
+                    args += ["--nodes-to-score", self.config.nodes_to_score]
                 if self.config.slice_types:
                     args += ["--slice-types", self.config.slice_types]
                 self._spawn(name, "services.placer", args)

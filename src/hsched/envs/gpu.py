@@ -264,15 +264,16 @@ def placement_scores(u: np.ndarray, totals: np.ndarray, demand: Resources) -> np
 
 
 def host_hints(state: ClusterState, demand: Resources, u: np.ndarray, totals: np.ndarray,
-               host_cluster: np.ndarray) -> np.ndarray:
+               host_cluster: np.ndarray, nodes: np.ndarray | None = None) -> np.ndarray:
     """HINT_FEATURES [n, 4] float32 of `state`'s hosts for `demand`: the Utilization heuristic's fit (cosine
     of the host's free and the task's demanded capacity shares, clipped to [0, 1]), the eq.16 Score of the
     host's cluster after the placement (`placement_scores`; hosts are in cluster `host_cluster[h]` of the
     utilisation matrix `u`), and the expert's two packing terms (`gpu_stranding`, `card_tightness`, in
     [0, 1]). Heuristic scores as inputs, so a learned policy can start from them."""
-    fit = np.clip(_UTILIZATION.scores(state, demand, np.ones(state.n, dtype=bool)), 0.0, 1.0)
-    return np.stack([fit, placement_scores(u, totals, demand)[host_cluster], gpu_stranding(state, demand),
-                     card_tightness(state, demand)], axis=1).astype(np.float32)
+    i = slice(None) if nodes is None else nodes  # `nodes`: those hosts' rows only (a bounded candidate set)
+    fit = np.clip(_UTILIZATION.scores_at(state, demand, nodes), 0.0, 1.0)
+    return np.stack([fit, placement_scores(u, totals, demand)[host_cluster[i]], gpu_stranding(state, demand, nodes),
+                     card_tightness(state, demand, nodes)], axis=1).astype(np.float32)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -9,19 +9,46 @@ import numpy as np
 from hsched.domain.cluster import ClusterState
 from hsched.domain.resources import Resources
 
+_GPU_CAPACITY: dict[int, tuple[object, np.ndarray, np.ndarray]] = {}
 
-def _fractions(state: ClusterState, demand: Resources) -> tuple[np.ndarray, np.ndarray]:
-    """Free and demanded fractions of capacity per node over the dimensions the demand uses: [n, d]."""
+
+def _gpu_capacity(table) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, its GPU core percent and GPU memory over all cards (at least 1): fixed per node table, so
+    computed once per table rather than per decision."""
+    hit = _GPU_CAPACITY.get(id(table))
+    if hit is None or hit[0] is not table:
+        if len(_GPU_CAPACITY) > 64:  # a few tables per process (the DC's, an env's): never grow without bound
+            _GPU_CAPACITY.clear()
+        hit = _GPU_CAPACITY[id(table)] = (table, np.maximum(table.gpu_core_percent.sum(axis=1), 1),
+                                          np.maximum(table.gpu_memory_mib.sum(axis=1), 1))
+    return hit[1], hit[2]
+
+
+def row_sums(a: np.ndarray) -> np.ndarray:
+    """Row sums of a [n, cards] array by a column loop (numpy's reduction along a short last axis is ~4×
+    slower); the same integers as a.sum(axis=1)."""
+    out = np.zeros(a.shape[0], dtype=a.dtype)
+    for j in range(a.shape[1]):
+        out += a[:, j]
+    return out
+
+
+def _fractions(state: ClusterState, demand: Resources, nodes: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Free and demanded fractions of capacity per node (all, or the indices `nodes`) over the dimensions
+    the demand uses: [n, d]."""
     t = state.table
-    free = [state.free_cpu / np.maximum(t.cpu_milli, 1)]
-    want = [demand.cpu_milli / np.maximum(t.cpu_milli, 1)]
+    i = slice(None) if nodes is None else nodes
+    cpu = np.maximum(t.cpu_milli[i], 1)
+    free = [state.free_cpu[i] / cpu]
+    want = [demand.cpu_milli / cpu]
     if demand.memory_mib:
-        free.append(state.free_memory / np.maximum(t.memory_mib, 1))
-        want.append(demand.memory_mib / np.maximum(t.memory_mib, 1))
+        mem = np.maximum(t.memory_mib[i], 1)
+        free.append(state.free_memory[i] / mem)
+        want.append(demand.memory_mib / mem)
     if demand.gpu_count:
-        core_cap = np.maximum(t.gpu_core_percent.sum(axis=1), 1)
-        mem_cap = np.maximum(t.gpu_memory_mib.sum(axis=1), 1)
-        free += [state.gpu_free_core.sum(axis=1) / core_cap, state.gpu_free_memory.sum(axis=1) / mem_cap]
+        core_cap, mem_cap = (c[i] for c in _gpu_capacity(t))
+        free += [row_sums(state.gpu_free_core[i]) / core_cap, row_sums(state.gpu_free_memory[i]) / mem_cap]
         want += [demand.gpu_count * demand.gpu_core_percent / core_cap, demand.gpu_count * demand.gpu_memory_mib / mem_cap]
     return np.stack(free, axis=1), np.stack(want, axis=1)
 
@@ -31,6 +58,9 @@ class FirstFit:
 
     def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
         return -np.arange(state.n, dtype=np.float64)
+
+    def scores_at(self, state: ClusterState, demand: Resources, nodes: np.ndarray) -> np.ndarray:
+        return -np.asarray(nodes, dtype=np.float64)
 
     def placed(self, node: int) -> None:
         pass
@@ -57,7 +87,10 @@ class Greedy:
     name = "greedy"
 
     def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
-        free, _ = _fractions(state, demand)
+        return self.scores_at(state, demand, None)
+
+    def scores_at(self, state: ClusterState, demand: Resources, nodes: np.ndarray | None) -> np.ndarray:
+        free, _ = _fractions(state, demand, nodes)
         return 1.0 - free.mean(axis=1)
 
     def placed(self, node: int) -> None:
@@ -70,7 +103,11 @@ class BestFit:
     name = "bestfit"
 
     def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
-        free, want = _fractions(state, demand)
+        return self.scores_at(state, demand, None)
+
+    def scores_at(self, state: ClusterState, demand: Resources, nodes: np.ndarray | None) -> np.ndarray:
+        """The scores of `nodes` only (None: all): `select`'s bounded candidate set costs O(len(nodes))."""
+        free, want = _fractions(state, demand, nodes)
         return -(free - want).mean(axis=1)
 
     def placed(self, node: int) -> None:
@@ -96,7 +133,10 @@ class Utilization:
     name = "utilization"
 
     def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
-        free, want = _fractions(state, demand)
+        return self.scores_at(state, demand, None)
+
+    def scores_at(self, state: ClusterState, demand: Resources, nodes: np.ndarray | None) -> np.ndarray:
+        free, want = _fractions(state, demand, nodes)
         norm = np.linalg.norm(free, axis=1) * np.linalg.norm(want, axis=1)
         return np.where(norm > 0, (free * want).sum(axis=1) / np.maximum(norm, 1e-12), 0.0)
 
@@ -104,31 +144,36 @@ class Utilization:
         pass
 
 
-def gpu_stranding(state: ClusterState, demand: Resources) -> np.ndarray:
-    """Per node, in [0, 1]: how much placing `demand` there would strand GPU capacity — the share of the node's
+def gpu_stranding(state: ClusterState, demand: Resources, nodes: np.ndarray | None = None) -> np.ndarray:
+    """Per node (all, or the indices `nodes`), in [0, 1]: how much placing `demand` there would strand GPU
+    capacity — the share of the node's
     free CPU or memory (the larger) the demand takes, times the share of the node's GPU core still free after
     it. A GPU is useless once its host's CPU or memory is gone; on fleets that mix 16- and 104-core 2-GPU
     hosts (openb) that loses whole cards, so a packing policy should spend the small hosts' CPU on GPU work."""
     t = state.table
-    core_cap = np.maximum(t.gpu_core_percent.sum(axis=1), 1)
-    gpu_free_after = np.maximum(state.gpu_free_core.sum(axis=1) - demand.gpu_count * demand.gpu_core_percent, 0)
-    taken = np.maximum(demand.cpu_milli / np.maximum(state.free_cpu, 1),
-                       demand.memory_mib / np.maximum(state.free_memory, 1))
+    i = slice(None) if nodes is None else nodes
+    core_cap = np.maximum(t.gpu_core_percent[i].sum(axis=1), 1)
+    gpu_free_after = np.maximum(state.gpu_free_core[i].sum(axis=1) - demand.gpu_count * demand.gpu_core_percent, 0)
+    taken = np.maximum(demand.cpu_milli / np.maximum(state.free_cpu[i], 1),
+                       demand.memory_mib / np.maximum(state.free_memory[i], 1))
     return np.minimum(taken, 1.0) * gpu_free_after / core_cap
 
 
-def card_tightness(state: ClusterState, demand: Resources) -> np.ndarray:
-    """Per node, in [0, 1]: 1 − the core share left on the cards `ClusterState.choose_cards` would give the
+def card_tightness(state: ClusterState, demand: Resources, nodes: np.ndarray | None = None) -> np.ndarray:
+    """Per node (all, or the indices `nodes`), in [0, 1]: 1 − the core share left on the cards
+    `ClusterState.choose_cards` would give the
     demand (the fullest that fit; with several, the emptiest of them); 0 where the node cannot take it or the
     demand has no GPU. Best fit at card level: a slice on a card that it fills leaves whole cards for
     whole-card tasks."""
+    i = slice(None) if nodes is None else nodes
+    k = state.n if nodes is None else len(nodes)
     if not demand.gpu_count:
-        return np.zeros(state.n)
-    core, mem = state.gpu_free_core, state.gpu_free_memory
+        return np.zeros(k)
+    core, mem = state.gpu_free_core[i], state.gpu_free_memory[i]
     left = np.where((core >= demand.gpu_core_percent) & (mem >= demand.gpu_memory_mib),
                     core - demand.gpu_core_percent, np.inf)
     if left.shape[1] < demand.gpu_count:
-        return np.zeros(state.n)
+        return np.zeros(k)
     kth = left.min(axis=1) if demand.gpu_count == 1 else np.sort(left, axis=1)[:, demand.gpu_count - 1]
     return np.where(np.isfinite(kth), 1.0 - kth / 100.0, 0.0)
 
@@ -149,10 +194,21 @@ LEARNED_POLICIES = {
 POLICY_NAMES = (*sorted(HEURISTICS), "fgd", *LEARNED_POLICIES)
 
 
-def make_policy(name: str, seed: int = 0, dc=None):
+def make_policy(name: str, seed: int = 0, dc=None, nodes_to_score=None):
     """A fresh policy instance by name: rr, greedy, bestfit, firstfit, random, utilization, fgd
     (fragmentation gradient descent against the openb trace's GPU-request distribution), or a learned
-    policy (double-dqn, ddpg, eade-ddpg) for the DataCenter `dc` it will serve."""
+    policy (double-dqn, ddpg, eade-ddpg) for the DataCenter `dc` it will serve. `nodes_to_score` ("all",
+    "256", "10%" or a NodesToScore; None = all): the most feasible nodes one decision scores, sampled with
+    `seed` (hsched.policies.base; a learned policy also keeps its own fixed `candidate_limit`)."""
+    policy = _make_policy(name, seed, dc)
+    if nodes_to_score is not None:
+        from hsched.policies.base import bound
+
+        bound(policy, nodes_to_score, seed)
+    return policy
+
+
+def _make_policy(name: str, seed: int, dc):
     if name == "fgd":
         from hsched.policies.fgd import FragmentationGradientDescent
 

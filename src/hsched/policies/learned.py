@@ -51,6 +51,16 @@ class Fallback:
         self.decisions += 1
         return self.policy.scores(state, demand, mask)
 
+    def scores_at(self, state: ClusterState, demand: Resources, nodes: np.ndarray) -> np.ndarray:
+        """The heuristic's scores of a sampled candidate set (hsched.policies.base.scores_of)."""
+        self.decisions += 1
+        at = getattr(self.policy, "scores_at", None)
+        if at is not None:
+            return at(state, demand, nodes)
+        mask = np.zeros(state.n, dtype=bool)
+        mask[nodes] = True
+        return np.asarray(self.policy.scores(state, demand, mask))[nodes]
+
     def placed(self, node: int) -> None:
         self.policy.placed(node)
 

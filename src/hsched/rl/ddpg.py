@@ -100,7 +100,7 @@ from hsched.policies.heuristics import Utilization, card_tightness, gpu_strandin
 from hsched.rl import checkpoint
 from hsched.rl.buffers import DualReplayBuffer, ReplayBuffer
 from hsched.rl.checkpoint import runs_dir, training_path
-from hsched.rl.nets import SelfAttentionScorer
+from hsched.rl.nets import AttentionNumpy, SelfAttentionScorer
 from hsched.rl.schedules import LinearSchedule, soft_update
 from hsched.rl.training import TrainArgs, output_path, plot_curves, progress, seed_everything
 
@@ -283,7 +283,9 @@ class PolicyInputs:
         self.view = view
         self._scales: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def __call__(self, state: ClusterState, demand: Resources) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, state: ClusterState, demand: Resources, nodes: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(items [n + 1, ITEM_FEATURES] — the hosts, or those of `nodes` in order, then the wait item —, task)."""
         if self._scales is None or self._scales[0] != id(state.table):  # these depend on the fleet only
             view = self.view
             self._scales = (id(state.table), host_scale(state.table), task_scale(state.table),
@@ -291,8 +293,9 @@ class PolicyInputs:
                             view.host_cluster if view is not None else np.zeros(state.n, dtype=np.int64))
         _, hs, ts, totals, host_cluster = self._scales
         u = utilisation_matrix(self.view.clusters if self.view is not None else [state])
-        hints = host_hints(state, demand, u, totals, host_cluster)
-        return items_from(host_features(state, hs), free_shares(u)[host_cluster], hints), \
+        rows = slice(None) if nodes is None else nodes
+        hints = host_hints(state, demand, u, totals, host_cluster, nodes)
+        return items_from(host_features(state, hs, rows), free_shares(u)[host_cluster[rows]], hints), \
             demand_features([demand], ts)[0]
 
 
@@ -300,16 +303,28 @@ class ActorPolicy:
     """The trained actor as a placer `NodePolicy`: its score per node of the ClusterState it is given (the
     caller's mask and `select()` pick the node and list the top-k alternatives with these scores)."""
 
+    # Hosts scored per decision (hsched.policies.base.candidates: a uniform sample of the feasible ones when
+    # more fit): the training fleet's (Config.fleet, 16 × 4). Self-attention costs O(items²); over a fixed set
+    # a decision costs the same at 5,000 hosts as at 64. The actor reads a set of any size: nothing is padded.
+    candidate_limit = 64
+
     def __init__(self, actor: Actor, name: str, view: MultiClusterState | None = None) -> None:
         self.actor = actor.eval()
         self.name = name
         self.inputs = PolicyInputs(view)
+        self._forward = AttentionNumpy(self.actor.scorer)  # serving: torch's per-operator overhead > the math
 
     @torch.no_grad()
     def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
         items, task = self.inputs(state, demand)
         out = self.actor(torch.from_numpy(items)[None], torch.from_numpy(task)[None])[0, :-1]
         return out.numpy().astype(np.float64)
+
+    def scores_at(self, state: ClusterState, demand: Resources, nodes: np.ndarray) -> np.ndarray:
+        """The scores of a sampled candidate set `nodes`, the attention over them and the wait item only (their
+        features alone are built; the clusters' utilisation stays O(clusters)), in numpy (`AttentionNumpy`)."""
+        items, task = self.inputs(state, demand, np.asarray(nodes, dtype=np.intp))  # the wait item stays last
+        return self._forward(items, task)[:-1].astype(np.float64)
 
     def placed(self, node: int) -> None:
         pass

@@ -58,7 +58,7 @@ from hsched.envs.dc import DEFAULT_DC, ENV_ID, PAPER_SPLIT, THUNDER, DcPlacement
 from hsched.policies.learned import ModelMismatch
 from hsched.rl import checkpoint
 from hsched.rl.buffers import ReplayBuffer
-from hsched.rl.nets import PooledScorer
+from hsched.rl.nets import PooledNumpy, PooledScorer
 from hsched.rl.schedules import LinearSchedule, epsilon_greedy, hard_update
 from hsched.rl.training import (
     TrainArgs,
@@ -200,6 +200,11 @@ def double_dqn_target(rewards: torch.Tensor, dones: torch.Tensor, q_online_next:
 class DoubleDqnPolicy:
     """The served NodePolicy: scores = the Q-values of placing on each server (the wait item is not a node).
 
+    It scores at most `candidate_limit` servers per decision (hsched.policies.base.candidates: a uniform
+    sample of the feasible ones when more fit), the size of the room it was trained on, so a decision costs
+    the same in a room of 10,000 servers as in the training room; the network reads a set of items of any
+    size (`PooledScorer`), so nothing is padded.
+
     The rise comes from the library's room model of the DC the ClusterState belongs to (`room_for`, built
     once per DC): D @ P with P from `RoomModel.power` (eq.5), i.e. `RoomModel.evaluate`'s inlet minus supply
     without the rest of the state (outlets, CRAC, PUE) the features do not read, with D the room's zonal
@@ -208,10 +213,13 @@ class DoubleDqnPolicy:
     """
 
     name = POLICY_NAME
+    candidate_limit = 672  # the training room's servers (DEFAULT_DC)
 
     def __init__(self, net: PlacementQ, dc: DataCenter | None = None) -> None:
         self.net = net.eval()
+        self._forward = PooledNumpy(self.net)
         self._rooms: dict[int, tuple[DataCenter, RoomModel, RoomFeatures]] = {}
+        self._arrays: dict[int, tuple[RoomFeatures, np.ndarray, np.ndarray]] = {}
         if dc is not None:
             self._room(dc)
 
@@ -222,17 +230,48 @@ class DoubleDqnPolicy:
             hit = self._rooms[id(dc)] = (dc, room, RoomFeatures.of(room))
         return hit
 
-    def q_values(self, state: ClusterState, demand: Resources) -> np.ndarray:
-        """Q for actions 0..n (0 = wait) in the current state of `state`'s room."""
+    def q_values(self, state: ClusterState, demand: Resources, nodes: np.ndarray | None = None) -> np.ndarray:
+        """Q for actions 0..n (0 = wait) in the current state of `state`'s room (torch, as trained) — or, with
+        `nodes`, for wait and those servers only (the bounded candidate set of hsched.policies.base), the
+        pooled context then taken over them so the network's cost follows len(nodes); the task features stay
+        room-wide (mean utilisation, hottest rise: O(n) vector operations). That path builds the items of
+        `features` for `nodes` only and runs the forward in numpy (`PooledNumpy`: torch's per-operator overhead
+        was most of a decision)."""
         _, room, rf = self._room(state.dc)
         busy_cores, busy_gpus = load_arrays(state)
-        rise = room.rise(room.power(busy_cores, busy_gpus))
-        obs = observe(busy_cores / room.total_cores, rise, demand.cpu_milli / MILLI)
-        with torch.inference_mode():
-            return self.net(*features(torch.from_numpy(obs)[None], rf))[0].numpy()
+        if nodes is None:
+            rise = room.rise(room.power(busy_cores, busy_gpus))
+            obs = observe(busy_cores / room.total_cores, rise, demand.cpu_milli / MILLI)
+            with torch.inference_mode():
+                return self.net(*features(torch.from_numpy(obs)[None], rf))[0].numpy()
+        rise = room.rise(room.power_of(busy_cores, busy_gpus)).astype(np.float32) * np.float32(rf.rise_scale)
+        util = (busy_cores / room.total_cores).astype(np.float32)
+        demand_cores = np.float32(demand.cpu_milli / MILLI)
+        task = np.array([demand_cores / rf.max_cores, util.mean(), rise.max()], dtype=np.float32)
+        idx = np.asarray(nodes, dtype=np.intp)
+        u, inv, infl = util[idx], self._inv_cores(rf)[idx], self._influence(rf)[idx]
+        items = np.zeros((len(u) + 1, len(ITEM_FEATURES)), dtype=np.float32)
+        items[0, ITEM_FEATURES.index("is_wait")] = 1.0
+        items[1:, 0], items[1:, 1], items[1:, 2], items[1:, 3] = u, u + demand_cores * inv, rise[idx], infl
+        return self._forward(items, task)
+
+    def _numpy(self, rf: RoomFeatures) -> tuple[RoomFeatures, np.ndarray, np.ndarray]:
+        hit = self._arrays.get(id(rf))
+        if hit is None or hit[0] is not rf:
+            hit = self._arrays[id(rf)] = (rf, rf.inv_cores.numpy(), rf.influence.numpy())
+        return hit
+
+    def _inv_cores(self, rf: RoomFeatures) -> np.ndarray:
+        return self._numpy(rf)[1]
+
+    def _influence(self, rf: RoomFeatures) -> np.ndarray:
+        return self._numpy(rf)[2]
 
     def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
         return self.q_values(state, demand)[1:].astype(np.float64)
+
+    def scores_at(self, state: ClusterState, demand: Resources, nodes: np.ndarray) -> np.ndarray:
+        return self.q_values(state, demand, np.asarray(nodes))[1:].astype(np.float64)
 
     def placed(self, node: int) -> None:
         pass

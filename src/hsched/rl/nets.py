@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -95,3 +96,78 @@ class PooledScorer(nn.Module):
                 key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         h, context = self.encode(items, task)
         return self.score(h, context.unsqueeze(1), extra)
+
+
+# Served scores are rounded to this many decimals: a BLAS product's rounding may depend on an item's row, so
+# two items with equal features could differ in the last bits and the tie rule (lowest node index) would not
+# hold; far below any difference between distinct items' scores.
+SERVE_DECIMALS = 6
+SERVE_DTYPE = np.float32  # as the torch models compute
+
+
+class PooledNumpy:
+    """A `PooledScorer`'s forward for one row in numpy (float64, rounded to SERVE_DECIMALS), for serving: a
+    decision over ~100 items is a few small matrix products, where torch's per-operator overhead (~20-40 µs
+    each, a dozen operators) would cost more than the arithmetic. Same weights, same formula; equal to the
+    torch float32 forward up to its rounding. items [N, item_features], task [task_features] (, extra [N, extra_features]) → scores [N]."""
+
+    def __init__(self, net: PooledScorer) -> None:
+        def arr(t: torch.Tensor) -> np.ndarray:
+            return t.detach().cpu().numpy().astype(SERVE_DTYPE)
+
+        self.embed_w, self.embed_b = arr(net.embed.weight).T, arr(net.embed.bias)
+        e = self.embed_w.shape[1]
+        first = net.head[0]
+        w = arr(first.weight).T  # [3e + extra, H]
+        self.h_w, self.ctx_w, self.extra_w, self.first_b = w[:e], w[e:3 * e], w[3 * e:], arr(first.bias)
+        self.rest = [(arr(m.weight).T, arr(m.bias)) for m in net.head[1:] if isinstance(m, nn.Linear)]
+
+    def __call__(self, items: np.ndarray, task: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
+        f = items.shape[1]
+        h = np.maximum(items @ self.embed_w[:f] + (task @ self.embed_w[f:] + self.embed_b), 0.0)
+        context = np.concatenate([h.mean(axis=0), h.max(axis=0)]) @ self.ctx_w + self.first_b
+        z = h @ self.h_w + context
+        if extra is not None:
+            z = z + extra @ self.extra_w
+        for w, b in self.rest:
+            z = np.maximum(z, 0.0) @ w + b
+        return np.round(z[:, 0], SERVE_DECIMALS)
+
+
+class AttentionNumpy:
+    """A `SelfAttentionScorer`'s forward for one row in numpy (float64, rounded), for serving, as `PooledNumpy`: the
+    same weights and formula (embedding, multi-head self-attention, residual + LayerNorm, the MLP), equal to
+    the torch forward up to its float32 rounding. items [N, item_features], task [task_features] → scores [N]."""
+
+    def __init__(self, net: SelfAttentionScorer) -> None:
+        def arr(t: torch.Tensor) -> np.ndarray:
+            return t.detach().cpu().numpy().astype(SERVE_DTYPE)
+
+        if net.extra_features:
+            raise ValueError("AttentionNumpy serves scorers without extra per-item inputs")
+        att = net.attention
+        self.heads = att.num_heads
+        self.embed_w, self.embed_b = arr(net.embed.weight).T, arr(net.embed.bias)
+        self.in_w, self.in_b = arr(att.in_proj_weight).T, arr(att.in_proj_bias)  # [E, 3E]: q, k, v
+        self.out_w, self.out_b = arr(att.out_proj.weight).T, arr(att.out_proj.bias)
+        self.norm_w, self.norm_b, self.eps = arr(net.norm.weight), arr(net.norm.bias), net.norm.eps
+        self.layers = [(arr(m.weight).T, arr(m.bias)) for m in net.head if isinstance(m, nn.Linear)]
+
+    def __call__(self, items: np.ndarray, task: np.ndarray) -> np.ndarray:
+        n, f = items.shape
+        h = np.maximum(items @ self.embed_w[:f] + (task @ self.embed_w[f:] + self.embed_b), 0.0)  # [N, E]
+        e = h.shape[1]
+        d = e // self.heads
+        qkv = (h @ self.in_w + self.in_b).reshape(n, 3, self.heads, d).transpose(1, 2, 0, 3)  # [3, H, N, d]
+        logits = qkv[0] @ qkv[1].transpose(0, 2, 1) / np.float32(np.sqrt(d))  # [H, N, N]
+        logits = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        attended = (logits / logits.sum(axis=-1, keepdims=True)) @ qkv[2]  # [H, N, d]
+        x = h + (attended.transpose(1, 0, 2).reshape(n, e) @ self.out_w + self.out_b)
+        mean = x.mean(axis=-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+        z = (x - mean) / np.sqrt(var + np.float32(self.eps)) * self.norm_w + self.norm_b
+        for i, (w, b) in enumerate(self.layers):
+            z = z @ w + b
+            if i < len(self.layers) - 1:
+                z = np.maximum(z, 0.0)
+        return np.round(z[:, 0], SERVE_DECIMALS)

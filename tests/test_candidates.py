@@ -1,0 +1,223 @@
+"""Bounded candidate scoring (hsched.policies.base: `candidates`, `select`, `NodesToScore`): the sample is
+only ever feasible nodes, all of them (so the best one) when the bound covers them, and a bounded policy then
+decides exactly as the unbounded one; sampled scoring (`scores_at`) agrees with full scoring on the same
+nodes; the learned policies' numpy forwards agree with their torch networks; a learned policy never scores
+more than its `candidate_limit`; the placer and `hsched up` refuse a bad `--nodes-to-score`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hsched.domain.cluster import ClusterState
+from hsched.domain.resources import Resources
+from hsched.policies.base import MIN_NODES_TO_SCORE, NodesToScore, bound, candidates, select
+from hsched.policies.fgd import FragmentationGradientDescent, chosen_cards
+from hsched.policies.heuristics import BestFit, FirstFit, Greedy, Utilization
+from hsched.rl.nets import AttentionNumpy, PooledNumpy, PooledScorer, SelfAttentionScorer
+from tests.test_policies import gpu_dc, tiny_dc
+
+NODES = 12
+CPU_DC = tiny_dc([{"name": "cpu", "count": NODES, "cpu_cores": 8, "memory_gib": 32}])
+GPU_DC = gpu_dc(cards=4, count=NODES)
+FGD = FragmentationGradientDescent.from_tasks([Resources(1000, 1024, 0, 0, 1, 50, 4096),
+                                               Resources(2000, 2048, 0, 0, 1, 100, 16384),
+                                               Resources(4000, 4096, 0, 0, 2, 25, 2048)])
+
+
+def gpu_state(data: st.DataObject) -> ClusterState:
+    state = ClusterState(GPU_DC)
+    state.free_cpu[:] = np.array(data.draw(st.lists(st.integers(0, 8), min_size=NODES, max_size=NODES))) * 1000
+    state.free_memory[:] = np.array(data.draw(st.lists(st.integers(0, 64), min_size=NODES, max_size=NODES))) * 1024
+    core = np.array(data.draw(st.lists(st.sampled_from([0, 25, 50, 75, 100]), min_size=4 * NODES,
+                                       max_size=4 * NODES))).reshape(NODES, 4)
+    state.gpu_free_core[:] = core
+    state.gpu_free_memory[:] = core * 16384 // 100
+    return state
+
+
+demands = st.builds(Resources, st.integers(0, 8).map(lambda c: 1000 * c), st.integers(0, 32).map(lambda g: 1024 * g),
+                    st.just(0), st.just(0), st.integers(0, 2), st.sampled_from([25, 50, 100]),
+                    st.sampled_from([2048, 4096, 8192]))
+bounds = st.one_of(st.just("all"), st.integers(1, 2 * NODES).map(str),
+                   st.sampled_from(["1%", "10%", "50%", "100%"]))
+
+
+def policies():
+    return [BestFit(), Utilization(), Greedy(), FirstFit(), FragmentationGradientDescent(FGD.distribution)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), demands, bounds, st.integers(0, 3))
+def test_candidates_are_feasible_and_all_of_them_when_the_bound_covers_them(data, demand, text, seed):
+    state = gpu_state(data)
+    mask = state.feasible(demand)
+    nodes_to_score = NodesToScore.parse(text)
+    for policy in policies():
+        bounded = bound(policy, nodes_to_score, seed)
+        nodes = candidates(bounded, mask)
+        feasible = np.flatnonzero(mask)
+        assert mask[nodes].all()  # never an infeasible node
+        assert len(np.unique(nodes)) == len(nodes) == nodes_to_score.limit(len(feasible))
+        choice = select(bounded, state, demand, mask)
+        assert (choice is None) == (len(feasible) == 0)
+        if choice is not None:
+            assert mask[choice.node]
+        if nodes_to_score.limit(len(feasible)) >= len(feasible):  # the sample covers every feasible node
+            assert np.array_equal(nodes, feasible)
+            full = bound(type(policy)() if not isinstance(policy, FragmentationGradientDescent)
+                         else FragmentationGradientDescent(FGD.distribution), "all")
+            unbounded = select(full, state, demand, mask)
+            if choice is not None:  # the best node is in the set, so it is chosen: the unbounded decision
+                scores = np.asarray(full.scores(state, demand, mask))[feasible]
+                best = feasible[np.lexsort((feasible, -scores))[0]]
+                assert choice.node == unbounded.node == best
+                assert choice.alternatives == unbounded.alternatives
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), demands)
+def test_sampled_scoring_equals_full_scoring_on_the_same_nodes(data, demand):
+    state = gpu_state(data)
+    mask = state.feasible(demand)
+    nodes = np.flatnonzero(mask)
+    if len(nodes) == 0:
+        return
+    nodes = nodes[:: 2] if len(nodes) > 1 else nodes
+    for policy in policies():
+        np.testing.assert_array_equal(policy.scores_at(state, demand, nodes), policy.scores(state, demand, mask)[nodes])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), demands.filter(lambda d: d.gpu_count > 0))
+def test_vectorised_card_choice_is_choose_cards(data, demand):
+    state = gpu_state(data)
+    nodes = np.flatnonzero(state.feasible(demand))
+    if len(nodes) == 0:
+        return
+    rows, cards = chosen_cards(state.gpu_free_core[nodes], state.gpu_free_memory[nodes], demand)
+    for i, node in enumerate(nodes):
+        expected = sorted(s.card for s in state.choose_cards(int(node), demand))
+        assert sorted(cards[rows == i].tolist()) == expected
+
+
+def test_nodes_to_score_parse_and_limit():
+    assert NodesToScore.parse("all").limit(5000) == 5000
+    assert NodesToScore.parse(None).limit(7) == 7
+    assert NodesToScore.parse("256").limit(5000) == 256 and NodesToScore.parse("256").limit(100) == 100
+    assert NodesToScore.parse("10%").limit(5000) == 500  # ceil(10 % of 5 000)
+    assert NodesToScore.parse("10%").limit(300) == MIN_NODES_TO_SCORE == 100  # kube's floor of 100 nodes
+    assert NodesToScore.parse("10%").limit(40) == 40
+    assert str(NodesToScore.parse("100%")) == "all" and str(NodesToScore.parse(" 12 ")) == "12"
+    for bad in ("0", "0%", "101%", "-3", "x", "1.5"):
+        with pytest.raises(ValueError, match="nodes_to_score: .* must be 'all', a node count >= 1 or a percentage"):
+            NodesToScore.parse(bad)
+
+
+def test_a_sample_is_uniform_over_the_feasible_nodes_and_reproducible():
+    state = ClusterState(CPU_DC)
+    state.free_cpu[3] = 0  # node 3 cannot take the demand
+    demand = Resources(2000, 1024)
+    mask = state.feasible(demand)
+    draws = [candidates(bound(BestFit(), "4", seed=1), mask) for _ in range(2)]
+    assert np.array_equal(draws[0], draws[1])  # same seed, same first sample
+    sampler = bound(BestFit(), "4", seed=1)
+    counts = np.bincount(np.concatenate([candidates(sampler, mask) for _ in range(2200)]), minlength=NODES)
+    assert counts[3] == 0
+    share = counts[mask] / counts.sum()  # each of the 11 feasible nodes in 4/11 of the samples
+    assert np.all(np.abs(share - 1 / 11) < 0.02)
+
+
+class _Spy:
+    """A learned-like policy with a fixed input size that records how many nodes it scored."""
+
+    name = "spy"
+    candidate_limit = 5
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def scores(self, state, demand, mask):
+        self.seen.append(int(mask.sum()))
+        return np.zeros(state.n)
+
+    def scores_at(self, state, demand, nodes):
+        self.seen.append(len(nodes))
+        return -np.asarray(nodes, dtype=np.float64)
+
+    def placed(self, node):
+        pass
+
+
+def test_a_policy_with_a_candidate_limit_never_scores_more_nodes():
+    state = ClusterState(CPU_DC)
+    spy = _Spy()
+    demand = Resources(1000, 1024)
+    choice = select(spy, state, demand, state.feasible(demand))
+    assert spy.seen == [5] and choice is not None
+    bound(spy, "3")  # the tighter of the two wins
+    select(spy, state, demand, state.feasible(demand))
+    bound(spy, "all")
+    state.free_cpu[:9] = 0  # 3 feasible nodes, under the limit: scored as without a bound (full scores)
+    select(spy, state, demand, state.feasible(demand))
+    assert spy.seen == [5, 3, 3]
+
+
+def test_numpy_forwards_match_the_torch_networks():
+    torch.manual_seed(0)
+    items, task = torch.rand(1, 30, 7), torch.rand(1, 4)
+    pooled = PooledScorer(7, 4, embed=16, hidden=(32, 32)).eval()
+    attention = SelfAttentionScorer(7, 4, embed=16, heads=2).eval()
+    with torch.no_grad():
+        for net, fast in ((pooled, PooledNumpy(pooled)), (attention, AttentionNumpy(attention))):
+            expected = net(items, task)[0].numpy()
+            got = fast(items[0].numpy(), task[0].numpy())
+            np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+            assert np.argmax(got) == np.argmax(expected)
+
+
+def test_double_dqn_scores_a_sample_with_the_network_it_was_trained_with():
+    from hsched.rl.ddqn import DoubleDqnPolicy, PlacementQ
+
+    torch.manual_seed(0)
+    policy = DoubleDqnPolicy(PlacementQ(16, (32, 32)), CPU_DC)
+    state = ClusterState(CPU_DC)
+    state.free_cpu[:] = np.arange(NODES) % 8 * 1000
+    demand = Resources(1000, 1024)
+    every = np.arange(NODES)
+    # the numpy path over every node = the torch network over the room (up to float32 rounding)
+    np.testing.assert_allclose(policy.q_values(state, demand, every), policy.q_values(state, demand), atol=1e-5)
+    assert policy.scores_at(state, demand, every[::3]).shape == (4,)
+    assert DoubleDqnPolicy.candidate_limit == 672
+
+
+def test_actor_scores_a_sample_with_attention_over_the_sample():
+    from hsched.rl.ddpg import Actor, ActorPolicy
+
+    torch.manual_seed(0)
+    policy = ActorPolicy(Actor(16, 2), "eade-ddpg")
+    state = ClusterState(GPU_DC)
+    state.free_cpu[:] = (np.arange(NODES) % 8 + 1) * 1000
+    demand = Resources(1000, 1024, 0, 0, 1, 50, 4096)
+    every = np.arange(NODES)
+    np.testing.assert_allclose(policy.scores_at(state, demand, every),
+                               policy.scores(state, demand, np.ones(NODES, bool)), atol=1e-5)
+    assert policy.scores_at(state, demand, every[:4]).shape == (4,)
+    assert ActorPolicy.candidate_limit == 64
+
+
+def test_placer_and_up_refuse_a_bad_nodes_to_score(capsys):
+    from hsched.cli import main as hsched_main
+    from services.placer.server import main as placer_main
+
+    with pytest.raises(SystemExit) as exc:
+        placer_main(["--datacenter", "chicago", "--nodes-to-score", "0%"])
+    assert exc.value.code == 2
+    assert "--nodes-to-score: '0%' must be 'all', a node count >= 1 or a percentage" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        hsched_main(["up", "--nodes-to-score", "many"])
+    assert exc.value.code == 2
+    assert "argument --nodes-to-score: 'many' must be" in capsys.readouterr().err
