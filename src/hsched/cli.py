@@ -435,18 +435,48 @@ def _job_line(j: pb.Job) -> str:
     return f"{j.job_id}  {state:<9} {j.datacenter}  {stages}  {j.reason}".rstrip()
 
 
-def cmd_submit_job(args) -> int:
-    from hsched.domain.errors import ValidationError
-    from hsched.jobs import load_job_file
-
-    try:
-        job = load_job_file(args.file)
-    except ValidationError as exc:
-        print(f"hsched submit -f: {exc}", file=sys.stderr)
-        return 2
+def cmd_submit_job(args, job: pb.JobSpec) -> int:
     reply = _stub(args).SubmitJob(gateway_pb2.SubmitJobRequest(job=job, selector_method=args.method), timeout=30)
     _emit(args, reply, lambda: _job_line(reply.job) + ("  (duplicate)" if reply.duplicate else ""))
     return 1 if reply.job.state == pb.JOB_STATE_FAILED else 0
+
+
+def cmd_submit_file(args) -> int:
+    """`hsched submit -f FILE`: a DAG job, or task specs (hsched.taskfile). Every spec is checked by the gateway's
+    rules before the first is sent (a bad one: exit 2, nothing sent); then each is submitted with its request_id,
+    in file order, so a second run gets every first answer back ("unchanged"). Exit 1 if any task is REJECTED or a
+    call fails (the specs after a failed call are not sent; running the file again is safe)."""
+    from hsched import views
+    from hsched.convert import task_to_pb
+    from hsched.taskfile import load_submit_file
+
+    loaded = load_submit_file(args.file)  # a ValidationError (exit 2) names the file and the YAML path
+    if loaded.job is not None:
+        return cmd_submit_job(args, loaded.job)
+    stub, done, failure = _stub(args), [], None
+    for item in loaded.tasks:
+        try:
+            reply = stub.Submit(gateway_pb2.SubmitRequest(task=task_to_pb(item.spec), selector_method=args.method),
+                                timeout=30)
+        except grpc.RpcError as exc:
+            failure = f"hsched submit -f: {item.where or 'the spec'} ({item.spec.request_id}): " \
+                      f"{exc.code().name}: {exc.details()}"
+            break
+        done.append((item, reply))
+    if args.output == "table":
+        print(views.table(["SPEC", "NAME", "TASK_ID", "STATE", "DATACENTER", "RESULT", "REASON"],
+                          [[item.where or "-", item.spec.name or "-", r.task.task_id, _state_name(r.task.state),
+                            r.task.datacenter or "-", "unchanged" if r.duplicate else "created", r.task.reason]
+                           for item, r in done]))
+    else:
+        print(views.dump([{"spec": item.where, "request_id": item.spec.request_id,
+                           "request_id_derived": item.derived_id, "result": "unchanged" if r.duplicate else "created",
+                           "task": views.as_dict(r.task)} for item, r in done], args.output))
+    if failure:
+        print(failure, file=sys.stderr)
+        if len(done) < len(loaded.tasks):
+            print(f"hsched submit -f: {len(loaded.tasks) - len(done) - 1} spec(s) after it not sent", file=sys.stderr)
+    return 1 if failure or any(r.task.state == pb.TASK_STATE_REJECTED for _, r in done) else 0
 
 
 def cmd_job(args) -> int:
@@ -480,7 +510,7 @@ def cmd_submit(args) -> int:
     from hsched.convert import task_from_pb
 
     if args.file:
-        return cmd_submit_job(args)
+        return cmd_submit_file(args)
     spec = pb.TaskSpec(
         request_id=args.request_id, tenant=args.tenant, name=args.name, priority=args.priority,
         resources=pb.Resources(cpu_milli=round(args.cpu * 1000), memory_mib=round(args.memory_gib * 1024),
@@ -1025,7 +1055,8 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     s = gw(sub.add_parser("submit", help="submit one task, or a DAG job with -f job.yaml"))
-    s.add_argument("-f", "--file", default="", help="a DAG job as YAML/JSON (JobSpec fields; see examples/job.yaml)")
+    s.add_argument("-f", "--file", default="", help="task specs (TaskSpec fields: one, a list, or a --- stream; see "
+                   "examples/tasks.yaml) or a DAG job (a `stages` key; examples/job.yaml) as YAML/JSON")
     s.add_argument("--cpu", type=non_negative_float, default=1.0, help="cores per replica")
     s.add_argument("--memory-gib", type=non_negative_float, default=1.0)
     s.add_argument("--disk-gib", type=non_negative_float, default=0.0)
