@@ -277,3 +277,13 @@ def test_a_rejected_task_exits_1_and_a_failed_call_stops_the_file(small_stack, t
     assert_one_line_error(done, 1, "1 spec(s) after it not sent")
     assert "[1]" in done.stderr and "INVALID_ARGUMENT" in done.stderr and "entry_vertex" in done.stderr
     assert [r[1] for r in table_rows(done.stdout)] == ["before"]
+
+
+def test_task_flags_with_a_file_are_refused_not_ignored(tmp_path):
+    done = run_cli("submit", "-f", str(EXAMPLE), "--cpu", "2", "--gpus", "1", "--gateway", "127.0.0.1:1",
+                   env={"XDG_RUNTIME_DIR": str(tmp_path)})  # nothing listens on port 1: exit 2 proves no call
+    assert_one_line_error(done, 2, "-f: cannot be combined with --cpu, --gpus")
+    bad = tmp_path / "tasks.yaml"
+    bad.write_text("- {resources: {cpu_milli: 100}, runtime_s: 5}\n- {resources: {cpu_milli: 1.5}, runtime_s: 5}\n")
+    done = run_cli("submit", "-f", str(bad), "--gateway", "127.0.0.1:1", env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert_one_line_error(done, 2, f"{bad}: [1].resources.cpu_milli: must be an integer (got 1.5)")

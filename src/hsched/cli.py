@@ -510,6 +510,10 @@ def cmd_submit(args) -> int:
     from hsched.convert import task_from_pb
 
     if args.file:
+        given = [flag for dest, (flag, default) in args.spec_flags.items() if getattr(args, dest) != default]
+        if given:
+            raise ValidationError("-f", f"cannot be combined with {', '.join(given)}: the file holds the task "
+                                  "specs (set the fields there)")
         return cmd_submit_file(args)
     spec = pb.TaskSpec(
         request_id=args.request_id, tenant=args.tenant, name=args.name, priority=args.priority,
@@ -1078,7 +1082,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--priority", type=int32, default=0)
     s.add_argument("--request-id", default="", help="idempotency key")
     s.add_argument("--method", default="", help="selector method: min-cost (default), crf, spf")
-    s.set_defaults(fn=cmd_submit)
+    # the flags that describe the task: with -f the file does, so they are refused there rather than ignored
+    spec_flags = {a.dest: (a.option_strings[-1], a.default) for a in s._actions
+                  if a.option_strings and a.dest not in ("help", "file", "method", "gateway", "output", "json",
+                                                         "token_file", "tls_ca")}
+    s.set_defaults(fn=cmd_submit, spec_flags=spec_flags)
 
     g = gw(sub.add_parser("get", help="show one task"))
     g.add_argument("task_id")
