@@ -661,7 +661,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 else:
                     task.reason = f"{dc} cannot hold it: {reply.reason}"
                     records.append(step("rejected", task, task.reason))
-            await retry_with_backoff(lambda: self.store.write(*records), Exception, lambda exc, delay: (
+            async def record() -> pb.Task:
+                try:
+                    await self.store.write(*records)
+                    return task
+                except Conflict:  # another gateway advancing the same job recorded this task first: its answer
+                    await self.store.refresh()
+                    if (known := self.store.tasks.get(task_id)) is None:
+                        raise
+                    return known
+
+            task = await retry_with_backoff(record, Exception, lambda exc, delay: (
                 f"cannot yet record {task_id} of a job ({type(exc).__name__}: {exc}); retrying in {delay:g} s"))
         finally:
             self._scheduling.discard(task_id)
