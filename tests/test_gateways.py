@@ -36,7 +36,7 @@ async def gateway_processes(argv: list[str], tmp_path: Path, n: int = 2):
     try:
         for i in range(n):
             port_file = tmp_path / f"gateway-{i}.port"
-            log = open(tmp_path / f"gateway-{i}.log", "wb")  # noqa: SIM115 - closed with the process
+            log = open(tmp_path / f"gateway-{i}.log", "wb")  # closed with the process
             procs.append((subprocess.Popen(
                 [sys.executable, "-m", "services.gateway", *argv, "--port-file", str(port_file),
                  "--gateway-lease-s", str(LEASE_S), "--orphan-sweep-s", str(SWEEP_S)],
@@ -44,14 +44,14 @@ async def gateway_processes(argv: list[str], tmp_path: Path, n: int = 2):
         for i, (proc, _) in enumerate(procs):
             port_file = tmp_path / f"gateway-{i}.port"
             for _ in range(600):
-                if port_file.exists() and port_file.read_text() or proc.poll() is not None:
+                if (port_file.exists() and port_file.read_text()) or proc.poll() is not None:
                     break
                 await asyncio.sleep(0.05)
             assert port_file.exists(), (tmp_path / f"gateway-{i}.log").read_text()[-2000:]
             targets.append(f"127.0.0.1:{port_file.read_text()}")
         yield [p for p, _ in procs], targets
     finally:
-        for proc, log in procs:
+        for proc, _ in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         for proc, log in procs:  # waited for without blocking the loop: the in-process placers answer its goodbye
