@@ -216,6 +216,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                          and holder not in self._scheduling) \
                     or owner not in await self.lease.alive({owner})
                 if gone and await self.lease.take_over(rkey, holder, task_id):
+                    # the attempt of a gateway that is gone may hold a placement without a record: released
+                    # first, so the request never holds two (a release of what a placer does not hold is a no-op)
+                    await self._release_everywhere(holder)
                     holder = None
             if holder is None:  # ours: whatever was recorded before it is in the table once refreshed
                 try:
@@ -241,6 +244,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                       "has no answer yet; retry later (with the same request_id)")
             await asyncio.sleep(0.05)
             await self.store.refresh()
+
+    async def _release_everywhere(self, task_id: str) -> None:
+        """Release `task_id` at every DC unless the table shows it recorded (bounded: the sweep finishes it)."""
+        await self.store.refresh()
+        if task_id in self.store.tasks:
+            return
+        jobs = [self._abandon(task_id, dc) for dc in self.release]
+        await asyncio.wait(jobs, timeout=self.place_timeout_s)
 
     def _answer_of_another(self, task_id: str) -> pb.Task:
         """The recorded answer of another attempt of a request: a duplicate to this Submit's caller."""

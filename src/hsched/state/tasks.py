@@ -200,17 +200,19 @@ class TaskStore:
         while True:
             entries = await self.redis.xrange(self.stream, min=start, max="+", count=batch)
             for entry_id, fields in entries:
-                self.observe(entry_id, fields)
+                self.observe(entry_id, fields, notify=False)
                 self.last_id = entry_id.decode()
             count += len(entries)
             if len(entries) < batch:
                 return count
             start = f"({self.last_id}"
 
-    def observe(self, entry_id: bytes | str, fields: dict[bytes, bytes]) -> bool:
+    def observe(self, entry_id: bytes | str, fields: dict[bytes, bytes], notify: bool = True) -> bool:
         """Fold task-stream entry `entry_id` unless the table already holds its record or a newer one of that
         task (job): entries arrive here from `load`, the gateway's stream reader and `refresh`, in stream order
-        each but overlapping, and this gateway's own writes are folded when written. True if folded."""
+        each but overlapping, and this gateway's own writes are folded when written. A task record folded here
+        was another gateway's: `transitions` hears of it too (`notify`; not of what `load` replays). True if
+        folded."""
         sid = _entry_id(entry_id if isinstance(entry_id, bytes) else entry_id.encode())
         if sid > self.tail:
             self.tail = sid
@@ -225,6 +227,8 @@ class TaskStore:
         self._fold_entry(kind, fields[b"t"])
         if kind not in JOB_STATE_OF_KIND:
             self._ledger_seen(key, fields.get(b"l"))
+            if notify and self.transitions is not None and self.transitions.active:
+                self.transitions.notify(pb.Task.FromString(fields[b"t"]), kind)
         return True
 
     async def refresh(self, batch: int = 1000) -> int:
