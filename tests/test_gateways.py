@@ -235,3 +235,37 @@ async def test_a_stale_writer_gets_conflict_and_writes_after_catching_up(redis, 
         await a.write(step("submitted", pb.Task(task_id="t3")), fences=((f"{prefix}:fence", "lost"),))
     assert "t2" in a.tasks and "t3" not in a.tasks
     assert await redis.xlen(keys.tasks) == 5
+
+
+async def test_placements_of_a_live_gateway_are_left_alone_and_a_gone_ones_released(redis_url, prefix, tmp_path):
+    """Reconcile does not fight: a placement without a record whose task id names a gateway that holds its lease
+    may still be recorded by it, so another gateway's sweep leaves it; once that lease is gone, it is released."""
+    import redis as syncredis
+
+    from hsched.state.gateways import task_id_of
+    from hsched.state.keys import Keys
+    from hsched.state.tasks import now_ms
+    from hsched.v1 import placer_pb2, placer_pb2_grpc
+    from tests.test_gateway_failures import gateway_at
+
+    keys, sync = Keys(prefix), syncredis.Redis.from_url(redis_url)
+    sync.set(keys.gateway("a1a1a1"), "token", px=60_000)  # a live gateway that is placing its Submits
+    live, dead = task_id_of("a1a1a1", now_ms()), task_id_of("d0d0d0", now_ms())  # d0d0d0 holds no lease
+    async with backends(redis_url, prefix, tmp_path) as (argv, placers), \
+            gateway_at([*argv, "--orphan-sweep-s", "0.5"], tmp_path / "gateway.port"):
+        async with grpc.aio.insecure_channel(placers["cheap"]) as channel:  # as those gateways' Places would
+            placer = placer_pb2_grpc.PlacerStub(channel)
+            for task_id in (live, dead):
+                reply = await placer.Place(placer_pb2.PlaceRequest(task_id=task_id, task=small_task()), timeout=5)
+                assert reply.outcome == placer_pb2.PLACE_OUTCOME_PLACED
+
+        async def only_live() -> bool:
+            return await held(redis_url, prefix) == {live: ["cheap"]}
+        await until(only_live, "the gone gateway's placement released, the live one's kept")
+        await asyncio.sleep(2.0)  # several sweeps later: still kept
+        assert await held(redis_url, prefix) == {live: ["cheap"]}
+        sync.delete(keys.gateway("a1a1a1"))  # that gateway is gone now
+
+        async def none() -> bool:
+            return not await held(redis_url, prefix)
+        await until(none, "the placement of the gateway whose lease went is released")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
@@ -464,26 +465,26 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         task = self.store.tasks.get(task_id)
         return task is None or task.datacenter != dc or task.state not in LIVE
 
-    async def _await_record(self, task_id: str) -> None:
-        """A DC ledger names `task_id`, which the table does not hold: if another gateway is scheduling it, wait
-        (at most `submit_bound_s`) until its record shows or that gateway is gone, so its placer-initiated steps
-        are recorded after it (by this follower or that gateway's: the versions decide who)."""
+    async def _await_record(self, task_id: str, at_ms: int) -> None:
+        """A DC ledger entry of `at_ms` (Redis time) names `task_id`, which the table does not hold: if another
+        gateway may still be scheduling it (a Submit ends within `submit_bound_s` of its Place), wait until its
+        record shows, that gateway is gone or that time is past, so its placer-initiated steps are recorded after
+        it (by this follower or that gateway's: the versions decide who)."""
         try:
-            await self._await_record_of(task_id)
+            await self._await_record_of(task_id, at_ms / 1000 + self.submit_bound_s)
         except Exception as exc:  # noqa: BLE001 - Redis away: the step is decided on the table as it is
             log.warning("cannot check whether %s is being recorded (%s: %s)", task_id, type(exc).__name__, exc)
 
-    async def _await_record_of(self, task_id: str) -> None:
+    async def _await_record_of(self, task_id: str, until_unix_s: float) -> None:
         assert self.lease is not None
         owner = owner_of(task_id)
         if owner is None or owner == self.lease.id:
             return  # this gateway's own: `busy` waits for them
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.submit_bound_s
         checked = 0.0
         await self.store.refresh()
         while task_id not in self.store.tasks and task_id not in self.store.abandoned:
-            if loop.time() > deadline:
+            if time.time() > until_unix_s:
                 return
             if loop.time() - checked > 0.5:
                 if not await self.lease.alive({owner}):
