@@ -28,7 +28,10 @@ async def service(server: Any, argv: list[str], port_file: Path) -> AsyncIterato
         done, _ = await asyncio.wait([task], timeout=60)
         if not done:  # a stop that hangs fails the test (with what every task awaits) instead of the suite
             for t in asyncio.all_tasks():
-                t.print_stack(file=sys.stderr)
+                try:
+                    t.print_stack(file=sys.stderr)
+                except Exception as exc:  # noqa: BLE001 - a frame linecache cannot show
+                    print(f"{t!r}: no stack ({exc})", file=sys.stderr)
             task.cancel()
             raise AssertionError(f"{server.__name__} did not stop within 60 s")
         await task

@@ -147,7 +147,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._failed: dict[tuple[str, str], asyncio.Future] = {}  # request key -> release of its failed attempt
         self._scheduling: set[str] = set()  # task ids placed or being placed whose records are not durable yet
         self._job_tasks: dict[str, asyncio.Task] = {}  # task ids of DAG jobs being submitted (submit_job_task)
-        self._answered_by_others: set[str] = set()  # task ids a Submit answered as another attempt's (duplicate)
         self.jobs = JobOrchestrator(store, JobPorts(self._select, self.submit_job_task, self.release_job_task))
         self.transitions.subscribe(self.jobs.transition_callback)
         self._following: asyncio.Task | None = None
@@ -180,7 +179,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         key = (spec.tenant, spec.request_id)  # the authenticated tenant's: one tenant cannot reach another's
         while True:
             if key in self._inflight:  # a retry while the first call is still being scheduled: its final answer
-                return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._inflight[key]), duplicate=True)
+                task, _ = await asyncio.shield(self._inflight[key])
+                return gateway_pb2.SubmitResponse(task=task, duplicate=True)
             known = self.store.by_request.get(key)
             if known is not None:  # a retry: the first answer, as it stands now
                 return gateway_pb2.SubmitResponse(task=self.store.tasks[known], duplicate=True)
@@ -192,19 +192,18 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             except TimeoutError:
                 raise rpc.Unavailable(f"the previous attempt of request_id {spec.request_id!r} still holds a "
                                       "placement that a placer has not yet confirmed releasing; retry later") from None
-        if self.lease is None:
-            job = self._inflight[key] = self._start(self._submit(spec, method))
-        else:
-            job = self._inflight[key] = self._start(self._submit_claimed(spec, method, key))
+        job = self._inflight[key] = self._start(self._submit_claimed(spec, method, key))
         job.add_done_callback(lambda _: self._inflight.pop(key, None))
-        task = await asyncio.shield(job)
-        return gateway_pb2.SubmitResponse(task=task, duplicate=task.task_id in self._answered_by_others)
+        task, duplicate = await asyncio.shield(job)
+        return gateway_pb2.SubmitResponse(task=task, duplicate=duplicate)
 
-    async def _submit_claimed(self, spec, method: str, key: tuple[str, str]) -> pb.Task:
+    async def _submit_claimed(self, spec, method: str, key: tuple[str, str]) -> tuple[pb.Task, bool]:
         """A Submit with a request_id when other gateways may share the prefix: claim the request in Redis, then
         schedule it as usual. A claim another attempt holds is waited on until its record shows (that is the
-        answer) or its gateway is gone (the claim is taken over), at most `submit_bound_s`."""
-        assert self.lease is not None
+        answer) or its gateway is gone (the claim is taken over), at most `submit_bound_s`. Returns the answer and
+        whether it is another attempt's (a duplicate). Without a lease (the prefix's only gateway): no claim."""
+        if self.lease is None:
+            return await self._submit(spec, method), False
         rkey = self.keys.request(*key)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.submit_bound_s
@@ -231,15 +230,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 known = self.store.by_request.get(key)
                 if known is not None:
                     self._unclaim(rkey, task_id)
-                    return self._answer_of_another(known)
+                    return self.store.tasks[known], True
                 try:
-                    return await self._submit(spec, method, task_id, claim=rkey)
+                    return await self._submit(spec, method, task_id, claim=rkey), False
                 except BaseException:
                     if key not in self._failed:  # else the claim goes once the failed attempt's release is done
                         self._unclaim(rkey, task_id)
                     raise
             if (known := self.store.by_request.get(key)) is not None:
-                return self._answer_of_another(known)
+                return self.store.tasks[known], True
             if loop.time() > deadline:
                 raise rpc.Unavailable(f"request_id {spec.request_id!r} is being scheduled by another gateway and "
                                       "has no answer yet; retry later (with the same request_id)")
@@ -253,13 +252,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             return
         jobs = [self._abandon(task_id, dc) for dc in self.release]
         await asyncio.wait(jobs, timeout=self.place_timeout_s)
-
-    def _answer_of_another(self, task_id: str) -> pb.Task:
-        """The recorded answer of another attempt of a request: a duplicate to this Submit's caller."""
-        self._answered_by_others.add(task_id)
-        if len(self._answered_by_others) > 10_000:
-            self._answered_by_others.clear()
-        return self.store.tasks[task_id]
 
     def _unclaim(self, rkey: str, task_id: str) -> None:
         """Drop this attempt's claim of a request, in the background (a claim left behind only costs a retry

@@ -111,9 +111,15 @@ class TaskFeed:
         return self
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+        if self._reader is not None:  # cancelled again until it ends (redis-py can swallow a cancel mid-read), ~10 s
+            for _ in range(20):
+                self._reader.cancel()
+                done, _ = await asyncio.wait([self._reader], timeout=0.5)
+                if done:
+                    self._reader.cancelled() or self._reader.exception()
+                    break
+            else:
+                log.warning("task feed: the reader of %s did not stop; left behind", self.stream)
         for sub in self._subscribers:
             sub.queue.put_nowait(None)
 
@@ -133,7 +139,10 @@ class TaskFeed:
                 continue
             for entry_id, fields in reply[0][1] if reply else ():
                 if self.observer is not None:
-                    self.observer(entry_id, fields)
+                    try:
+                        self.observer(entry_id, fields)
+                    except Exception:  # one bad entry must not stop every Watch (nor the table)
+                        log.exception("task feed: cannot fold entry %s", entry_id)
                 self.cursor = sid = _parse_id(entry_id)
                 event = event_of(format_id(sid), fields)
                 for sub in [s for s in self._subscribers if not s.offer(sid, event)]:
