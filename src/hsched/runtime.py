@@ -123,13 +123,9 @@ async def serve_until_stopped(stop: asyncio.Event, server, port: int, args: argp
     write_port_file(args.port_file, port)
     await stop.wait()
     await server.stop(grace=2)
-    pending = set(tasks)
-    while pending:  # cancel again until done: redis-py can swallow a cancel mid-command (a loop would go on)
-        for t in pending:
-            t.cancel()
-        _, pending = await asyncio.wait(pending, timeout=0.5)
     for t in tasks:
-        t.cancelled() or t.exception()  # retrieved: stopping, a background task's failure is not news
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
     for close in cleanup:
         await close()
     if metrics:

@@ -111,15 +111,9 @@ class TaskFeed:
         return self
 
     async def close(self) -> None:
-        if self._reader is not None:  # cancelled again until it ends (redis-py can swallow a cancel mid-read), ~10 s
-            for _ in range(20):
-                self._reader.cancel()
-                done, _ = await asyncio.wait([self._reader], timeout=0.5)
-                if done:
-                    self._reader.cancelled() or self._reader.exception()
-                    break
-            else:
-                log.warning("task feed: the reader of %s did not stop; left behind", self.stream)
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
         for sub in self._subscribers:
             sub.queue.put_nowait(None)
 
