@@ -48,7 +48,7 @@ async def backends(redis_url: str, prefix: str, tmp_path):
 
 @asynccontextmanager
 async def gateway_at(argv: list[str], port_file):
-    """A gateway with `argv` (one at a time per prefix: the task stream has one writer); yields its stub."""
+    """A gateway with `argv`; yields its stub. (Several may share a prefix: tests/test_gateways.py.)"""
     from services.gateway import server as gateway_server
 
     async with inprocess.service(gateway_server, argv, port_file) as target, \

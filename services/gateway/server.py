@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
@@ -38,11 +38,12 @@ from hsched.security.tls import CLIENT_AUTH
 from hsched.security.tokens import TokensFile, TokensFileError
 from hsched.state.feed import TaskFeed, parse_after
 from hsched.state.follow import LedgerFollower, follow
+from hsched.state.gateways import GatewayLease, owner_of, task_id_of
 from hsched.state.keys import Keys
 from hsched.state.ledger import replay
 from hsched.state.lifecycle import LIVE, TaskLifecycle
 from hsched.state.redis import connect
-from hsched.state.tasks import ABANDONED, FINISHED, Record, TaskStore, keep_pruned, now_ms, step
+from hsched.state.tasks import ABANDONED, FINISHED, Conflict, Record, TaskStore, keep_pruned, now_ms, step
 from hsched.state.transitions import Transitions
 from hsched.telemetry import MetricsServer
 from hsched.telemetry import metrics as m
@@ -82,9 +83,9 @@ async def retry_with_backoff(attempt: Callable[[], Awaitable[T]], retry_on: type
         delay = min(2 * delay, 30.0)
 
 
-def new_task_id() -> str:
-    """Time-ordered (ms, hex) then random: ids sort by submission time, which List pages rely on."""
-    return f"t{now_ms():012x}{secrets.token_hex(4)}"
+def new_task_id(gateway_id: str = "000000") -> str:
+    """Time-ordered (ms, hex), the gateway, then random: ids sort by submission time, which List pages rely on."""
+    return task_id_of(gateway_id, now_ms())
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
@@ -99,13 +100,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     failed (the client got UNAVAILABLE) or the gateway crashed while scheduling it — binds nothing: whatever a
     placer holds for it is released (`_abandon`, or `reconcile` at the next start), an `abandoned` record
     drops any trace of it, and a retry with the same request_id is a fresh attempt (it first waits for the
-    failed attempt's placement to be released, so the request never holds two allocations)."""
+    failed attempt's placement to be released, so the request never holds two allocations).
+
+    Several gateways on one Redis (`lease`, hsched.state.gateways; docs/operations.md): a request_id is claimed
+    in Redis before it is scheduled, so a retry on another gateway waits for the first attempt's record; each
+    table follows the task stream (other gateways' records); writes are version-checked (`Conflict`: catch up,
+    decide again); a placement without a record is released only when its gateway is gone."""
 
     def __init__(self, fleet: Fleet, store: TaskStore, selector: selector_pb2_grpc.SelectorStub,
                  placers: dict[str, placer_pb2_grpc.PlacerStub], select_timeout_s: float = 2.0,
                  place_timeout_s: float = 5.0, max_batch: int = 128, feed: TaskFeed | None = None,
-                 auth: GatewayAuth | None = None) -> None:
+                 auth: GatewayAuth | None = None, lease: GatewayLease | None = None) -> None:
         self.fleet = fleet
+        self.lease = lease  # None: the only gateway of its prefix (no claims, no fences)
         self.placers = placers  # unary calls (GetState for the fleet views); Place/Release go through the coalescers
         self.keys = Keys()  # the deployment's key prefix: serve() sets it (leases for the fleet views)
         self.auth = auth or GatewayAuth()
@@ -115,7 +122,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.transitions = store.transitions = store.transitions or Transitions()
         # placer-initiated transitions (placed from the queue, running, finished, expired, preempted), read from
         # the DC ledgers (`follow_ledgers`); a Submit's own records come first
-        self.lifecycle = TaskLifecycle(store, busy=lambda task_id: task_id in self._scheduling)
+        self.lifecycle = TaskLifecycle(store, busy=lambda task_id: task_id in self._scheduling,
+                                       await_record=self._await_record if lease is not None else None)
         # Concurrent Submits' selector and placer calls travel in batches, on one long-lived stream per peer
         # and method (hsched.batching: the per-call gRPC cost, not the decision, is what limits throughput).
         # wait_for_ready: ride out a selector restart.
@@ -130,6 +138,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                         for dc, stub in placers.items()}
         self.select_timeout_s = select_timeout_s
         self.place_timeout_s = place_timeout_s
+        # the longest a Submit can take (select, a Place per DC, the deferred Place, the write): how long a
+        # retry waits for another gateway's attempt before answering UNAVAILABLE
+        self.submit_bound_s = select_timeout_s + (len(placers) + 1) * place_timeout_s + 5.0
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
         self._jobs: set[asyncio.Task] = set()  # Submits and Releases under way (_start)
         self._abandoned: set[asyncio.Task] = set()  # background releases and record writes (_abandon, _durably)
@@ -169,7 +180,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         key = (spec.tenant, spec.request_id)  # the authenticated tenant's: one tenant cannot reach another's
         while True:
             if key in self._inflight:  # a retry while the first call is still being scheduled: its final answer
-                return gateway_pb2.SubmitResponse(task=await asyncio.shield(self._inflight[key]), duplicate=True)
+                task, _ = await asyncio.shield(self._inflight[key])
+                return gateway_pb2.SubmitResponse(task=task, duplicate=True)
             known = self.store.by_request.get(key)
             if known is not None:  # a retry: the first answer, as it stands now
                 return gateway_pb2.SubmitResponse(task=self.store.tasks[known], duplicate=True)
@@ -181,9 +193,80 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             except TimeoutError:
                 raise rpc.Unavailable(f"the previous attempt of request_id {spec.request_id!r} still holds a "
                                       "placement that a placer has not yet confirmed releasing; retry later") from None
-        job = self._inflight[key] = self._start(self._submit(spec, method))
+        job = self._inflight[key] = self._start(self._submit_claimed(spec, method, key))
         job.add_done_callback(lambda _: self._inflight.pop(key, None))
-        return gateway_pb2.SubmitResponse(task=await asyncio.shield(job))
+        task, duplicate = await asyncio.shield(job)
+        return gateway_pb2.SubmitResponse(task=task, duplicate=duplicate)
+
+    async def _submit_claimed(self, spec, method: str, key: tuple[str, str]) -> tuple[pb.Task, bool]:
+        """A Submit with a request_id when other gateways may share the prefix: claim the request in Redis, then
+        schedule it as usual. A claim another attempt holds is waited on until its record shows (that is the
+        answer) or its gateway is gone (the claim is taken over), at most `submit_bound_s`. Returns the answer and
+        whether it is another attempt's (a duplicate). Without a lease (the prefix's only gateway): no claim."""
+        if self.lease is None:
+            return await self._submit(spec, method), False
+        rkey = self.keys.request(*key)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.submit_bound_s
+        while True:
+            task_id = new_task_id(self.lease.id)
+            holder = await self.lease.claim(rkey, task_id)
+            if holder:
+                owner = owner_of(holder)
+                gone = owner is None or (owner == self.lease.id and key not in self._failed
+                                         and holder not in self._scheduling) \
+                    or owner not in await self.lease.alive({owner})
+                if gone and await self.lease.take_over(rkey, holder, task_id):
+                    # the attempt of a gateway that is gone may hold a placement without a record: released
+                    # first, so the request never holds two (a release of what a placer does not hold is a no-op)
+                    await self._release_everywhere(holder)
+                    holder = None
+            if holder is None:  # ours: whatever was recorded before it is in the table once refreshed
+                try:
+                    await self.store.refresh()
+                except Exception as exc:
+                    self._unclaim(rkey, task_id)
+                    raise rpc.Unavailable(f"the task store cannot be read ({type(exc).__name__}: {exc}); nothing "
+                                          "was placed: retry (with the same request_id)") from exc
+                known = self.store.by_request.get(key)
+                if known is not None:
+                    self._unclaim(rkey, task_id)
+                    return self.store.tasks[known], True
+                try:
+                    return await self._submit(spec, method, task_id, claim=rkey), False
+                except BaseException:
+                    if key not in self._failed:  # else the claim goes once the failed attempt's release is done
+                        self._unclaim(rkey, task_id)
+                    raise
+            if (known := self.store.by_request.get(key)) is not None:
+                return self.store.tasks[known], True
+            if loop.time() > deadline:
+                raise rpc.Unavailable(f"request_id {spec.request_id!r} is being scheduled by another gateway and "
+                                      "has no answer yet; retry later (with the same request_id)")
+            await asyncio.sleep(0.05)
+            await self.store.refresh()
+
+    async def _release_everywhere(self, task_id: str) -> None:
+        """Release `task_id` at every DC unless the table shows it recorded (bounded: the sweep finishes it)."""
+        await self.store.refresh()
+        if task_id in self.store.tasks:
+            return
+        jobs = [self._abandon(task_id, dc) for dc in self.release]
+        await asyncio.wait(jobs, timeout=self.place_timeout_s)
+
+    def _unclaim(self, rkey: str, task_id: str) -> None:
+        """Drop this attempt's claim of a request, in the background (a claim left behind only costs a retry
+        a table refresh: it finds the record, or takes the claim over once this gateway is gone)."""
+        assert self.lease is not None
+        lease = self.lease
+
+        async def drop() -> None:
+            try:
+                await lease.unclaim(rkey, task_id)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("cannot drop the claim of %s (%s: %s)", rkey, type(exc).__name__, exc)
+
+        _track(asyncio.create_task(drop(), name=f"unclaim {rkey}"), self._abandoned)
 
     def _start(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """A Submit's scheduling (or a Release) as a task of its own: once started it runs to its final record
@@ -193,11 +276,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         job.add_done_callback(lambda j: j.cancelled() or j.exception())  # retrieved: its client may be gone
         return job
 
-    async def _submit(self, spec, method: str) -> pb.Task:
+    async def _submit(self, spec, method: str, task_id: str = "", claim: str = "") -> pb.Task:
         """Select, place, then write the Submit's records in one unit (`_commit`): the table and every reader see
         the task only once its final record is durable. A crash before that leaves no record; the placement it
-        may have made is released by the next gateway's `reconcile`."""
-        task = pb.Task(task_id=new_task_id(), spec=task_to_pb(spec), created_unix_ms=now_ms())
+        may have made is released by the next gateway's `reconcile` (or another's, once this one's lease is
+        gone). With a lease the records are written only while it (and the request's `claim`) still holds."""
+        task = pb.Task(task_id=task_id or new_task_id(self.lease.id if self.lease else "000000"),
+                       spec=task_to_pb(spec), created_unix_ms=now_ms())
+        fences = ((self.lease.fence, *(((claim, task.task_id),) if claim else ())) if self.lease is not None
+                  else ())
         # Ask the selector before anything else: it has no side effects, so if it is down the client
         # gets UNAVAILABLE, nothing is recorded, and a retry with the same request_id starts afresh.
         selection = await self.select.call(selector_pb2.SelectRequest(task=task.spec, method=method),
@@ -211,7 +298,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             task.reason = "no data center can hold this task: " + exclusion_summary(
                 (e.datacenter, e.reason) for e in selection.excluded)
             records.append(step("rejected", task, task.reason))
-            await self._commit(task, records)
+            await self._commit(task, records, fences, claim)
             return task
         best = selection.candidates[0]
         task.datacenter = best.datacenter
@@ -219,18 +306,18 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._scheduling.add(task.task_id)  # a late `reconcile` pass leaves what this gateway is placing alone
         try:
             await self._place(task, selection.candidates, records)
-            await self._commit(task, records)
+            await self._commit(task, records, fences, claim)
         finally:
             self._scheduling.discard(task.task_id)
         return task
 
-    async def _commit(self, task: pb.Task, records: list[Record]) -> None:
+    async def _commit(self, task: pb.Task, records: list[Record], fences=(), claim: str = "") -> None:
         """Make the Submit's records durable. If the task stream does not take them, nothing of the task is kept:
         release what it holds at a placer, write `abandoned` for it in the background (the write may have
         reached Redis without its reply), and answer UNAVAILABLE; a retry with the same request_id starts afresh
         once that release is confirmed."""
         try:
-            await self.store.write(*records)
+            await self.store.write(*records, fences=fences)
         except Exception as exc:
             if task.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED):
                 self._abandon(task.task_id, task.datacenter)
@@ -239,6 +326,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 key = (task.spec.tenant, task.spec.request_id)
                 waiter = self._failed[key] = asyncio.ensure_future(asyncio.wait(set(releases)))
                 waiter.add_done_callback(lambda w: self._failed.pop(key, None) if self._failed.get(key) is w else None)
+                if claim:  # other gateways' retries wait until the failed attempt's placement is released
+                    waiter.add_done_callback(lambda _: self._unclaim(claim, task.task_id))
             reason = f"the task stream did not take its record ({type(exc).__name__}: {exc})"
             abandoned = step(ABANDONED, task, reason)
 
@@ -247,8 +336,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
             self._durably(record, f"abandoned record of {task.task_id}")
             log.warning("Submit of %s failed: %s; released wherever it was placed", task.task_id, reason)
+            if isinstance(exc, Conflict):
+                raise rpc.Unavailable(f"this gateway lost its lease or the claim of the request while scheduling "
+                                      f"it ({exc}); nothing was kept and any placement is released: retry (with "
+                                      "the same request_id)") from exc
             raise rpc.Unavailable(f"the task store could not record the task ({type(exc).__name__}: {exc}); nothing "
                                   "was kept and any placement is released: retry (with the same request_id)") from exc
+        if claim:
+            self._unclaim(claim, task.task_id)  # recorded: a retry anywhere finds the record
 
     def _durably(self, make: Callable[[], Awaitable[Record | None]], what: str, first_retry_s: float = 0.5
                  ) -> asyncio.Task:
@@ -321,27 +416,75 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                                         "wherever it had been placed") for t in interrupted if t))
         return len(interrupted), await self.release_orphans(redis, keys)
 
-    async def release_orphans(self, redis, keys: Keys) -> int:
+    async def release_orphans(self, redis, keys: Keys, followed: bool = False) -> int:
         """Release every task a DC's ledger holds (placed or queued) that the table does not show live (placed,
-        running, deferred or preempted) at that DC and this gateway is not placing now — a Submit that ended
+        running, deferred or preempted) at that DC and no gateway is placing now — a Submit that ended
         without a durable record, a Place whose answer was lost, a release not seen confirmed — there
-        (`_abandon`). (Where a live task is — placed from the queue, requeued — the ledger follower records.) Run
-        at start and once more after the last Place a previous gateway sent can have been committed (its
-        deadline). Returns the releases started."""
-        releases = 0
+        (`_abandon`). (Where a live task is — placed from the queue, requeued — the ledger follower records.)
+        Another live gateway's placements are its own to settle (see hsched.state.gateways): only those of this
+        gateway and of gateways that are gone are released, after the table caught up with the stream; those of
+        DAG jobs (ids naming no gateway) only when no other gateway holds a lease. `followed`: read
+        the ledgers' folds from the followers (the periodic sweep) instead of replaying them (at start).
+        Returns the releases started."""
+        candidates: list[tuple[str, str]] = []
         for dc in self.fleet.datacenters:
             if dc.name not in self.release:
                 continue
-            state, queue = ClusterState(dc), OrderedDict()
-            await replay(redis, keys.ledger(dc.name), state, queue)
-            for task_id in [*state.allocations, *queue]:
-                if task_id in self._scheduling or task_id in self._releasing:
-                    continue
-                task = self.store.tasks.get(task_id)
-                if task is None or task.datacenter != dc.name or task.state not in LIVE:
-                    self._abandon(task_id, dc.name)
-                    releases += 1
-        return releases
+            follower = self.lifecycle.followers.get(dc.name) if followed else None
+            if follower is not None:
+                state, queue = follower.state, follower.queue
+            else:
+                state, queue = ClusterState(dc), OrderedDict()
+                await replay(redis, keys.ledger(dc.name), state, queue)
+            candidates += [(task_id, dc.name) for task_id in [*state.allocations, *queue]
+                           if self._orphan(task_id, dc.name)]
+        if candidates and self.lease is not None:
+            owners = {owner_of(t) for t, _ in candidates}
+            alive = await self.lease.alive({o for o in owners if o is not None})
+            solo = None not in owners or not [k async for k in redis.scan_iter(match=keys.gateway("*"), count=1000)
+                                              if k.decode() != self.lease.key]
+            await self.store.refresh()  # recorded by a gateway that is gone: in the table now
+            candidates = [(t, dc) for t, dc in candidates if self._orphan(t, dc) and (
+                owner_of(t) == self.lease.id or owner_of(t) not in alive if owner_of(t) is not None else solo)]
+        for task_id, dc in candidates:
+            self._abandon(task_id, dc)
+        return len(candidates)
+
+    def _orphan(self, task_id: str, dc: str) -> bool:
+        """Whether the table has no live record of `task_id` at `dc` and this gateway is neither placing nor
+        releasing it."""
+        if task_id in self._scheduling or task_id in self._releasing:
+            return False
+        task = self.store.tasks.get(task_id)
+        return task is None or task.datacenter != dc or task.state not in LIVE
+
+    async def _await_record(self, task_id: str, at_ms: int) -> None:
+        """A DC ledger entry of `at_ms` (Redis time) names `task_id`, which the table does not hold: if another
+        gateway may still be scheduling it (a Submit ends within `submit_bound_s` of its Place), wait until its
+        record shows, that gateway is gone or that time is past, so its placer-initiated steps are recorded after
+        it (by this follower or that gateway's: the versions decide who)."""
+        try:
+            await self._await_record_of(task_id, at_ms / 1000 + self.submit_bound_s)
+        except Exception as exc:  # noqa: BLE001 - Redis away: the step is decided on the table as it is
+            log.warning("cannot check whether %s is being recorded (%s: %s)", task_id, type(exc).__name__, exc)
+
+    async def _await_record_of(self, task_id: str, until_unix_s: float) -> None:
+        assert self.lease is not None
+        owner = owner_of(task_id)
+        if owner is None or owner == self.lease.id:
+            return  # this gateway's own: `busy` waits for them
+        loop = asyncio.get_running_loop()
+        checked = 0.0
+        await self.store.refresh()
+        while task_id not in self.store.tasks and task_id not in self.store.abandoned:
+            if time.time() > until_unix_s:
+                return
+            if loop.time() - checked > 0.5:
+                if not await self.lease.alive({owner}):
+                    await self.store.refresh()
+                    return
+                checked = loop.time()
+            await asyncio.sleep(0.02)
 
     def _abandon(self, task_id: str, dc: str) -> asyncio.Task:
         """A Place at `dc` ended without an answer (or without a durable record), and the task may now go to
@@ -520,7 +663,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 else:
                     task.reason = f"{dc} cannot hold it: {reply.reason}"
                     records.append(step("rejected", task, task.reason))
-            await retry_with_backoff(lambda: self.store.write(*records), Exception, lambda exc, delay: (
+            async def record() -> pb.Task:
+                try:
+                    await self.store.write(*records)
+                    return task
+                except Conflict:  # another gateway advancing the same job recorded this task first: its answer
+                    await self.store.refresh()
+                    if (known := self.store.tasks.get(task_id)) is None:
+                        raise
+                    return known
+
+            task = await retry_with_backoff(record, Exception, lambda exc, delay: (
                 f"cannot yet record {task_id} of a job ({type(exc).__name__}: {exc}); retrying in {delay:g} s"))
         finally:
             self._scheduling.discard(task_id)
@@ -538,7 +691,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     @rpc.grpc_errors
     async def Release(self, request: gateway_pb2.ReleaseRequest, context) -> gateway_pb2.ReleaseResponse:
-        task = self._task(request.task_id, self.auth.authenticate(context))
+        task = await self._task(request.task_id, self.auth.authenticate(context))
         if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
             return gateway_pb2.ReleaseResponse(task=task)  # nothing held (any more): a no-op, the task unchanged
         if task.state == pb.TASK_STATE_SUBMITTED:
@@ -561,33 +714,42 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                             self.place_timeout_s)
         if not reply.released or reply.placed_from_queue:  # what the placer wrote shows once Release answers
             await self.lifecycle.settle(dc, self.place_timeout_s)
-        await self.store.settled(task_id)
-        task = self.store.copy(task_id) or task
-        if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
-            return task
-        task.finished_unix_ms = now_ms()
-        try:
-            await self.store.record("released", task, f"freed {reply.freed.cpu_milli / 1000:g} cores, "
-                                    f"{reply.freed.gpu_count} GPU slices at {dc}")
-        except Exception as exc:
-            raise rpc.Unavailable(f"released at {dc}, but the task store could not record it "
-                                  f"({type(exc).__name__}: {exc}); retry the Release") from exc
-        return task
+        for _ in range(10):  # another gateway may record a step of it first (Conflict): catch up, decide again
+            await self.store.settled(task_id)
+            task = self.store.copy(task_id) or task
+            if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
+                return task
+            task.finished_unix_ms = now_ms()
+            try:
+                await self.store.record("released", task, f"freed {reply.freed.cpu_milli / 1000:g} cores, "
+                                        f"{reply.freed.gpu_count} GPU slices at {dc}")
+                return task
+            except Conflict:
+                await self.store.refresh()
+            except Exception as exc:
+                raise rpc.Unavailable(f"released at {dc}, but the task store could not record it "
+                                      f"({type(exc).__name__}: {exc}); retry the Release") from exc
+        raise rpc.Unavailable(f"released at {dc}, but other gateways kept recording steps of {task_id} first; "
+                              "retry the Release")
 
     # -- reads -------------------------------------------------------------------------------------------------
 
-    def _task(self, task_id: str, principal: Principal | None) -> pb.Task:
-        """The task `principal` asked for; another tenant's gets the very answer of a task that does not exist."""
+    async def _task(self, task_id: str, principal: Principal | None) -> pb.Task:
+        """The task `principal` asked for; another tenant's gets the very answer of a task that does not exist.
+        One this table does not hold may have just been recorded by another gateway: the table catches up first."""
         if not task_id:
             raise ValidationError("task_id", "is required")
         task = self.store.tasks.get(task_id)
+        if task is None and self.lease is not None:
+            await self.store.refresh()
+            task = self.store.tasks.get(task_id)
         if task is None or not may_see(principal, task.spec.tenant):
             raise LookupError(f"task {task_id} not found")
         return task
 
     @rpc.grpc_errors
     async def Get(self, request: gateway_pb2.GetRequest, context) -> pb.Task:
-        return self._task(request.task_id, self.auth.authenticate(context))
+        return await self._task(request.task_id, self.auth.authenticate(context))
 
     @rpc.grpc_errors
     async def List(self, request: gateway_pb2.ListRequest, context) -> gateway_pb2.ListResponse:
@@ -614,7 +776,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         principal = self.auth.authenticate(context)
         after = parse_after(request.after_event_id)
         if request.task_id:
-            self._task(request.task_id, principal)  # NOT_FOUND for a task this gateway does not know (or hides)
+            await self._task(request.task_id, principal)  # NOT_FOUND for a task this gateway does not know (or hides)
         if request.job_id:
             self._job(request.job_id, principal)
         assert self.feed is not None, "serve() gives the servicer its feed"
@@ -652,7 +814,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     @rpc.grpc_errors
     async def DescribeTask(self, request: gateway_pb2.GetRequest, context) -> gateway_pb2.TaskDescription:
-        task = self._task(request.task_id, self.auth.authenticate(context))  # a tenant: its own tasks only
+        task = await self._task(request.task_id, self.auth.authenticate(context))  # a tenant: its own tasks only
         events, truncated = await task_history(self.store.redis, self.store.stream, task)
         return gateway_pb2.TaskDescription(task=task, events=events, events_truncated=truncated)
 
@@ -730,12 +892,16 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     store = TaskStore(redis, Keys(args.prefix).tasks, epoch_key=Keys(args.prefix).epoch, epoch=guard.epoch,
                       min_replicas=args.redis_min_replicas, wait_timeout_ms=args.redis_wait_ms)
     loaded = await store.load()
+    # this gateway's lease (other gateways may share the prefix): held before anything is placed under it
+    lease = GatewayLease(redis, Keys(args.prefix), int(args.gateway_lease_s * 1000))
+    await lease.acquire()
+    keeping = asyncio.create_task(lease.keep(), name="gateway lease")
     tls = tls_files(args, "gateway")
     channels = [rpc.channel(args.selector, tls, peer="selector"),
                 *(rpc.channel(t, tls, peer="placer") for t in targets.values())]
     servicer = GatewayServicer(fleet, store, selector_pb2_grpc.SelectorStub(channels[0]),
                                {dc: placer_pb2_grpc.PlacerStub(ch) for dc, ch in zip(targets, channels[1:], strict=True)},
-                               args.select_timeout_s, args.place_timeout_s, auth=auth)
+                               args.select_timeout_s, args.place_timeout_s, auth=auth, lease=lease)
     servicer.keys = Keys(args.prefix)
     settled, released = await servicer.reconcile(redis, Keys(args.prefix))
     ledger_redis = connect(args.redis_url)  # the followers' blocking read gets a client of its own
@@ -743,16 +909,26 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     resumed = servicer.jobs.recover()  # after reconcile: a job's unrecorded placements are released, then re-placed
     # Watches read through a client of their own (one reader + a few catch-up pages), never the shared pool
     feed_redis = connect(args.redis_url)
+    # the one reader of the task stream: Watches, and the table's view of what other gateways record
     servicer.feed = TaskFeed(feed_redis, store.stream, store.last_id, args.max_watches, args.max_watches_per_tenant,
-                             args.watch_buffer).start()
+                             args.watch_buffer, observer=store.observe).start()
 
-    async def late_orphans() -> None:
-        """A Place the previous gateway sent just before it died can still be committed until its deadline."""
+    async def sweep_orphans() -> None:
+        """A Place a gateway sent just before it died can still be committed until its deadline, and another
+        gateway may die at any time: look again, first once the previous gateway's last Place is past its
+        deadline, then every --orphan-sweep-s."""
         await asyncio.sleep(args.place_timeout_s + 1.0)
-        if count := await servicer.release_orphans(redis, Keys(args.prefix)):
-            log.warning("released %d tasks placed by the previous gateway's last calls", count)
+        while True:
+            try:
+                if count := await servicer.release_orphans(redis, Keys(args.prefix), followed=True):
+                    log.warning("released %d tasks placed by a gateway that is gone (or by this one's calls that "
+                                "were not answered)", count)
+            except Exception as exc:  # noqa: BLE001 - Redis away: next round
+                log.warning("orphan sweep failed (%s: %s); next in %g s", type(exc).__name__, exc,
+                            args.orphan_sweep_s)
+            await asyncio.sleep(args.orphan_sweep_s)
 
-    late = asyncio.create_task(late_orphans(), name="late orphan check")
+    late = asyncio.create_task(sweep_orphans(), name="orphan sweep")
     pruning = asyncio.create_task(keep_pruned(store, args.task_retention_s, args.task_prune_interval_s),
                                   name="task retention")
     metrics = metrics_server(args)
@@ -765,8 +941,9 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     log.info("gateway serving on port %d (%d task events replayed, %d tasks; %d interrupted Submits settled, %d "
              "tasks held by a placer without a record to match released; %d jobs resumed)", port, loaded,
              len(store.tasks), settled, released, resumed)
-    await serve_until_stopped(stop, server, port, args, metrics=metrics, tasks=[epoch_watch, late, pruning, following],
-                              cleanup=[servicer.feed.close, servicer.jobs.close, servicer.close,
+    await serve_until_stopped(stop, server, port, args, metrics=metrics,
+                              tasks=[epoch_watch, late, pruning, following, keeping],
+                              cleanup=[servicer.feed.close, servicer.jobs.close, servicer.close, lease.release,
                                        *(ch.close for ch in channels), feed_redis.aclose, ledger_redis.aclose,
                                        redis.aclose])
     exit_if_lost(guard)
@@ -785,6 +962,11 @@ def parser():
                         "re-read when it changes. Default (env HSCHED_TOKENS_FILE): off, for local development")
     p.add_argument("--select-timeout-s", type=float, default=2.0)
     p.add_argument("--place-timeout-s", type=float, default=5.0)
+    p.add_argument("--gateway-lease-s", type=float, default=float(os.environ.get("HSCHED_GATEWAY_LEASE_S", 5)),
+                   help="this gateway's lease in Redis: after it lapses (the gateway died or stalled), another "
+                        "gateway of the prefix releases the placements it left without a record")
+    p.add_argument("--orphan-sweep-s", type=float, default=float(os.environ.get("HSCHED_ORPHAN_SWEEP_S", 10)),
+                   help="how often placements without a record (of gateways that are gone) are looked for")
     p.add_argument("--task-retention-s", type=float, default=float(os.environ.get("HSCHED_TASK_RETENTION_S", 86400)),
                    help="forget finished tasks (succeeded, failed, expired, released, rejected) this long after "
                    "their last change (docs/operations.md)")

@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha._base import _file_descriptor_response, _not_found_
 
 from hsched.domain.errors import ResourceExhausted, ValidationError
 from hsched.domain.limits import check_message
+from hsched.lb import balanced
 from hsched.security import authz
 from hsched.security.authz import Guard
 from hsched.security.principals import Unauthenticated
@@ -256,8 +257,9 @@ def channel(target: str, tls: TlsFiles | None = None, peer: str | None = None) -
     carry (every leaf has DNS <name>), so a gateway only talks to a placer that holds the placer's cert."""
     streams = [i for i in client_interceptors() if isinstance(i, grpc.aio.UnaryStreamClientInterceptor)]
     if tls is None:
-        return traced_channel(grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=streams))
-    options = [*CHANNEL_OPTIONS, *([("grpc.ssl_target_name_override", peer)] if peer else [])]
+        return traced_channel(grpc.aio.insecure_channel(target, options=balanced(target, CHANNEL_OPTIONS),
+                                                        interceptors=streams))
+    options = balanced(target, [*CHANNEL_OPTIONS, *([("grpc.ssl_target_name_override", peer)] if peer else [])])
     return traced_channel(ReloadingChannel(tls, lambda creds: grpc.aio.secure_channel(
         target, creds, options=options, interceptors=streams)))
 

@@ -333,7 +333,11 @@ class PlacerEngine:
             await asyncio.to_thread(self._keeper.close)
         if self.holding:
             self.holding = False
-            await self.ledger.release_lease()
+            try:
+                await self.ledger.release_lease()
+            except Exception as exc:  # noqa: BLE001 - Redis away (or just back, the pooled connection stale)
+                log.warning("placer %s: cannot give its lease up (%s: %s); it lapses by itself", self.dc.name,
+                            type(exc).__name__, exc)
 
     def add_serving_watcher(self, watcher: Callable[[bool], Awaitable[None]]) -> None:
         """`watcher(serving)` is awaited whenever the engine starts or stops serving (health status)."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import grpc
 
 from hsched.domain.errors import ValidationError
+from hsched.lb import balanced
 from hsched.security.tokens import read_token_file
 
 
@@ -48,11 +49,13 @@ class ClientCredentials:
             certificate_chain=read(self.tls_cert, "HSCHED_TLS_CERT") if self.tls_cert else None)
 
     def channel(self, target: str, options=None) -> grpc.Channel:
+        options = balanced(target, options or ())
         if self.tls:
             return grpc.secure_channel(target, self.channel_credentials(), options=options)
         return grpc.insecure_channel(target, options=options)
 
     def aio_channel(self, target: str, options=None) -> grpc.aio.Channel:
+        options = balanced(target, options or ())
         if self.tls:
             return grpc.aio.secure_channel(target, self.channel_credentials(), options=options)
         return grpc.aio.insecure_channel(target, options=options)

@@ -1,4 +1,5 @@
-"""Watch fan-out: one reader per gateway tails the task stream and hands every event to the Watch streams.
+"""Watch fan-out: one reader per gateway tails the task stream and hands every event to the Watch streams (and
+to the gateway's task table, which so sees what other gateways write).
 
 Each Watch used to run its own blocking XREAD on a pooled connection, so ~100 idle Watches took the whole
 pool and every Submit failed. Here one reader (on a client of its own, never the gateway's shared pool)
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -87,7 +88,7 @@ class TaskFeed:
 
     def __init__(self, redis: aioredis.Redis, stream: str, after: str, max_watches: int = 1000,
                  max_per_tenant: int = 200, buffer: int = 1000, catch_up_readers: int = 4,
-                 block_ms: int = 1000) -> None:
+                 block_ms: int = 1000, observer: Callable[[bytes, dict], object] | None = None) -> None:
         self.redis = redis  # a client of its own: one connection for the reader, a few for catch-up pages
         self.stream = stream
         self.cursor: StreamId = _parse_id(after)  # the last entry handed to subscribers
@@ -99,6 +100,8 @@ class TaskFeed:
         self._subscribers: set[_Subscriber] = set()
         self.open: dict[str, int] = {}  # open Watches by the tenant they watch ("" = every tenant)
         self._reader: asyncio.Task | None = None
+        # told of every entry read, before any Watch (the gateway's task table folds other gateways' records)
+        self.observer = observer
 
     @property
     def watching(self) -> int:
@@ -129,6 +132,11 @@ class TaskFeed:
                 delay = min(2 * delay, 5.0)
                 continue
             for entry_id, fields in reply[0][1] if reply else ():
+                if self.observer is not None:
+                    try:
+                        self.observer(entry_id, fields)
+                    except Exception:  # one bad entry must not stop every Watch (nor the table)
+                        log.exception("task feed: cannot fold entry %s", entry_id)
                 self.cursor = sid = _parse_id(entry_id)
                 event = event_of(format_id(sid), fields)
                 for sub in [s for s in self._subscribers if not s.offer(sid, event)]:

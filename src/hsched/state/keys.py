@@ -38,8 +38,16 @@ class Keys:
 
     @property
     def tasks(self) -> str:
-        """Stream of task lifecycle events; writer: the gateway."""
+        """Stream of task lifecycle events; writers: the gateways (versions checked, see hsched.state.tasks)."""
         return f"{self.prefix}:tasks"
+
+    def gateway(self, gateway_id: str) -> str:
+        """A running gateway's lease (hsched.state.gateways); writer: that gateway."""
+        return f"{self.prefix}:gateway:{gateway_id}"
+
+    def request(self, tenant: str, request_id: str) -> str:
+        """The claim of a Submit's (tenant, request_id) while a gateway schedules it; writer: that gateway."""
+        return f"{self.prefix}:request:{len(tenant)}:{tenant}:{request_id}"
 
     @property
     def links(self) -> str:

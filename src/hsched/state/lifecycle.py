@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
@@ -32,7 +32,7 @@ from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.task import TaskSpec
 from hsched.state.follow import LedgerFollower, stream_id_tuple
 from hsched.state.ledger import StateLost, load_snapshot, snapshot_key, trimmed_past
-from hsched.state.tasks import Record, TaskStore, ledger_ref, now_ms, step
+from hsched.state.tasks import Conflict, Record, TaskStore, ledger_ref, now_ms, step
 from hsched.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -128,12 +128,16 @@ class TaskLifecycle:
     """The observer of every DC ledger follower of a gateway: writes each transition before reading on (so the
     task stream has them in ledger order), retrying a failed write until the task stream takes it.
     `busy(task_id)`: a call of this gateway is still writing that task's own records (a Submit being
-    scheduled) — its transitions wait for them."""
+    scheduled) — its transitions wait for them. `await_record(task_id, at_ms)`: with several gateways, wait while
+    another gateway may still be recording a task this table does not hold (named by a ledger entry at `at_ms`). Every gateway follows every ledger; the
+    task's version decides which one's step is written (the others get `Conflict`, catch up, and find the step
+    taken, so it is written once)."""
 
     def __init__(self, store: TaskStore, busy: Callable[[str], bool] = lambda _: False,
-                 retry_s: float = 0.5) -> None:
+                 retry_s: float = 0.5, await_record: Callable[[str, int], Awaitable[None]] | None = None) -> None:
         self.store = store
         self.busy = busy
+        self.await_record = await_record
         self.retry_s = retry_s
         self.done: dict[str, str] = {}  # DC -> the last ledger entry handled (recorded or found to change nothing)
         self.followers: dict[str, LedgerFollower] = {}
@@ -199,7 +203,8 @@ class TaskLifecycle:
         for entry_id, event in entries:
             if stream_id_tuple(entry_id) <= self.store.ledger_cursor.get(dc, (0, 0)):
                 continue  # recorded before (this gateway or the one before it)
-            await self._write(event["task"], _one_step(event, dc, ledger_ref(dc, entry_id), follower.state.table))
+            await self._write(event["task"], _one_step(event, dc, ledger_ref(dc, entry_id), follower.state.table),
+                              stream_id_tuple(entry_id)[0])
             self._handled(dc, entry_id)
 
     def _handled(self, dc: str, entry_id: str) -> None:
@@ -225,13 +230,17 @@ class TaskLifecycle:
             await asyncio.sleep(0.01)
         return True
 
-    async def _write(self, task_id: str, steps: Callable[[pb.Task], list[Record]]) -> None:
+    async def _write(self, task_id: str, steps: Callable[[pb.Task], list[Record]], at_ms: int = 0) -> None:
+        """Record `steps` of `task_id` (a ledger entry of Redis time `at_ms`, 0: none to wait for)."""
         delay = self.retry_s
         while True:
             while self.busy(task_id):  # its Submit's own records come first
                 await asyncio.sleep(0.01)
             await self.store.settled(task_id)
             task = self.store.copy(task_id)
+            if task is None and self.await_record is not None and at_ms:
+                await self.await_record(task_id, at_ms)
+                task = self.store.copy(task_id)
             records = steps(task) if task is not None else []
             if not records:
                 return
@@ -240,6 +249,13 @@ class TaskLifecycle:
                 return
             except StateLost:
                 raise
+            except Conflict:  # another gateway recorded a step of it first: decide again on its record
+                try:
+                    await self.store.refresh()
+                    continue
+                except Exception as exc:  # noqa: BLE001 - Redis away: as below
+                    log.warning("cannot yet catch up with the task stream (%s: %s); retrying in %g s",
+                                type(exc).__name__, exc, delay)
             except Exception as exc:  # noqa: BLE001 - the placer did it whatever the stream says: retried
                 log.warning("cannot yet record %s of %s (%s: %s); retrying in %g s", records[-1].kind, task_id,
                             type(exc).__name__, exc, delay)

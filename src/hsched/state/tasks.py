@@ -10,6 +10,14 @@ The table only ever shows what is durable: a write's records are folded in once 
 and a write that fails leaves the table as it was (its caller answers UNAVAILABLE). The records one caller
 writes together (a Submit's submitted, dc_selected and placed) are durable together or not at all.
 
+Several gateways may share one stream (docs/operations.md, "Several gateways"). Every write is then checked
+against the task's version — the entry id of its newest record, kept by the append script in a hash next to
+the stream — so a writer whose table is behind gets `Conflict` (it catches up with `refresh` and decides again)
+instead of appending a step taken from a stale record; a group may also carry fences (keys that must still
+hold a value: the writer's gateway lease, a request's claim) so nothing lands for a writer that lost them.
+Each table follows the stream (`observe`, fed by the gateway's one stream reader) and folds by entry id: the
+records of other writers show up, and a record never overwrites a newer one of the same task.
+
 A write whose reply was lost may still have reached Redis. The gateway then writes an `abandoned` record for
 that task (`ABANDONED`): the task is dropped from the table and its request id is free again, and whatever
 the stream holds for that task id, before or after, is ignored — so a later replay never resurrects a task
@@ -48,21 +56,56 @@ JOB_TERMINAL = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCEL
 
 
 _RECORD_FIELDS = (b"k", b"t", b"d", b"l")
-# KEYS: stream, epoch key; ARGV: epoch ('' = unchecked), then k, t, d, l of each record (field l only when not
-# empty). Returns the entry ids.
+ANY = "*"  # a record's expected version: written whatever the task's version is
+# KEYS: stream, epoch key, versions hash (task or job id -> the entry id of its newest record). ARGV: epoch
+# ('' = unchecked), then per group of records written together: n records, n fences, the fences (key, value:
+# the key must hold that value), then per record k, t, d, l, id, expected version ('' = none yet, ANY =
+# unchecked; a version the hash does not hold, written before versions were kept or pruned, is not checked).
+# Returns per group its entry ids, or 0 when a fence or a version did not hold (nothing of it written).
 _APPEND = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('EPOCH') end
-local ids = {}
-for i = 2, #ARGV, 4 do
-  if ARGV[i + 3] == '' then
-    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'k', ARGV[i], 't', ARGV[i + 1], 'd', ARGV[i + 2])
-  else
-    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'k', ARGV[i], 't', ARGV[i + 1], 'd', ARGV[i + 2],
-                               'l', ARGV[i + 3])
+local out = {}
+local i = 2
+while i <= #ARGV do
+  local n, f = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  local r0 = i + 2 + 2 * f
+  local ok = true
+  for j = 0, f - 1 do
+    if redis.call('GET', ARGV[i + 2 + 2 * j]) ~= ARGV[i + 3 + 2 * j] then ok = false end
   end
+  for j = 0, n - 1 do
+    local b = r0 + 6 * j
+    if ok and ARGV[b + 5] ~= '*' then
+      local have = redis.call('HGET', KEYS[3], ARGV[b + 4])
+      if (have and have ~= ARGV[b + 5]) then ok = false end
+    end
+  end
+  if ok then
+    local ids = {}
+    for j = 0, n - 1 do
+      local b = r0 + 6 * j
+      local id
+      if ARGV[b + 3] == '' then
+        id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[b], 't', ARGV[b + 1], 'd', ARGV[b + 2])
+      else
+        id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[b], 't', ARGV[b + 1], 'd', ARGV[b + 2], 'l', ARGV[b + 3])
+      end
+      redis.call('HSET', KEYS[3], ARGV[b + 4], id)
+      ids[#ids + 1] = id
+    end
+    out[#out + 1] = ids
+  else
+    out[#out + 1] = 0
+  end
+  i = r0 + 6 * n
 end
-return ids
+return out
 """
+
+
+class Conflict(Exception):
+    """A write whose fence or expected version did not hold: another writer went first (or this one lost its
+    lease or claim); nothing of it was written."""
 
 
 def now_ms() -> int:
@@ -76,6 +119,7 @@ class Record:
     kind: str
     task_id: str
     fields: dict[bytes, bytes]
+    expect: str | None = None  # the version the write expects (None: what the table shows when written)
 
 
 def ledger_ref(dc: str, entry_id: str) -> str:
@@ -110,6 +154,8 @@ def job_step(kind: str, job: pb.Job, detail: str = "") -> Record:
 class _Pending:
     records: tuple[Record, ...]
     future: asyncio.Future
+    fences: tuple[tuple[str, str], ...] = ()
+    expects: tuple[str, ...] = ()
 
 
 @dataclass
@@ -136,9 +182,17 @@ class TaskStore:
     ledger_cursor: dict[str, tuple[int, int]] = field(default_factory=dict)
     ledger_refs: dict[str, bytes] = field(default_factory=dict)  # task id -> the `l` of its newest such record
     transitions: Transitions | None = None  # told of every record once durable (not of those `load` replays)
+    # task or job id -> the entry id of the newest record the table holds for it (folds go by it: see `observe`)
+    versions: dict[str, tuple[int, int]] = field(default_factory=dict)
+    tail: tuple[int, int] = (0, 0)  # every entry up to here is folded (`load`, `observe`, `refresh`)
+    versions_key: str = ""  # the append script's hash of versions; default: "<stream>:versions"
 
     def __post_init__(self) -> None:
         self._append = self.redis.register_script(_APPEND)
+        self.versions_key = self.versions_key or f"{self.stream}:versions"
+
+    def _keys(self) -> list[str]:
+        return [self.stream, self.epoch_key or self.stream, self.versions_key]
 
     async def load(self, batch: int = 5000) -> int:
         """Rebuild the table from the stream; returns the number of entries read."""
@@ -146,14 +200,54 @@ class TaskStore:
         while True:
             entries = await self.redis.xrange(self.stream, min=start, max="+", count=batch)
             for entry_id, fields in entries:
-                self._fold_entry(fields[b"k"].decode(), fields[b"t"])
-                if fields[b"k"] not in JOB_KINDS:
-                    self._ledger_seen(pb.Task.FromString(fields[b"t"]).task_id, fields.get(b"l"))
+                self.observe(entry_id, fields, notify=False)
                 self.last_id = entry_id.decode()
             count += len(entries)
             if len(entries) < batch:
                 return count
             start = f"({self.last_id}"
+
+    def observe(self, entry_id: bytes | str, fields: dict[bytes, bytes], notify: bool = True) -> bool:
+        """Fold task-stream entry `entry_id` unless the table already holds its record or a newer one of that
+        task (job): entries arrive here from `load`, the gateway's stream reader and `refresh`, in stream order
+        each but overlapping, and this gateway's own writes are folded when written. A task record folded here
+        was another gateway's: `transitions` hears of it too (`notify`; not of what `load` replays). True if
+        folded."""
+        sid = _entry_id(entry_id if isinstance(entry_id, bytes) else entry_id.encode())
+        if sid > self.tail:
+            self.tail = sid
+        kind = fields[b"k"].decode()
+        if kind in JOB_STATE_OF_KIND:
+            key = pb.Job.FromString(fields[b"t"]).job_id
+        else:
+            key = pb.Task.FromString(fields[b"t"]).task_id
+        if sid <= self.versions.get(key, (0, 0)):
+            return False
+        self.versions[key] = sid
+        self._fold_entry(kind, fields[b"t"])
+        if kind not in JOB_STATE_OF_KIND:
+            self._ledger_seen(key, fields.get(b"l"))
+            if notify and self.transitions is not None and self.transitions.active:
+                self.transitions.notify(pb.Task.FromString(fields[b"t"]), kind)
+        return True
+
+    async def refresh(self, batch: int = 1000) -> int:
+        """Fold every entry of the stream beyond `tail` (another gateway's records): once this returns, the
+        table holds everything written before it was called. Returns the entries read."""
+        count = 0
+        while True:
+            entries = await self.redis.xrange(self.stream, min=f"({self.tail[0]}-{self.tail[1]}", max="+",
+                                              count=batch)
+            for entry_id, fields in entries:
+                self.observe(entry_id, fields)
+            count += len(entries)
+            if len(entries) < batch:
+                return count
+
+    def version(self, key: str) -> str:
+        """The expected version of a write of task (job) `key`: the entry id of the record the table holds."""
+        v = self.versions.get(key)
+        return f"{v[0]}-{v[1]}" if v else ""
 
     def _fold_entry(self, kind: str, record: bytes) -> None:
         if kind in JOB_STATE_OF_KIND:
@@ -201,10 +295,15 @@ class TaskStore:
         while (writing := self._writing.get(task_id)) is not None:
             await asyncio.wait([writing])
 
-    def write(self, *records: Record) -> asyncio.Future[list[str]]:
+    def write(self, *records: Record, fences: tuple[tuple[str, str], ...] = ()) -> asyncio.Future[list[str]]:
         """Queue `records` as one unit: durable together or not at all. Await the returned future for their entry
-        ids; the table shows them only once it is resolved, and never if it fails."""
-        pending = _Pending(records, asyncio.get_running_loop().create_future())
+        ids; the table shows them only once it is resolved, and never if it fails. A task's records expect the
+        version the table shows now (`Conflict` if another writer went first), an `abandoned` record and a
+        job's records none; every (key, value) of `fences` must hold in Redis when they are written."""
+        expects = tuple(r.expect if r.expect is not None else
+                        ANY if r.kind == ABANDONED or r.kind in JOB_STATE_OF_KIND else self.version(r.task_id)
+                        for r in records)
+        pending = _Pending(records, asyncio.get_running_loop().create_future(), tuple(fences), expects)
         pending.future.add_done_callback(lambda f: f.cancelled() or f.exception())  # a caller may be gone
         for r in records:
             self._writing[r.task_id] = pending.future
@@ -230,9 +329,13 @@ class TaskStore:
         while self._pending:
             batch, self._pending = self._pending, []
             try:
-                args = [self.epoch or "", *(r.fields.get(f, b"") for p in batch for r in p.records for f in _RECORD_FIELDS)]
+                args: list = [self.epoch or ""]
+                for p in batch:
+                    args += [len(p.records), len(p.fences), *(x for fence in p.fences for x in fence)]
+                    for r, expect in zip(p.records, p.expects, strict=True):
+                        args += [*(r.fields.get(f, b"") for f in _RECORD_FIELDS), r.task_id, expect]
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    await self._append(keys=[self.stream, self.epoch_key or self.stream], args=args, client=pipe)
+                    await self._append(keys=self._keys(), args=args, client=pipe)
                     if self.min_replicas:
                         pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
                     replies = await pipe.execute()
@@ -249,13 +352,23 @@ class TaskStore:
             except Exception as exc:  # noqa: BLE001 - every waiting caller hears about it
                 _fail_batch(batch, exc)
                 continue
-            done = iter(ids)
-            for p in batch:
-                entry_ids = [next(done).decode() for _ in p.records]
+            for p, group in zip(batch, ids, strict=True):
+                if not isinstance(group, list):
+                    if not p.future.done():
+                        p.future.set_exception(Conflict(
+                            f"{p.records[0].task_id}: another writer changed it first, or this writer no longer "
+                            "holds its lease or claim"))
+                    continue
+                entry_ids = [i.decode() for i in group]
                 last: dict[str, Record] = {r.task_id: r for r in p.records}  # the fold keeps the last per task
-                for r in p.records:
+                for r, entry_id in zip(p.records, entry_ids, strict=True):
+                    sid = _entry_id(entry_id.encode())
+                    if sid <= self.versions.get(r.task_id, (0, 0)):
+                        continue  # the stream reader folded a newer record of it already (an unchecked write)
                     if r.kind == ABANDONED or last[r.task_id] is r:
                         self._fold_entry(r.kind, r.fields[b"t"])
+                    if last[r.task_id] is r:
+                        self.versions[r.task_id] = sid
                     self._ledger_seen(r.task_id, r.fields.get(b"l"))
                 if self.transitions is not None and self.transitions.active:
                     for r in p.records:
@@ -305,6 +418,7 @@ async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, no
     for job in gone_jobs:
         del store.jobs[job.job_id]
         store._kept.pop(job.job_id, None)
+        store.versions.pop(job.job_id, None)
         key = (job.spec.tenant, job.spec.request_id)
         if store.jobs_by_request.get(key) == job.job_id:
             del store.jobs_by_request[key]
@@ -314,6 +428,7 @@ async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, no
         del store.tasks[task.task_id]
         store._kept.pop(task.task_id, None)
         store.ledger_refs.pop(task.task_id, None)
+        store.versions.pop(task.task_id, None)
         key = (task.spec.tenant, task.spec.request_id)
         if store.by_request.get(key) == task.task_id:
             del store.by_request[key]
@@ -322,18 +437,23 @@ async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, no
            < cutoff + margin_ms]
     old_jobs = [j for j in store.jobs.values() if max(j.updated_unix_ms, store._kept.get(j.job_id, (0, 0))[0])
                 < cutoff + margin_ms]
+    if gone or gone_jobs:
+        await store.redis.hdel(store.versions_key, *(t.task_id for t in gone), *(j.job_id for j in gone_jobs))
     if old or old_jobs:
-        # through the store's own append script: the same epoch check as every task-stream write
+        # through the store's own append script: the same epoch check as every task-stream write, and each record
+        # only if it is still its task's newest (another gateway may have written a step since: then that stays)
         args = [store.epoch or ""]
         for task in old:
             # with the ledger entry its state reflects: a restarted gateway's ledger followers resume from there
-            args += [KIND_OF_STATE.get(task.state, "submitted"), task.SerializeToString(), "kept by compaction",
-                     store.ledger_refs.get(task.task_id, b"")]
+            args += [1, 0, KIND_OF_STATE.get(task.state, "submitted"), task.SerializeToString(), "kept by compaction",
+                     store.ledger_refs.get(task.task_id, b""), task.task_id, store.version(task.task_id)]
         for job in old_jobs:
-            args += [KIND_OF_JOB_STATE[job.state], job.SerializeToString(), "kept by compaction", b""]
-        kept = await store._append(keys=[store.stream, store.epoch_key or store.stream], args=args)
-        for key, entry_id in zip([*(t.task_id for t in old), *(j.job_id for j in old_jobs)], kept, strict=True):
-            store._kept[key] = _entry_id(entry_id)
+            args += [1, 0, KIND_OF_JOB_STATE[job.state], job.SerializeToString(), "kept by compaction", b"",
+                     job.job_id, store.version(job.job_id)]
+        kept = await store._append(keys=store._keys(), args=args)
+        for key, group in zip([*(t.task_id for t in old), *(j.job_id for j in old_jobs)], kept, strict=True):
+            if isinstance(group, list):
+                store._kept[key] = store.versions[key] = _entry_id(group[0])
     # never trim a record written again that is still its task's (job's) latest, whatever the clocks say
     latest = {**{t: r.updated_unix_ms for t, r in store.tasks.items()},
               **{j: r.updated_unix_ms for j, r in store.jobs.items()}}
