@@ -338,8 +338,9 @@ def listen_of(listen: str, dcs: list[str]) -> dict[str, str]:
         if len(dcs) > 1 and not listen.endswith(":0"):
             raise SystemExit(f"--listen {listen!r}: several data centers need port 0 or dc=host:port,... for each")
         return dict.fromkeys(dcs, listen)
-    out = dict(item.strip().split("=", 1) for item in listen.split(",") if item.strip())
-    if set(out) != set(dcs):
+    items = [item.strip().split("=", 1) for item in listen.split(",") if item.strip()]
+    out = {dc.strip(): address.strip() for dc, address in (i for i in items if len(i) == 2)}
+    if len(items) != len(out) or set(out) != set(dcs):
         raise SystemExit(f"--listen {listen!r}: must name every --datacenter exactly ({', '.join(dcs)})")
     return out
 
@@ -586,6 +587,10 @@ def main(argv: list[str] | None = None) -> None:
         NodesToScore.parse(args.nodes_to_score)
     except ValueError as exc:
         p.error(f"--{exc}".replace("--nodes_to_score", "--nodes-to-score"))
+    try:  # a group's --listen: a usage error before anything starts
+        listen_of(args.listen, [n.strip() for n in args.datacenter.split(",") if n.strip()])
+    except SystemExit as exc:
+        p.error(str(exc))
     check_executor_args(p, args)
     check_tenant_weights(p, args)
     check_slice_types(p, args)
