@@ -106,13 +106,21 @@ def main() -> int:
         print(f"| {r['layout']} | {r['processes']} | {r['placer_rss']:.0f} | {r['stack_rss']:.0f} | "
               f"{r['stack_pss']:.0f} | {r['submit_rps']:.0f} | {r['p50']:.1f} | {r['p99']:.1f} | {r['errors']} | "
               f"{outcomes} | {r['placer_cpu_ms']:.2f} | {r['stack_cpu_ms']:.2f} | {r['foreign']:.0%} | {r['up_s']:.1f} |")
-    base = next((r for r in rows if r["layout"] == 0), None)
-    if base:
-        for r in rows:
-            if r is not base:
-                print(f"\n--placer-processes {r['layout']} vs one per DC: RSS {r['stack_rss'] - base['stack_rss']:+.0f}"
-                      f" MiB ({r['stack_rss'] / base['stack_rss']:.2f}x), Submit/s "
-                      f"{r['submit_rps'] / max(base['submit_rps'], 1e-9):.2f}x", end="")
+    by_layout: dict[int, list[dict]] = {}
+    for r in rows:  # a layout listed twice (e.g. --layouts 1,0,1,0 on a noisy machine): its runs' mean
+        by_layout.setdefault(r["layout"], []).append(r)
+
+    def mean(layout: int, key: str) -> float:
+        return sum(r[key] for r in by_layout[layout]) / len(by_layout[layout])
+
+    if 0 in by_layout:
+        for layout in by_layout:
+            if layout != 0:
+                print(f"\n--placer-processes {layout} vs one per DC (means of {len(by_layout[layout])} and "
+                      f"{len(by_layout[0])} runs): RSS {mean(layout, 'stack_rss') - mean(0, 'stack_rss'):+.0f} MiB "
+                      f"({mean(layout, 'stack_rss') / mean(0, 'stack_rss'):.2f}x), Submit/s "
+                      f"{mean(layout, 'submit_rps') / max(mean(0, 'submit_rps'), 1e-9):.2f}x, placer CPU per Submit "
+                      f"{mean(layout, 'placer_cpu_ms') / max(mean(0, 'placer_cpu_ms'), 1e-9):.2f}x", end="")
         print()
     return 0
 
