@@ -18,9 +18,11 @@ import redis as redis_sync
 from hsched.stack import Stack, StackConfig, _health
 from hsched.state.keys import Keys
 from hsched.state.lifecycle import ON_NODES
+from hsched.telemetry.naming import naming_problems
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc, placer_pb2, placer_pb2_grpc
 from tests.conftest import SMALL_FLEET, small_fleet_stack
+from tests.test_metrics_naming import label_bounds
 
 pytestmark = pytest.mark.slow
 
@@ -109,6 +111,8 @@ def test_one_process_hosts_every_dc_on_its_own_port_and_places_across_them(stack
         assert held == {"cheap": "1.0", "near": "1.0", "gpu": "1.0"}
         running = dict(re.findall(r'^hsched_running_tasks\{datacenter="(\w+)"\} (\S+)$', text, re.M))
         assert running == {"cheap": "1.0", "near": "1.0", "gpu": "1.0"}
+        # and the families, merged over three DCs, keep docs/metrics.md's rules (one family, bounded labels)
+        assert naming_problems(text, label_bounds(stack.fleet, len(stack.services))) == []
     finally:
         for t in placed.values():
             if t.state in ON_NODES:
