@@ -278,7 +278,7 @@ def busiest_placer(stack: Stack, client: Client) -> str:
     for r in client.records:
         if r.state == pb.TASK_STATE_PLACED and not r.release_acked and r.datacenter in held:
             held[r.datacenter] += 1
-    return f"placer-{max(held, key=lambda dc: held[dc])}"
+    return stack.placer_service(max(held, key=lambda dc: held[dc]))  # its process (a group: all its DCs)
 
 
 def pause_process(pid: int, seconds: float) -> None:
@@ -356,9 +356,9 @@ def check_and_repair(stack: Stack) -> list[str]:
     if dead:
         problems.append(f"dead: {', '.join(dead)}")
     fenced = fenced_dcs(stack)
-    for dc in fenced:
-        stack.kill(f"placer-{dc}")
-        stack.restart(f"placer-{dc}")
+    for name in dict.fromkeys(stack.placer_service(dc) for dc in fenced):
+        stack.kill(name)
+        stack.restart(name)
     if fenced:
         which = f"all {len(fenced)}" if len(fenced) == len(stack.fleet.datacenters) else ", ".join(fenced)
         problems.append(f"placers fenced for good (no lease holder): {which}")
@@ -744,6 +744,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--redis-replicas", type=int, default=0, help="run Redis with replicas + Sentinel (if supported)")
     p.add_argument("--no-supervise", action="store_true", help="do not turn on the stack's supervisor")
     p.add_argument("--policy", default="bestfit")
+    p.add_argument("--placer-processes", type=int, default=0,
+                   help="host the placers in this many processes (`hsched up --placer-processes`; 0 = one per DC)")
     p.add_argument("--log-dir", help="service logs (default: a temporary directory, printed)")
     p.add_argument("--show", type=int, default=8, help="findings of each kind printed per phase")
     opts = p.parse_args(argv)
@@ -781,7 +783,8 @@ def make_stack(opts) -> Stack:
             log("--redis-replicas: this stack cannot run Redis replicas yet (no StackConfig.redis_replicas); "
                 "running a single redis-server")
     config = StackConfig(fleet_path=opts.fleet, redis_url=None, prefix=PREFIX, policy=opts.policy, metrics=False,
-                         gateway_port=free_port(), log_dir=opts.log_dir, **extra)
+                         gateway_port=free_port(), log_dir=opts.log_dir,
+                         placer_processes=getattr(opts, "placer_processes", 0), **extra)
     return Stack(config)
 
 

@@ -288,7 +288,7 @@ def test_hsched_up_supervises_by_default(redis_url, tmp_path):
         assert f"gateway (pid {gateway}) died: killed by SIGKILL" in out.read_text()
         assert f"gateway (pid {gateway}) died: killed by SIGKILL" in (tmp_path / "logs" / "supervisor.log").read_text()
         children = child_pids(up.pid)  # with the restarted gateway (a child of the supervisor's thread)
-        assert len(children) == 5  # selector, 3 placers, gateway
+        assert len(children) == 3  # selector, one process hosting the 3 placers (--placer-processes 1), gateway
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 0
         assert not [p for p in children if Path(f"/proc/{p}").exists()], "children left behind"

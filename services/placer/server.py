@@ -15,6 +15,7 @@ import numpy as np
 
 from hsched import rpc
 from hsched.batching import serve_batch
+from hsched.cancel import cancel_and_wait
 from hsched.convert import parts_to_pb, resources_to_pb, task_from_pb
 from hsched.domain.errors import ValidationError, shown
 from hsched.domain.fleet import load_fleet
@@ -293,24 +294,73 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine, requested_pol
             ((dc, requested_policy, fallback.kind), float(fallback.decisions))] if fallback else [])
 
 
-async def serve(args, stop: asyncio.Event) -> None:
-    fleet = load_fleet(args.fleet)
-    try:
-        dc = fleet.datacenter(args.datacenter)
-    except KeyError:
-        raise SystemExit(f"--datacenter {args.datacenter!r} is not in the fleet "
-                         f"({', '.join(d.name for d in fleet.datacenters)})") from None
-    redis = connect(args.redis_url)
-    tls = tls_files(args, "placer")
+class MetricFamilies:
+    """register_metrics' target when one process hosts several DCs: each family is registered once on the
+    process' endpoint, its rows every DC's (the `datacenter` label tells them apart)."""
+
+    def __init__(self) -> None:
+        self.families: dict[tuple[str, str], tuple[str, tuple[str, ...], list[Callable]]] = {}
+
+    def register_gauge_family(self, name: str, help: str, labelnames, callback: Callable) -> None:
+        self.families.setdefault(("gauge", name), (help, tuple(labelnames), []))[2].append(callback)
+
+    def register_counter_family(self, name: str, help: str, labelnames, callback: Callable) -> None:
+        self.families.setdefault(("counter", name), (help, tuple(labelnames), []))[2].append(callback)
+
+    def register_on(self, metrics: MetricsServer) -> None:
+        for (kind, name), (help, labels, callbacks) in self.families.items():
+            def rows(cbs=callbacks):
+                return [row for cb in cbs for row in cb()]
+
+            getattr(metrics, f"register_{kind}_family")(name, help, labels, rows)
+
+
+def datacenters_of(args, fleet) -> list:
+    """--datacenter's DCs (a comma-separated list hosts several in one process), checked against the fleet."""
+    names = [n.strip() for n in str(args.datacenter).split(",") if n.strip()]
+    if not names or len(set(names)) != len(names):
+        raise SystemExit(f"--datacenter {args.datacenter!r}: one data center, or a comma-separated list without "
+                         "repeats")
+    out = []
+    for name in names:
+        try:
+            out.append(fleet.datacenter(name))
+        except KeyError:
+            raise SystemExit(f"--datacenter {name!r} is not in the fleet "
+                             f"({', '.join(d.name for d in fleet.datacenters)})") from None
+    return out
+
+
+def listen_of(listen: str, dcs: list[str]) -> dict[str, str]:
+    """{dc: address}: --listen is one address (several DCs: its port must be 0, each takes a free one) or
+    dc=host:port,... naming every DC (a supervisor restarting the process keeps each DC's port)."""
+    if "=" not in listen:
+        if len(dcs) > 1 and not listen.endswith(":0"):
+            raise SystemExit(f"--listen {listen!r}: several data centers need port 0 or dc=host:port,... for each")
+        return dict.fromkeys(dcs, listen)
+    items = [item.strip().split("=", 1) for item in listen.split(",") if item.strip()]
+    out = {dc.strip(): address.strip() for dc, address in (i for i in items if len(i) == 2)}
+    if len(items) != len(out) or set(out) != set(dcs):
+        raise SystemExit(f"--listen {listen!r}: must name every --datacenter exactly ({', '.join(dcs)})")
+    return out
+
+
+class DcUnit:
+    """One data center's placer inside a placer process: its engine (ledger, lease, fencing), gRPC server
+    (own port, own health) and ledger settling. A process holds one (the default) or several."""
+
+    def __init__(self, dc, engine: PlacerEngine, server, port: int, settle: asyncio.Task) -> None:
+        self.dc, self.engine, self.server, self.port, self.settle = dc, engine, server, port, settle
+
+
+async def start_unit(args, dc, redis, tls, owner: str, guard, metrics: MetricsServer | None, listen: str,
+                     fenced_exit_s: float) -> DcUnit:
     thermal = None  # the pre-commit redline guard
     if args.thermal:
         thermal = room_for(dc) if args.thermal_guard == "local" else ThermalClient(args.thermal, dc.name, tls=tls)
-    guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
-    owner = f"{socket.gethostname()}:{os.getpid()}"
     slices = slice_types_of(args)
-    engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc, args.nodes_to_score), owner,
-                          thermal,
-                          lease_ms=args.lease_ms, fenced_exit_s=args.fenced_exit_s,
+    engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc, args.nodes_to_score),
+                          owner, thermal, lease_ms=args.lease_ms, fenced_exit_s=fenced_exit_s,
                           batch_budget_s=args.batch_budget_ms / 1000 or None,
                           lease_client=connect_sync(args.redis_url),
                           retention=Retention(args.ledger_snapshot_entries, args.ledger_snapshot_interval_s,
@@ -322,11 +372,7 @@ async def serve(args, stop: asyncio.Event) -> None:
     try:
         await engine.start(wait_for_lease_s=args.lease_wait_s, standby=args.standby)
     except LeaseHeld as exc:
-        await redis.aclose()
         raise SystemExit(f"placer {dc.name}: {exc} (--no-standby: exiting)") from None
-    metrics = metrics_server(args)
-    if metrics:
-        register_metrics(metrics, engine, args.policy, args.metrics_per_card)
     names = [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name]
     health = None
 
@@ -335,16 +381,14 @@ async def serve(args, stop: asyncio.Event) -> None:
             await rpc.set_health(health, names, serving)
 
     engine.add_serving_watcher(mirror_health)
-    server, port, health = await rpc.start_server(
-        lambda s: placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(engine, metrics), s),
-        names, args.listen, metrics, serving=engine.holding, tls=tls,
-        reflection=reflection_on(args))
+    try:
+        server, port, health = await rpc.start_server(
+            lambda s: placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(engine, metrics), s),
+            names, listen, metrics, serving=engine.holding, tls=tls, reflection=reflection_on(args))
+    except BaseException:
+        await engine.stop()
+        raise
     await rpc.set_health(health, names, engine.holding)  # it may have changed while the server started
-
-    async def exit_when_given_up() -> None:
-        await engine.gave_up.wait()
-        stop.set()
-
     if slices is not None:
         occupancy = engine.summary()["slices"]
         log.info("placer %s: nodes cut into slices of %d types (%s): %s slices per type, %s in use", dc.name,
@@ -353,14 +397,70 @@ async def serve(args, stop: asyncio.Event) -> None:
         log.info("placer %s (policy %s, token %s) serving on port %d", dc.name, args.policy, engine.ledger.token, port)
     else:
         log.warning("placer %s on port %d: %s", dc.name, port, engine.unavailable_reason())
-    settle = asyncio.create_task(engine.ledger.settle_forever(), name="ledger-settle")
-    await serve_until_stopped(stop, server, port, args,
-                              tasks=[epoch_watch, settle, asyncio.create_task(exit_when_given_up())],
-                              metrics=metrics, cleanup=[engine.stop, redis.aclose])
+    return DcUnit(dc, engine, server, port, asyncio.create_task(engine.ledger.settle_forever(),
+                                                                name=f"ledger-settle-{dc.name}"))
+
+
+async def serve(args, stop: asyncio.Event) -> None:
+    """Serve the DC of --datacenter, or each DC of a comma-separated list in this one process (`hsched up
+    --placer-processes`: a local stack that fits a small machine). Each DC keeps its own engine, ledger, lease
+    and gRPC port; they share the interpreter, the Redis connection and one /metrics endpoint. Alone, a DC
+    that cannot take its lease back for --fenced-exit-s exits the process; in a group one fenced DC keeps
+    trying and never stops the others: the process exits only when none of its DCs has served for that long."""
+    fleet = load_fleet(args.fleet)
+    dcs = datacenters_of(args, fleet)
+    listen = listen_of(args.listen, [dc.name for dc in dcs])
+    group = len(dcs) > 1
+    redis = connect(args.redis_url)
+    tls = tls_files(args, "placer")
+    guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    metrics = metrics_server(args)
+    units: list[DcUnit] = []
+    try:
+        for dc in dcs:
+            units.append(await start_unit(args, dc, redis, tls, owner, guard, metrics, listen[dc.name],
+                                          0.0 if group else args.fenced_exit_s))
+    except BaseException:
+        for u in units:
+            await u.server.stop(grace=0)
+            await cancel_and_wait([u.settle])
+            await u.engine.stop()
+        await cancel_and_wait([epoch_watch])
+        await redis.aclose()
+        if metrics:
+            metrics.close()
+        raise
+    if metrics:
+        families = MetricFamilies()
+        for u in units:
+            register_metrics(families, u.engine, args.policy, args.metrics_per_card)
+        families.register_on(metrics)
+    gave_up = asyncio.Event()
+
+    async def exit_when_given_up() -> None:
+        if not group:
+            await units[0].engine.gave_up.wait()
+        else:  # every DC without its lease for --fenced-exit-s (a lone fenced DC is the others' neighbour only)
+            while not (args.fenced_exit_s and all(
+                    not u.engine.holding and u.engine.lost_at is not None
+                    and time.monotonic() - u.engine.lost_at > args.fenced_exit_s for u in units)):
+                await asyncio.sleep(1.0)
+        gave_up.set()
+        stop.set()
+
+    ports = units[0].port if not group else ",".join(f"{u.dc.name}={u.port}" for u in units)
+    cleanup = [u.engine.stop for u in units]
+    await serve_until_stopped(stop, [u.server for u in units], ports, args,
+                              tasks=[epoch_watch, *(u.settle for u in units),
+                                     asyncio.create_task(exit_when_given_up())],
+                              metrics=metrics, cleanup=[*cleanup, redis.aclose])
     exit_if_lost(guard)
-    if engine.gave_up.is_set():
-        raise SystemExit(f"placer {dc.name}: could not take its lease back for {args.fenced_exit_s:g} s "
-                         f"({engine.unavailable_reason()}); exiting so that a supervisor restarts it")
+    if gave_up.is_set():
+        which = ", ".join(u.dc.name for u in units)
+        raise SystemExit(f"placer {which}: could not take its lease back for {args.fenced_exit_s:g} s "
+                         f"({'; '.join(u.engine.unavailable_reason() for u in units)}); exiting so that a "
+                         "supervisor restarts it")
 
 
 def executor_of(args) -> SimulatedExecutor:
@@ -372,7 +472,10 @@ def executor_of(args) -> SimulatedExecutor:
 
 def parser():
     p = common_args("hsched placer: node and GPU-slice placement for one data center")
-    p.add_argument("--datacenter", required=True)
+    p.add_argument("--datacenter", required=True,
+                   help="the data center to place for; a comma-separated list hosts several in this one process, "
+                        "each with its own engine, ledger, lease and gRPC port (--listen: port 0, or "
+                        "dc=host:port,...; the --port-file then holds dc=port,...)")
     p.add_argument("--policy", default="bestfit", choices=POLICY_NAMES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--metrics-per-card", action="store_true",
@@ -484,6 +587,10 @@ def main(argv: list[str] | None = None) -> None:
         NodesToScore.parse(args.nodes_to_score)
     except ValueError as exc:
         p.error(f"--{exc}".replace("--nodes_to_score", "--nodes-to-score"))
+    try:  # a group's --listen: a usage error before anything starts
+        listen_of(args.listen, [n.strip() for n in args.datacenter.split(",") if n.strip()])
+    except SystemExit as exc:
+        p.error(str(exc))
     check_executor_args(p, args)
     check_tenant_weights(p, args)
     check_slice_types(p, args)

@@ -101,6 +101,10 @@ def _names(enum, prefix: str) -> list[str]:
     return [enum.Name(v).removeprefix(prefix).lower() for v in enum.values() if v]
 
 
+# `hsched up --placer-processes`: every DC's placer in one process. bench/placer_groups.py on the default fleet:
+# stack RSS 1,366 -> 388 MiB, placer CPU per Submit no higher, Submit/s within the shared machine's noise
+# (docs/operations.md). Compose and Kubernetes keep one placer per DC.
+PLACER_PROCESSES = 1
 FORMATS = ("table", "json", "yaml")  # -o; hsched.views.FORMATS (not imported: every command would load it)
 STATES = _names(pb.TaskState, "TASK_STATE_")
 JOB_STATES = _names(pb.JobState, "JOB_STATE_")
@@ -159,12 +163,15 @@ def cmd_up(args) -> int:
                          supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls, auth=args.auth,
                          time_factor=args.time_factor, dag_policy=args.dag_policy, slice_types=slice_types,
                          nodes_to_score=args.nodes_to_score,
-                         prometheus=args.prometheus, prometheus_port=args.prometheus_port)
+                         prometheus=args.prometheus, prometheus_port=args.prometheus_port,
+                         placer_processes=args.placer_processes)
     _log_supervision_to(console)
     stack = Stack(config)
     try:
-        with console.status(f"starting Redis, thermal, selector, {len(stack.fleet.datacenters)} placers and the "
-                            "gateway"):
+        groups = stack.placer_groups()
+        hosted = f" in {len(groups)} processes" if len(groups) < len(stack.fleet.datacenters) else ""
+        with console.status(f"starting Redis, thermal, selector, {len(stack.fleet.datacenters)} placers{hosted} and "
+                            "the gateway"):
             stack.start()
     except (StateLost, RedisUnavailable) as exc:
         print(f"hsched up: {exc}", file=sys.stderr)
@@ -195,8 +202,13 @@ def cmd_up(args) -> int:
             if svc.http_health:  # Prometheus: its UI and HTTP API
                 table.add_row(name, "-", f"{svc.http_health} (UI, API)", f"{rss.get(name, 0):.0f}")
                 continue
-            table.add_row(name, svc.target, f"http://127.0.0.1:{svc.metrics_port}/metrics" if svc.metrics_port else "-",
-                          f"{rss.get(name, 0):.0f}")
+            metrics_url = f"http://127.0.0.1:{svc.metrics_port}/metrics" if svc.metrics_port else "-"
+            if svc.dc_ports:  # a placer process hosting several DCs: its row, then one per DC (its own port)
+                table.add_row(name, f"{len(svc.dc_ports)} DCs", metrics_url, f"{rss.get(name, 0):.0f}")
+                for dc in svc.dc_ports:
+                    table.add_row(f"  placer-{dc}", stack.placer_target(dc), f"(in {name})", "")
+                continue
+            table.add_row(name, svc.target, metrics_url, f"{rss.get(name, 0):.0f}")
         redis_rss = sum(v for k, v in rss.items() if k.startswith("redis"))
         table.add_row("redis", redact_url(stack.redis_url), "-", f"{redis_rss:.0f}")
         if stack.supervisor_metrics:
@@ -941,8 +953,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--alibaba-max-instances", type=non_negative_int, default=2000,
                         help="alibaba2018: only jobs with at most this many instances in all (0 = any)")
 
-    up = sub.add_parser("up", help="run Redis (embedded unless REDIS_URL is set), thermal, selector, one placer "
-                                   "per DC and the gateway as local processes")
+    up = sub.add_parser("up", help="run Redis (embedded unless REDIS_URL is set), thermal, selector, the DCs' "
+                                   "placers and the gateway as local processes")
     up.add_argument("--fleet", default=None, help="fleet YAML (default: embedded Abilene 11-DC fleet)")
     from hsched.policies.heuristics import POLICY_NAMES
 
@@ -975,6 +987,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run this many Redis replicas and a Sentinel; services follow the Sentinel's master and "
                          "ledger/task writes wait (WAIT) for every replica before they are acknowledged")
     up.add_argument("--log-level", default="INFO")
+    up.add_argument("--placer-processes", type=non_negative_int, default=PLACER_PROCESSES,
+                    help="host the DCs' placers in this many processes (the fleet in groups, fleet order; each DC "
+                         "keeps its own engine, ledger, lease and gRPC port; ~100 MiB less per process saved); "
+                         f"0 = one process per DC, as compose and Kubernetes run them (default {PLACER_PROCESSES})")
     up.add_argument("--time-factor", type=positive_float, default=None,
                     help="run tasks time-compressed: F task seconds per wall second (a task runs runtime_s / F "
                          "seconds; default: HSCHED_TIME_FACTOR or 1 = real time)")

@@ -116,14 +116,15 @@ def run(service_name: str, args: argparse.Namespace, serve: Callable[[asyncio.Ev
         raise SystemExit(1) from None
 
 
-async def serve_until_stopped(stop: asyncio.Event, server, port: int, args: argparse.Namespace, *,
+async def serve_until_stopped(stop: asyncio.Event, server, port: int | str, args: argparse.Namespace, *,
                               tasks: list[asyncio.Task] = (), metrics: MetricsServer | None = None,
                               cleanup: list[Callable[[], Awaitable[object]]] = ()) -> None:
     """Announce the port, serve until `stop`, then shut down in order: stop taking calls (2 s grace),
-    cancel background tasks, run `cleanup` (engines, channels, Redis), close the metrics endpoint."""
+    cancel background tasks, run `cleanup` (engines, channels, Redis), close the metrics endpoint. `server` may
+    be a list (a placer process hosting several DCs, `port` then their dc=port,... list)."""
     write_port_file(args.port_file, port)
     await stop.wait()
-    await server.stop(grace=2)
+    await asyncio.gather(*(s.stop(grace=2) for s in (server if isinstance(server, list) else [server])))
     await cancel_and_wait(tasks)
     for close in cleanup:
         await close()
@@ -149,7 +150,7 @@ def exit_if_lost(guard: EpochGuard) -> None:
         raise SystemExit(EXIT_STATE_LOST)
 
 
-def write_port_file(path: str, port: int) -> None:
+def write_port_file(path: str, port: int | str) -> None:
     if path:
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:

@@ -1,5 +1,5 @@
 """Run the whole stack as local processes: Redis (embedded unless given), thermal, selector, one placer
-per data center, gateway. Used by `hsched up`, the integration tests and the benchmarks.
+per data center (or `placer_processes` processes hosting them in groups), gateway. Used by `hsched up`, the integration tests and the benchmarks.
 
 Supervision (`StackConfig.supervise`, on in `hsched up`): a background thread restarts a child that exited,
 on the same gRPC and metrics ports (the gateway and the placers were given those addresses), after an
@@ -96,10 +96,17 @@ class Service:
     kill_reason: str = ""  # why it was killed on purpose (said in the death's log line)
     delays: list[float] = field(default_factory=list)  # every back-off delay taken, in order
     reaped: subprocess.Popen | None = None  # the process whose death is already recorded
+    # a placer process hosting several DCs (`placer_processes`): {dc: its gRPC port}; `port` is the first's
+    dc_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def targets(self) -> list[str]:
+        """Every gRPC address the child serves (a placer group: one per DC)."""
+        return [f"127.0.0.1:{p}" for p in self.dc_ports.values()] if self.dc_ports else [self.target]
 
     @property
     def alive(self) -> bool:
@@ -149,6 +156,10 @@ class StackConfig:
     nodes_to_score: str = "all"
     # the placers' --slice-types: a slice-types file (hsched.engine.slices; `hsched slices fit`); None = no slices
     slice_types: str | None = None
+    # how many processes host the placers: 0 = one per DC (as compose and Kubernetes run them); K = the fleet's
+    # DCs in K groups (fleet order), each group one process `placers-<i>` in which every DC keeps its own engine,
+    # ledger, lease and gRPC port (services/placer/server.py `serve`). Saves ~100 MiB per process folded in.
+    placer_processes: int = 0
     # mutual TLS on every gRPC hop (`hsched up --tls`): a CA and per-service certificates in <state_dir>/tls
     # (kept across restarts), or in the run dir without a state dir; the supervisor probes with its own cert
     tls: bool = False
@@ -292,12 +303,15 @@ class Stack:
                         with self._lock:
                             self._judge(svc, "SERVING", time.monotonic())
                         pending.discard(name)
-                elif port_file.exists() and _serving(f"127.0.0.1:{port_file.read_text().strip()}",
-                                                   self.probe_credentials()):
-                    with self._lock:
-                        svc.port = int(port_file.read_text())
-                        self._judge(svc, "SERVING", time.monotonic())
-                    pending.discard(name)
+                elif port_file.exists():
+                    ports = _ports_of(port_file.read_text())
+                    if all(_serving(f"127.0.0.1:{p}", self.probe_credentials()) for p in ports.values()):
+                        with self._lock:
+                            svc.port = next(iter(ports.values()))
+                            if svc.dc_ports:
+                                svc.dc_ports = ports
+                            self._judge(svc, "SERVING", time.monotonic())
+                        pending.discard(name)
             if pending and time.monotonic() > deadline:
                 raise RuntimeError(f"not ready after {timeout_s:.0f} s: {sorted(pending)} (logs in {self.log_dir})")
             time.sleep(0.05)
@@ -326,11 +340,9 @@ class Stack:
                                                           "--path-finder", self.config.path_finder])
             self._wait_ready([*thermal, "selector"], timeout_s)
             placers = []
-            for dc in self.fleet.datacenters:
-                name = f"placer-{dc.name}"
-                has_gpus = dc.capacity_total().gpu_count > 0
-                policy = self.config.gpu_policy if has_gpus and self.config.gpu_policy else self.config.policy
-                args = [*self._common(name), "--listen", "127.0.0.1:0", "--datacenter", dc.name, "--policy", policy]
+            for name, dcs in self.placer_groups().items():
+                args = [*self._common(name), "--listen", "127.0.0.1:0",
+                        "--datacenter", ",".join(dc.name for dc in dcs), "--policy", self._policy_of(dcs[0])]
                 if self.config.thermal:
                     args += ["--thermal", self.services["thermal"].target]
                 if self.config.time_factor is not None:
@@ -341,11 +353,11 @@ class Stack:
                     args += ["--nodes-to-score", self.config.nodes_to_score]
                 if self.config.slice_types:
                     args += ["--slice-types", self.config.slice_types]
-                self._spawn(name, "services.placer", args)
+                self._spawn(name, "services.placer", args).dc_ports = dict.fromkeys(d.name for d in dcs) \
+                    if len(dcs) > 1 else {}
                 placers.append(name)
             self._wait_ready(placers, timeout_s)
-            placer_map = ",".join(f"{dc.name}={self.services[f'placer-{dc.name}'].target}"
-                                  for dc in self.fleet.datacenters)
+            placer_map = ",".join(f"{dc.name}={self.placer_target(dc.name)}" for dc in self.fleet.datacenters)
             self._spawn("gateway", "services.gateway",
                         [*self._common("gateway"), "--listen", f"127.0.0.1:{self.config.gateway_port}",
                          "--selector", self.services["selector"].target, "--placers", placer_map,
@@ -459,8 +471,43 @@ class Stack:
     def gateway(self) -> str:
         return self.services["gateway"].target
 
+    def _policy_of(self, dc) -> str:
+        has_gpus = dc.capacity_total().gpu_count > 0
+        return self.config.gpu_policy if has_gpus and self.config.gpu_policy else self.config.policy
+
+    def placer_groups(self) -> dict[str, list]:
+        """{service name: its DCs}: `placer-<dc>` per DC, or with `placer_processes` K the fleet's DCs in K groups
+        of near-equal size (fleet order), `placers-<i>` (a group of one keeps the name `placer-<dc>`)."""
+        dcs = list(self.fleet.datacenters)
+        k = self.config.placer_processes
+        if k <= 0 or k >= len(dcs):
+            return {f"placer-{dc.name}": [dc] for dc in dcs}
+        by_policy: dict[str, list] = {}  # one --policy per process: DCs of different policies never share one
+        for dc in dcs:
+            by_policy.setdefault(self._policy_of(dc), []).append(dc)
+        parts = []
+        for same in by_policy.values():
+            n = max(1, round(k * len(same) / len(dcs)))
+            size, extra = divmod(len(same), n)
+            at = 0
+            for i in range(n):
+                parts.append(same[at:at + size + (i < extra)])
+                at += len(parts[-1])
+        return {f"placers-{i + 1}" if len(part) > 1 else f"placer-{part[0].name}": part
+                for i, part in enumerate(p for p in parts if p)}
+
+    def placer_service(self, dc: str) -> str:
+        """The name of the service (process) hosting `dc`'s placer: kill it and every DC it hosts goes down."""
+        if f"placer-{dc}" in self.services:
+            return f"placer-{dc}"
+        for name, svc in self.services.items():
+            if dc in svc.dc_ports:
+                return name
+        raise KeyError(dc)
+
     def placer_target(self, dc: str) -> str:
-        return self.services[f"placer-{dc}"].target
+        svc = self.services[self.placer_service(dc)]
+        return f"127.0.0.1:{svc.dc_ports[dc]}" if svc.dc_ports else svc.target
 
     # -- stop / kill / restart ---------------------------------------------------------------------------------
 
@@ -500,7 +547,8 @@ class Stack:
         self._note_exit(svc)
         args = list(svc.args)
         if "--listen" in args and svc.port:  # the same port: the gateway and the placers were given it
-            args[args.index("--listen") + 1] = f"127.0.0.1:{svc.port}"
+            args[args.index("--listen") + 1] = ",".join(f"{dc}=127.0.0.1:{p}" for dc, p in svc.dc_ports.items()) \
+                if svc.dc_ports else f"127.0.0.1:{svc.port}"
         (self.run_dir / f"{svc.name}.port").unlink(missing_ok=True)
         self._spawn(svc.name, svc.module, args)
         svc.restarts += 1
@@ -526,7 +574,8 @@ class Stack:
             # dead without being told to stop, or left down because Redis lost the state: their logs are kept
             self._crashed = sorted(n for n, s in self.services.items() if s.proc is not None and (
                 (not s.alive and not s.stopped) or s.last_exit_code == EXIT_STATE_LOST))
-            order = ["prometheus", "gateway", *[n for n in self.services if n.startswith("placer-")], "selector",
+            order = ["prometheus", "gateway", *[n for n in self.services if n.startswith(("placer-", "placers-"))],
+                     "selector",
                      "thermal"]
             for name in order:
                 svc = self.services.get(name)
@@ -631,10 +680,10 @@ class Stack:
             if now < probe_at.get(svc.name, 0.0):
                 return
             probe_at[svc.name] = now + self.config.probe_interval_s
-            proc, target = svc.proc, svc.target
+            proc, targets = svc.proc, svc.targets
         # outside the lock: a hung child takes the whole timeout
         status = _prometheus.health(svc.http_health) if svc.http_health else \
-            _health(target, timeout_s=2.0, credentials=self.probe_credentials())
+            _group_health(targets, self.probe_credentials())
         with self._lock:
             if svc.proc is proc and svc.alive and not svc.stopped:
                 self._judge(svc, status, time.monotonic())
@@ -820,6 +869,26 @@ def _redis_answers(url: str, tls: RedisTls | None = None) -> bool:
             client.close()
     except redis.RedisError:
         return False
+
+
+def _group_health(targets: list[str], credentials: grpc.ChannelCredentials | None = None) -> str:
+    """SERVING if any of a child's gRPC servers serves (a placer group: one DC fenced, or standby, is that DC's
+    own state, `hsched dcs` shows it, and must not get its neighbours killed); else the first one's status. A
+    hung or wedged process answers on none of them."""
+    statuses = []
+    for target in targets:
+        statuses.append(_health(target, timeout_s=2.0, credentials=credentials))
+        if statuses[-1] == "SERVING":
+            return "SERVING"
+    return statuses[0]
+
+
+def _ports_of(text: str) -> dict[str, int]:
+    """A port file: one port, or a placer group's dc=port,... ({"": port} for the former)."""
+    text = text.strip()
+    if "=" not in text:
+        return {"": int(text)}
+    return {dc: int(p) for dc, p in (item.split("=", 1) for item in text.split(","))}
 
 
 def _serving(target: str, credentials: grpc.ChannelCredentials | None = None) -> bool:

@@ -36,8 +36,9 @@ class PrometheusMissing(RuntimeError):
 
 
 def job_of(service: str) -> str:
-    """The scrape job of a stack service: its kind (every placer-<dc> is job `placer`)."""
-    return "placer" if service.startswith("placer-") else service
+    """The scrape job of a stack service: its kind (every placer-<dc>, and placers-<i> hosting several, is job
+    `placer`)."""
+    return "placer" if service.startswith(("placer-", "placers-")) else service
 
 
 def scrape_config(targets: Mapping[str, str], interval_s: float = 5.0) -> dict[str, Any]:
