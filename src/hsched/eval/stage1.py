@@ -40,10 +40,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from hsched.costs import MB_PER_GB, Candidate, PathFinder, RandomPathFinder, WanGraph, rank_datacenters
-from hsched.domain.fleet import DataCenter, Fleet, load_fleet
+from hsched.costs.selection import exclusion_summary
+from hsched.domain.fleet import DataCenter, Fleet
 from hsched.domain.resources import MIB_PER_GIB, MILLI, Resources
 from hsched.domain.task import TaskSpec
 from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_bars
+from hsched.traces.catalog import LABELS, TraceRef
 
 RUNTIME_S = 3600.0
 DATA_SIZE_GB = 100.0
@@ -110,30 +112,29 @@ PATH_METHODS: dict[str, PathMethod] = {
 }
 
 
-def costs_along(fleet: Fleet, graph: WanGraph, task: TaskSpec, entry: str,
-                 finder: PathFinder) -> dict[str, Candidate]:
-    """The task's cost at every DC along `finder`'s own paths, by DC name.
+def costs_along(fleet: Fleet, graph: WanGraph, task: TaskSpec, entry: str, finder: PathFinder,
+                excluded: dict[str, str] | None = None) -> dict[str, Candidate]:
+    """The task's cost at every DC along `finder`'s own paths, by DC name; the DCs it cannot use (unreachable
+    from `entry`, or the path breaks the task's network bounds, e.g. bandwidth) go into `excluded` with why.
 
     `rank_datacenters` with method "crf" is the selector's cost code for a finder whose paths are taken as
     they are (no shortest-path safety net; an invalid path is still replaced by Dijkstra's and noted);
     only the ranking order differs, and it does not matter here.
     """
-    ranked, excluded = rank_datacenters(task, fleet.datacenters, graph, fleet.network_price_per_gb_ms, entry,
-                                        "crf", random_path_finder=finder)
-    if excluded:
-        raise RuntimeError(f"DCs unreachable from {entry}: {excluded}")
+    ranked, out = rank_datacenters(task, fleet.datacenters, graph, fleet.network_price_per_gb_ms, entry,
+                                   "crf", random_path_finder=finder)
+    if excluded is not None:
+        excluded.update(out)
     return {c.datacenter: c for c in ranked}
 
 
-def _thunder_tasks(count: int) -> list[TaskSpec]:
-    from hsched.traces import data_dir
-    from hsched.traces.swf import load_swf, swf_job_to_task
+def trace_tasks(ref: TraceRef, count: int) -> list[TaskSpec]:
+    """`count` tasks of the trace (Thunder: the 500 after stage 2's 5 000), data size = memory request."""
+    from hsched.traces.catalog import trace_tasks as load
 
-    tasks = []
-    for job in load_swf(data_dir() / THUNDER, limit=count, skip=THUNDER_SKIP):
-        task = swf_job_to_task(job, tenant="thunder")
-        tasks.append(dataclasses.replace(task, data_size_mb=task.resources.memory_mib * 1.0))
-    return tasks
+    skip = THUNDER_SKIP if ref.name == "thunder" else 0
+    return [dataclasses.replace(t, data_size_mb=t.resources.memory_mib * 1.0)
+            for t in load(ref, limit=count, skip=skip)]
 
 
 def _fig6(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str, PathMethod]) -> tuple[str, list]:
@@ -141,11 +142,13 @@ def _fig6(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str, Pa
     dcs = fleet.datacenters
     # per method, per DC, per seed: (network cost, total, latency, hops, replaced?)
     cells: dict[str, dict[str, list[Candidate]]] = {m: {dc.name: [] for dc in dcs} for m in methods}
+    excluded: dict[str, dict[str, str]] = {m: {} for m in methods}  # DC -> why the example task cannot go there
     total_steps = len(ctx.seeds) * len(methods)
     done = 0
     for seed in ctx.seeds:
         for name, method in methods.items():
-            for dc_name, cand in costs_along(fleet, graph, EXAMPLE_TASK, entry, method.finder(graph, seed)).items():
+            got = costs_along(fleet, graph, EXAMPLE_TASK, entry, method.finder(graph, seed), excluded[name])
+            for dc_name, cand in got.items():
                 cells[name][dc_name].append(cand)
             done += 1
             ctx.progress("stage1 fig.6 cost per DC", done, total_steps)
@@ -155,6 +158,10 @@ def _fig6(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str, Pa
     for dc in dcs:
         for name in methods:
             cs = cells[name][dc.name]
+            if not cs:  # no seed's path could carry the task there
+                rows.append([dc.name, name, f"cannot take it: {excluded[name].get(dc.name, '?')}", "-", "-", "-",
+                             "-"] + (["-"] if any_replaced else []))
+                continue
             replaced = sum(c.note != "" for c in cs)
             rows.append([dc.name, name, f"{cs[0].resource.total:.3f}",
                          mean_std([c.path.latency_ms for c in cs], 2), mean_std([c.path.hops for c in cs], 1),
@@ -164,7 +171,7 @@ def _fig6(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str, Pa
                             "network eq.2 (USD)", "total (USD)"] + (["invalid path replaced"] if any_replaced
                                                                      else []), rows, align_right_from=2)
 
-    groups = [dc.name for dc in dcs]
+    groups = [dc.name for dc in dcs if all(cells[m][dc.name] for m in methods)]
     pngs = [
         plot_bars(ctx.png("stage1_total_cost_per_dc.png"),
                   f"Paper 003 fig.6: total cost per DC (task of 2048 cores, {DATA_SIZE_GB:g} GB data)",
@@ -184,19 +191,27 @@ def _fig6(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str, Pa
         share: list[float] = []
         for seed in ctx.seeds:
             exact = costs_along(fleet, graph, task, entry, graph.dijkstra)
+            if not exact:
+                continue
             share.append(100 * float(np.mean([c.network_cost / c.total for c in exact.values()])))
             for name, method in methods.items():
                 got = costs_along(fleet, graph, task, entry, method.finder(graph, seed))
-                excess[name].append(100 * float(np.mean([got[d].total / exact[d].total - 1 for d in exact])))
+                both = [d for d in exact if d in got]
+                if both:
+                    excess[name].append(100 * float(np.mean([got[d].total / exact[d].total - 1 for d in both])))
         sens_rows.append([f"{gb:g}", mean_std(share, 2)] + [mean_std(excess[m], 3) for m in methods if
                                                              m != "min-cost"])
     sens = markdown_table(["data (GB)", "network share of min-cost total (%)"]
                           + [f"{m} excess over min-cost (%)" for m in methods if m != "min-cost"], sens_rows)
-    return table + "\n\nSensitivity to the data size (mean over the 11 DCs):\n\n" + sens, pngs
+    cannot = sorted({d: r for per in excluded.values() for d, r in per.items()}.items())
+    note = ("\n\nDCs the example task cannot use from `" + entry + "` (left out of the plots): "
+            + "; ".join(f"{d}: {r}" for d, r in cannot) + "." if cannot else "")
+    return (table + note + f"\n\nSensitivity to the data size (mean over the DCs it reaches):\n\n" + sens,
+            pngs)
 
 
 def _ranking(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str, PathMethod],
-             tasks: Sequence[TaskSpec]) -> tuple[str, list]:
+             tasks: Sequence[TaskSpec], trace_name: str = "trace") -> tuple[str, list]:
     from hsched.engine.selector import DcSelector
 
     selector = DcSelector(fleet, graph=graph)  # its structural capacity filter (empty DCs)
@@ -211,6 +226,9 @@ def _ranking(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str,
     picks: dict[str, dict[str, float]] = {m: dict.fromkeys((dc.name for dc in fleet.datacenters), 0.0)
                                           for m in names}
     unplaceable = sum(not e for e in eligible)
+    no_path: dict[int, int] = dict.fromkeys(ctx.seeds, 0)  # tasks that fit a DC but no path can carry there
+    no_path_examples: list[str] = []
+    unrouted: dict[str, int] = dict.fromkeys(names, 0)
     total_steps = len(ctx.seeds) * len(tasks)
     done = 0
     for seed in ctx.seeds:
@@ -221,11 +239,24 @@ def _ranking(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str,
         chosen: dict[str, list[str]] = {m: [] for m in names}
         for i, (task, entry, dcs) in enumerate(zip(tasks, entry_of, eligible, strict=True)):
             if dcs:
+                # reachable with the task's network bounds (Dijkstra's paths: the best a method can find)
+                reach, far = rank_datacenters(task, dcs, graph, fleet.network_price_per_gb_ms, entry)
+                if not reach:
+                    no_path[seed] += 1
+                    if len(no_path_examples) < 3:
+                        no_path_examples.append(f"{task.name} from {entry}: {exclusion_summary(far)}")
+                    dcs = []
+                else:
+                    dcs = [dc for dc in dcs if dc.name in {c.datacenter for c in reach}]
+            if dcs:
                 for m in names:
                     kind = methods[m].rank
                     ranked, _ = rank_datacenters(task, dcs, graph, fleet.network_price_per_gb_ms, entry, kind,
                                                  path_finder=None if kind == "crf" else finders[m],
                                                  random_path_finder=finders[m] if kind == "crf" else None)
+                    if not ranked:  # a random (crf) path broke a bound Dijkstra's met: counted, not a crash
+                        unrouted[m] += 1
+                        continue
                     best = ranked[0]
                     totals[m].append(best.total)
                     chosen[m].append(best.datacenter)
@@ -237,11 +268,14 @@ def _ranking(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str,
         optimum = np.array(totals["min-cost"])
         for m in names:
             got = np.array(totals[m])
+            if not len(got) or len(got) != len(optimum):  # nothing placed, or crf paths lost some tasks
+                mean_cost[m].append(float(got.mean()) if len(got) else float("nan"))
+                continue
             mean_cost[m].append(float(got.mean()))
             gap[m].append(100 * (got.sum() / optimum.sum() - 1))
             agree[m].append(100 * float(np.mean([a == b for a, b in zip(chosen[m], chosen["min-cost"],
                                                                           strict=True)])))
-    placed = len(tasks) - unplaceable
+    placed = len(tasks) - unplaceable - round(float(np.mean(list(no_path.values()))))
     rows = [[m, methods[m].about, mean_std(mean_cost[m], 4), mean_std(gap[m], 2), mean_std(agree[m], 1)]
             + ([f"{replaced[m]}"] if any(replaced.values()) else []) for m in names]
     headers = ["method", "rule", "mean total per task (USD)", "gap to optimum (%)", "picks the optimal DC (%)"]
@@ -251,33 +285,41 @@ def _ranking(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str,
                  for dc in fleet.datacenters]
     pick_table = markdown_table(["DC"] + [f"{m} picks (%)" for m in names], pick_rows)
     png = plot_bars(ctx.png("stage1_picks_per_dc.png"),
-                    f"Which DC each method picks ({placed} Thunder jobs, random entry vertices)",
+                    f"Which DC each method picks ({placed} {trace_name} tasks, random entry vertices)",
                     "share of tasks (%)", [dc.name for dc in fleet.datacenters],
                     {m: [100 * picks[m][dc.name] / max(placed, 1) for dc in fleet.datacenters] for m in names})
-    note = (f"{placed} of {len(tasks)} jobs fit at least one DC" + (f"; {unplaceable} fit none and are left out"
-                                                                    if unplaceable else "") + ".")
+    note = (f"{placed} of {len(tasks)} tasks fit at least one DC" + (f"; {unplaceable} fit none and are left out"
+                                                                     if unplaceable else "") + ".")
+    if any(no_path.values()):
+        note += (f" {mean_std(list(no_path.values()), 1)} tasks per seed fit a DC that no path from their entry "
+                 "vertex can carry them to (unreachable, or the path breaks their network bounds) and are left "
+                 "out, e.g. " + " | ".join(no_path_examples) + ".")
+    if any(unrouted.values()):
+        note += " Tasks a method's own paths could not carry: " + ", ".join(
+            f"{m} {n}" for m, n in unrouted.items() if n) + " (no gap for those seeds)."
     return f"{table}\n\n{note}\n\nShare of the tasks each method sends to each DC (mean over seeds):\n\n" \
            f"{pick_table}", [png]
 
 
 def run(ctx: EvalContext, fleet: Fleet | None = None, methods: dict[str, PathMethod] | None = None) -> str:
     """The stage-1 report (markdown) for `ctx`; writes three PNGs into `ctx.out_dir`."""
-    fleet = fleet or load_fleet()
+    fleet = fleet or ctx.fleet()
     methods = methods or PATH_METHODS
     if not ctx.seeds:
         raise ValueError("EvalContext.seeds must name at least one seed")
     graph = WanGraph(fleet.wan)
     skipped = {m: why for m, pm in methods.items() if pm.unavailable and (why := pm.unavailable(graph))}
     methods = {m: pm for m, pm in methods.items() if m not in skipped}
-    tasks = _thunder_tasks(QUICK_TASKS if ctx.quick else TASKS)
+    ref = ctx.trace_ref("thunder")
+    tasks = trace_tasks(ref, ctx.tasks or (QUICK_TASKS if ctx.quick else TASKS))
     fig6, pngs = _fig6(ctx, fleet, graph, methods)
-    ranking, more = _ranking(ctx, fleet, graph, methods, tasks)
+    ranking, more = _ranking(ctx, fleet, graph, methods, tasks, LABELS.get(ref.name, ref.name))
     r = EXAMPLE_TASK.resources
     lines = [
         "# Stage 1: data-center selection cost (paper 003 fig.6)",
         "",
-        f"Fleet `{fleet.name}` ({len(fleet.datacenters)} DCs, WAN: {fleet.wan.source or 'inline'}), "
-        f"network price {fleet.network_price_per_gb_ms} USD per GB·ms. Seeds {ctx.seeds}"
+        f"Data: {ctx.fleet_label(fleet)}, network price {fleet.network_price_per_gb_ms} USD per GB·ms; "
+        f"trace {ref.label}. Seeds {ctx.seeds}"
         + (" — QUICK run (fewer tasks)." if ctx.quick else "."),
         "",
         f"## Cost per DC — task of {r.cpu_cores:g} cores, {r.memory_mib / MIB_PER_GIB:g} GiB memory, "
@@ -290,7 +332,9 @@ def run(ctx: EvalContext, fleet: Fleet | None = None, methods: dict[str, PathMet
         "",
         fig6,
         "",
-        f"## Ranking — {len(tasks)} LLNL Thunder jobs, entry vertex drawn per seed, data = memory request",
+        f"## Ranking — {len(tasks)} tasks of {ref.label}"
+        + (f" (after its first {THUNDER_SKIP})" if ref.name == "thunder" else "")
+        + ", entry vertex drawn per seed, data = memory request",
         "",
         ranking,
         "",
