@@ -179,7 +179,7 @@ def _resample(times: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.nda
 
 def run(ctx: EvalContext) -> str:
     try:
-        dc, ref, split, trace_note = _data(ctx, QUICK_SPLIT if ctx.quick else PAPER_SPLIT)
+        dc, trace_ref, split, trace_note = _data(ctx, QUICK_SPLIT if ctx.quick else PAPER_SPLIT)
     except _NoRoom as exc:
         return f"## Paper 003 table 5 / fig.9\n\nSkipped: {exc}.\n"
     warm, train, evaluation = split
@@ -193,7 +193,7 @@ def run(ctx: EvalContext) -> str:
     ctx.progress("thermal", 0, total)
     for mode in MODES:
         for seed in ctx.seeds:
-            env = eval_env(mode, seed, split, dc, ref)
+            env = eval_env(mode, seed, split, dc, trace_ref)
             for name, factory in POLICY_FACTORIES.items():
                 policy = _double_dqn(seed, dc) if name == "Double DQN" and ctx.fleet_path else factory(seed)
                 results[mode][name].append(run_policy(env, policy, seed=seed))
@@ -208,7 +208,7 @@ def run(ctx: EvalContext) -> str:
         "",
         f"Room `{dc.name}` of {ctx.fleet_label(ctx.fleet()) if ctx.fleet_path else 'the default fleet'}: "
         f"{dc.layout.racks} racks × {dc.layout.servers_per_rack} slots, {dc.node_count} servers, "
-        f"{dc.capacity_total().cpu_cores:g} cores. Trace {ref.label}"
+        f"{dc.capacity_total().cpu_cores:g} cores. Trace {trace_ref.label}"
         + (f" ({trace_note})" if trace_note else "")
         + f": jobs 0-{warm - 1} warm the room up (placed by round robin; every policy starts from the "
         f"same state). Then {evaluation} evaluation jobs: seed s plays jobs {first} + {evaluation}·s onwards. "
@@ -216,7 +216,7 @@ def run(ctx: EvalContext) -> str:
         f"{_reward_text(RewardConfig())}. Mean reward is per decision. PUE, overloads (servers with u > 0.8) "
         "and rack outlet temperature are time-weighted over the evaluation window. Cells are mean ± std over "
         "seeds. The Δ columns are per-seed differences against RR and Greedy: % for PUE and overloads, °C "
-        "for the outlet." + (" **Quick run: 200 warm-up and 50 evaluation jobs.**" if ctx.quick else ""),
+        "for the outlet." + (f" **Quick run: {warm} warm-up and {evaluation} evaluation jobs.**" if ctx.quick else ""),
     ]
     for mode, title in MODES.items():
         res = results[mode]
@@ -274,7 +274,7 @@ def run(ctx: EvalContext) -> str:
                     "The redline mode below is where placement changes PUE.",
                 ]
 
-    optimum_lines, done = _optimum_section(ctx, first, evaluation, done, total, dc, ref)
+    optimum_lines, done = _optimum_section(ctx, first, evaluation, done, total, dc, trace_ref)
     lines += optimum_lines
 
     pngs = [
