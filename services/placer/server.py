@@ -30,6 +30,7 @@ from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCh
 from hsched.engine.slices import SliceCatalog
 from hsched.policies.dagqueue import DAG_POLICIES, load_dag_queue_policy
 from hsched.policies.fairshare import TenantWeights
+from hsched.costs.stranding import DEFAULT_RESERVE, GpuReservePolicy, parse_reserve
 from hsched.policies.heuristics import LEARNED_POLICIES, POLICY_NAMES, make_policy
 from hsched.runtime import (
     common_args,
@@ -307,7 +308,11 @@ async def serve(args, stop: asyncio.Event) -> None:
     guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
     owner = f"{socket.gethostname()}:{os.getpid()}"
     slices = slice_types_of(args)
-    engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc), owner, thermal,
+    policy = make_policy(args.policy, args.seed, dc)
+    reserve = parse_reserve(args.gpu_reserve)
+    if reserve.on and any(p.gpu_count for p in dc.pools):  # keep GPU hosts' CPU/memory for GPU tasks
+        policy = GpuReservePolicy(policy, reserve)
+    engine = PlacerEngine(dc, redis, Keys(args.prefix), policy, owner, thermal,
                           lease_ms=args.lease_ms, fenced_exit_s=args.fenced_exit_s,
                           batch_budget_s=args.batch_budget_ms / 1000 or None,
                           lease_client=connect_sync(args.redis_url),
@@ -373,6 +378,9 @@ def parser():
     p.add_argument("--datacenter", required=True)
     p.add_argument("--policy", default="bestfit", choices=POLICY_NAMES)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpu-reserve", default=os.environ.get("HSCHED_GPU_RESERVE", DEFAULT_RESERVE),
+                   help="share (0..1) of a GPU host's per-GPU CPU and memory kept per idle GPU for GPU tasks: "
+                        "CPU-only parts may not use it (docs/gpu_stranding.md; 0 = off) [$HSCHED_GPU_RESERVE]")
     p.add_argument("--metrics-per-card", action="store_true",
                    default=os.environ.get("HSCHED_METRICS_PER_CARD", "") not in ("", "0"),
                    help="also export one series per GPU card and family (GPUDevice*, hsched_gpu_card_*; "

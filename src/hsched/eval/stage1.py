@@ -41,6 +41,8 @@ import numpy as np
 
 from hsched.costs import MB_PER_GB, Candidate, PathFinder, RandomPathFinder, WanGraph, rank_datacenters
 from hsched.costs.selection import exclusion_summary
+from hsched.costs.stranding import StrandingConfig, free_of, stranded_gpus
+from hsched.domain.cluster import ClusterState
 from hsched.domain.fleet import DataCenter, Fleet
 from hsched.domain.resources import MIB_PER_GIB, MILLI, Resources
 from hsched.domain.task import TaskSpec
@@ -71,6 +73,7 @@ class PathMethod:
     finder: Callable[[WanGraph, int], PathFinder]
     about: str
     reference: bool = False  # a reference row (not a selector method): not in the ranking view
+    stranding: bool = False  # rank with the GPU-stranding term (hsched.costs.stranding), as the selector does
     unavailable: Callable[[WanGraph], str] | None = None  # why the row cannot run here ("" = it can)
 
 
@@ -81,6 +84,8 @@ def _eq11_optimum(graph: WanGraph, seed: int) -> PathFinder:
 
 
 PER_DQN_MODEL = "per_dqn_path"
+STRANDING_ROW = "min-cost+stranding"
+
 
 
 def _per_dqn(graph: WanGraph, seed: int) -> PathFinder:
@@ -218,6 +223,12 @@ def _ranking(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str,
     eligible: list[list[DataCenter]] = [[dc for dc in fleet.datacenters if not selector.structural_misfit(t, dc)]
                                         for t in tasks]
     entries = fleet.wan.entry_vertices
+    if "min-cost" in methods and any(dc.capacity_total().gpu_count for dc in fleet.datacenters):
+        methods = {**methods, STRANDING_ROW: PathMethod(
+            "min-cost", lambda g, seed: g.dijkstra, "min-cost + GPU-stranding term, the selector's default "
+            "(free resources of empty DCs)", stranding=True)}
+    empty_free = {dc.name: free_of(ClusterState(dc)) for dc in fleet.datacenters if dc.capacity_total().gpu_count}
+    strand_cfg = StrandingConfig()
     names = [m for m, pm in methods.items() if not pm.reference]
     mean_cost: dict[str, list[float]] = {m: [] for m in names}
     gap: dict[str, list[float]] = {m: [] for m in names}
@@ -229,6 +240,7 @@ def _ranking(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str,
     no_path: dict[int, int] = dict.fromkeys(ctx.seeds, 0)  # tasks that fit a DC but no path can carry there
     no_path_examples: list[str] = []
     unrouted: dict[str, int] = dict.fromkeys(names, 0)
+    stranded: dict[str, float] = dict.fromkeys(names, 0.0)  # GPUs the picks strand, per seed
     total_steps = len(ctx.seeds) * len(tasks)
     done = 0
     for seed in ctx.seeds:
@@ -253,12 +265,17 @@ def _ranking(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str,
                     kind = methods[m].rank
                     ranked, _ = rank_datacenters(task, dcs, graph, fleet.network_price_per_gb_ms, entry, kind,
                                                  path_finder=None if kind == "crf" else finders[m],
-                                                 random_path_finder=finders[m] if kind == "crf" else None)
+                                                 random_path_finder=finders[m] if kind == "crf" else None,
+                                                 gpu_hosts=empty_free if methods[m].stranding else None,
+                                                 stranding=strand_cfg)
                     if not ranked:  # a random (crf) path broke a bound Dijkstra's met: counted, not a crash
                         unrouted[m] += 1
                         continue
                     best = ranked[0]
-                    totals[m].append(best.total)
+                    totals[m].append(best.total - best.stranding)  # eq.3 cost: comparable with min-cost's
+                    if best.datacenter in empty_free:  # GPUs it strands there, alone in the empty DC
+                        stranded[m] += stranded_gpus(task.total, empty_free[best.datacenter], strand_cfg) / len(
+                            ctx.seeds)
                     chosen[m].append(best.datacenter)
                     replaced[m] += best.note != ""
                     picks[m][best.datacenter] += 1 / len(ctx.seeds)
@@ -276,9 +293,12 @@ def _ranking(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str,
             agree[m].append(100 * float(np.mean([a == b for a, b in zip(chosen[m], chosen["min-cost"],
                                                                           strict=True)])))
     placed = len(tasks) - unplaceable - round(float(np.mean(list(no_path.values()))))
+    picks_gpu = {m: sum(picks[m][d] for d in empty_free) for m in names}
     rows = [[m, methods[m].about, mean_std(mean_cost[m], 4), mean_std(gap[m], 2), mean_std(agree[m], 1)]
+            + ([f"{100 * picks_gpu[m] / max(len(tasks), 1):.1f}", f"{stranded[m]:.1f}"] if empty_free else [])
             + ([f"{replaced[m]}"] if any(replaced.values()) else []) for m in names]
-    headers = ["method", "rule", "mean total per task (USD)", "gap to optimum (%)", "picks the optimal DC (%)"]
+    headers = ["method", "rule", "mean eq.3 total per task (USD)", "gap to optimum (%)", "picks the optimal DC (%)"]
+    headers += ["to GPU DCs (%)", "GPUs stranded per seed"] if empty_free else []
     table = markdown_table(headers + (["paths replaced"] if any(replaced.values()) else []), rows,
                            align_right_from=2)
     pick_rows = [[dc.name] + [f"{100 * picks[m][dc.name] / max(placed, 1):.1f}" for m in names]

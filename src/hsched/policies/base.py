@@ -35,7 +35,11 @@ class Choice:
 
 
 def select(policy: NodePolicy, state: ClusterState, demand: Resources, mask: np.ndarray, top_k: int = 3) -> Choice | None:
-    """Best masked node by score; ties go to the lowest node index (deterministic)."""
+    """Best masked node by score; ties go to the lowest node index (deterministic). A policy with a
+    `narrow_mask(state, demand, mask)` (e.g. hsched.costs.stranding.GpuReservePolicy) filters further first."""
+    narrow = getattr(policy, "narrow_mask", None)
+    if narrow is not None:
+        mask = narrow(state, demand, mask)
     candidates = np.flatnonzero(mask)
     if len(candidates) == 0:
         return None
