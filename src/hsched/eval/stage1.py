@@ -295,12 +295,13 @@ def _ranking(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str,
     placed = len(tasks) - unplaceable - round(float(np.mean(list(no_path.values()))))
     picks_gpu = {m: sum(picks[m][d] for d in empty_free) for m in names}
     rows = [[m, methods[m].about, mean_std(mean_cost[m], 4), mean_std(gap[m], 2), mean_std(agree[m], 1)]
+            + ([f"{replaced[m]}"] if any(replaced.values()) else [])
             + ([f"{100 * picks_gpu[m] / max(len(tasks), 1):.1f}", f"{stranded[m]:.1f}"] if empty_free else [])
-            + ([f"{replaced[m]}"] if any(replaced.values()) else []) for m in names]
+            for m in names]
     headers = ["method", "rule", "mean eq.3 total per task (USD)", "gap to optimum (%)", "picks the optimal DC (%)"]
-    headers += ["to GPU DCs (%)", "GPUs stranded per seed"] if empty_free else []
-    table = markdown_table(headers + (["paths replaced"] if any(replaced.values()) else []), rows,
-                           align_right_from=2)
+    headers += ["paths replaced"] if any(replaced.values()) else []
+    headers += ["to GPU DCs (%)", "GPUs stranded per seed (each task alone)"] if empty_free else []
+    table = markdown_table(headers, rows, align_right_from=2)
     pick_rows = [[dc.name] + [f"{100 * picks[m][dc.name] / max(placed, 1):.1f}" for m in names]
                  for dc in fleet.datacenters]
     pick_table = markdown_table(["DC"] + [f"{m} picks (%)" for m in names], pick_rows)
