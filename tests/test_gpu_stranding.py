@@ -143,3 +143,38 @@ def test_mixed_replay_strands_gpus_only_with_the_choice_off() -> None:
     assert (on.cpu_in_gpu_dcs, on.gpu_placed, on.gpu_stranded) == (0, 4, 0)
     assert on.cpu_placed == off.cpu_placed == 4
     assert np.isclose(on.peak_gpu_use, 1.0)
+
+
+def test_the_stack_keeps_gpu_hosts_for_gpu_tasks(redis_url: str) -> None:
+    """Through the real stack (gateway, selector, placers as processes) on a fleet where CPU is cheapest in the
+    GPU cluster: CPU-only Submits go to the CPU room, and then every 1-GPU Submit is placed (with the choice
+    off, tests above: the CPU work fills the GPU hosts and the GPU Submits wait)."""
+    import uuid
+
+    import grpc
+
+    from hsched.stack import Stack, StackConfig
+    from hsched.v1 import common_pb2 as pb
+    from hsched.v1 import gateway_pb2, gateway_pb2_grpc
+    from tests.conftest import delete_prefix
+
+    def spec(cores: int, gib: int, gpus: int = 0) -> pb.TaskSpec:
+        return pb.TaskSpec(resources=pb.Resources(cpu_milli=cores * 1000, memory_mib=gib * GIB, gpu_count=gpus,
+                                                  gpu_core_percent=100 if gpus else 0,
+                                                  gpu_memory_mib=8 * GIB if gpus else 0), runtime_s=0)
+
+    prefix = f"test-strand-{uuid.uuid4().hex[:10]}"
+    try:
+        with Stack(StackConfig(fleet_path=FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0)) as stack, \
+                grpc.insecure_channel(stack.gateway) as ch:
+            gw = gateway_pb2_grpc.GatewayStub(ch)
+            cpu = [gw.Submit(gateway_pb2.SubmitRequest(task=spec(8, 16)), timeout=20).task for _ in range(4)]
+            assert [t.datacenter for t in cpu] == ["cpu"] * 4 and all(t.state == pb.TASK_STATE_PLACED for t in cpu)
+            ranking = {c.datacenter: c for c in cpu[0].explanation.ranking}
+            gpu_dc = ranking["gpu"]  # 8 of the GPU hosts' 32 reserved cores: 1 GPU stranded, 1.0 for 1 h
+            assert gpu_dc.total_cost == pytest.approx(gpu_dc.resource_cost.total + gpu_dc.network_cost + 1.0)
+            assert gpu_dc.resource_cost.total < ranking["cpu"].resource_cost.total  # eq.1 alone prefers it
+            gpus = [gw.Submit(gateway_pb2.SubmitRequest(task=spec(4, 8, gpus=1)), timeout=20).task for _ in range(4)]
+            assert [(t.state, t.datacenter) for t in gpus] == [(pb.TASK_STATE_PLACED, "gpu")] * 4
+    finally:
+        delete_prefix(redis_url, prefix)

@@ -100,9 +100,9 @@ def thermal_to_pb(c: ThermalCheck | None) -> common_pb2.ThermalEffect | None:
 
 
 def summary_to_pb(s: dict) -> common_pb2.DcSummary:
-    # (slice occupancy, with --slice-types, is in the Redis summary only: the message has no field for it)
+    # (slice occupancy, with --slice-types, and the GPU-host split are in the Redis summary only: no field for them)
     fields = {k: v for k, v in s.items()
-              if k not in ("capacity", "free", "largest_node", "largest_node_index", "slices")}
+              if k not in ("capacity", "free", "largest_node", "largest_node_index", "slices", "gpu_hosts")}
     return common_pb2.DcSummary(capacity=resources_to_pb(s["capacity"]), free=resources_to_pb(s["free"]),
                                 largest_node=resources_to_pb(s["largest_node"]), **fields)
 

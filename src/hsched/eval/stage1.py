@@ -4,7 +4,7 @@ Two views, both computed by the selector's own cost code (`hsched.costs.rank_dat
 
 1. Fig.6 (cost per DC). The paper's example task — 2 048 CPU cores, 4 GB memory, 200 Mbit/s bandwidth,
    128 GB disk — run for `RUNTIME_S` (1 h) and moving `DATA_SIZE_GB` of input from the scheduler vertex to
-   each of the 11 DCs of the default fleet. The paper gives no data size; 100 GB (≈ 50 MB per core) is
+   each DC of the fleet (default: the 11 of the default fleet; `--fleet`). The paper gives no data size; 100 GB (≈ 50 MB per core) is
    our choice: at the fleet's network price (0.002 USD per GB·ms) it makes the path visible in the total
    (≈ 1-3 %), while 10 GB would move it by well under 1 %. A sensitivity table shows 10 GB and 1 TB too.
    Memory and disk are read as GiB, the unit the fleet's prices are quoted in.
@@ -21,12 +21,17 @@ Two views, both computed by the selector's own cost code (`hsched.costs.rank_dat
      reward whose optimum is Dijkstra's), ranked by eq.3 like min-cost; a path of it that is invalid or
      longer than Dijkstra's would be replaced by the selector and counted. Skipped, with a note in the
      report, when the model is missing or was trained on another WAN.
-2. Ranking view: `TASKS` real jobs (LLNL Thunder, the 500 evaluation jobs after the 5 000 used by
-   stage 2), each entering the WAN at a vertex drawn per seed, data size = memory request (the convention
+2. Ranking view: `TASKS` real jobs (default LLNL Thunder, the 500 evaluation jobs after the 5 000 used by
+   stage 2; `--trace` any SWF log, `--cores-per-proc`, `--tasks`), each entering the WAN at a vertex drawn per seed, data size = memory request (the convention
    of bench/stack_bench.py: SWF logs record no data size). Each method picks its top-ranked DC among the
    DCs that can structurally hold the task (`DcSelector.structural_misfit`, the selector's capacity
    filter on empty DCs). min-cost is optimal for eq.3 given capacity; the others are compared with it by
    total cost, gap % = Σ method / Σ optimum − 1, and how often they pick the optimal DC.
+
+   A DC no path can carry the example task to, and a task no reachable DC can hold (unreachable, or its network
+   bounds such as bandwidth broken), are reported, not a crash. The `min-cost+stranding` row ranks with the
+   selector's GPU-stranding term (hsched.costs.stranding) from empty DCs; every row says how many tasks went to
+   GPU DCs and the GPUs they would strand there.
 
 Mean ± sample std over `ctx.seeds` (seeds drive the CRF paths and the entry vertices).
 """
