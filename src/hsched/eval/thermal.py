@@ -464,7 +464,7 @@ def place_batch(inst: SmallInstance, policy: Any) -> ClusterState | None:
 
 
 def _optimum_section(
-    ctx: EvalContext, first: int, evaluation: int, done: int, total: int, base: DataCenter | None = None,
+    ctx: EvalContext, first: int, evaluation: int, done: int, total: int, base_dc: DataCenter | None = None,
     trace: str | TraceRef = THUNDER,
 ) -> tuple[list[str], int]:
     quick = ctx.quick
@@ -476,7 +476,7 @@ def _optimum_section(
     instances: list[list[object]] = []
     for seed in ctx.seeds:
         inst, result = solve_small_instance(
-            small_instance(seed, first, evaluation, quick, base, trace), OPT_TIME_LIMIT_S[quick]
+            small_instance(seed, first, evaluation, quick, base_dc, trace), OPT_TIME_LIMIT_S[quick]
         )
         if result.objective is None:  # no placement at all (an empty batch is trivially placed)
             raise RuntimeError(f"thermal optimum, seed {seed}: {result.status} {result.message}")
@@ -514,7 +514,7 @@ def _optimum_section(
         ctx.progress(f"thermal optimum seed {seed}", done, total)
 
     racks, spr = OPT_ROOM[quick]
-    dc = small_dc(racks, spr)
+    dc = small_dc(racks, spr, base=base_dc)
     params = room_for(dc).params
     n_seeds = len(ctx.seeds)
     rows: list[list[object]] = []
