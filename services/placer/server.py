@@ -16,6 +16,7 @@ import numpy as np
 from hsched import rpc
 from hsched.batching import serve_batch
 from hsched.convert import parts_to_pb, resources_to_pb, task_from_pb
+from hsched.costs.stranding import DEFAULT_RESERVE, GpuReservePolicy, parse_reserve
 from hsched.domain.errors import ValidationError, shown
 from hsched.domain.fleet import load_fleet
 from hsched.engine.executor import (
@@ -30,7 +31,6 @@ from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCh
 from hsched.engine.slices import SliceCatalog
 from hsched.policies.dagqueue import DAG_POLICIES, load_dag_queue_policy
 from hsched.policies.fairshare import TenantWeights
-from hsched.costs.stranding import DEFAULT_RESERVE, GpuReservePolicy, parse_reserve
 from hsched.policies.heuristics import LEARNED_POLICIES, POLICY_NAMES, make_policy
 from hsched.runtime import (
     common_args,

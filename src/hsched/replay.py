@@ -23,7 +23,7 @@ from hsched.domain.task import TaskSpec
 from hsched.rpc import CHANNEL_OPTIONS
 from hsched.security.client import ClientCredentials
 from hsched.traces import data_dir
-from hsched.traces.catalog import TRACES  # noqa: F401  (re-exported: hsched up --replay NAME)
+from hsched.traces.catalog import TRACES  # hsched up --replay NAME: the catalogue
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 

@@ -156,7 +156,7 @@ def settings(ctx: EvalContext) -> list[Setting]:
             dcs, where = paper000_datacenters(), "paper 000 scale: 16 clusters × 4 openb 2-GPU hosts"
         n = ctx.tasks or (220 if ctx.quick or not ctx.fleet_path else
                           max(20, round(1800 * sum(d.capacity_total().gpu_count for d in dcs) / 1316)))
-        return [Setting(f"{ctx.fleet_path and fleet.name or 'paper 000 scale'}", dcs, n,
+        return [Setting(fleet.name if ctx.fleet_path else "paper 000 scale", dcs, n,
                         f"{where}; {n} tasks of {ref.label} per seed", str(ref.path))] if dcs else []
     out = [Setting("paper 000 scale", paper000_datacenters(), 220,
                    "16 clusters × 4 hosts (openb 2-GPU machines: T4, P100), 128 GPUs; "

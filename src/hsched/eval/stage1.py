@@ -216,7 +216,7 @@ def _fig6(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str, Pa
     cannot = sorted({d: r for per in excluded.values() for d, r in per.items()}.items())
     note = ("\n\nDCs the example task cannot use from `" + entry + "` (left out of the plots): "
             + "; ".join(f"{d}: {r}" for d, r in cannot) + "." if cannot else "")
-    return (table + note + f"\n\nSensitivity to the data size (mean over the DCs it reaches):\n\n" + sens,
+    return (table + note + "\n\nSensitivity to the data size (mean over the DCs it reaches):\n\n" + sens,
             pngs)
 
 

@@ -56,7 +56,15 @@ from hsched.domain.cluster import ClusterState
 from hsched.domain.fleet import DataCenter, RoomLayout, load_fleet
 from hsched.domain.resources import MILLI
 from hsched.domain.task import TaskSpec
-from hsched.envs.dc import DEFAULT_DC, PAPER_SPLIT, THUNDER, DcPlacementEnv, RewardConfig, run_policy, thunder_jobs
+from hsched.envs.dc import (
+    DEFAULT_DC,
+    PAPER_SPLIT,
+    THUNDER,
+    DcPlacementEnv,
+    RewardConfig,
+    run_policy,
+    thunder_jobs,
+)
 from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_lines
 from hsched.optimum import OVERLOAD_DEN, OVERLOAD_NUM, OptimumResult, gap_percent, min_peak_inlet
 from hsched.policies.heuristics import make_policy
