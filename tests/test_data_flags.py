@@ -108,3 +108,18 @@ def test_train_on_a_small_fleet_and_trace(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     meta = (tmp_path / "d.json").read_text()
     assert "cheap" in meta  # the small fleet's first CPU-only room
+
+
+def test_stage1_reports_dcs_the_example_task_cannot_reach_instead_of_crashing(tmp_path: Path) -> None:
+    from hsched.eval.report import EvalContext
+    from hsched.eval.stage1 import PATH_METHODS, run
+
+    data = yaml.safe_load(SMALL.read_text())
+    for link in data["wan"]["links"]:
+        if "c" in (link["a"], link["b"]):
+            link["bandwidth_mbps"] = 100  # the example task asks for 200 Mbit/s: the gpu DC (at c) is out
+    fleet = parse_fleet(data)
+    ctx = EvalContext(seeds=[0], out_dir=tmp_path, quick=True, trace=str(SWF), tasks=5)
+    report = run(ctx, fleet=fleet, methods={m: PATH_METHODS[m] for m in ("min-cost", "spf")})
+    assert "| gpu | min-cost | cannot take it: bottleneck bandwidth 100 Mbit/s < requested 200 |" in report
+    assert "DCs the example task cannot use from `s`" in report and "| cheap | min-cost | " in report
