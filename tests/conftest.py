@@ -85,6 +85,10 @@ def small_fleet_stack(redis_url: str, tag: str, **config):
     from hsched.stack import Stack, StackConfig
 
     prefix = f"test-{tag}-{uuid.uuid4().hex[:10]}"
+    # the small fleet's GPU room doubles as a third room for CPU tasks in these tests (their capacity sums count
+    # on it), so the GPU-host reserve and the selector's stranding term (on by default) are off here;
+    # tests/test_gpu_stranding.py runs a stack with them on
+    config["extra_env"] = {"HSCHED_GPU_RESERVE": "0", **config.get("extra_env", {})}
     try:
         with Stack(StackConfig(fleet_path=SMALL_FLEET, redis_url=redis_url, prefix=prefix, gateway_port=0,
                                **config)) as stack:

@@ -11,7 +11,7 @@ from hsched.costs import WanGraph
 from hsched.domain.fleet import load_fleet
 from hsched.eval import EXPERIMENTS
 from hsched.eval.report import EvalContext
-from hsched.eval.stage1 import EXAMPLE_TASK, PATH_METHODS, PathMethod, costs_along, run
+from hsched.eval.stage1 import EXAMPLE_TASK, PATH_METHODS, STRANDING_ROW, PathMethod, costs_along, run
 
 
 def _table_rows(report: str, first_header: str) -> list[list[str]]:
@@ -71,10 +71,14 @@ def test_min_cost_is_never_above_the_other_methods(quick_run: tuple[str, Path, l
     assert sum(total[dc, "crf"] > total[dc, "min-cost"] for dc in dcs) >= 5  # random paths do cost more
     # ranking view: min-cost is the optimum, every other method's gap is >= 0
     ranking = {r[0]: r for r in _table_rows(report, "method")}
-    assert set(ranking) == {"min-cost", "crf", "spf"} | ({"per-dqn"} & set(_ran(report)))
+    assert set(ranking) == {"min-cost", "crf", "spf", STRANDING_ROW} | ({"per-dqn"} & set(_ran(report)))
     assert _mean(ranking["min-cost"][3]) == 0.0 and _mean(ranking["min-cost"][4]) == 100.0
     assert all(_mean(ranking[m][3]) >= 0.0 for m in ranking)
     assert _mean(ranking["crf"][3]) > 0.0
+    # the GPU-stranding row: its eq.3 gap is what it pays to strand no GPU; its stranded GPUs are never more
+    stranded = {m: float(ranking[m][-1]) for m in ranking}
+    assert stranded[STRANDING_ROW] <= stranded["min-cost"]
+    assert stranded[STRANDING_ROW] == 0.0 or _mean(ranking[STRANDING_ROW][3]) > 0.0
 
 
 def test_pngs_and_progress(quick_run: tuple[str, Path, list]) -> None:

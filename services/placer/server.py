@@ -17,6 +17,7 @@ from hsched import rpc
 from hsched.batching import serve_batch
 from hsched.cancel import cancel_and_wait
 from hsched.convert import parts_to_pb, resources_to_pb, task_from_pb
+from hsched.costs.stranding import DEFAULT_RESERVE, GpuReservePolicy, parse_reserve
 from hsched.domain.errors import ValidationError, shown
 from hsched.domain.fleet import load_fleet
 from hsched.engine.executor import (
@@ -101,9 +102,9 @@ def thermal_to_pb(c: ThermalCheck | None) -> common_pb2.ThermalEffect | None:
 
 
 def summary_to_pb(s: dict) -> common_pb2.DcSummary:
-    # (slice occupancy, with --slice-types, is in the Redis summary only: the message has no field for it)
+    # (slice occupancy, with --slice-types, and the GPU-host split are in the Redis summary only: no field for them)
     fields = {k: v for k, v in s.items()
-              if k not in ("capacity", "free", "largest_node", "largest_node_index", "slices")}
+              if k not in ("capacity", "free", "largest_node", "largest_node_index", "slices", "gpu_hosts")}
     return common_pb2.DcSummary(capacity=resources_to_pb(s["capacity"]), free=resources_to_pb(s["free"]),
                                 largest_node=resources_to_pb(s["largest_node"]), **fields)
 
@@ -359,8 +360,12 @@ async def start_unit(args, dc, redis, tls, owner: str, guard, metrics: MetricsSe
     if args.thermal:
         thermal = room_for(dc) if args.thermal_guard == "local" else ThermalClient(args.thermal, dc.name, tls=tls)
     slices = slice_types_of(args)
-    engine = PlacerEngine(dc, redis, Keys(args.prefix), make_policy(args.policy, args.seed, dc, args.nodes_to_score),
-                          owner, thermal, lease_ms=args.lease_ms, fenced_exit_s=fenced_exit_s,
+    policy = make_policy(args.policy, args.seed, dc, args.nodes_to_score)
+    reserve = parse_reserve(args.gpu_reserve)
+    if reserve.on and any(p.gpu_count for p in dc.pools):  # keep GPU hosts' CPU/memory for GPU tasks
+        policy = GpuReservePolicy(policy, reserve)
+    engine = PlacerEngine(dc, redis, Keys(args.prefix), policy, owner, thermal,
+                          lease_ms=args.lease_ms, fenced_exit_s=fenced_exit_s,
                           batch_budget_s=args.batch_budget_ms / 1000 or None,
                           lease_client=connect_sync(args.redis_url),
                           retention=Retention(args.ledger_snapshot_entries, args.ledger_snapshot_interval_s,
@@ -478,6 +483,9 @@ def parser():
                         "dc=host:port,...; the --port-file then holds dc=port,...)")
     p.add_argument("--policy", default="bestfit", choices=POLICY_NAMES)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpu-reserve", default=os.environ.get("HSCHED_GPU_RESERVE", DEFAULT_RESERVE),
+                   help="share (0..1) of a GPU host's per-GPU CPU and memory kept per idle GPU for GPU tasks: "
+                        "CPU-only parts may not use it (docs/gpu_stranding.md; 0 = off) [$HSCHED_GPU_RESERVE]")
     p.add_argument("--metrics-per-card", action="store_true",
                    default=os.environ.get("HSCHED_METRICS_PER_CARD", "") not in ("", "0"),
                    help="also export one series per GPU card and family (GPUDevice*, hsched_gpu_card_*; "

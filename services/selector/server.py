@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 
 from hsched import rpc
@@ -12,6 +13,7 @@ from hsched.batching import serve_batch
 from hsched.convert import task_from_pb
 from hsched.costs import WanGraph
 from hsched.costs.selection import Candidate
+from hsched.costs.stranding import DEFAULT_RESERVE, parse_reserve
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.engine.selector import DcSelector
 from hsched.rl.path_serving import DEFAULT_MODEL, PATH_FINDERS, register_path_metrics, selector_path_finder
@@ -168,7 +170,9 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     redis = connect(args.redis_url)
     graph = WanGraph(fleet.wan)
     selector = DcSelector(fleet, graph=graph, path_finder=selector_path_finder(
-        getattr(args, "path_finder", "dijkstra"), getattr(args, "path_model", DEFAULT_MODEL), graph))
+        getattr(args, "path_finder", "dijkstra"), getattr(args, "path_model", DEFAULT_MODEL), graph),
+        stranding=parse_reserve(getattr(args, "gpu_reserve", DEFAULT_RESERVE),
+                                float(getattr(args, "stranding_weight", 1.0))))
     # state first, then serve: a restarted selector ranks with every link update and summary at once
     summaries, links = await load_summaries(redis, keys, selector), await load_links(redis, keys, selector)
     tasks = [asyncio.create_task(follow_summaries(redis, keys, selector, summaries)),
@@ -191,6 +195,13 @@ def parser():
                    help="min-cost/spf routes: dijkstra, or the PER-DQN agent (each path checked against dijkstra)")
     p.add_argument("--path-model", default=DEFAULT_MODEL,
                    help="the per-dqn model: a shipped name under models/ or a .pt path")
+    p.add_argument("--gpu-reserve", default=os.environ.get("HSCHED_GPU_RESERVE", DEFAULT_RESERVE),
+                   help="share (0..1) of a GPU host's per-GPU CPU and memory kept per idle GPU: what a CPU-only task "
+                        "takes of it strands GPUs, priced in its total (docs/gpu_stranding.md; 0 = no stranding "
+                        "term) [$HSCHED_GPU_RESERVE]")
+    p.add_argument("--stranding-weight", type=float, default=float(os.environ.get("HSCHED_STRANDING_WEIGHT", "1")),
+                   help="weight of the stranding term: priced GPUs a CPU-only task would strand, added to eq.3's "
+                        "total (0 = off) [$HSCHED_STRANDING_WEIGHT]")
     return p
 
 

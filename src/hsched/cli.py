@@ -692,10 +692,31 @@ def cmd_eval(args) -> int:
 
     from hsched.eval import EXPERIMENTS
 
+    if (failed := _check_data(args)) is not None:
+        return failed
     console = Console(stderr=True)
     for name in list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]:
         _run_experiment(name, args, console)
     return 0
+
+
+def _check_data(args) -> int | None:
+    """Load --fleet and resolve --trace before any work: a bad trace flag is usage (exit 2 via main); a fleet
+    file that loads but cannot be used (e.g. a disconnected WAN) is a failure of the data: one line, exit 1."""
+    from hsched.domain.errors import FleetError
+    from hsched.traces.catalog import resolve_trace
+
+    if args.trace:
+        resolve_trace(args.trace, args.cores_per_proc)
+    elif args.cores_per_proc != 1:
+        raise ValidationError("--cores-per-proc", "scales an SWF --trace; give --trace too")
+    if args.fleet:
+        try:
+            _fleet(args.fleet)
+        except FleetError as exc:
+            print(f"hsched: {exc}", file=sys.stderr)
+            return 1
+    return None
 
 
 def _run_experiment(name: str, args, console) -> None:
@@ -704,7 +725,7 @@ def _run_experiment(name: str, args, console) -> None:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from hsched.eval import EXPERIMENTS
+    from hsched.eval import DATA_AWARE, EXPERIMENTS
     from hsched.eval.report import EvalContext
 
     target, about = EXPERIMENTS[name]
@@ -720,7 +741,12 @@ def _run_experiment(name: str, args, console) -> None:
                 jobs[label] = bar.add_task(f"{name}: {label}", total=total)
             bar.update(jobs[label], completed=done, total=total)
 
-        report = run(EvalContext(seeds=list(range(args.seeds)), out_dir=out, quick=args.quick, progress=progress))
+        report = run(EvalContext(seeds=list(range(args.seeds)), out_dir=out, quick=args.quick, progress=progress,
+                                 fleet_path=args.fleet, trace=args.trace, cores_per_proc=args.cores_per_proc,
+                                 tasks=args.tasks))
+    if (args.fleet or args.trace) and name not in DATA_AWARE:
+        report = (f"Data: its own DAG workloads and clusters; --fleet / --trace apply to "
+                  f"{', '.join(sorted(DATA_AWARE))} only.\n\n" + report)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(f"# {name}: {about}\n\n{report}\n")
     print(f"# {name}: {about}\n\n{report}\n")
@@ -735,10 +761,14 @@ def cmd_train(args) -> int:
 
     if args.resume and not args.out:
         raise ValidationError("--resume", "continues the checkpoint at --out, so --out is required")
+    if (failed := _check_data(args)) is not None:
+        return failed
     run_dir = None if args.out else new_run_dir(args.agent)
     run = trainer(args.agent)
     figures = run(TrainArgs(seed=args.seed, steps=args.steps, out=Path(args.out) if args.out else None,
-                            run_dir=run_dir, resume=args.resume, compare=args.compare, progress=not args.quiet))
+                            run_dir=run_dir, resume=args.resume, compare=args.compare, progress=not args.quiet,
+                            fleet=Path(args.fleet) if args.fleet else None, trace=args.trace,
+                            cores_per_proc=args.cores_per_proc))
     print(json.dumps(figures, indent=2, sort_keys=True, default=str))
     if run_dir:
         print(f"hsched train: wrote {run_dir}/ (the shipped models/ are unchanged; services started with "
@@ -855,6 +885,16 @@ def _finite(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
     return value
+
+
+def data_flags(p: argparse.ArgumentParser) -> None:
+    """--fleet / --trace / --cores-per-proc of `hsched eval` and `hsched train` (docs/results.md)."""
+    p.add_argument("--fleet", help="fleet YAML to run on (its WAN and DCs; default: the embedded default fleet)")
+    p.add_argument("--trace", help="trace to run on: thunder, kth, openb, openb-gpuspec33, or a path to an SWF log "
+                                   "(.swf[.gz]) or an openb pod list (.csv[.gz]); default: each experiment's own")
+    p.add_argument("--cores-per-proc", type=positive_int, default=1,
+                   help="SWF traces: cores per processor, to bring a log of small jobs to the fleet's load "
+                        "(default 1)")
 
 
 def positive_int(text: str) -> int:
@@ -1172,6 +1212,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seeds", type=positive_int, default=3, help="seeds 0..N-1; tables show mean ± std")
     ev.add_argument("--out", default="reports", help="directory for report.md and the PNGs")
     ev.add_argument("--quick", action="store_true", help="small slices (smoke test), said in the report")
+    data_flags(ev)
+    ev.add_argument("--tasks", type=positive_int, help="trace tasks per run where an experiment draws a fixed "
+                                                       "number (stage1, gpu, node-vs-cluster; default: its own)")
     ev.set_defaults(fn=cmd_eval)
 
     from hsched.rl.training import TRAINERS
@@ -1188,6 +1231,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also train the paper's comparison runs (DQN vs PER-DQN; expert ratio 0/10/100 %%) "
                          "and plot them in one learning curve")
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    data_flags(tr)
     tr.set_defaults(fn=cmd_train)
 
     lk = sub.add_parser("link", help="publish a WAN link metric update (as a network probe would)")

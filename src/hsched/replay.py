@@ -23,16 +23,9 @@ from hsched.domain.task import TaskSpec
 from hsched.rpc import CHANNEL_OPTIONS
 from hsched.security.client import ClientCredentials
 from hsched.traces import data_dir
+from hsched.traces.catalog import TRACES  # hsched up --replay NAME: the catalogue
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
-
-TRACES = {
-    "openb": "alibaba_openb_gpu_2023/openb_pod_list_default.csv.gz",
-    "openb-gpuspec33": "alibaba_openb_gpu_2023/openb_pod_list_gpuspec33.csv.gz",
-    "thunder": "pwa_swf/LLNL-Thunder-2007-1.1-cln.swf.gz",
-    "kth": "pwa_swf/KTH-SP2-1996-2.1-cln.swf.gz",
-}
-
 
 # Where a default replay starts: openb's first pods arrive almost all at once (870 of the first 1000
 # within 1/30 of their span); from pod 3000 on, 1000 pods cover 87 h of steady arrivals.

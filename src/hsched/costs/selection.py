@@ -2,7 +2,9 @@
 
 Methods:
 - "min-cost" (eq.3): total = resource cost (eq.1) + network cost (eq.2) along the path finder's path
-  (Dijkstra by default, the PER-DQN agent when given); ascending total.
+  (Dijkstra by default, the PER-DQN agent when given), plus the GPU-stranding term of a CPU-only task in a DC
+  with GPU hosts when the caller gives it (hsched.costs.stranding; the selector does, on by default);
+  ascending total.
 - "crf" (cheapest compute first): ascending resource cost; network cost along a random path.
 - "spf" (shortest path first): ascending path latency; costs along that path.
 
@@ -17,13 +19,14 @@ A request does no graph search when the caches are warm: shortest paths are cach
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hsched.costs.graph import WanGraph
 from hsched.costs.network import PathMetrics, network_cost
 from hsched.costs.paths import DijkstraPathFinder, PathFinder, RandomPathFinder, VertexPath
 from hsched.costs.resource import SECONDS_PER_HOUR, ResourceCost, resource_cost
+from hsched.costs.stranding import OFF, GpuHostFree, StrandingConfig, stranding_cost
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import DataCenter
 from hsched.domain.task import NetworkRequirements, TaskSpec
@@ -42,6 +45,7 @@ class Candidate:
     path: PathMetrics
     path_source: str = "dijkstra"  # name of the path finder whose path was used
     note: str = ""  # why another finder's path was replaced by Dijkstra's, if it was
+    stranding: float = 0.0  # GPU capacity a CPU-only task would strand, priced (hsched.costs.stranding); in total
 
 
 _SORT_KEYS: dict[str, Callable[[Candidate], tuple]] = {
@@ -60,6 +64,8 @@ def rank_datacenters(
     method: str = "min-cost",
     path_finder: PathFinder | None = None,
     random_path_finder: PathFinder | None = None,
+    gpu_hosts: Mapping[str, GpuHostFree] | None = None,
+    stranding: StrandingConfig = OFF,
 ) -> tuple[list[Candidate], list[tuple[str, str]]]:
     """Feasible DCs in rank order, and the excluded ones as (name, reason).
 
@@ -69,6 +75,8 @@ def rank_datacenters(
     replaced by Dijkstra's and the reason put in `Candidate.note`, never silently used.
     random_path_finder: routes for "crf" (default: a RandomPathFinder seeded 0, created per call, so
     the ranking is a pure function of its inputs; pass a long-lived one to draw fresh paths per request).
+    gpu_hosts / stranding: each DC's free resources by host kind and the GPU-stranding term's settings
+    (hsched.costs.stranding); the term is added to the total (eq.3 + stranding), 0 when off or not given.
     """
     if method not in _SORT_KEYS:
         raise ValidationError("method", f"must be one of {', '.join(METHODS)}", method)
@@ -101,10 +109,13 @@ def rank_datacenters(
             excluded.append((dc.name, "; ".join(reasons)))
             continue
         # a task that runs until released has no runtime to price: DCs are ranked by an hour of it
-        resource = resource_cost(dc.prices, requested, task.runtime_s or SECONDS_PER_HOUR)
+        runtime = task.runtime_s or SECONDS_PER_HOUR
+        resource = resource_cost(dc.prices, requested, runtime)
         network = network_cost(network_price_per_gb_ms, task.data_size_mb, metrics.latency_ms)
-        candidates.append(Candidate(dc.name, dc.vertex, resource, network, resource.total + network, metrics,
-                                    source, note))
+        strand = (stranding_cost(requested, gpu_hosts.get(dc.name), dc.prices.gpu_hour, runtime, stranding)
+                  if gpu_hosts else 0.0)
+        candidates.append(Candidate(dc.name, dc.vertex, resource, network, resource.total + network + strand,
+                                    metrics, source, note, strand))
     candidates.sort(key=_SORT_KEYS[method])
     return candidates, excluded
 

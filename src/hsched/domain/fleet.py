@@ -174,6 +174,7 @@ class Wan:
     scheduler_vertex: str  # the paper's vertex s: where tasks enter when they name no entry vertex
     entry_vertices: tuple[str, ...]  # vertices that may submit tasks (user gateways)
     source: str = ""  # provenance, e.g. "Topology Zoo: Abilene"
+    pruned: tuple[str, ...] = ()  # vertices dropped by wan.prune_disconnected (cut off from the scheduler)
 
 
 @dataclass(frozen=True)
@@ -282,9 +283,12 @@ def _load_pool(r: _Reader) -> NodePool:
     return pool
 
 
-def _load_datacenter(r: _Reader, vertices: Mapping[str, Any]) -> DataCenter:
+def _load_datacenter(r: _Reader, vertices: Mapping[str, Any], pruned: tuple[str, ...] = ()) -> DataCenter:
     name = r.str("name")
     vertex = r.str("vertex")
+    if vertex in pruned:
+        raise FleetError(f"{r.path}.vertex", "is cut off from wan.scheduler_vertex (dropped by "
+                         "wan.prune_disconnected): no task could reach this DC", vertex)
     if vertex not in vertices:
         raise FleetError(f"{r.path}.vertex", "must name a vertex of wan", vertex)
     pr = r.sub("prices")
@@ -393,6 +397,14 @@ def _load_wan(r: _Reader, base: Path) -> Wan:
     scheduler = r.str("scheduler_vertex")
     if scheduler not in vertices:
         raise FleetError(f"{r.path}.scheduler_vertex", "must name a vertex", scheduler)
+    prune = r.raw("prune_disconnected", False)
+    if not isinstance(prune, bool):
+        raise FleetError(f"{r.path}.prune_disconnected", "must be true or false", prune)
+    explicit_entries = r.raw("entry_vertices", "all") != "all"
+    off = _outside_component(vertices, links, scheduler)
+    if off and prune:  # explicitly asked: drop what the scheduler vertex cannot reach (and its links)
+        vertices = {v: ll for v, ll in vertices.items() if v not in off}
+        links = [lk for lk in links if lk.a not in off and lk.b not in off]
     entries = r.raw("entry_vertices", "all")
     if entries == "all":
         entries = list(vertices)
@@ -400,10 +412,39 @@ def _load_wan(r: _Reader, base: Path) -> Wan:
         raise FleetError(f"{r.path}.entry_vertices", "must be a list of vertex names or 'all'", entries)
     for i, e in enumerate(entries):
         if e not in vertices:
-            raise FleetError(f"{r.path}.entry_vertices[{i}]", "must name a vertex", e)
+            why = "is cut off from scheduler_vertex and was pruned" if e in off else "must name a vertex"
+            raise FleetError(f"{r.path}.entry_vertices[{i}]", why, e)
+    if off and not prune:
+        unreachable = [v for v in vertices if v in off]
+        bad_entries = [v for v in entries if v in off] if explicit_entries else []
+        raise FleetError(f"{r.path}.links", f"the WAN is disconnected: {len(unreachable)} vertices cannot reach "
+                         f"scheduler_vertex {scheduler!r}: {_names(unreachable)}"
+                         + (f" (entry vertices among them: {_names(bad_entries)})" if bad_entries else "")
+                         + "; link them, or set wan.prune_disconnected: true to drop them")
     r.done()
     return Wan(vertices=vertices, links=tuple(links), scheduler_vertex=scheduler,
-               entry_vertices=tuple(dict.fromkeys([scheduler, *entries])), source=source)
+               entry_vertices=tuple(dict.fromkeys([scheduler, *entries])), source=source,
+               pruned=tuple(sorted(off)) if prune else ())
+
+
+def _outside_component(vertices: Mapping[str, Any], links: list[Link], root: str) -> set[str]:
+    """The vertices no path of links joins to `root` (links are undirected)."""
+    adj: dict[str, list[str]] = {v: [] for v in vertices}
+    for lk in links:
+        adj[lk.a].append(lk.b)
+        adj[lk.b].append(lk.a)
+    seen, todo = {root}, [root]
+    while todo:
+        for n in adj[todo.pop()]:
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return set(vertices) - seen
+
+
+def _names(names: list[str], shown: int = 8) -> str:
+    more = f", +{len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(repr(n) for n in names[:shown]) + more
 
 
 def parse_fleet(data: Any, base: Path = Path(".")) -> Fleet:
@@ -418,7 +459,7 @@ def parse_fleet(data: Any, base: Path = Path(".")) -> Fleet:
     dc_list = r.list("datacenters")
     if not dc_list:
         raise FleetError("datacenters", "must list at least one data center")
-    dcs = tuple(_load_datacenter(_Reader(d, f"datacenters[{i}]"), wan.vertices) for i, d in enumerate(dc_list))
+    dcs = tuple(_load_datacenter(_Reader(d, f"datacenters[{i}]"), wan.vertices, wan.pruned) for i, d in enumerate(dc_list))
     names = [d.name for d in dcs]
     for i, n in enumerate(names):
         if names.index(n) != i:

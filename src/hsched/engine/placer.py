@@ -78,6 +78,7 @@ from opentelemetry import trace
 from redis import Redis as SyncRedis
 
 from hsched.cancel import cancel_and_wait
+from hsched.costs.stranding import free_of
 from hsched.domain.cluster import ClusterState, Part, usage_vector
 from hsched.domain.fleet import DataCenter
 from hsched.domain.resources import Resources
@@ -1226,6 +1227,8 @@ class PlacerEngine:
             "pue": th.pue_after if th else 0.0, "max_inlet_c": th.max_inlet_after_c if th else 0.0,
             "ledger_id": self.last_id, "fencing_token": self.ledger.token or 0, "unix_ms": int(time.time() * 1000),
             "gpu_models": sorted({m for m in t.gpu_model if m}),
+            # free resources by host kind: the selector's GPU-stranding term (hsched.costs.stranding)
+            **({"gpu_hosts": free_of(s).as_dict()} if t.gpu_count.any() else {}),
             **({"slices": s.occupancy()} if isinstance(s, SlicedState) else {}),
         }
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from hsched.costs import WanGraph
 from hsched.costs.paths import PathFinder, RandomPathFinder
 from hsched.costs.selection import METHODS, Candidate, rank_datacenters
+from hsched.costs.stranding import GpuHostFree, StrandingConfig, free_of
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import DataCenter, Fleet
@@ -36,6 +37,8 @@ class DcSelector:
     path_finder: PathFinder | None = None
     path_checks: int = 0
     path_agreed: int = 0
+    # the GPU-stranding term (hsched.costs.stranding; on by default, StrandingConfig(weight=0) = off)
+    stranding: StrandingConfig = field(default_factory=StrandingConfig)
 
     def __post_init__(self) -> None:
         self.graph = self.graph or WanGraph(self.fleet.wan)
@@ -83,6 +86,18 @@ class DcSelector:
         self._fit_cache[key] = reason
         return reason
 
+    def gpu_hosts(self, dcs: list[DataCenter]) -> dict[str, GpuHostFree]:
+        """Free resources by host kind per DC with GPUs: from its placer's summary (an older placer's summary
+        without them: its empty DC's, so the term still applies, if less precisely)."""
+        if not self.stranding.on:
+            return {}
+        out = {}
+        for dc in dcs:
+            if self._empty[dc.name].table.gpu_count.any():
+                got = GpuHostFree.from_dict(self.summaries.get(dc.name, {}).get("gpu_hosts"))
+                out[dc.name] = got or free_of(self._empty[dc.name])
+        return out
+
     def select(self, task: TaskSpec, method: str = "") -> tuple[list[Candidate], list[tuple[str, str]]]:
         method = method or "min-cost"
         if method not in METHODS:
@@ -104,7 +119,8 @@ class DcSelector:
             else:
                 eligible.append(dc)
         ranked, far = rank_datacenters(task, eligible, self.graph, self.fleet.network_price_per_gb_ms, entry, method,
-                                       path_finder=self.path_finder, random_path_finder=self.random_paths)
+                                       path_finder=self.path_finder, random_path_finder=self.random_paths,
+                                       gpu_hosts=self.gpu_hosts(eligible), stranding=self.stranding)
         if self.path_finder is not None and method != "crf":
             self.path_checks += len(ranked)
             self.path_agreed += sum(c.path_source == self.path_finder.name for c in ranked)

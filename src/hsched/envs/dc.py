@@ -72,7 +72,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -87,6 +88,9 @@ from hsched.policies.placement import Outcome, part_power_w, plan, split_task
 from hsched.thermal import RoomModel, ThermalState, rack_outlet_mean
 from hsched.thermal.datacenter import room_for
 from hsched.thermal.zonal import RiseTracker
+
+if TYPE_CHECKING:
+    from hsched.traces.catalog import TraceRef
 
 ENV_ID = "hsched/DcPlacement-v0"
 DEFAULT_DC = "chicago"  # a CPU room of the default fleet: 16 racks × 42 1U servers × 24 cores (paper 003)
@@ -125,14 +129,16 @@ class RewardConfig:
 
 
 @lru_cache(maxsize=4)
-def thunder_jobs(count: int, path: str = THUNDER) -> tuple[Job, ...]:
-    """The first `count` jobs of an SWF log in the data dir (default LLNL Thunder), as `Job`s."""
+def thunder_jobs(count: int, path: str | TraceRef = THUNDER) -> tuple[Job, ...]:
+    """The first `count` jobs of an SWF log in the data dir (default LLNL Thunder), or of any trace
+    (`hsched.traces.catalog.TraceRef`: e.g. `--trace` with `--cores-per-proc`), as `Job`s."""
     from hsched.traces import data_dir
-    from hsched.traces.swf import load_swf, swf_job_to_task
+    from hsched.traces.catalog import TraceRef, trace_jobs
 
-    jobs = tuple(Job(j.submit_s, swf_job_to_task(j)) for j in load_swf(data_dir() / path, limit=count))
+    ref = path if isinstance(path, TraceRef) else TraceRef(Path(path).name, "swf", data_dir() / path)
+    jobs = tuple(Job(t, spec) for t, spec in trace_jobs(ref, limit=count, tenant="swf"))
     if len(jobs) < count:
-        raise ValueError(f"{path} has only {len(jobs)} jobs, {count} needed")
+        raise ValueError(f"{ref.path.name} has only {len(jobs)} jobs, {count} needed")
     return jobs
 
 

@@ -17,3 +17,6 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
     "colocation": ("hsched.eval.colocation:run",
                    "paper 001: slice types vs Q; JobFusion vs Decima, shortest-first, random (JCT, utilisation)"),
 }
+
+# experiments that run on `--fleet` / `--trace` (the others replay their own DAG workloads and say so)
+DATA_AWARE = frozenset({"stage1", "thermal", "gpu", "node-vs-cluster"})

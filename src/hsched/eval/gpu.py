@@ -128,6 +128,7 @@ class Setting:
     datacenters: tuple[DataCenter, ...]
     n_tasks: int
     note: str
+    trace: str | None = None  # openb pod-list path the tasks are drawn from (None: the default pod list)
 
 
 @dataclass
@@ -145,6 +146,18 @@ class Rows:
 
 
 def settings(ctx: EvalContext) -> list[Setting]:
+    if ctx.fleet_path or ctx.trace:  # `--fleet/--trace`: one setting on that data
+        ref, _ = ctx.trace_for("openb", "openb")
+        if ctx.fleet_path:
+            fleet = ctx.fleet()
+            dcs = fleet_gpu_datacenters(ctx.fleet_path)
+            where = f"the GPU DCs of {ctx.fleet_label(fleet)}: {', '.join(d.name for d in dcs)}"
+        else:
+            dcs, where = paper000_datacenters(), "paper 000 scale: 16 clusters × 4 openb 2-GPU hosts"
+        n = ctx.tasks or (220 if ctx.quick or not ctx.fleet_path else
+                          max(20, round(1800 * sum(d.capacity_total().gpu_count for d in dcs) / 1316)))
+        return [Setting(fleet.name if ctx.fleet_path else "paper 000 scale", dcs, n,
+                        f"{where}; {n} tasks of {ref.label} per seed", str(ref.path))] if dcs else []
     out = [Setting("paper 000 scale", paper000_datacenters(), 220,
                    "16 clusters × 4 hosts (openb 2-GPU machines: T4, P100), 128 GPUs; "
                    "220 openb tasks per seed")]
@@ -182,7 +195,7 @@ def optimum_row(env: GpuClusterEnv, seed: int,
 
 
 def evaluate(ctx: EvalContext, setting: Setting, with_optimum: bool) -> Rows:
-    env = GpuClusterEnv(setting.datacenters, n_tasks=setting.n_tasks)
+    env = GpuClusterEnv(setting.datacenters, n_tasks=setting.n_tasks, trace=setting.trace)
     rows = Rows()
     total = len(ctx.seeds) * (len(HEURISTICS) + len(LEARNED_POLICIES) + int(with_optimum))
     done = 0
@@ -309,8 +322,14 @@ def run(ctx: EvalContext) -> str:
     out = ["## Paper 000 tables 6-9: multi-cluster GPU placement",
            f"Seeds {ctx.seeds}" + (" (quick run: paper scale only, no optimum)" if ctx.quick else "") + "."]
     files: list[str] = []
-    for i, setting in enumerate(settings(ctx)):
-        rows = evaluate(ctx, setting, with_optimum=not ctx.quick and i == 0)
+    custom = bool(ctx.fleet_path or ctx.trace)
+    if custom and (note := ctx.trace_for("openb", "openb")[1]):
+        out.append(note + ".")
+    chosen = settings(ctx)
+    if not chosen:
+        out.append(f"Skipped: {ctx.fleet_label(ctx.fleet())} has no GPU data center.")
+    for i, setting in enumerate(chosen):
+        rows = evaluate(ctx, setting, with_optimum=not ctx.quick and not custom and i == 0)
         out.append(_tables(setting, rows))
         files += _plots(ctx, setting, rows, "paper" if i == 0 else "fleet")
     if LEARNED_NOTES:

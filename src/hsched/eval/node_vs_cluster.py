@@ -142,12 +142,16 @@ def sample_jobs(n: int, seed: int, pool: Sequence[TaskSpec] | None = None,
     return [dataclasses.replace(gpu_pool[i], replicas=int(r)) for i, r in zip(idx, replicas, strict=True)]
 
 
-def jobs_for(datacenters: Sequence[DataCenter], seed: int, load: float = LOAD_FACTOR) -> list[TaskSpec]:
-    """Enough jobs to ask for ≈ `load` × the fleet's GPUs (by the mean GPUs per job of the GPU pods)."""
+def jobs_for(datacenters: Sequence[DataCenter], seed: int, load: float = LOAD_FACTOR,
+             pool: Sequence[TaskSpec] | None = None, n: int | None = None) -> list[TaskSpec]:
+    """Enough jobs to ask for ≈ `load` × the fleet's GPUs (by the mean GPUs per job of the GPU pods of `pool`,
+    default the openb trace), or `n` jobs."""
     gpus = sum(p.count * p.gpu_count for dc in datacenters for p in dc.pools)
-    pool = [t for t in openb_tasks() if t.resources.gpu_count]
-    per_job = float(np.mean([t.resources.gpu_units for t in pool])) * (1 + MAX_REPLICAS) / 2
-    return sample_jobs(max(1, round(load * gpus / per_job)), seed)
+    gpu_pool = [t for t in (pool if pool is not None else openb_tasks()) if t.resources.gpu_count]
+    if not gpu_pool:
+        raise ValueError("trace: has no GPU pods")
+    per_job = float(np.mean([t.resources.gpu_units for t in gpu_pool])) * (1 + MAX_REPLICAS) / 2
+    return sample_jobs(n or max(1, round(load * gpus / per_job)), seed, gpu_pool)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -303,13 +307,18 @@ def run(ctx: EvalContext, optimum_time_limit_s: float | None = None) -> str:
     `optimum_time_limit_s` is given (its time limit per seed)."""
     if optimum_time_limit_s is None and not ctx.quick:
         optimum_time_limit_s = OPTIMUM_TIME_LIMIT_S
-    dcs = fleet_gpu_datacenters()
-    if ctx.quick:
+    dcs = fleet_gpu_datacenters(ctx.fleet_path)
+    fleet_text = ctx.fleet_label(ctx.fleet()) if ctx.fleet_path else "the default fleet"
+    if not dcs:
+        return f"## Paper 002 table 2\n\nSkipped: {fleet_text} has no GPU data center.\n"
+    if ctx.quick and not ctx.fleet_path:
         dcs = scaled_datacenters(dcs, QUICK_SCALE)
+    ref, trace_note = ctx.trace_for("openb", "openb")
+    pool = openb_tasks(ref.path)
     view = MultiClusterState(dcs)
     hosts, gpus = view.hosts, sum(p.count * p.gpu_count for dc in dcs for p in dc.pools)
     # FGD's workload here is the jobs' one: the GPU pods of the trace
-    dist = TaskDistribution.from_tasks(t for t in openb_tasks() if t.resources.gpu_count)
+    dist = TaskDistribution.from_tasks(t for t in pool if t.resources.gpu_count)
     labels = ([label for _, label in NODE_LEVEL] + list(LEARNED_POLICIES)
               + [label for _, label in CLUSTER_LEVEL] + ([OPTIMUM_LABEL] if optimum_time_limit_s is not None else []))
     per_label: dict[str, list[dict[str, float]]] = {label: [] for label in labels}
@@ -324,7 +333,7 @@ def run(ctx: EvalContext, optimum_time_limit_s: float | None = None) -> str:
         ctx.progress("node-vs-cluster", done, total)
 
     for seed in ctx.seeds:
-        jobs = jobs_for(dcs, seed)
+        jobs = jobs_for(dcs, seed, pool=pool, n=ctx.tasks)
         n_jobs.append(len(jobs))
         for name, label in NODE_LEVEL:
             policy = FragmentationGradientDescent(dist) if name == "fgd" else make_policy(name, seed)
@@ -382,12 +391,14 @@ def run(ctx: EvalContext, optimum_time_limit_s: float | None = None) -> str:
                                         {label: [m[key] for m in per_label[label]] for label in labels
                                          if label != OPTIMUM_LABEL}, refs=refs)))
     paper = ", ".join(f"{k} {v}" for k, v in PAPER_TABLE_2.items())
-    scale = f" (quick run: node pools × {QUICK_SCALE})" if ctx.quick else ""
+    scale = f" (quick run: node pools × {QUICK_SCALE})" if ctx.quick and not ctx.fleet_path else ""
     return "\n\n".join([
         "## Paper 002 table 2: node-level vGPU placement vs cluster-level (Volcano Global) placement",
-        f"Fleet: {len(dcs)} GPU DCs ({', '.join(dc.name for dc in dcs)}), {hosts} hosts, {gpus} GPUs{scale}; "
-        f"{mean_std(n_jobs, 0)} jobs of 1-{MAX_REPLICAS} openb GPU replicas per seed (≈ {LOAD_FACTOR}× the "
-        f"GPUs), gang-deployed in FIFO order; seeds {ctx.seeds}. Member clusters bind with {MEMBER_POLICY}.",
+        f"Data: {fleet_text}: {len(dcs)} GPU DCs ({', '.join(dc.name for dc in dcs)}), {hosts} hosts, {gpus} GPUs"
+        f"{scale}; {mean_std(n_jobs, 0)} jobs of 1-{MAX_REPLICAS} GPU replicas of {ref.label} per seed"
+        + ("" if ctx.tasks else f" (≈ {LOAD_FACTOR}× the GPUs)")
+        + f", gang-deployed in FIFO order; seeds {ctx.seeds}. Member clusters bind with {MEMBER_POLICY}."
+        + (f" {trace_note}." if trace_note else ""),
         table,
         f"Paper 002 table 2 (jobs deployed, 3 clusters of 2080 Ti / 1660 Super): {paper}."
         + (" Learned rows: " + "; ".join(LEARNED_NOTES) + "." if LEARNED_NOTES else "")

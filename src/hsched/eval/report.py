@@ -8,6 +8,11 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hsched.domain.fleet import Fleet
+    from hsched.traces.catalog import TraceRef
 
 
 @dataclass
@@ -16,10 +21,45 @@ class EvalContext:
     out_dir: Path  # PNGs (and the markdown report) go here
     quick: bool = False  # smaller slices for tests / smoke runs; the report says so
     progress: Callable[[str, int, int], None] = field(default=lambda label, done, total: None)
+    # `hsched eval --fleet F --trace T --cores-per-proc N --tasks K`: the data an experiment runs on
+    # (None: its own default: the default fleet, the paper's trace); each report names what it used
+    fleet_path: str | None = None
+    trace: str | None = None
+    cores_per_proc: int = 1
+    tasks: int | None = None  # how many trace tasks (None: the experiment's default)
 
     def png(self, name: str) -> Path:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         return self.out_dir / name
+
+    def fleet(self) -> Fleet:
+        from hsched.domain.fleet import load_fleet
+
+        return load_fleet(self.fleet_path)
+
+    def trace_ref(self, default: str) -> TraceRef:
+        """`--trace` (with `--cores-per-proc`), else the experiment's `default` catalogue trace."""
+        from hsched.traces.catalog import resolve_trace
+
+        return resolve_trace(self.trace or default, self.cores_per_proc)
+
+    def trace_for(self, kind: str, default: str) -> tuple[TraceRef, str]:
+        """The trace of the `kind` ("swf" CPU jobs / "openb" GPU pods) an experiment needs: `--trace` when it is
+        of that kind, else `default` with a note saying why (so `eval all --trace T` runs every experiment)."""
+        from hsched.traces.catalog import resolve_trace
+
+        if self.trace:
+            ref = resolve_trace(self.trace, self.cores_per_proc)
+            if ref.kind == kind:
+                return ref, ""
+            return resolve_trace(default), (f"--trace {self.trace} is {'an SWF log (CPU jobs, no GPUs)' if ref.kind == 'swf' else 'an openb pod list'}; "
+                                            f"this experiment needs {'GPU pods' if kind == 'openb' else 'an SWF log'} "
+                                            f"and ran on its default {default}")
+        return resolve_trace(default), ""
+
+    def fleet_label(self, fleet: Fleet) -> str:
+        src = self.fleet_path or "the default fleet"
+        return f"fleet `{fleet.name}` ({src}; WAN: {fleet.wan.source or 'inline'}, {len(fleet.datacenters)} DCs)"
 
 
 def mean_std(values: Sequence[float], digits: int = 3) -> str:

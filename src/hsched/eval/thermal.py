@@ -56,7 +56,15 @@ from hsched.domain.cluster import ClusterState
 from hsched.domain.fleet import DataCenter, RoomLayout, load_fleet
 from hsched.domain.resources import MILLI
 from hsched.domain.task import TaskSpec
-from hsched.envs.dc import DEFAULT_DC, PAPER_SPLIT, DcPlacementEnv, RewardConfig, run_policy, thunder_jobs
+from hsched.envs.dc import (
+    DEFAULT_DC,
+    PAPER_SPLIT,
+    THUNDER,
+    DcPlacementEnv,
+    RewardConfig,
+    run_policy,
+    thunder_jobs,
+)
 from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_lines
 from hsched.optimum import OVERLOAD_DEN, OVERLOAD_NUM, OptimumResult, gap_percent, min_peak_inlet
 from hsched.policies.heuristics import make_policy
@@ -64,6 +72,7 @@ from hsched.policies.placement import Outcome, plan, split_task
 from hsched.rl.checkpoint import model_path
 from hsched.thermal import RoomModel
 from hsched.thermal.datacenter import room_for, room_state
+from hsched.traces.catalog import TraceRef
 
 # Each row of the table is a factory: seed -> NodePolicy (it acts through plan/select, like the placer) or a
 # callable (obs, action_mask) -> action. Hook for a row still to come:
@@ -81,11 +90,11 @@ POLICY_FACTORIES: dict[str, Callable[[int], Any]] = {
 DOUBLE_DQN_MODEL = "double_dqn_dc"
 
 
-def _double_dqn(seed: int) -> Any:
+def _double_dqn(seed: int, dc: DataCenter | None = None) -> Any:
     """The shipped Double DQN as the placer serves it (hsched.rl.ddqn.load_policy, the same NodePolicy)."""
     from hsched.rl.ddqn import load_policy
 
-    return load_policy(model_path(DOUBLE_DQN_MODEL), load_fleet().datacenter(DEFAULT_DC))
+    return load_policy(model_path(DOUBLE_DQN_MODEL), dc or load_fleet().datacenter(DEFAULT_DC))
 
 
 if model_path(DOUBLE_DQN_MODEL).exists():
@@ -118,11 +127,40 @@ OPT_PRELOAD = 0.5  # share of the room's cores the pre-load may keep busy
 OPT_BATCH_FILL = 0.6  # share of the free cores the batch may ask for
 
 
-def eval_env(mode: str, seed: int, split: tuple[int, int, int] = PAPER_SPLIT) -> DcPlacementEnv:
+def eval_env(mode: str, seed: int, split: tuple[int, int, int] = PAPER_SPLIT, dc: DataCenter | str = DEFAULT_DC,
+             trace: str | TraceRef = THUNDER) -> DcPlacementEnv:
     """The held-out episode of `seed` in CRAC `mode` (module docstring); every policy row plays it."""
     return DcPlacementEnv(
-        DEFAULT_DC, phase="eval", split=split, offset=seed * split[2], supply_mode=mode, record_series=True
+        dc, phase="eval", split=split, offset=seed * split[2], supply_mode=mode, record_series=True, trace=trace
     )
+
+
+def _data(ctx: EvalContext, split: tuple[int, int, int]) -> tuple[DataCenter, TraceRef, tuple[int, int, int], str]:
+    """The room, trace and split this run uses: `--fleet`'s first CPU-only DC (default: chicago), `--trace` when it
+    is an SWF log (default: Thunder); a trace too short for the split gets a proportionally smaller one."""
+    from hsched.traces.catalog import trace_jobs
+
+    fleet = ctx.fleet()
+    if ctx.fleet_path:
+        dc = next((d for d in fleet.datacenters if not any(p.gpu_count for p in d.pools)), None)
+        if dc is None:
+            raise _NoRoom(f"{ctx.fleet_label(fleet)} has no CPU-only data center")
+    else:
+        dc = fleet.datacenter(DEFAULT_DC)
+    ref, note = ctx.trace_for("swf", "thunder")
+    warm, train, evaluation = split
+    need = warm + train + evaluation * len(ctx.seeds)
+    if ref.name != "thunder":
+        have = len(trace_jobs(ref, limit=need))
+        if have < need:  # keep the proportions; every seed still gets its own evaluation window
+            scale = have / need
+            warm, train = int(warm * scale), int(train * scale)
+            evaluation = max(1, (have - warm - train) // len(ctx.seeds))
+    return dc, ref, (warm, train, evaluation), note
+
+
+class _NoRoom(Exception):
+    pass
 
 
 def delta_values(runs: list[dict[str, float]], refs: list[dict[str, float]], key: str, unit: str) -> list[float]:
@@ -148,7 +186,10 @@ def _resample(times: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.nda
 
 
 def run(ctx: EvalContext) -> str:
-    split = QUICK_SPLIT if ctx.quick else PAPER_SPLIT
+    try:
+        dc, trace_ref, split, trace_note = _data(ctx, QUICK_SPLIT if ctx.quick else PAPER_SPLIT)
+    except _NoRoom as exc:
+        return f"## Paper 003 table 5 / fig.9\n\nSkipped: {exc}.\n"
     warm, train, evaluation = split
     results: dict[str, dict[str, list[dict[str, float]]]] = {
         m: {p: [] for p in POLICY_FACTORIES} for m in MODES
@@ -160,9 +201,10 @@ def run(ctx: EvalContext) -> str:
     ctx.progress("thermal", 0, total)
     for mode in MODES:
         for seed in ctx.seeds:
-            env = eval_env(mode, seed, split)
+            env = eval_env(mode, seed, split, dc, trace_ref)
             for name, factory in POLICY_FACTORIES.items():
-                results[mode][name].append(run_policy(env, factory(seed), seed=seed))
+                policy = _double_dqn(seed, dc) if name == "Double DQN" and ctx.fleet_path else factory(seed)
+                results[mode][name].append(run_policy(env, policy, seed=seed))
                 hours = (np.asarray(env.series["time_s"]) - env.episode_t0) / 3600.0
                 series[mode][name].append((hours, {k: np.asarray(v) for k, v in env.series.items()}))
                 done += 1
@@ -172,14 +214,17 @@ def run(ctx: EvalContext) -> str:
     lines = [
         "## Paper 003 table 5 / fig.9: thermal-aware placement inside one data center",
         "",
-        f"Room `{DEFAULT_DC}` of the default fleet: 16 racks × 42 servers × 24 cores, 100 W / 300 W. "
-        f"LLNL Thunder: jobs 0-{warm - 1} warm the room up (placed by round robin; every policy starts from the "
+        f"Room `{dc.name}` of {ctx.fleet_label(ctx.fleet()) if ctx.fleet_path else 'the default fleet'}: "
+        f"{dc.layout.racks} racks × {dc.layout.servers_per_rack} slots, {dc.node_count} servers, "
+        f"{dc.capacity_total().cpu_cores:g} cores. Trace {trace_ref.label}"
+        + (f" ({trace_note})" if trace_note else "")
+        + f": jobs 0-{warm - 1} warm the room up (placed by round robin; every policy starts from the "
         f"same state). Then {evaluation} evaluation jobs: seed s plays jobs {first} + {evaluation}·s onwards. "
         f"Seeds {list(ctx.seeds)} (they also seed Random). Eq.12 reward with the `RewardConfig` defaults "
         f"{_reward_text(RewardConfig())}. Mean reward is per decision. PUE, overloads (servers with u > 0.8) "
         "and rack outlet temperature are time-weighted over the evaluation window. Cells are mean ± std over "
         "seeds. The Δ columns are per-seed differences against RR and Greedy: % for PUE and overloads, °C "
-        "for the outlet." + (" **Quick run: 200 warm-up and 50 evaluation jobs.**" if ctx.quick else ""),
+        "for the outlet." + (f" **Quick run: {warm} warm-up and {evaluation} evaluation jobs.**" if ctx.quick else ""),
     ]
     for mode, title in MODES.items():
         res = results[mode]
@@ -237,7 +282,7 @@ def run(ctx: EvalContext) -> str:
                     "The redline mode below is where placement changes PUE.",
                 ]
 
-    optimum_lines, done = _optimum_section(ctx, first, evaluation, done, total)
+    optimum_lines, done = _optimum_section(ctx, first, evaluation, done, total, dc, trace_ref)
     lines += optimum_lines
 
     pngs = [
@@ -357,12 +402,13 @@ def _copy(state: ClusterState) -> ClusterState:
     return out
 
 
-def small_instance(seed: int, first: int, evaluation: int, quick: bool) -> SmallInstance:
+def small_instance(seed: int, first: int, evaluation: int, quick: bool, base: DataCenter | None = None,
+                   trace: str | TraceRef = THUNDER) -> SmallInstance:
     """Seed `seed`'s instance: the jobs before its first evaluation job (trace index first + evaluation·seed)
     pre-load the room by round robin, and its evaluation jobs make the batch (module docstring)."""
     start = first + evaluation * seed
-    jobs = thunder_jobs(start + evaluation)  # the same cached slice the env reads
-    dc = small_dc(*OPT_ROOM[quick])
+    jobs = thunder_jobs(start + evaluation, trace)  # the same cached slice the env reads
+    dc = small_dc(*OPT_ROOM[quick], base=base)
     state = ClusterState(dc)
     room = room_for(dc)
     cores = int(state.table.cpu_milli.sum())
@@ -426,7 +472,8 @@ def place_batch(inst: SmallInstance, policy: Any) -> ClusterState | None:
 
 
 def _optimum_section(
-    ctx: EvalContext, first: int, evaluation: int, done: int, total: int
+    ctx: EvalContext, first: int, evaluation: int, done: int, total: int, base_dc: DataCenter | None = None,
+    trace: str | TraceRef = THUNDER,
 ) -> tuple[list[str], int]:
     quick = ctx.quick
     names = [name for name, factory in POLICY_FACTORIES.items() if _is_node_policy(factory(0))]
@@ -437,7 +484,7 @@ def _optimum_section(
     instances: list[list[object]] = []
     for seed in ctx.seeds:
         inst, result = solve_small_instance(
-            small_instance(seed, first, evaluation, quick), OPT_TIME_LIMIT_S[quick]
+            small_instance(seed, first, evaluation, quick, base_dc, trace), OPT_TIME_LIMIT_S[quick]
         )
         if result.objective is None:  # no placement at all (an empty batch is trivially placed)
             raise RuntimeError(f"thermal optimum, seed {seed}: {result.status} {result.message}")
@@ -475,7 +522,7 @@ def _optimum_section(
         ctx.progress(f"thermal optimum seed {seed}", done, total)
 
     racks, spr = OPT_ROOM[quick]
-    dc = small_dc(racks, spr)
+    dc = small_dc(racks, spr, base=base_dc)
     params = room_for(dc).params
     n_seeds = len(ctx.seeds)
     rows: list[list[object]] = []
@@ -511,7 +558,7 @@ def _optimum_section(
         "instance of the same problem, solved exactly by `hsched.optimum.min_peak_inlet` (HiGHS MILP, time "
         f"limit {OPT_TIME_LIMIT_S[quick]:g} s): a room of {racks} rack(s) × {spr} servers "
         f"({dc.capacity_total().cpu_milli // MILLI} cores) of the paper's server type and thermal parameters "
-        "(fixed 20 °C supply), with its own recirculation matrix. Pre-load: the Thunder jobs just before the "
+        "(fixed 20 °C supply), with its own recirculation matrix. Pre-load: the trace jobs just before the "
         f"seed's first evaluation job, walking back, while they keep at most {OPT_PRELOAD:.0%} of the cores "
         "busy, placed by round robin. Batch: the seed's evaluation jobs in trace order while they stay "
         f"within {OPT_BATCH_PARTS[quick]} parts (`split_task`) and {OPT_BATCH_FILL:.0%} of the free "

@@ -132,7 +132,12 @@ def scores_of(policy, state: ClusterState, demand: Resources, mask: np.ndarray, 
 
 
 def select(policy: NodePolicy, state: ClusterState, demand: Resources, mask: np.ndarray, top_k: int = 3) -> Choice | None:
-    """Best node by score among the `candidates` of `mask`; ties go to the lowest node index (deterministic)."""
+    """Best node by score among the `candidates` of `mask`; ties go to the lowest node index (deterministic). A
+    policy with a `narrow_mask(state, demand, mask)` (e.g. hsched.costs.stranding.GpuReservePolicy) filters
+    further first."""
+    narrow = getattr(policy, "narrow_mask", None)
+    if narrow is not None:
+        mask = narrow(state, demand, mask)
     nodes = candidates(policy, mask)
     if len(nodes) == 0:
         return None

@@ -77,6 +77,7 @@ import torch
 from torch import nn
 
 from hsched.domain.cluster import ClusterState
+from hsched.domain.errors import ValidationError
 from hsched.domain.resources import Resources
 from hsched.envs.gpu import (
     HINT_FEATURES,
@@ -139,6 +140,8 @@ class Config:
     heads: int = 4
     n_tasks: int = 220             # paper 000 §4.1
     fleet: tuple[int, int] = (16, 4)  # clusters × hosts per cluster (paper000_datacenters)
+    fleet_file: str | None = None  # `train --fleet`: its GPU DCs instead of paper000_datacenters(*fleet)
+    trace: str | None = None       # `train --trace`: an openb pod-list path the tasks are drawn from
     checkpoint_every: int = 10_000  # env steps between resumable training checkpoints (and at the end)
 
 
@@ -453,7 +456,29 @@ class Learner:
 
 
 def make_env(cfg: Config) -> GpuClusterEnv:
-    return GpuClusterEnv(paper000_datacenters(*cfg.fleet), n_tasks=cfg.n_tasks)
+    if cfg.fleet_file:
+        from hsched.envs.gpu import fleet_gpu_datacenters
+
+        dcs = fleet_gpu_datacenters(cfg.fleet_file)
+        if not dcs:
+            raise ValidationError("--fleet", "has no GPU data center to train a GPU placer on", cfg.fleet_file)
+    else:
+        dcs = paper000_datacenters(*cfg.fleet)
+    return GpuClusterEnv(dcs, n_tasks=cfg.n_tasks, trace=cfg.trace)
+
+
+def with_data(cfg: Config, args: TrainArgs) -> Config:
+    """`cfg` on `hsched train --fleet/--trace` (the trace must be an openb pod list: the tasks have GPUs)."""
+    trace = None
+    if args.trace:
+        from hsched.traces.catalog import resolve_trace
+
+        ref = resolve_trace(args.trace, args.cores_per_proc)
+        if ref.kind != "openb":
+            raise ValidationError("--trace", "must be an openb pod list for a GPU placer (an SWF log has no GPUs)",
+                                  args.trace)
+        trace = str(ref.path)
+    return dataclasses.replace(cfg, fleet_file=str(args.fleet) if args.fleet else None, trace=trace)
 
 
 def evaluate(actor: Actor, name: str, cfg: Config, seeds: Sequence[int] = EVAL_SEEDS) -> dict[str, float]:
@@ -526,7 +551,7 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
     evaluation figures."""
     out = output_path(args, model)
     steps = args.steps or cfg.steps
-    cfg = dataclasses.replace(cfg, steps=steps)
+    cfg = with_data(dataclasses.replace(cfg, steps=steps), args)
     rng = seed_everything(args.seed)
     env = make_env(cfg)
     codec = Codec(env.view.hosts, env.view.host_cluster)
@@ -594,9 +619,11 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
     figures["train_cpu_seconds"] = round(time.process_time() - cpu0, 1)  # wall time counts a shared machine
     paired = paired_comparison(lambda view: ActorPolicy(learner.actor, name, view), cfg)
     state = policy_state(learner.actor, name, cfg)
-    meta = {"agent": name, "environment": f"hsched/GpuCluster-v0, paper000_datacenters{cfg.fleet} (clusters × "
-                                          "hosts of openb 2-GPU machines)",
-            "data": {"trace": "alibaba_openb_gpu_2023 openb_pod_list_default", "tasks_per_episode": cfg.n_tasks,
+    where = (f"the GPU DCs of {cfg.fleet_file}" if cfg.fleet_file else
+             f"paper000_datacenters{cfg.fleet} (clusters × hosts of openb 2-GPU machines)")
+    meta = {"agent": name, "environment": f"hsched/GpuCluster-v0, {where}",
+            "data": {"trace": cfg.trace or "alibaba_openb_gpu_2023 openb_pod_list_default",
+                     "tasks_per_episode": cfg.n_tasks,
                      "train_episode_seeds": f"{TRAIN_SEED0 + CURVE_SEED_STRIDE * args.seed}.."
                                             f"{TRAIN_SEED0 + CURVE_SEED_STRIDE * args.seed + episode - 1}",
                      "expert_episode_seeds": (f"{EXPERT_SEED0}..{EXPERT_SEED0 + cfg.expert_episodes - 1}"
@@ -610,7 +637,7 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
             "torch": torch.__version__}
     checkpoint.save(out, state, meta)
     plot_curves(out.with_suffix(".png"), {f"{name}: tasks deployed": (curves["step"], curves["deployed"])},
-                title=f"{name} on GpuCluster-v0 (paper 000, 220 tasks)", xlabel="environment step",
+                title=f"{name} on GpuCluster-v0 ({cfg.fleet_file or 'paper 000'}, {cfg.n_tasks} tasks)", xlabel="environment step",
                 ylabel="tasks deployed per episode", window=10)
     return {"model": str(out), "steps": step, "episodes": episode, **figures, "curves": curves}
 

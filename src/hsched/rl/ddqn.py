@@ -325,6 +325,35 @@ def make_env(config: DdqnConfig, dc: DataCenter | None = None, **kwargs: Any) ->
                           **kwargs)
 
 
+def data_env(config: DdqnConfig, args: TrainArgs) -> DcPlacementEnv | None:
+    """`hsched train double-dqn --fleet F --trace T`: the first CPU-only DC of F, trained on T's jobs split as
+    the paper splits Thunder (2 000 warm-up, 3 000 train) when T has them, else in those proportions. None
+    without --fleet/--trace (the paper room and its held-out evaluation)."""
+    if not args.fleet and not args.trace:
+        return None
+    from hsched.domain.errors import ValidationError
+    from hsched.domain.fleet import load_fleet
+    from hsched.traces.catalog import resolve_trace, trace_jobs
+
+    fleet = load_fleet(args.fleet)
+    dc = next((d for d in fleet.datacenters if not any(p.gpu_count for p in d.pools)), None)
+    if dc is None:
+        raise ValidationError("--fleet", "has no CPU-only data center to train the thermal placer on",
+                              str(args.fleet))
+    ref = resolve_trace(args.trace or "thunder", args.cores_per_proc)
+    if ref.kind != "swf":
+        raise ValidationError("--trace", "must be an SWF log for the CPU-room placer", args.trace)
+    warm, train, _ = PAPER_SPLIT
+    jobs = trace_jobs(ref, limit=warm + train)
+    if len(jobs) < warm + train:
+        warm = max(1, len(jobs) * warm // (warm + train))
+    if len(jobs) - warm < 1:
+        raise ValidationError("--trace", "needs at least 2 jobs", args.trace)
+    return DcPlacementEnv(dc, jobs=jobs[warm:], warmup_jobs=jobs[:warm],
+                          episode_jobs=min(config.episode_jobs, len(jobs) - warm),
+                          supply_mode=config.supply_mode, reward=config.reward)
+
+
 def validation_env(config: DdqnConfig, mode: str, seed: int = 0) -> DcPlacementEnv:
     """The validation episode in CRAC `mode`: the last `val_jobs` train jobs, played like an evaluation
     episode (right after the warm-up). One window: `seed` is accepted for `compare`'s signature only."""
@@ -596,6 +625,8 @@ def train_double_dqn(args: TrainArgs, config: DdqnConfig | None = None,
     """Train (or resume) to `args.steps`, save the model at `args.out`, plot its curve, evaluate it on the
     held-out jobs against RR and Greedy. `config` / `env` override the defaults (tests: a tiny room)."""
     config = config or DdqnConfig()
+    if env is None:
+        env = data_env(config, args)
     out = output_path(args, MODEL_NAME)
     resume = out.with_name(out.stem + "_resume.pt")
     trainer = Trainer(config, args.seed, env)

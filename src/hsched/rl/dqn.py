@@ -389,12 +389,21 @@ def train(config: DqnConfig, args: TrainArgs) -> dict[str, Any]:
     return {"model": str(out), "curve": str(curve), "dijkstra_curve": str(match), **figures}
 
 
+def _on_data(config: DqnConfig, args: TrainArgs) -> DqnConfig:
+    """`hsched train --fleet F`: the path agent learns F's WAN (a trace does not apply: it routes, no tasks)."""
+    if args.trace:
+        from hsched.domain.errors import ValidationError
+
+        raise ValidationError("--trace", "does not apply to a path agent (it learns the --fleet's WAN, no tasks)")
+    return replace(config, graph=str(args.fleet)) if args.fleet else config
+
+
 def train_dqn(args: TrainArgs) -> dict[str, Any]:
-    return train(DqnConfig(prioritized=False), args)
+    return train(_on_data(DqnConfig(prioritized=False), args), args)
 
 
 def train_per_dqn(args: TrainArgs) -> dict[str, Any]:
-    return train(DqnConfig(prioritized=True), args)
+    return train(_on_data(DqnConfig(prioritized=True), args), args)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -44,6 +44,9 @@ class TrainArgs:
     resume: bool = False          # continue the training checkpoint at `out`
     compare: bool = False         # also train the paper's comparison runs and plot them together
     progress: bool = True
+    fleet: Path | None = None     # --fleet: a fleet YAML (None: the trainer's default fleet)
+    trace: str | None = None      # --trace NAME|PATH (hsched.traces.catalog; None: the trainer's default)
+    cores_per_proc: int = 1       # --cores-per-proc for an SWF trace
 
 
 def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
