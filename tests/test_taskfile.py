@@ -94,7 +94,7 @@ def test_valid_specs_round_trip_through_a_file(specs, shape):
 
 # (field path, a strategy of values the gateway refuses, words its rule has)
 INVALID = [
-    ("resources.cpu_milli", st.integers(max_value=-1), "must be >= 0"),
+    ("resources.cpu_milli", st.integers(min_value=-(2**31), max_value=-1), "must be >= 0"),
     ("resources.memory_mib", st.floats(allow_nan=False).filter(lambda x: x != int(x) if math.isfinite(x) else True),
      "must be an integer"),
     ("resources.gpu_count", st.text(max_size=5), "must be an integer"),
