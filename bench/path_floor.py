@@ -94,7 +94,7 @@ async def _gateway(port_pipe, selector: str, placers: dict[str, str], redis_url:
     import redis.asyncio as aioredis
 
     from hsched.batching import Coalescer
-    from hsched.state.tasks import TaskStore
+    from hsched.state.tasks import TaskStore, step
     from hsched.v1 import common_pb2 as pb
     from hsched.v1 import gateway_pb2, placer_pb2, placer_pb2_grpc, selector_pb2, selector_pb2_grpc
     from services.gateway.server import new_task_id
@@ -111,12 +111,12 @@ async def _gateway(port_pipe, selector: str, placers: dict[str, str], redis_url:
     async def submit(request, context):
         task = pb.Task(task_id=new_task_id(), spec=request.task)
         selection = await select.call(selector_pb2.SelectRequest(task=task.spec), 2.0)
-        writes = [store.record("submitted", task)]
+        records = [step("submitted", task)]
         task.datacenter = selection.candidates[0].datacenter
-        writes.append(store.record("dc_selected", task))
+        records.append(step("dc_selected", task))
         await place[task.datacenter].call(placer_pb2.PlaceRequest(task_id=task.task_id, task=task.spec), 5.0)
-        writes.append(store.record("placed", task))
-        await asyncio.gather(*writes)
+        records.append(step("placed", task))
+        await store.write(*records)  # one unit, as the gateway writes a Submit's records
         return gateway_pb2.SubmitResponse(task=task)
 
     async def release_task(request, context):
