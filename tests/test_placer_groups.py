@@ -8,7 +8,6 @@ every wait polls a condition under a generous deadline."""
 from __future__ import annotations
 
 import re
-import time
 import urllib.request
 
 import grpc
@@ -23,10 +22,10 @@ from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc, placer_pb2, placer_pb2_grpc
 from tests.conftest import SMALL_FLEET, small_fleet_stack
 from tests.test_metrics_naming import label_bounds
+from tests.test_supervisor import wait_for  # same 120 s deadline
 
 pytestmark = pytest.mark.slow
 
-DEADLINE_S = 120.0
 DCS = ("cheap", "near", "gpu")
 FULL_CPU = {"cheap": 4 * 24000, "near": 4 * 24000, "gpu": 4 * 32000}
 
@@ -43,17 +42,6 @@ def stack(redis_url):
 def gw(stack):
     with grpc.insecure_channel(stack.gateway) as ch:
         yield gateway_pb2_grpc.GatewayStub(ch)
-
-
-def wait_for(condition, what: str, timeout_s: float = DEADLINE_S):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:g} s: {what}")
-        time.sleep(0.2)
 
 
 def state(stack: Stack, dc: str) -> placer_pb2.PlacerState:
