@@ -9,13 +9,14 @@ import math
 import numpy as np
 import pytest
 
+from hsched.envs.dc import percent_change
 from hsched.eval import EXPERIMENTS, thermal
 from hsched.eval.report import EvalContext
 
 
 def test_pct_and_resample() -> None:
-    assert thermal._pct(0.9, 1.2) == pytest.approx(-25.0)  # (0.9 − 1.2) / 1.2 = −25 %
-    assert math.isnan(thermal._pct(3.0, 0.0))
+    assert percent_change(0.9, 1.2) == pytest.approx(-25.0)  # (0.9 − 1.2) / 1.2 = −25 %
+    assert math.isnan(percent_change(3.0, 0.0))
     # a value holds from its time on: 5 on [0, 1), 7 on [1, 4), 2 from 4
     got = thermal._resample(
         np.array([0.0, 1.0, 4.0]), np.array([5.0, 7.0, 2.0]), np.array([0.0, 0.5, 1.0, 3.9, 9])

@@ -674,6 +674,41 @@ def run_policy(
     return base.episode_metrics()
 
 
+# The held-out evaluation protocol, shared by `hsched eval thermal` and the Double DQN trainer's own figures
+# (here rather than in either, so the trainer never imports the evaluation report).
+MODES = {
+    "fixed": "Fixed 20 °C supply air (paper 003 setup)",
+    "redline": "CRAC holding the hottest inlet at the 27 °C redline",
+}
+METRICS = (  # (key of run_policy's result, label, digits)
+    ("mean_reward", "mean reward", 3),
+    ("mean_pue", "mean PUE", 4),
+    ("mean_overloads", "mean overloads", 2),
+    ("mean_rack_outlet_c", "mean rack outlet °C", 3),
+)
+DELTAS = (("mean_pue", "%"), ("mean_overloads", "%"), ("mean_rack_outlet_c", "°C"))  # the Δ columns
+
+
+def eval_env(mode: str, seed: int, split: tuple[int, int, int] = PAPER_SPLIT, dc: DataCenter | str = DEFAULT_DC,
+             trace: str | TraceRef = THUNDER) -> DcPlacementEnv:
+    """The held-out episode of `seed` in CRAC `mode` (jobs warm + train + seed·eval …); every policy plays it."""
+    return DcPlacementEnv(
+        dc, phase="eval", split=split, offset=seed * split[2], supply_mode=mode, record_series=True, trace=trace
+    )
+
+
+def delta_values(runs: list[dict[str, float]], refs: list[dict[str, float]], key: str, unit: str) -> list[float]:
+    """Per-seed differences of metric `key` against the reference policy's runs on the same jobs: in % of the
+    reference when `unit` is "%", else absolute."""
+    return [
+        percent_change(r[key], b[key]) if unit == "%" else r[key] - b[key] for r, b in zip(runs, refs, strict=True)
+    ]
+
+
+def percent_change(x: float, ref: float) -> float:
+    return (x - ref) / ref * 100.0 if ref else math.nan
+
+
 def _register() -> None:
     if ENV_ID not in gym.registry:
         gym.register(ENV_ID, entry_point="hsched.envs.dc:DcPlacementEnv")

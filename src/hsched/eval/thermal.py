@@ -58,10 +58,14 @@ from hsched.domain.resources import MILLI
 from hsched.domain.task import TaskSpec
 from hsched.envs.dc import (
     DEFAULT_DC,
+    DELTAS,
+    METRICS,
+    MODES,
     PAPER_SPLIT,
     THUNDER,
-    DcPlacementEnv,
     RewardConfig,
+    delta_values,
+    eval_env,
     run_policy,
     thunder_jobs,
 )
@@ -101,22 +105,11 @@ if model_path(DOUBLE_DQN_MODEL).exists():
     POLICY_FACTORIES["Double DQN"] = _double_dqn
 
 QUICK_SPLIT = (200, 300, 50)  # warm-up, train, eval jobs for ctx.quick
-MODES = {
-    "fixed": "Fixed 20 °C supply air (paper 003 setup)",
-    "redline": "CRAC holding the hottest inlet at the 27 °C redline",
-}
 PAPER_DELTAS = {
     "pue": (-2.5, -1.7),
     "overloads": (-42.1, -13.2),
     "outlet": (-0.4, -0.2),
 }  # DDQN vs RR, Greedy
-METRICS = (
-    ("mean_reward", "mean reward", 3),
-    ("mean_pue", "mean PUE", 4),
-    ("mean_overloads", "mean overloads", 2),
-    ("mean_rack_outlet_c", "mean rack outlet °C", 3),
-)
-DELTAS = (("mean_pue", "%"), ("mean_overloads", "%"), ("mean_rack_outlet_c", "°C"))  # the Δ columns
 GRID_POINTS = 300
 
 # the small exact instances (see the module docstring); index [ctx.quick]
@@ -125,14 +118,6 @@ OPT_BATCH_PARTS = (32, 10)  # at most this many parts (split_task) in a batch
 OPT_TIME_LIMIT_S = (60.0, 10.0)  # min_peak_inlet's time limit per instance
 OPT_PRELOAD = 0.5  # share of the room's cores the pre-load may keep busy
 OPT_BATCH_FILL = 0.6  # share of the free cores the batch may ask for
-
-
-def eval_env(mode: str, seed: int, split: tuple[int, int, int] = PAPER_SPLIT, dc: DataCenter | str = DEFAULT_DC,
-             trace: str | TraceRef = THUNDER) -> DcPlacementEnv:
-    """The held-out episode of `seed` in CRAC `mode` (module docstring); every policy row plays it."""
-    return DcPlacementEnv(
-        dc, phase="eval", split=split, offset=seed * split[2], supply_mode=mode, record_series=True, trace=trace
-    )
 
 
 def _data(ctx: EvalContext, split: tuple[int, int, int]) -> tuple[DataCenter, TraceRef, tuple[int, int, int], str]:
@@ -161,17 +146,6 @@ def _data(ctx: EvalContext, split: tuple[int, int, int]) -> tuple[DataCenter, Tr
 
 class _NoRoom(Exception):
     pass
-
-
-def delta_values(runs: list[dict[str, float]], refs: list[dict[str, float]], key: str, unit: str) -> list[float]:
-    """Per-seed differences of metric `key` against the reference policy's runs on the same jobs."""
-    return [
-        _pct(r[key], b[key]) if unit == "%" else r[key] - b[key] for r, b in zip(runs, refs, strict=True)
-    ]
-
-
-def _pct(x: float, ref: float) -> float:
-    return (x - ref) / ref * 100.0 if ref else math.nan
 
 
 def _cell(values: list[float], digits: int) -> str:

@@ -26,7 +26,7 @@ The algorithm, in one place:
   same warmed-up room; its last `val_jobs` jobs (4500-4999) are the validation slice (`validation_env`,
   played like an evaluation episode: right after the warm-up). The reward constants are chosen on it
   (`select_reward`, `bench/ddqn_reward_selection.py`), never on the held-out "eval" jobs (5000-5499 and
-  the later seeds' windows), which only score the finished model through `hsched.eval.thermal.eval_env`
+  the later seeds' windows), which only score the finished model through `hsched.envs.dc.eval_env`
   + `run_policy`, i.e. the placer's plan()/select() code with the served policy (`DoubleDqnPolicy`, what
   `load_policy` returns).
 
@@ -54,7 +54,21 @@ import torch
 from hsched.domain.cluster import ClusterState
 from hsched.domain.fleet import DataCenter
 from hsched.domain.resources import MILLI, Resources
-from hsched.envs.dc import DEFAULT_DC, ENV_ID, PAPER_SPLIT, THUNDER, DcPlacementEnv, RewardConfig
+from hsched.envs.dc import (
+    DEFAULT_DC,
+    DELTAS,
+    ENV_ID,
+    METRICS,
+    MODES,
+    PAPER_SPLIT,
+    THUNDER,
+    DcPlacementEnv,
+    RewardConfig,
+    delta_values,
+    eval_env,
+    run_policy,
+)
+from hsched.policies.heuristics import make_policy
 from hsched.policies.learned import ModelMismatch
 from hsched.rl import checkpoint
 from hsched.rl.buffers import ReplayBuffer
@@ -512,32 +526,28 @@ def compare(policy: DoubleDqnPolicy, env_for: Callable[[str, int], DcPlacementEn
             seeds: tuple[int, ...]) -> dict[str, Any]:
     """This policy, RR and Greedy on the episodes `env_for(mode, seed)` (both CRAC modes): each one's metrics
     (mean over seeds) and this policy's Δ against RR and Greedy, as hsched.eval.thermal's report has them."""
-    from hsched.envs.dc import run_policy
-    from hsched.eval import thermal
-
-    factories = {"Double DQN": lambda seed: policy, **{k: thermal.POLICY_FACTORIES[k] for k in ("RR", "Greedy")}}
+    factories = {"Double DQN": lambda seed: policy, "RR": lambda seed: make_policy("rr"),
+                 "Greedy": lambda seed: make_policy("greedy")}
     out: dict[str, Any] = {"seeds": list(seeds)}
-    for mode in thermal.MODES:
+    for mode in MODES:
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in factories}
         for seed in seeds:
             env = env_for(mode, seed)
             for name, factory in factories.items():
                 runs[name].append(run_policy(env, factory(seed), seed=seed))
         out[mode] = {
-            "metrics": {name: {key: round(float(np.mean([r[key] for r in rs])), 5) for key, _, _ in thermal.METRICS}
+            "metrics": {name: {key: round(float(np.mean([r[key] for r in rs])), 5) for key, _, _ in METRICS}
                         for name, rs in runs.items()},
-            "deltas": {f"{key} vs {ref} {unit}": round(float(np.mean(thermal.delta_values(
+            "deltas": {f"{key} vs {ref} {unit}": round(float(np.mean(delta_values(
                 runs["Double DQN"], runs[ref], key, unit))), 4)
-                for key, unit in thermal.DELTAS for ref in ("RR", "Greedy")},
+                for key, unit in DELTAS for ref in ("RR", "Greedy")},
         }
     return out
 
 
 def evaluate(policy: DoubleDqnPolicy, seeds: tuple[int, ...]) -> dict[str, Any]:
     """hsched.eval.thermal's held-out Thunder episodes (jobs 5000 + 500·s …, s in `seeds`): `compare`."""
-    from hsched.eval import thermal
-
-    return {**compare(policy, thermal.eval_env, seeds), "eval_jobs_per_seed": PAPER_SPLIT[2]}
+    return {**compare(policy, eval_env, seeds), "eval_jobs_per_seed": PAPER_SPLIT[2]}
 
 
 def validate(policy: DoubleDqnPolicy, config: DdqnConfig) -> dict[str, Any]:
