@@ -13,7 +13,7 @@ placements/s per core (= 1e6 / that), and the p50 / p99 of one decision — the 
 machine is shared: wall time would measure the neighbours) and in wall time.
 
 Quality. The same policies with the bound vs scoring every feasible node (a learned policy's own
-`candidate_limit` lifted too), through the evaluations' own code: `hsched.eval.thermal.eval_env` +
+`candidate_limit` lifted too), through the evaluations' own code: `hsched.envs.dc.eval_env` +
 `hsched.envs.dc.run_policy` (CPU room "chicago", 672 servers, the paper split: 2,000 warm-up and 500
 evaluation Thunder jobs per seed, both CRAC modes: placed tasks, mean overloads, mean PUE) and
 `hsched.envs.gpu`'s "default fleet GPU DCs" setting of `hsched eval gpu` (340 hosts, `--gpu-tasks` openb
@@ -148,8 +148,8 @@ def _unbounded(policy):
 
 
 def quality_thermal(names, nodes_to_score: str, seeds) -> list[tuple]:
-    from hsched.envs.dc import PAPER_SPLIT, run_policy
-    from hsched.eval.thermal import POLICY_FACTORIES, eval_env
+    from hsched.envs.dc import PAPER_SPLIT, eval_env, run_policy
+    from hsched.eval.thermal import POLICY_FACTORIES
     from hsched.policies.base import bound
     from hsched.policies.heuristics import make_policy
 

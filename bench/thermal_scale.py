@@ -95,8 +95,7 @@ def errors(op, d: np.ndarray, loads: np.ndarray) -> tuple[float, float]:
 
 def eval_loads(seeds: list[int], every: int = 25) -> np.ndarray:
     """The room's power vectors along the thermal eval's episodes (fixed supply), round robin deciding."""
-    from hsched.envs.dc import run_policy
-    from hsched.eval.thermal import eval_env
+    from hsched.envs.dc import eval_env, run_policy
     from hsched.policies.heuristics import make_policy
 
     out: list[np.ndarray] = []
