@@ -865,6 +865,40 @@ def cmd_link(args) -> int:
     return 0
 
 
+def cmd_thermal(args) -> int:
+    """Replay a file of sensor readings (docs/thermal.md, "Sensor telemetry") onto the DCs' readings streams,
+    validated first against the fleet: a bad line is exit 2 naming the line and the field, and nothing is written."""
+    from hsched.state.keys import Keys
+    from hsched.state.redis import connect_sync
+    from hsched.thermal.published import READINGS_MAXLEN
+    from hsched.thermal.readings import load_readings, write_readings
+
+    fleet = _fleet(args.fleet or _running_stack().get("fleet"))
+    dcs = {dc.name: dc for dc in fleet.datacenters}
+
+    def resolve(name: str, where: str):
+        if name not in dcs:
+            raise ValidationError(where, f"is not a data center of the fleet (known: {', '.join(dcs)})", name)
+        table = dcs[name].node_table()
+        return {n: i for i, n in enumerate(table.names)}, len(table.names)
+
+    readings = load_readings(args.file, resolve)
+    if args.dry_run:
+        print(f"{args.file}: {len(readings)} valid readings, {len({(r.datacenter, r.sample) for r in readings})} "
+              "scans (nothing written: --dry-run)")
+        return 0
+    url = _redis_url()
+    if not url:  # never guess: a default 127.0.0.1:6379 may be somebody else's Redis
+        print("hsched thermal replay: no running stack found (hsched up) and REDIS_URL is not set: nothing written",
+              file=sys.stderr)
+        return 1
+    keys = Keys(args.prefix)
+    n = write_readings(connect_sync(url), keys.readings, readings, READINGS_MAXLEN)
+    print(f"{n} readings of {len({(r.datacenter, r.sample) for r in readings})} scans written to "
+          f"{', '.join(sorted({keys.readings(r.datacenter) for r in readings}))}")
+    return 0
+
+
 # -- argument validators: argparse `type=`s, so a bad value is a one-line usage error (exit 2) naming the flag ---
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1  # protobuf int32 fields
@@ -1245,6 +1279,18 @@ def build_parser() -> argparse.ArgumentParser:
     lk.add_argument("--fleet", default=None, help="fleet YAML whose WAN the update is checked against (default: the running "
                     "stack's, else the embedded Abilene fleet)")
     lk.set_defaults(fn=cmd_link)
+
+    th = sub.add_parser("thermal", help="the thermal service's sensor telemetry (docs/thermal.md)")
+    th_sub = th.add_subparsers(dest="thermal_cmd", required=True)
+    tr_ = th_sub.add_parser("replay", help="validate a file of inlet/outlet readings (JSON lines or CSV) against the "
+                                          "fleet and write it onto the readings streams, for the thermal service's "
+                                          "online recalibration")
+    tr_.add_argument("file")
+    tr_.add_argument("--prefix", default="hsched")
+    tr_.add_argument("--fleet", default=None, help="fleet YAML the readings' data centers and servers are checked "
+                     "against (default: the running stack's, else the embedded Abilene fleet)")
+    tr_.add_argument("--dry-run", action="store_true", help="validate only; write nothing")
+    th.set_defaults(fn=cmd_thermal)
 
     sl = sub.add_parser("slices", help="paper 001's slice (container) types: fit them to a trace, or show a file")
     sl_sub = sl.add_subparsers(dest="slices_command", required=True)
