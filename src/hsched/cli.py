@@ -154,7 +154,7 @@ def cmd_up(args) -> int:
         args.time_factor = _dag_time_factor(args)  # the placers' clock must run at the replay's pace
     config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
                          policy=args.policy, gpu_policy=args.gpu_policy, path_finder=args.path_finder,
-                         thermal=not args.no_thermal, traces=args.traces,
+                         thermal=not args.no_thermal, sensor_readings=args.sensor_readings, traces=args.traces,
                          gateway_port=args.port, log_dir=args.log_dir, keep_logs=args.keep_logs,
                          log_level=args.log_level,
                          state_dir=str(args.state_dir or default_state_dir(args.prefix)), fresh=args.fresh,
@@ -1042,6 +1042,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the selector's routes: Dijkstra, or the shipped PER-DQN agent (every agent path is "
                          "checked against Dijkstra and used only when valid and not longer)")
     up.add_argument("--no-thermal", action="store_true", help="run without the thermal service and guard")
+    up.add_argument("--sensor-readings", action="store_true",
+                    help="simulated room sensors: the thermal service writes scans of its model at the ledgers' load "
+                         "plus noise onto the readings streams, which it recalibrates from (docs/thermal.md); real "
+                         "readings: `hsched thermal replay FILE`")
     up.add_argument("--port", type=int, default=50051, help="gateway port")
     up.add_argument("--prefix", default="hsched", help="Redis key prefix")
     up.add_argument("--traces", default="none", choices=["none", "console", "otlp"])

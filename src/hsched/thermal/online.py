@@ -54,6 +54,7 @@ class Recalibrator:
         self.on_version = on_version
         self.results: Counter[str] = Counter()  # published | ill_conditioned | not_better | too_few_scans | conflict
         self._fitted_upto: bytes | None = None
+        self._last_reason = ""
 
     @property
     def model(self) -> ZonalRecirculation:
@@ -87,7 +88,9 @@ class Recalibrator:
                                           c.holdout_every)
         if not verdict.accepted:
             self.results[verdict.reason] += 1
-            level = logging.INFO if verdict.reason == "too_few_scans" else logging.WARNING
+            # a warning when the reason changes; while it lasts (a steady load: ill-conditioned) an info line
+            level = logging.INFO if verdict.reason in ("too_few_scans", self._last_reason) else logging.WARNING
+            self._last_reason = verdict.reason
             log.log(level, "thermal model of %s: refit on %d scans rejected (%s): %s; keeping version %d", self.dc,
                     verdict.scans, verdict.reason, verdict.detail, self.current.version)
             return verdict.reason
@@ -102,6 +105,7 @@ class Recalibrator:
             self._fitted_upto = None
             return "conflict"
         self.results["published"] += 1
+        self._last_reason = ""
         log.info("thermal model of %s: published version %d (%d scans, %s)", self.dc, version, verdict.scans,
                  verdict.detail)
         self._adopt(Published(version, verdict.model, meta))

@@ -120,7 +120,7 @@ class ModelFollower:
     """Follow a DC's published versions: ``on_version(published)`` for every newer one (module docstring)."""
 
     def __init__(self, redis, keys: Keys, dc: str, n: int,
-                 on_version: Callable[[Published], None | Awaitable[None]], block_ms: int = 2000) -> None:
+                 on_version: Callable[[Published], Awaitable[None] | None], block_ms: int = 2000) -> None:
         self.store = ModelStore(redis, keys, dc)
         self.redis, self.keys, self.dc, self.n = redis, keys, dc, n
         self.on_version = on_version
