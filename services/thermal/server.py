@@ -34,7 +34,7 @@ from hsched.thermal import RoomModel, ThermalState, rack_outlet_mean
 from hsched.thermal.datacenter import load_arrays, room_for
 from hsched.thermal.guard import LoadDelta, newly_hot, shifted
 from hsched.thermal.online import RecalibrationConfig, Recalibrator, SensorEmitter
-from hsched.thermal.published import Published, ScanAssembler
+from hsched.thermal.published import ModelFollower, Published, ScanAssembler
 from hsched.thermal.refit import HOLDOUT_EVERY, MAX_CONDITION, MIN_GAIN
 from hsched.v1 import thermal_pb2 as pb
 from hsched.v1 import thermal_pb2_grpc
@@ -233,6 +233,10 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
                                                 args.recalibrate_incomplete_timeout_s)
             tasks.append(asyncio.create_task(_fatal_on_lost(assemblers[dc.name].run(stop), guard, stop)))
             tasks.append(asyncio.create_task(_fatal_on_lost(recal.run(stop), guard, stop)))
+        else:  # serve what another (the recalibrating) thermal service publishes
+            models = ModelFollower(redis, keys, dc.name, room.model.n, lambda p, room=room, dc=dc: room.set_model(p, dc))
+            await models.load()
+            tasks.append(asyncio.create_task(models.run()))
         if args.emit_readings:
             emitter = SensorEmitter(redis, keys, dc.name, room.default,
                                     lambda f=follower: load_arrays(f.state), args.emit_noise_k, args.seed)

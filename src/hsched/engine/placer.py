@@ -508,13 +508,6 @@ class PlacerEngine:
         if isinstance(self.thermal, RoomGuard):
             self._next_room = (room, version, source)
 
-    @property
-    def thermal_model_version(self) -> int | None:
-        """The model version the next check uses (None: no in-process guard)."""
-        if self._next_room is not None:
-            return self._next_room[1]
-        return self.thermal.version if isinstance(self.thermal, RoomGuard) else None
-
     def _swap_room(self) -> None:
         """Between batches (the writing lock held): the guard's model becomes the latest published one, whole."""
         if self._next_room is None or not isinstance(self.thermal, RoomGuard):

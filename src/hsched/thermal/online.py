@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from hsched.state.keys import Keys
 from hsched.state.ledger import StateLost
 
-from .published import READINGS_MAXLEN, ModelStore, Published, load_scans
+from .published import READINGS_MAXLEN, ModelStore, Published, ScanWindow
 from .readings import synthetic_readings
 from .refit import HOLDOUT_EVERY, MAX_CONDITION, MIN_GAIN, recalibrate
 from .room import RoomModel
@@ -53,8 +53,9 @@ class Recalibrator:
         self.current = Published(0, None)
         self.on_version = on_version
         self.results: Counter[str] = Counter()  # published | ill_conditioned | not_better | too_few_scans | conflict
-        self._fitted_upto: bytes | None = None
+        self.window = ScanWindow(redis, keys, dc, default.n, k_per_w, config.window)
         self._last_reason = ""
+        self._refit_due = False  # refit on the next step even without new scans (after a lost race)
 
     @property
     def model(self) -> ZonalRecirculation:
@@ -77,11 +78,10 @@ class Recalibrator:
 
     async def step(self) -> str | None:
         """One refit if new scans arrived; returns the result (None: nothing new)."""
-        newest, scans = await load_scans(self.redis, self.keys, self.dc, self.default.n, self.k_per_w,
-                                         self.config.window)
-        if newest is None or newest == self._fitted_upto:
+        if not await self.window.refresh() and not self._refit_due:
             return None
-        self._fitted_upto = newest
+        self._refit_due = False
+        scans = self.window.scans()
         await self.load()  # another publisher's newer version is the one to beat
         c = self.config
         verdict = await asyncio.to_thread(recalibrate, self.model, scans, c.min_scans, c.max_condition, c.min_gain,
@@ -102,7 +102,7 @@ class Recalibrator:
             self.results["conflict"] += 1
             log.warning("thermal model of %s: another publisher replaced version %d first; refitting against it",
                         self.dc, self.current.version)
-            self._fitted_upto = None
+            self._refit_due = True
             return "conflict"
         self.results["published"] += 1
         self._last_reason = ""

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -283,37 +284,51 @@ class ScanAssembler:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``: recover, then poll; a Redis outage is waited out (recover again afterwards)."""
-        down = False
+        down, recover = False, True
         while not stop.is_set():
             try:
-                if down or not hasattr(self, "_started"):
+                if recover:
                     await self.recover()
-                    self._started = True
                     if down:
                         log.info("thermal readings of %s: Redis answers again", self.dc)
-                    down = False
+                    down = recover = False
                 await self.poll()
             except StateLost:
                 raise
             except (RedisError, OSError) as exc:
                 if not down:
                     log.warning("thermal readings of %s: %s; retrying", self.dc, exc)
-                down = True
+                down = recover = True
                 await asyncio.sleep(1.0)
 
 
-async def load_scans(redis, keys: Keys, dc: str, n: int, k_per_w: float, window: int) -> tuple[bytes | None, Scans]:
-    """The newest ``window`` scans (oldest first) and the id of the newest (None: no scans)."""
-    entries = list(reversed(await redis.xrevrange(keys.scans(dc), count=window)))
-    rows = []
-    for _, fields in entries:
-        s = json.loads(fields[b"s"])
-        if len(s["inlet_c"]) == n:
-            rows.append(s)
-    supply = np.array([s["supply_c"] for s in rows], dtype=np.float64)
-    inlet = np.array([s["inlet_c"] for s in rows], dtype=np.float64).reshape(-1, n)
-    outlet = np.array([s["outlet_c"] for s in rows], dtype=np.float64).reshape(-1, n)
-    metered = np.array([[np.nan if p is None else p for p in s["power_w"]] for s in rows],
-                       dtype=np.float64).reshape(-1, n)
-    newest = entries[-1][0] if entries else None
-    return newest, Scans.from_readings(supply, inlet, outlet, metered, k_per_w)
+class ScanWindow:
+    """The newest ``window`` scans of a DC, parsed once: each refresh reads only the scans appended since."""
+
+    def __init__(self, redis, keys: Keys, dc: str, n: int, k_per_w: float, window: int) -> None:
+        self.redis, self.keys, self.dc, self.n, self.k_per_w = redis, keys, dc, n, k_per_w
+        self.rows: deque[tuple[float, list, list, list]] = deque(maxlen=window)
+        self.newest: bytes | None = None
+
+    async def refresh(self) -> bool:
+        """Read the scans appended since the last call; True when there were any."""
+        stream = self.keys.scans(self.dc)
+        if self.newest is None:
+            entries = list(reversed(await self.redis.xrevrange(stream, count=self.rows.maxlen)))
+        else:
+            entries = await self.redis.xrange(stream, min=b"(" + self.newest, count=10_000)
+        for _, fields in entries:
+            s = json.loads(fields[b"s"])
+            if len(s["inlet_c"]) == self.n:  # (a scan of another layout of the room: not this model's)
+                self.rows.append((s["supply_c"], s["inlet_c"], s["outlet_c"],
+                                  [np.nan if p is None else p for p in s["power_w"]]))
+        if entries:
+            self.newest = entries[-1][0]
+        return bool(entries)
+
+    def scans(self) -> Scans:
+        n = self.n
+        supply = np.array([r[0] for r in self.rows], dtype=np.float64)
+        inlet, outlet, metered = (np.array([r[k] for r in self.rows], dtype=np.float64).reshape(-1, n)
+                                  for k in (1, 2, 3))
+        return Scans.from_readings(supply, inlet, outlet, metered, self.k_per_w)
