@@ -300,3 +300,88 @@ async def test_readings_contradicting_the_model_change_the_placement_and_name_th
         # the same request: rack 0 is now too hot for it, and nothing else fits
         assert after.outcome != placer_pb2.PLACE_OUTCOME_PLACED, after
         assert not after.assignments
+
+
+# -- real processes: kill -9, a Redis restart, a stack's placer following the versions -------------------------
+
+def truth_scans(count: int, seed: int = 7) -> list[list[Reading]]:
+    """Scans of the `cheap` room as if rack 0 recirculated 6x its own exhaust (random loads, 0.05 K noise)."""
+    room = room_for(cheap())
+    truth = hot_rack_truth(room.recirc, 6.0)
+    rng = np.random.default_rng(seed)
+    k_per_w = 1.0 / (room.params.air_mass_flow_kg_s * room.params.cp_air)
+    out = []
+    for s in range(count):
+        power = rng.uniform(100.0, 300.0, room.n)
+        out.append(synthetic_readings(DC, f"scan-{seed}-{s}", 20.0, 20.0 + truth.matvec(power), power, k_per_w,
+                                      0.05, rng, unix_ms=1_700_000_000_000 + s))
+    return out
+
+
+@pytest.mark.slow
+def test_scans_survive_kill_9_and_a_redis_restart_and_a_stack_placer_follows_the_versions(tmp_path, monkeypatch):
+    import time
+
+    from hsched.stack import Stack, StackConfig
+    from hsched.state.redis import connect_sync
+    from hsched.thermal.published import READINGS_MAXLEN
+    from hsched.thermal.readings import write_readings
+
+    def wait(cond, what: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.1)
+
+    scans = truth_scans(26)
+    config = StackConfig(fleet_path=SMALL_FLEET, gateway_port=0, metrics=False, state_dir=str(tmp_path / "state"),
+                         log_level="INFO", redis_appendfsync="always",
+                         extra_env={"HSCHED_THERMAL_RECALIBRATE_PERIOD_S": "0.5", "HSCHED_GPU_RESERVE": "0"})
+    with Stack(config) as stack:
+        keys = Keys(stack.config.prefix)
+        r = connect_sync(stack.redis_url)
+
+        def write(readings):
+            write_readings(r, keys.readings, readings, READINGS_MAXLEN)
+
+        def pending() -> int:
+            return r.xpending(keys.readings(DC), GROUP)["pending"]
+
+        write(scans[0][:3])  # three of the scan's four readings: pending in the group
+        wait(lambda: pending() == 3, "the thermal service did not read the readings")
+        stack.kill("thermal")  # SIGKILL with a scan half assembled in memory
+        stack.restart("thermal")
+        write(scans[0][3:])
+        wait(lambda: r.xlen(keys.scans(DC)) == 1 and pending() == 0, "the scan was not assembled after the restart")
+        write(scans[0] + scans[1][:3])  # a replay of the recorded scan, and the next one half
+        wait(lambda: pending() == 3, "the replay was not acknowledged")
+        assert r.xlen(keys.scans(DC)) == 1
+        stack.redis.kill()
+        stack.redis.start()  # same port, same data dir: the AOF is replayed
+        write(scans[1][3:])
+        wait(lambda: r.xlen(keys.scans(DC)) == 2 and pending() == 0, "no scan after the Redis restart")
+        assert stack.services["thermal"].alive
+
+        path = tmp_path / "readings.jsonl"
+        path.write_text("".join(json.dumps({"datacenter": DC, **json.loads(x.to_stream()["r"])}) + "\n"
+                                for scan in scans[2:] for x in scan))
+        monkeypatch.setenv("REDIS_URL", stack.redis_url)
+        assert cli_main(["thermal", "replay", str(path), "--fleet", SMALL_FLEET, "--prefix", stack.config.prefix]) == 0
+        wait(lambda: r.hget(keys.model(DC), "version") == b"1", "version 1 was not published")
+        assert r.xlen(keys.scans(DC)) == 26  # every scan once
+        log = stack.log_dir / f"placer-{DC}.log"
+        wait(lambda: "thermal model version 1 replaces version 0" in log.read_text(errors="replace")
+             or _place_once(stack), "the placer did not adopt version 1", timeout_s=60)
+
+
+def _place_once(stack) -> bool:
+    """The placer swaps models between batches: one Place (then its release) makes one happen."""
+    with grpc.insecure_channel(stack.placer_target(DC)) as ch:
+        stub = placer_pb2_grpc.PlacerStub(ch)
+        try:
+            reply = stub.Place(place("nudge", 1), timeout=10)
+            stub.Release(placer_pb2.PlacerReleaseRequest(task_id="nudge"), timeout=10)
+        except grpc.RpcError as exc:  # its first write after the Redis restart may find the old connection closed
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+            return False
+    return any(n.startswith("thermal model version 1") for n in reply.notes)
