@@ -51,9 +51,21 @@ def test_fit_recovers_a_hand_computed_two_zone_coupling() -> None:
     p = np.array([[100.0, 0.0], [0.0, 100.0], [100.0, 100.0], [50.0, 150.0]])
     rise = p @ w.T  # (2.0, 0.5), (1.0, 3.0), (3.0, 3.5), (2.5, 4.75)
     assert rise == pytest.approx(np.array([[2.0, 0.5], [1.0, 3.0], [3.0, 3.5], [2.5, 4.75]]))
-    got = fit(op, Scans(p, rise), ridge=0.0)
+    got = fit(op, Scans(p, rise), ridge=0.0, prior_weight=0.0)  # the plain least-squares fit
     assert got.to_dense() == pytest.approx(w, abs=1e-12)
     assert rmse_k(got, Scans(p, rise)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_current_model_weighs_as_prior_scans_by_hand() -> None:
+    # one zone, a = b = 1, current W = 0.01; one scan q = 100 with u = 2 (W = 0.02 alone). The prior is one scan
+    # q = 100 (lam^2 = 1 * 100^2) with u = 0.01 * 100 = 1: min (100 w - 2)^2 + (100 w - 1)^2 → w = 300 / 20000
+    op = ZonalRecirculation.from_dense([[0.01]])
+    got = fit(op, Scans(np.array([[100.0]]), np.array([[2.0]])), ridge=0.0, prior_weight=1.0)
+    assert got.to_dense()[0, 0] == pytest.approx(0.015, abs=1e-12)
+    # two zones at a steady load: the scans fix W @ q only; the prior keeps the rest of the current model
+    cur = np.array([[0.02, 0.01], [0.01, 0.02]])
+    steady = Scans(np.full((10, 2), 100.0), np.tile(cur @ [100.0, 100.0], (10, 1)))
+    assert fit(ZonalRecirculation.from_dense(cur), steady, ridge=0.0).to_dense() == pytest.approx(cur, abs=1e-12)
 
 
 def test_zone_rise_is_the_least_squares_value_over_a_zones_servers() -> None:
@@ -67,11 +79,12 @@ def test_refit_of_a_zonal_room_finds_the_hot_rack_and_keeps_the_profiles() -> No
     op = room_for(cheap()).recirc
     truth = hot_rack_truth(op, 6.0)
     rng = np.random.default_rng(1)
-    p = rng.uniform(100, 300, (24, op.n))
-    rise = np.stack([truth.matvec(x) for x in p]) + rng.normal(0, 0.05, (24, op.n))
-    verdict = recalibrate(op, Scans(p, rise))
+    p = rng.uniform(100, 300, (60, op.n))
+    rise = np.stack([truth.matvec(x) for x in p]) + rng.normal(0, 0.05, (60, op.n))
+    verdict = recalibrate(op, Scans(p, rise))  # (the current model weighs as 0.01 of the 45 scans fitted on)
     assert verdict.accepted, verdict.detail
-    assert verdict.model.w[:2] == pytest.approx(truth.w[:2], rel=0.05)
+    strongest = truth.w[:2].max()  # rack 0's own coupling, 6x the geometry's
+    assert verdict.model.w[:2] == pytest.approx(truth.w[:2], abs=0.05 * strongest)
     assert verdict.model.a.tolist() == op.a.tolist() and verdict.model.b.tolist() == op.b.tolist()
     assert verdict.rmse_new_k < 0.1 < verdict.rmse_current_k
     again = from_json(to_json(verdict.model))  # the published form is the operator
@@ -82,22 +95,28 @@ def test_refit_of_a_dense_room_is_the_dense_calibration() -> None:
     rng = np.random.default_rng(2)
     truth = rng.uniform(0, 0.01, (5, 5))
     p = rng.uniform(100, 300, (40, 5))
-    verdict = recalibrate(ZonalRecirculation.from_dense(np.full((5, 5), 0.002)), Scans(p, p @ truth.T))
+    verdict = recalibrate(ZonalRecirculation.from_dense(np.full((5, 5), 0.002)), Scans(p, p @ truth.T),
+                          prior_weight=0.0)
     assert verdict.accepted and verdict.model._dense is not None
     assert verdict.model.to_dense() == pytest.approx(truth, abs=1e-6)
 
 
 def test_refit_refuses_constant_loads_and_fits_no_better_than_the_current_model() -> None:
     op = room_for(cheap()).recirc
-    same = Scans(np.full((12, op.n), 200.0), np.stack([op.matvec(np.full(op.n, 200.0))] * 12))
+    same = Scans(np.full((24, op.n), 200.0), np.stack([op.matvec(np.full(op.n, 200.0))] * 24))
     v = recalibrate(op, same)
     assert not v.accepted and v.reason == "ill_conditioned" and v.condition > 1e8
+    idle_rack = Scans(np.where(op.zone == 1, 0.0, 200.0) * np.ones((24, 1)), same.rise_k)
+    assert recalibrate(op, idle_rack).reason == "ill_conditioned"  # rack 1 never dissipates: inf
     rng = np.random.default_rng(3)
-    p = rng.uniform(100, 300, (16, op.n))
-    agrees = Scans(p, np.stack([op.matvec(x) for x in p]) + rng.normal(0, 0.05, (16, op.n)))
+    p = rng.uniform(100, 300, (24, op.n))
+    agrees = Scans(p, np.stack([op.matvec(x) for x in p]) + rng.normal(0, 0.05, (24, op.n)))
     v = recalibrate(op, agrees)  # readings the current model already explains: nothing to gain
     assert not v.accepted and v.reason == "not_better"
     assert recalibrate(op, Scans(p[:3], agrees.rise_k[:3])).reason == "too_few_scans"
+    steady = np.full((40, op.n), 200.0) + rng.normal(0, 4.0, (40, op.n))  # a steady load, noisy power readings
+    noisy = Scans(steady, np.stack([op.matvec(x) for x in steady]) + rng.normal(0, 0.1, (40, op.n)))
+    assert recalibrate(op, noisy).reason == "not_better"  # noise fitted is not published
 
 
 # -- readings: validation --------------------------------------------------------------------------------------
@@ -244,7 +263,7 @@ async def test_readings_contradicting_the_model_change_the_placement_and_name_th
     from services.thermal import server as thermal_server
 
     common = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix]
-    thermal_argv = [*common, "--recalibrate-period-s", "0.2", "--recalibrate-min-scans", "8"]
+    thermal_argv = [*common, "--recalibrate-period-s", "0.2"]
     async with inprocess.service(thermal_server, thermal_argv, tmp_path / "thermal.port") as thermal_target, \
             inprocess.service(placer_server, [*common, "--datacenter", DC, "--thermal", thermal_target],
                               tmp_path / "placer.port") as placer_target, \
@@ -300,6 +319,27 @@ async def test_readings_contradicting_the_model_change_the_placement_and_name_th
         # the same request: rack 0 is now too hot for it, and nothing else fits
         assert after.outcome != placer_pb2.PLACE_OUTCOME_PLACED, after
         assert not after.assignments
+
+
+async def test_simulated_sensors_of_the_default_model_feed_scans_and_publish_nothing(
+        redis, redis_url, prefix, tmp_path, caplog) -> None:
+    """The local stack's emitter: scans of the default model at the ledger's (steady) load plus noise. The refit
+    runs on them and is rejected (the model already explains them, or the steady load cannot tell the racks'
+    couplings apart): the served version stays 0, and the log says why."""
+    from services.thermal import server as thermal_server
+
+    caplog.set_level("INFO", logger="hsched.thermal.online")
+    argv = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix, "--emit-readings",
+            "--emit-period-s", "0.05", "--recalibrate-period-s", "0.2"]
+    keys = Keys(prefix)
+    async with inprocess.service(thermal_server, argv, tmp_path / "thermal.port"):
+        for _ in range(600):
+            if await redis.xlen(keys.scans(DC)) >= 16 and "refit on 1" in caplog.text:
+                break
+            await asyncio.sleep(0.05)
+        assert await redis.xlen(keys.scans(DC)) >= 16
+        assert "refit on 1" in caplog.text and "rejected" in caplog.text, caplog.text[-2000:]
+    assert await redis.hget(keys.model(DC), "version") is None  # nothing published: version 0
 
 
 # -- real processes: kill -9, a Redis restart, a stack's placer following the versions -------------------------

@@ -35,7 +35,7 @@ from hsched.thermal.datacenter import load_arrays, room_for
 from hsched.thermal.guard import LoadDelta, newly_hot, shifted
 from hsched.thermal.online import RecalibrationConfig, Recalibrator, SensorEmitter
 from hsched.thermal.published import ModelFollower, Published, ScanAssembler
-from hsched.thermal.refit import HOLDOUT_EVERY, MAX_CONDITION, MIN_GAIN
+from hsched.thermal.refit import HOLDOUT_EVERY, MAX_CONDITION, MIN_GAIN, MIN_SCANS, MIN_T, PRIOR_WEIGHT
 from hsched.v1 import thermal_pb2 as pb
 from hsched.v1 import thermal_pb2_grpc
 
@@ -205,7 +205,8 @@ async def _fatal_on_lost(coro, guard, stop: asyncio.Event) -> None:
 def recalibration_config(args) -> RecalibrationConfig:
     return RecalibrationConfig(period_s=args.recalibrate_period_s, window=args.recalibrate_window,
                                min_scans=args.recalibrate_min_scans, max_condition=args.recalibrate_max_condition,
-                               min_gain=args.recalibrate_min_gain, holdout_every=args.recalibrate_holdout_every)
+                               min_gain=args.recalibrate_min_gain, holdout_every=args.recalibrate_holdout_every,
+                               prior_weight=args.recalibrate_prior_weight, min_t=args.recalibrate_min_t)
 
 
 async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
@@ -239,7 +240,8 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
             tasks.append(asyncio.create_task(models.run()))
         if args.emit_readings:
             emitter = SensorEmitter(redis, keys, dc.name, room.default,
-                                    lambda f=follower: load_arrays(f.state), args.emit_noise_k, args.seed)
+                                    lambda f=follower: load_arrays(f.state), args.emit_noise_k,
+                                    args.seed + len(rooms))  # each room its own noise
             tasks.append(asyncio.create_task(emitter.run(stop, args.emit_period_s)))
     tasks.append(asyncio.create_task(follow(redis, [room.follower for room in rooms.values()])))
     tasks.append(asyncio.create_task(publish_telemetry(redis, keys, rooms)))
@@ -280,11 +282,15 @@ def parser():
     p.add_argument("--recalibrate-period-s", type=float, default=float(env("HSCHED_THERMAL_RECALIBRATE_PERIOD_S", 10)),
                    help="refit this often when new complete scans arrived")
     p.add_argument("--recalibrate-window", type=int, default=500, help="newest complete scans a refit uses")
-    p.add_argument("--recalibrate-min-scans", type=int, default=8, help="no refit on fewer complete scans")
+    p.add_argument("--recalibrate-min-scans", type=int, default=MIN_SCANS, help="no refit on fewer complete scans")
     p.add_argument("--recalibrate-max-condition", type=float, default=MAX_CONDITION,
                    help="reject a refit whose scans' zone loads give a worse condition number (ill-conditioned)")
     p.add_argument("--recalibrate-min-gain", type=float, default=MIN_GAIN,
                    help="publish a refit only if its held-out inlet RMSE is below (1 - this) x the current model's")
+    p.add_argument("--recalibrate-min-t", type=float, default=MIN_T,
+                   help="publish a refit only if its per-scan held-out improvement is this many standard errors from 0")
+    p.add_argument("--recalibrate-prior-weight", type=float, default=PRIOR_WEIGHT,
+                   help="the current model's weight in a refit, in scans: what the scans do not determine stays")
     p.add_argument("--recalibrate-holdout-every", type=int, default=HOLDOUT_EVERY,
                    help="every N-th scan is held out of the fit and judges it")
     p.add_argument("--recalibrate-incomplete-timeout-s", type=float, default=60.0,

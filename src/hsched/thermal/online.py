@@ -24,7 +24,7 @@ from hsched.state.ledger import StateLost
 
 from .published import READINGS_MAXLEN, ModelStore, Published, ScanWindow
 from .readings import synthetic_readings
-from .refit import HOLDOUT_EVERY, MAX_CONDITION, MIN_GAIN, recalibrate
+from .refit import HOLDOUT_EVERY, MAX_CONDITION, MIN_GAIN, MIN_SCANS, MIN_T, PRIOR_WEIGHT, recalibrate
 from .room import RoomModel
 from .zonal import ZonalRecirculation
 
@@ -35,10 +35,12 @@ log = logging.getLogger(__name__)
 class RecalibrationConfig:
     period_s: float = 10.0
     window: int = 500  # newest scans fitted on (held-out ones included)
-    min_scans: int = 8
+    min_scans: int = MIN_SCANS
     max_condition: float = MAX_CONDITION
     min_gain: float = MIN_GAIN
     holdout_every: int = HOLDOUT_EVERY
+    prior_weight: float = PRIOR_WEIGHT
+    min_t: float = MIN_T
 
 
 class Recalibrator:
@@ -85,7 +87,7 @@ class Recalibrator:
         await self.load()  # another publisher's newer version is the one to beat
         c = self.config
         verdict = await asyncio.to_thread(recalibrate, self.model, scans, c.min_scans, c.max_condition, c.min_gain,
-                                          c.holdout_every)
+                                          c.holdout_every, prior_weight=c.prior_weight, min_t=c.min_t)
         if not verdict.accepted:
             self.results[verdict.reason] += 1
             # a warning when the reason changes; while it lasts (a steady load: ill-conditioned) an info line

@@ -12,8 +12,11 @@ zone, a = b = 1) is the case of one server per zone: the same code fits the full
 The fitted W is kept on the model's neighbour lists (the couplings within reach); what the fit puts on pairs
 beyond the reach is dropped (the served model has no far coupling either). A candidate is rejected when the
 scans cannot determine it (the zone sources' Gram matrix, column-scaled as in the fit, has a condition number
-above ``max_condition``: e.g. every scan at the same load) or when it predicts held-out scans no better than
-the current model (its inlet RMSE must be below ``(1 - min_gain)`` times the current one).
+above ``max_condition``: a zone that never dissipates, loads that never vary) or when it predicts held-out
+scans no better than the current model (its inlet RMSE must be below ``(1 - min_gain)`` times the current one,
+and the per-scan improvement ``min_t`` standard errors from zero). The fit is pulled towards the current model
+by ``prior_weight`` scans' worth of pseudo-scans of it (``prior_scans``): what the scans do not determine (a
+steady load determines only ``W @ q_mean``) stays as it was instead of becoming whatever the noise says.
 """
 
 from __future__ import annotations
@@ -29,9 +32,12 @@ from .zonal import ZonalRecirculation
 
 FloatArray = NDArray[np.float64]
 MAX_CONDITION = 1e8
+MIN_SCANS = 20  # five held out at least
 MIN_GAIN = 0.05  # a new version must cut the held-out inlet RMSE by at least 5 %
 HOLDOUT_EVERY = 4  # every 4th scan (by arrival) is held out of the fit and judges it
 RIDGE = 1e-6  # relative, as calibrate_recirculation's
+PRIOR_WEIGHT = 0.01  # the current model weighs as a hundredth of a scan (prior_scans; bench/thermal_refit.py)
+MIN_T = 3.0  # the held-out improvement must be this many standard errors from zero (per-scan paired)
 
 
 @dataclass(frozen=True)
@@ -77,10 +83,32 @@ def condition(q: FloatArray) -> float:
     return float(np.linalg.cond(qs.T @ qs))
 
 
-def fit(op: ZonalRecirculation, scans: Scans, ridge: float = RIDGE) -> ZonalRecirculation:
-    """The operator with W refitted to the scans (``calibrate_recirculation`` on zones), on ``op``'s profiles
-    and neighbour lists."""
+def coupling(op: ZonalRecirculation) -> FloatArray:
+    """The (R, R) zone coupling ``W + m`` (zone r's rise before a per watt of zone q's escaped heat)."""
+    return op._full_coupling() + op.m[: op.n_zones, None]
+
+
+def prior_scans(op: ZonalRecirculation, q: FloatArray, weight: float) -> tuple[FloatArray, FloatArray]:
+    """R pseudo-scans saying what ``op`` says: zone k alone dissipating ``lam_k`` gives rises ``W[:, k] lam_k``.
+    With ``lam_k^2 = weight * mean_s q_sk^2`` they weigh as ``weight`` real scans: appended to the data, they
+    pull the fit towards ``op`` in the directions the scans do not determine (a steady load determines only
+    ``W @ q_mean``), and the least-squares fit stays ``calibrate_recirculation`` unchanged (non-negative)."""
+    r = op.n_zones
+    energy = np.mean(q * q, axis=0) if len(q) else np.zeros(r)
+    if not np.any(energy > 0):
+        energy = np.ones(r)
+    lam = np.sqrt(weight * np.where(energy > 0, energy, energy[energy > 0].mean()))
+    return np.diag(lam), (coupling(op) * lam[None, :]).T
+
+
+def fit(op: ZonalRecirculation, scans: Scans, ridge: float = RIDGE, prior_weight: float = PRIOR_WEIGHT
+        ) -> ZonalRecirculation:
+    """The operator with W refitted to the scans (``calibrate_recirculation`` on zones, with ``prior_weight``
+    scans' worth of ``op`` itself: ``prior_scans``), on ``op``'s profiles and neighbour lists."""
     q, u = zone_data(op, scans)
+    if prior_weight > 0:
+        qp, up = prior_scans(op, q, prior_weight)
+        q, u = np.vstack([q, qp]), np.vstack([u, up])
     w_full = calibrate_recirculation(q, u, 0.0, ridge=ridge).d  # (R, R): row r = what zone r's inlets draw
     r = op.n_zones
     nbr = op.nbr[:r]
@@ -112,10 +140,22 @@ class Verdict:
     scans: int = 0
 
 
-def recalibrate(current: ZonalRecirculation, scans: Scans, min_scans: int = 8, max_condition: float = MAX_CONDITION,
-                min_gain: float = MIN_GAIN, holdout_every: int = HOLDOUT_EVERY, ridge: float = RIDGE) -> Verdict:
+def paired_t(current: ZonalRecirculation, new: ZonalRecirculation, held: Scans) -> float:
+    """How many standard errors the per-scan drop in mean squared inlet error (current minus new) is from 0 over
+    the held-out scans (a scan's servers share its supply reading: the scan is the unit, not the server)."""
+    d = np.array([np.mean((current.matvec(p) - r) ** 2) - np.mean((new.matvec(p) - r) ** 2)
+                  for p, r in zip(held.power_w, held.rise_k, strict=True)])
+    if len(d) < 2:
+        return float("nan")
+    se = float(np.std(d, ddof=1)) / np.sqrt(len(d))
+    return float(np.mean(d)) / se if se > 0 else (float("inf") if np.mean(d) > 0 else 0.0)
+
+
+def recalibrate(current: ZonalRecirculation, scans: Scans, min_scans: int = MIN_SCANS,
+                max_condition: float = MAX_CONDITION, min_gain: float = MIN_GAIN, holdout_every: int = HOLDOUT_EVERY,
+                ridge: float = RIDGE, prior_weight: float = PRIOR_WEIGHT, min_t: float = MIN_T) -> Verdict:
     """Fit on the scans not held out; accept only a well-conditioned fit that beats ``current`` on the held-out
-    scans by ``min_gain``."""
+    scans by ``min_gain`` and significantly (``min_t`` standard errors, ``paired_t``)."""
     s = len(scans.power_w)
     if s < max(min_scans, holdout_every):
         return Verdict(False, "too_few_scans", f"{s} complete scans, {max(min_scans, holdout_every)} needed", scans=s)
@@ -125,11 +165,14 @@ def recalibrate(current: ZonalRecirculation, scans: Scans, min_scans: int = 8, m
         return Verdict(False, "ill_conditioned", f"the scans' zone loads do not determine the couplings "
                        f"(condition number {cond:.3g} > {max_condition:.3g}: the load has not varied enough)",
                        condition=cond, scans=s)
-    new = fit(current, train, ridge)
+    new = fit(current, train, ridge, prior_weight)
     before, after = rmse_k(current, held), rmse_k(new, held)
-    if not after < (1.0 - min_gain) * before:
+    t = paired_t(current, new, held)
+    if not (after < (1.0 - min_gain) * before and t >= min_t):
         return Verdict(False, "not_better", f"held-out inlet RMSE {after:.4f} K vs {before:.4f} K for the current "
-                       f"model (needs < {(1 - min_gain) * before:.4f} K)", None, cond, before, after, s)
+                       f"model (needs < {(1 - min_gain) * before:.4f} K, and an improvement {min_t:g} standard "
+                       f"errors from 0 over the {len(held.power_w)} held-out scans: {t:.2f})",
+                       None, cond, before, after, s)
     return Verdict(True, "", f"held-out inlet RMSE {after:.4f} K vs {before:.4f} K for the current model",
                    new, cond, before, after, s)
 
