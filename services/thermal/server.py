@@ -235,7 +235,8 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
             tasks.append(asyncio.create_task(_fatal_on_lost(assemblers[dc.name].run(stop), guard, stop)))
             tasks.append(asyncio.create_task(_fatal_on_lost(recal.run(stop), guard, stop)))
         else:  # serve what another (the recalibrating) thermal service publishes
-            models = ModelFollower(redis, keys, dc.name, room.model.n, lambda p, room=room, dc=dc: room.set_model(p, dc))
+            models = ModelFollower(redis, keys, dc.name, room.model.n,
+                                   lambda p, room=room, dc=dc: room.set_model(p, dc))
             await models.load()
             tasks.append(asyncio.create_task(models.run()))
         if args.emit_readings:
