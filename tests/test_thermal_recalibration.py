@@ -180,6 +180,17 @@ def test_replay_cli_refuses_a_bad_file_with_exit_2_and_writes_nothing(tmp_path, 
     assert "r.jsonl:1.datacenter: is not a data center of the fleet" in capsys.readouterr().err
 
 
+def test_replay_cli_dry_run_validates_names_and_writes_nothing(tmp_path, capsys, private_runtime_dir) -> None:
+    good = tmp_path / "r.csv"
+    good.write_text("datacenter,sample,node,inlet_c,outlet_c,supply_c,power_w\n"
+                    "cheap,a,cheap-r01-s00,21,28,20,\ncheap,a,3,22,30,20,250\n")
+    assert cli_main(["thermal", "replay", str(good), "--fleet", SMALL_FLEET, "--dry-run"]) == 0
+    assert "2 valid readings, 1 scans (nothing written: --dry-run)" in capsys.readouterr().out
+    good.write_text("datacenter,sample,node,inlet_c,outlet_c,supply_c\ncheap,a,cheap-r09-s00,21,28,20\n")
+    assert cli_main(["thermal", "replay", str(good), "--fleet", SMALL_FLEET, "--dry-run"]) == 2
+    assert "r.csv:2.node: is not a server of this data center" in capsys.readouterr().err
+
+
 # -- readings → scans: exactly once ----------------------------------------------------------------------------
 
 async def _write(redis, keys: Keys, readings: list[Reading]) -> None:
