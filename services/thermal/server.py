@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from hsched import rpc
+from hsched.cancel import cancel_and_wait
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.domain.resources import MILLI
@@ -192,10 +193,10 @@ def register_metrics(metrics: MetricsServer, rooms: dict[str, Room]) -> None:
                                   per_dc(lambda s: s.t_supply_c))
 
 
-async def _fatal_on_lost(coro, guard, stop: asyncio.Event) -> None:
-    """A background writer that found Redis without this deployment's epoch stops the service (exit 3)."""
+async def _fatal_on_lost(loop, guard, stop: asyncio.Event) -> None:
+    """Run `loop()`: a background writer that found Redis without this deployment's epoch stops the service (exit 3)."""
     try:
-        await coro
+        await loop()
     except StateLost as exc:
         log.error("%s", exc)
         guard.lost = str(exc)
@@ -232,8 +233,8 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
                      "" if room.version else " (the default model: none published)")
             assemblers[dc.name] = ScanAssembler(redis, keys, dc.name, room.model.n, guard.epoch,
                                                 args.recalibrate_incomplete_timeout_s)
-            tasks.append(asyncio.create_task(_fatal_on_lost(assemblers[dc.name].run(stop), guard, stop)))
-            tasks.append(asyncio.create_task(_fatal_on_lost(recal.run(stop), guard, stop)))
+            tasks.append(asyncio.create_task(_fatal_on_lost(lambda a=assemblers[dc.name]: a.run(stop), guard, stop)))
+            tasks.append(asyncio.create_task(_fatal_on_lost(lambda r=recal: r.run(stop), guard, stop)))
         else:  # serve what another (the recalibrating) thermal service publishes
             models = ModelFollower(redis, keys, dc.name, room.model.n,
                                    lambda p, room=room, dc=dc: room.set_model(p, dc))
@@ -250,10 +251,17 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     if metrics:
         register_metrics(metrics, rooms)
         register_recalibration_metrics(metrics, rooms, recals, assemblers)
-    server, port, _ = await rpc.start_server(
-        lambda s: thermal_pb2_grpc.add_ThermalServicer_to_server(ThermalServicer(rooms), s),
-        [pb.DESCRIPTOR.services_by_name["Thermal"].full_name], args.listen, metrics,
-        tls=tls_files(args, "thermal"), reflection=reflection_on(args))
+    try:
+        server, port, _ = await rpc.start_server(
+            lambda s: thermal_pb2_grpc.add_ThermalServicer_to_server(ThermalServicer(rooms), s),
+            [pb.DESCRIPTOR.services_by_name["Thermal"].full_name], args.listen, metrics,
+            tls=tls_files(args, "thermal"), reflection=reflection_on(args))
+    except BaseException:  # (a bad --tls-dir): the background loops stop with it
+        await cancel_and_wait(tasks)
+        await redis.aclose()
+        if metrics:
+            metrics.close()
+        raise
     log.info("thermal serving %d rooms on port %d", len(rooms), port)
     await serve_until_stopped(stop, server, port, args, tasks=tasks, metrics=metrics, cleanup=[redis.aclose])
     exit_if_lost(guard)

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from hsched.state.keys import Keys
 from hsched.state.ledger import StateLost
 
-from .published import READINGS_MAXLEN, ModelStore, Published, ScanWindow
+from .published import READINGS_MAXLEN, ModelStore, Published, ScanWindow, stop_if_cancelled
 from .readings import synthetic_readings
 from .refit import HOLDOUT_EVERY, MAX_CONDITION, MIN_GAIN, MIN_SCANS, MIN_T, PRIOR_WEIGHT, recalibrate
 from .room import RoomModel
@@ -116,6 +116,7 @@ class Recalibrator:
     async def run(self, stop: asyncio.Event) -> None:
         down = False
         while not stop.is_set():
+            stop_if_cancelled()
             try:
                 await self.step()
                 down = False
@@ -125,6 +126,7 @@ class Recalibrator:
                 if not down:
                     log.warning("thermal model of %s: %s; refitting when Redis answers", self.dc, exc)
                 down = True
+            stop_if_cancelled()
             try:
                 await asyncio.wait_for(stop.wait(), self.config.period_s)
             except TimeoutError:
@@ -157,10 +159,12 @@ class SensorEmitter:
 
     async def run(self, stop: asyncio.Event, period_s: float) -> None:
         while not stop.is_set():
+            stop_if_cancelled()
             try:
                 await self.scan()
             except (RedisError, OSError) as exc:
                 log.warning("simulated sensors of %s: %s", self.dc, exc)
+            stop_if_cancelled()
             try:
                 await asyncio.wait_for(stop.wait(), period_s)
             except TimeoutError:

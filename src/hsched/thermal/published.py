@@ -69,6 +69,13 @@ return {1, v}
 # KEYS: model hash, versions stream, epoch; ARGV: epoch, the version replaced, params JSON, meta JSON, maxlen
 
 
+def stop_if_cancelled() -> None:
+    """A Redis read can swallow a task's cancellation (as hsched.state.follow notes): a loop around one checks."""
+    me = asyncio.current_task()
+    if me is not None and me.cancelling():
+        raise asyncio.CancelledError
+
+
 def _text(v: bytes | str | None) -> str | None:
     return v.decode() if isinstance(v, bytes) else v
 
@@ -153,6 +160,7 @@ class ModelFollower:
         """Until cancelled; a Redis that does not answer keeps the current version (logged once per outage)."""
         down = False
         while True:
+            stop_if_cancelled()
             try:
                 got = await self.redis.xread({self.keys.model_versions(self.dc): self._last_id}, block=self.block_ms,
                                              count=100)
@@ -167,6 +175,7 @@ class ModelFollower:
                 if not down:
                     log.warning("thermal model versions of %s: %s; keeping version %d", self.dc, exc, self.version)
                 down = True
+                stop_if_cancelled()
                 await asyncio.sleep(1.0)
 
 
@@ -286,6 +295,7 @@ class ScanAssembler:
         """Until ``stop``: recover, then poll; a Redis outage is waited out (recover again afterwards)."""
         down, recover = False, True
         while not stop.is_set():
+            stop_if_cancelled()
             try:
                 if recover:
                     await self.recover()
@@ -299,6 +309,7 @@ class ScanAssembler:
                 if not down:
                     log.warning("thermal readings of %s: %s; retrying", self.dc, exc)
                 down = recover = True
+                stop_if_cancelled()
                 await asyncio.sleep(1.0)
 
 
