@@ -385,7 +385,7 @@ async def start_unit(args, dc, redis, tls, owner: str, guard, metrics: MetricsSe
     engine.ledger.epoch = guard.epoch  # every append re-checks it, atomically with the fencing token
     models = None
     if isinstance(thermal, RoomModel):  # the in-process guard checks the thermal service's latest published model
-        models = await follow_room_models(redis, Keys(args.prefix), dc, engine)
+        models = await room_models(redis, Keys(args.prefix), dc, engine)
     engine.ledger.min_replicas, engine.ledger.wait_timeout_ms = args.redis_min_replicas, args.redis_wait_ms
     try:
         await engine.start(wait_for_lease_s=args.lease_wait_s, standby=args.standby)
@@ -416,12 +416,14 @@ async def start_unit(args, dc, redis, tls, owner: str, guard, metrics: MetricsSe
     else:
         log.warning("placer %s on port %d: %s", dc.name, port, engine.unavailable_reason())
     return DcUnit(dc, engine, server, port, asyncio.create_task(engine.ledger.settle_forever(),
-                                                                name=f"ledger-settle-{dc.name}"), models)
+                                                                name=f"ledger-settle-{dc.name}"),
+                  models and asyncio.create_task(models.run(), name=f"thermal-models-{dc.name}"))
 
 
-async def follow_room_models(redis, keys: Keys, dc, engine: PlacerEngine) -> asyncio.Task:
-    """The latest published room model now (version 0, the default, when none), then every newer one: each is
-    swapped into the engine's guard between batches (hsched.thermal.published.ModelFollower)."""
+async def room_models(redis, keys: Keys, dc, engine: PlacerEngine) -> ModelFollower:
+    """The latest published room model, read now (version 0, the default, when none); the follower's `run`
+    then hands every newer one to the engine, which swaps it into its guard between batches
+    (hsched.thermal.published.ModelFollower)."""
 
     def adopt(p: Published) -> None:
         engine.set_room_model(room_for(dc, p.model), p.version, "published by the thermal service")
@@ -434,7 +436,7 @@ async def follow_room_models(redis, keys: Keys, dc, engine: PlacerEngine) -> asy
     if follower.version == 0:
         log.info("placer %s: thermal model version 0 (the default model: the thermal service has published none)",
                  dc.name)
-    return asyncio.create_task(follower.run(), name=f"thermal-models-{dc.name}")
+    return follower
 
 
 async def serve(args, stop: asyncio.Event) -> None:
