@@ -353,6 +353,32 @@ async def test_simulated_sensors_of_the_default_model_feed_scans_and_publish_not
     assert await redis.hget(keys.model(DC), "version") is None  # nothing published: version 0
 
 
+async def test_a_placer_asking_the_service_names_the_services_version(redis, redis_url, prefix, tmp_path) -> None:
+    """--thermal-guard service: the thermal service checks with the version it serves, and says which."""
+    from services.placer import server as placer_server
+    from services.thermal import server as thermal_server
+
+    common = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix]
+    async with inprocess.service(thermal_server, [*common, "--recalibrate-period-s", "0.1"],
+                                 tmp_path / "thermal.port") as thermal_target, \
+            inprocess.service(placer_server, [*common, "--datacenter", DC, "--thermal", thermal_target,
+                                              "--thermal-guard", "service"], tmp_path / "placer.port") as target, \
+            grpc.aio.insecure_channel(target) as pch, grpc.aio.insecure_channel(thermal_target) as tch:
+        placer = placer_pb2_grpc.PlacerStub(pch)
+        thermal = thermal_pb2_grpc.ThermalStub(tch)
+        first = await placer.Place(place("a", 2), timeout=10)
+        assert first.thermal.model_version == 0 and "thermal model version 0" in " ".join(first.notes)
+        op = room_for(cheap()).recirc
+        assert await ModelStore(redis, Keys(prefix), DC).publish(0, hot_rack_truth(op, 2.0), {}) == 1
+        for _ in range(100):
+            if (await thermal.Predict(thermal_pb2.PredictRequest(datacenter=DC), timeout=10)).model_version == 1:
+                break
+            await asyncio.sleep(0.05)
+        second = await placer.Place(place("b", 2), timeout=10)
+        assert second.thermal.model_version == 1
+        assert any(n.startswith("thermal model version 1 (published") for n in second.notes)
+
+
 # -- real processes: kill -9, a Redis restart, a stack's placer following the versions -------------------------
 
 def truth_scans(count: int, seed: int = 7) -> list[list[Reading]]:

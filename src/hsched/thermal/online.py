@@ -81,6 +81,8 @@ class Recalibrator:
     async def step(self) -> str | None:
         """One refit if new scans arrived; returns the result (None: nothing new)."""
         if not await self.window.refresh() and not self._refit_due:
+            if int(await self.redis.hget(self.keys.model(self.dc), "version") or 0) > self.current.version:
+                await self.load()  # another publisher's version: served from now on
             return None
         self._refit_due = False
         scans = self.window.scans()
