@@ -50,6 +50,7 @@ def label_bounds(fleet, services: int) -> dict[str, int]:
         "finder": len(PATH_FINDERS),
         "outcome": 2,
         "reason": len(m.FALLBACK_REASONS),
+        "result": 5,  # thermal refits: published, ill_conditioned, not_better, too_few_scans, conflict
     }
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import grpc
 import numpy as np
+from redis.exceptions import RedisError
 
 from hsched import rpc
 from hsched.batching import serve_batch
@@ -52,6 +53,8 @@ from hsched.state.tasks import now_ms
 from hsched.telemetry import BatchedCalls, MetricsServer
 from hsched.telemetry import metrics as m
 from hsched.thermal.datacenter import room_for
+from hsched.thermal.published import ModelFollower, Published
+from hsched.thermal.room import RoomModel
 from hsched.v1 import common_pb2, placer_pb2, placer_pb2_grpc, thermal_pb2, thermal_pb2_grpc
 
 log = logging.getLogger("hsched.placer")
@@ -78,7 +81,7 @@ class ThermalClient:
         reply = await self.stub.Predict(thermal_pb2.PredictRequest(datacenter=self.dc, min_ledger_id=min_ledger_id),
                                         timeout=self.timeout_s)
         return ThermalCheck(True, reply.max_inlet_after_c, reply.max_inlet_after_c, reply.pue_after, reply.pue_after,
-                            reply.t_supply_c, reply.redline_c)
+                            reply.t_supply_c, reply.redline_c, model_version=reply.model_version)
 
     async def check(self, deltas: list[LoadDelta], min_ledger_id: str) -> ThermalCheck:
         reply = await self.stub.Predict(thermal_pb2.PredictRequest(
@@ -87,7 +90,8 @@ class ThermalClient:
                     for d in deltas]), timeout=self.timeout_s)
         return ThermalCheck(not reply.nodes_over_redline, reply.max_inlet_before_c, reply.max_inlet_after_c,
                             reply.pue_before, reply.pue_after, reply.t_supply_c, reply.redline_c,
-                            tuple(reply.nodes_over_redline), np.array(reply.headroom_w, dtype=np.float64))
+                            tuple(reply.nodes_over_redline), np.array(reply.headroom_w, dtype=np.float64),
+                            model_version=reply.model_version)
 
 
 STATUS_METADATA = "hsched-placer-status"  # on GetState's UNAVAILABLE: standby | fenced
@@ -98,7 +102,7 @@ def thermal_to_pb(c: ThermalCheck | None) -> common_pb2.ThermalEffect | None:
         return None
     return common_pb2.ThermalEffect(max_inlet_before_c=c.max_inlet_before_c, max_inlet_after_c=c.max_inlet_after_c,
                                     pue_before=c.pue_before, pue_after=c.pue_after, t_supply_c=c.t_supply_c,
-                                    redline_c=c.redline_c)
+                                    redline_c=c.redline_c, model_version=c.model_version)
 
 
 def summary_to_pb(s: dict) -> common_pb2.DcSummary:
@@ -350,8 +354,14 @@ class DcUnit:
     """One data center's placer inside a placer process: its engine (ledger, lease, fencing), gRPC server
     (own port, own health) and ledger settling. A process holds one (the default) or several."""
 
-    def __init__(self, dc, engine: PlacerEngine, server, port: int, settle: asyncio.Task) -> None:
+    def __init__(self, dc, engine: PlacerEngine, server, port: int, settle: asyncio.Task,
+                 models: asyncio.Task | None = None) -> None:
         self.dc, self.engine, self.server, self.port, self.settle = dc, engine, server, port, settle
+        self.models = models  # follows the thermal service's published room models (in-process guard)
+
+    @property
+    def tasks(self) -> list[asyncio.Task]:
+        return [self.settle, *([self.models] if self.models else [])]
 
 
 async def start_unit(args, dc, redis, tls, owner: str, guard, metrics: MetricsServer | None, listen: str,
@@ -373,6 +383,9 @@ async def start_unit(args, dc, redis, tls, owner: str, guard, metrics: MetricsSe
                           executor=executor_of(args), tenant_weights=args.tenant_weights,
                           dag_policy=load_dag_queue_policy(args.dag_policy), slices=slices)
     engine.ledger.epoch = guard.epoch  # every append re-checks it, atomically with the fencing token
+    models = None
+    if isinstance(thermal, RoomModel):  # the in-process guard checks the thermal service's latest published model
+        models = await room_models(redis, Keys(args.prefix), dc, engine)
     engine.ledger.min_replicas, engine.ledger.wait_timeout_ms = args.redis_min_replicas, args.redis_wait_ms
     try:
         await engine.start(wait_for_lease_s=args.lease_wait_s, standby=args.standby)
@@ -403,7 +416,27 @@ async def start_unit(args, dc, redis, tls, owner: str, guard, metrics: MetricsSe
     else:
         log.warning("placer %s on port %d: %s", dc.name, port, engine.unavailable_reason())
     return DcUnit(dc, engine, server, port, asyncio.create_task(engine.ledger.settle_forever(),
-                                                                name=f"ledger-settle-{dc.name}"))
+                                                                name=f"ledger-settle-{dc.name}"),
+                  models and asyncio.create_task(models.run(), name=f"thermal-models-{dc.name}"))
+
+
+async def room_models(redis, keys: Keys, dc, engine: PlacerEngine) -> ModelFollower:
+    """The latest published room model, read now (version 0, the default, when none); the follower's `run`
+    then hands every newer one to the engine, which swaps it into its guard between batches
+    (hsched.thermal.published.ModelFollower)."""
+
+    def adopt(p: Published) -> None:
+        engine.set_room_model(room_for(dc, p.model), p.version, "published by the thermal service")
+
+    follower = ModelFollower(redis, keys, dc.name, engine.state.n, adopt)
+    try:
+        await follower.load()
+    except (RedisError, OSError) as exc:  # the follower's loop retries; until then the default model
+        log.warning("placer %s: published thermal models unreadable (%s): version 0 until they are", dc.name, exc)
+    if follower.version == 0:
+        log.info("placer %s: thermal model version 0 (the default model: the thermal service has published none)",
+                 dc.name)
+    return follower
 
 
 async def serve(args, stop: asyncio.Event) -> None:
@@ -429,7 +462,7 @@ async def serve(args, stop: asyncio.Event) -> None:
     except BaseException:
         for u in units:
             await u.server.stop(grace=0)
-            await cancel_and_wait([u.settle])
+            await cancel_and_wait(u.tasks)
             await u.engine.stop()
         await cancel_and_wait([epoch_watch])
         await redis.aclose()
@@ -457,7 +490,7 @@ async def serve(args, stop: asyncio.Event) -> None:
     ports = units[0].port if not group else ",".join(f"{u.dc.name}={u.port}" for u in units)
     cleanup = [u.engine.stop for u in units]
     await serve_until_stopped(stop, [u.server for u in units], ports, args,
-                              tasks=[epoch_watch, *(u.settle for u in units),
+                              tasks=[epoch_watch, *(t for u in units for t in u.tasks),
                                      asyncio.create_task(exit_when_given_up())],
                               metrics=metrics, cleanup=[*cleanup, redis.aclose])
     exit_if_lost(guard)

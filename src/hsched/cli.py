@@ -154,7 +154,7 @@ def cmd_up(args) -> int:
         args.time_factor = _dag_time_factor(args)  # the placers' clock must run at the replay's pace
     config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
                          policy=args.policy, gpu_policy=args.gpu_policy, path_finder=args.path_finder,
-                         thermal=not args.no_thermal, traces=args.traces,
+                         thermal=not args.no_thermal, sensor_readings=args.sensor_readings, traces=args.traces,
                          gateway_port=args.port, log_dir=args.log_dir, keep_logs=args.keep_logs,
                          log_level=args.log_level,
                          state_dir=str(args.state_dir or default_state_dir(args.prefix)), fresh=args.fresh,
@@ -865,6 +865,40 @@ def cmd_link(args) -> int:
     return 0
 
 
+def cmd_thermal(args) -> int:
+    """Replay a file of sensor readings (docs/thermal.md, "Sensor telemetry") onto the DCs' readings streams,
+    validated first against the fleet: a bad line is exit 2 naming the line and the field, and nothing is written."""
+    from hsched.state.keys import Keys
+    from hsched.state.redis import connect_sync
+    from hsched.thermal.published import READINGS_MAXLEN
+    from hsched.thermal.readings import load_readings, write_readings
+
+    fleet = _fleet(args.fleet or _running_stack().get("fleet"))
+    dcs = {dc.name: dc for dc in fleet.datacenters}
+
+    def resolve(name: str, where: str):
+        if name not in dcs:
+            raise ValidationError(where, f"is not a data center of the fleet (known: {', '.join(dcs)})", name)
+        table = dcs[name].node_table()
+        return {n: i for i, n in enumerate(table.names)}, len(table.names)
+
+    readings = load_readings(args.file, resolve)
+    if args.dry_run:
+        print(f"{args.file}: {len(readings)} valid readings, {len({(r.datacenter, r.sample) for r in readings})} "
+              "scans (nothing written: --dry-run)")
+        return 0
+    url = _redis_url()
+    if not url:  # never guess: a default 127.0.0.1:6379 may be somebody else's Redis
+        print("hsched thermal replay: no running stack found (hsched up) and REDIS_URL is not set: nothing written",
+              file=sys.stderr)
+        return 1
+    keys = Keys(args.prefix)
+    n = write_readings(connect_sync(url), keys.readings, readings, READINGS_MAXLEN)
+    print(f"{n} readings of {len({(r.datacenter, r.sample) for r in readings})} scans written to "
+          f"{', '.join(sorted({keys.readings(r.datacenter) for r in readings}))}")
+    return 0
+
+
 # -- argument validators: argparse `type=`s, so a bad value is a one-line usage error (exit 2) naming the flag ---
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1  # protobuf int32 fields
@@ -1008,6 +1042,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the selector's routes: Dijkstra, or the shipped PER-DQN agent (every agent path is "
                          "checked against Dijkstra and used only when valid and not longer)")
     up.add_argument("--no-thermal", action="store_true", help="run without the thermal service and guard")
+    up.add_argument("--sensor-readings", action="store_true",
+                    help="simulated room sensors: the thermal service writes scans of its model at the ledgers' load "
+                         "plus noise onto the readings streams, which it recalibrates from (docs/thermal.md); real "
+                         "readings: `hsched thermal replay FILE`")
     up.add_argument("--port", type=int, default=50051, help="gateway port")
     up.add_argument("--prefix", default="hsched", help="Redis key prefix")
     up.add_argument("--traces", default="none", choices=["none", "console", "otlp"])
@@ -1245,6 +1283,18 @@ def build_parser() -> argparse.ArgumentParser:
     lk.add_argument("--fleet", default=None, help="fleet YAML whose WAN the update is checked against (default: the running "
                     "stack's, else the embedded Abilene fleet)")
     lk.set_defaults(fn=cmd_link)
+
+    th = sub.add_parser("thermal", help="the thermal service's sensor telemetry (docs/thermal.md)")
+    th_sub = th.add_subparsers(dest="thermal_cmd", required=True)
+    tr_ = th_sub.add_parser("replay", help="validate a file of inlet/outlet readings (JSON lines or CSV) against the "
+                                          "fleet and write it onto the readings streams, for the thermal service's "
+                                          "online recalibration")
+    tr_.add_argument("file")
+    tr_.add_argument("--prefix", default="hsched")
+    tr_.add_argument("--fleet", default=None, help="fleet YAML the readings' data centers and servers are checked "
+                     "against (default: the running stack's, else the embedded Abilene fleet)")
+    tr_.add_argument("--dry-run", action="store_true", help="validate only; write nothing")
+    th.set_defaults(fn=cmd_thermal)
 
     sl = sub.add_parser("slices", help="paper 001's slice (container) types: fit them to a trace, or show a file")
     sl_sub = sl.add_subparsers(dest="slices_command", required=True)

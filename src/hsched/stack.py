@@ -122,6 +122,7 @@ class StackConfig:
     gpu_policy: str | None = None  # policy of the DCs with GPU cards (None: `policy` everywhere)
     path_finder: str = "dijkstra"  # the selector's route source: dijkstra or per-dqn (checked against Dijkstra)
     thermal: bool = True
+    sensor_readings: bool = False  # the thermal service's simulated sensors (--emit-readings): docs/thermal.md
     traces: str = "none"
     metrics: bool = True
     gateway_port: int = 50051
@@ -334,7 +335,8 @@ class Stack:
             self._start_redis()
             thermal = []
             if self.config.thermal:
-                self._spawn("thermal", "services.thermal", [*self._common("thermal"), "--listen", "127.0.0.1:0"])
+                self._spawn("thermal", "services.thermal", [*self._common("thermal"), "--listen", "127.0.0.1:0",
+                                                            *(["--emit-readings"] if self.config.sensor_readings else [])])
                 thermal = ["thermal"]
             self._spawn("selector", "services.selector", [*self._common("selector"), "--listen", "127.0.0.1:0",
                                                           "--path-finder", self.config.path_finder])

@@ -187,7 +187,8 @@ def describe_text(d: gateway_pb2.TaskDescription) -> str:
     if th.redline_c:
         lines.append(f"Thermal:      hottest inlet {th.max_inlet_before_c:.2f} -> {th.max_inlet_after_c:.2f} °C "
                      f"(redline {th.redline_c:g} °C, supply {th.t_supply_c:.1f} °C), PUE {th.pue_before:.4f} -> "
-                     f"{th.pue_after:.4f}")
+                     f"{th.pue_after:.4f}, room model version {th.model_version}"
+                     + (" (default)" if not th.model_version else ""))
     if ex.alternatives:
         lines.append("Alternatives: " + ", ".join(f"{a.node} ({a.score:.4g})" for a in ex.alternatives)
                      + "  (nodes the policy scored, best first)")

@@ -230,6 +230,8 @@ class PlacerEngine:
         self._new_state = state_factory(slices)  # every fold of the ledger is one of these
         self.state = self._new_state(dc)
         self.thermal = RoomGuard(thermal, self.state) if isinstance(thermal, RoomModel) else thermal
+        # a published room model to swap into the in-process guard between batches (set_room_model)
+        self._next_room: tuple[RoomModel, int, str] | None = None
         self.queue: OrderedDict[str, TaskSpec] = OrderedDict()
         self.ledger = Ledger(redis, keys, dc.name, owner, lease_ms=lease_ms)
         self.last_id = "0-0"
@@ -396,7 +398,7 @@ class PlacerEngine:
         self._state_version += 1
         self._eviction_searched.clear()  # a new fold: every waiting online task is searched for once more
         if isinstance(self.thermal, RoomGuard):  # its cached exact headroom describes the old state
-            self.thermal = RoomGuard(self.thermal.room, state)
+            self.thermal = RoomGuard(self.thermal.room, state, self.thermal.version)
         self._headroom, self._headroom_exact, self.last_thermal = None, False, None
 
     async def _refold(self) -> None:
@@ -499,7 +501,43 @@ class PlacerEngine:
                 await self._run_batch(batch)
                 self.batches_total += 1
 
+    def set_room_model(self, room: RoomModel, version: int, source: str = "") -> None:
+        """Check the batches after the current one against `room`, the thermal service's published `version`
+        of this DC's model (`source`: a few words for the log). Only the in-process guard takes it: the thermal
+        service (--thermal-guard service) serves its own latest version."""
+        if isinstance(self.thermal, RoomGuard):
+            self._next_room = (room, version, source)
+
+    def _swap_room(self) -> None:
+        """Between batches (the writing lock held): the guard's model becomes the latest published one, whole."""
+        if self._next_room is None or not isinstance(self.thermal, RoomGuard):
+            return
+        room, version, source = self._next_room
+        self._next_room = None
+        if room.n != self.state.n:
+            log.error("placer %s: thermal model version %d has %d servers, the room %d: keeping version %d",
+                      self.dc.name, version, room.n, self.state.n, self.thermal.version)
+            return
+        old = self.thermal.version
+        self.thermal = RoomGuard(room, self.state, version)
+        self._headroom, self._headroom_exact = None, False  # the old model's numbers
+        log.info("placer %s: thermal model version %d replaces version %d%s", self.dc.name, version, old,
+                 f" ({source})" if source else "")
+
+    def _model_note(self, result: PlaceResult) -> None:
+        """Every placement explanation names the room model version its thermal check used."""
+        if result.thermal is not None:
+            version = result.thermal.model_version
+        elif isinstance(self.thermal, RoomGuard):
+            version = self.thermal.version
+        else:
+            return  # no guard; or the service's version, known from its checks only
+        result.notes.append(f"thermal model version {version}" + (
+            " (the default model of the fleet's room: the thermal service has published none)" if version == 0
+            else " (published by the thermal service)"))
+
     async def _run_batch(self, batch: list[_Op]) -> None:
+        self._swap_room()
         # The batch's thermal calls join the trace of its first call (one Submit, one trace).
         token = otel_context.attach(batch[0].trace_context) if batch[0].trace_context else None
         lease_token = self.ledger.token
@@ -548,6 +586,8 @@ class PlacerEngine:
         for op in batch:
             if isinstance(op.result, PlaceResult) and op.events:
                 op.result.ledger_id = self.last_id
+            if isinstance(op.result, PlaceResult) and op.kind == "place" and self.thermal:
+                self._model_note(op.result)
             if not op.future.done():  # the caller may have gone (cancelled); its decision stands in the ledger
                 op.future.set_result(op.result)
 

@@ -31,6 +31,27 @@ class Keys:
         """Stream of thermal telemetry; writer: the thermal service."""
         return f"{self.prefix}:dc:{dc}:thermal"
 
+    def readings(self, dc: str) -> str:
+        """Stream of sensor readings (inlet/outlet per server and scan); writers: sensors, `hsched thermal replay`,
+        the stack's emitter; reader: the thermal service's consumer group (hsched.thermal.published)."""
+        return f"{self.prefix}:dc:{dc}:readings"
+
+    def scans(self, dc: str) -> str:
+        """Stream of complete scans assembled from the readings (the fit's window); writer: the thermal service."""
+        return f"{self.prefix}:dc:{dc}:scans"
+
+    def scans_applied(self, dc: str) -> str:
+        """Sorted set of the scan ids already assembled (no scan counted twice); writer: the thermal service."""
+        return f"{self.prefix}:dc:{dc}:scans:applied"
+
+    def model(self, dc: str) -> str:
+        """Hash {version, params, meta}: the room model's latest published version; writer: the thermal service."""
+        return f"{self.prefix}:dc:{dc}:model"
+
+    def model_versions(self, dc: str) -> str:
+        """Stream of published model versions (placers follow it); writer: the thermal service."""
+        return f"{self.prefix}:dc:{dc}:model:versions"
+
     @property
     def epoch(self) -> str:
         """The deployment's epoch marker (hsched.state.epoch); writer: `hsched up` or the first service, once."""

@@ -154,6 +154,16 @@ HSCHED_DC_MAX_INLET_CELSIUS = MetricSpec("hsched_dc_max_inlet_celsius", "Hottest
 HSCHED_DC_SUPPLY_CELSIUS = MetricSpec("hsched_dc_supply_celsius", "CRAC supply air temperature, Celsius", _DC)
 HSCHED_DC_IT_POWER_WATTS = MetricSpec("hsched_dc_it_power_watts", "IT power of the room, W", _DC)
 HSCHED_DC_COOLING_POWER_WATTS = MetricSpec("hsched_dc_cooling_power_watts", "CRAC power of the room, W", _DC)
+HSCHED_THERMAL_MODEL_VERSION = MetricSpec(
+    "hsched_thermal_model_version", "Published room model version served (0 = the fleet's default model)", _DC)
+HSCHED_THERMAL_REFITS = MetricSpec(
+    "hsched_thermal_refits", "Refits of the room model by result: published, ill_conditioned, not_better, "
+    "too_few_scans, conflict", ("datacenter", "result"))
+HSCHED_THERMAL_READINGS = MetricSpec(
+    "hsched_thermal_readings", "Sensor readings consumed by result: accepted, invalid", ("datacenter", "result"))
+HSCHED_THERMAL_SCANS = MetricSpec(
+    "hsched_thermal_scans", "Sensor scans by result: applied, duplicate (a replay), dropped (incomplete)",
+    ("datacenter", "result"))
 
 # --- every service: RPCs -------------------------------------------------------------------------------------
 RPC_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

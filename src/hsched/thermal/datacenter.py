@@ -16,16 +16,17 @@ U_M = 0.04445
 DESIGN_RISE_K = 12.0  # server fans are sized for ~10-15 K across the server at full power
 
 
-def room_for(dc: DataCenter) -> RoomModel:
+def room_for(dc: DataCenter, recirc: ZonalRecirculation | None = None) -> RoomModel:
     """A RoomModel for `dc`: geometry from its layout (`geometry_for`), one server per node, with the zonal
-    recirculation model of that geometry (O(n): docs/thermal.md).
+    recirculation model of that geometry (O(n): docs/thermal.md), or `recirc` (a published version of it).
 
     Unless the fleet sets `thermal.air_mass_flow_kg_s`, the per-server air flow is sized for a 12 K rise
     at the DC's largest full power, so multi-kW GPU servers get proportionally more air than 1U boxes.
     """
     t = dc.node_table()
     thermal = _params(dc)
-    d = ZonalRecirculation.from_geometry(geometry_for(dc)).head(len(t))  # empty slots draw nothing
+    d = recirc if recirc is not None else ZonalRecirculation.from_geometry(geometry_for(dc)).head(len(t))
+    # (empty slots draw nothing: the head of the layout's operator)
     return RoomModel(d, thermal, p_idle_w=t.p_idle_w, p_full_w=t.p_full_w, total_cores=t.cpu_milli / MILLI,
                      gpu_count=t.gpu_count, gpu_idle_w=t.gpu_idle_w, gpu_full_w=t.gpu_full_w)
 

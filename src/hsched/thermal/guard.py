@@ -41,6 +41,7 @@ class ThermalCheck:
     nodes_over_redline: tuple[int, ...] = ()
     headroom_w: np.ndarray | None = None  # per node, after the change (see RoomModel.headroom_w)
     headroom_exact: bool = True  # False: a conservative bound (never above the exact headroom)
+    model_version: int = 0  # the room model's published version (0 = the fleet's default model)
 
 
 def newly_hot(before: ThermalState, after: ThermalState) -> tuple[int, ...]:
@@ -72,9 +73,10 @@ class RoomGuard:
     zones a rack heats). The headroom it returns is always exact: from the zone state, O(n + R*M).
     """
 
-    def __init__(self, room: RoomModel, state: ClusterState) -> None:
+    def __init__(self, room: RoomModel, state: ClusterState, version: int = 0) -> None:
         self.room = room
         self.state = state
+        self.version = version  # the published model version `room` is (hsched.thermal.published)
         self._tracker: RiseTracker | None = None
 
     def _power(self) -> np.ndarray:
@@ -95,8 +97,9 @@ class RoomGuard:
     async def now(self, min_ledger_id: str = "") -> ThermalCheck:
         """The room as the state holds it now (before = after; no headroom: a view, not a decision)."""
         power = self._power()
-        s = self.room.state_from(power, self.room.d @ power)
-        return ThermalCheck(True, s.max_inlet_c, s.max_inlet_c, s.pue, s.pue, s.t_supply_c, self.room.params.redline_c)
+        s = self.room.state_from(power, self.room.rise(power))
+        return ThermalCheck(True, s.max_inlet_c, s.max_inlet_c, s.pue, s.pue, s.t_supply_c, self.room.params.redline_c,
+                            model_version=self.version)
 
     async def check(self, deltas: list[LoadDelta], min_ledger_id: str = "") -> ThermalCheck:
         room = self.room
@@ -112,4 +115,5 @@ class RoomGuard:
         after = room.state_from(power, rise)
         worse = newly_hot(before, after)
         return ThermalCheck(not worse, before.max_inlet_c, after.max_inlet_c, before.pue, after.pue,
-                            after.t_supply_c, room.params.redline_c, worse, tracker.headroom(room.rise_limit_k))
+                            after.t_supply_c, room.params.redline_c, worse, tracker.headroom(room.rise_limit_k),
+                            model_version=self.version)

@@ -208,20 +208,22 @@ class Exclusion(_message.Message):
     def __init__(self, datacenter: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ThermalEffect(_message.Message):
-    __slots__ = ("max_inlet_before_c", "max_inlet_after_c", "pue_before", "pue_after", "t_supply_c", "redline_c")
+    __slots__ = ("max_inlet_before_c", "max_inlet_after_c", "pue_before", "pue_after", "t_supply_c", "redline_c", "model_version")
     MAX_INLET_BEFORE_C_FIELD_NUMBER: _ClassVar[int]
     MAX_INLET_AFTER_C_FIELD_NUMBER: _ClassVar[int]
     PUE_BEFORE_FIELD_NUMBER: _ClassVar[int]
     PUE_AFTER_FIELD_NUMBER: _ClassVar[int]
     T_SUPPLY_C_FIELD_NUMBER: _ClassVar[int]
     REDLINE_C_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     max_inlet_before_c: float
     max_inlet_after_c: float
     pue_before: float
     pue_after: float
     t_supply_c: float
     redline_c: float
-    def __init__(self, max_inlet_before_c: _Optional[float] = ..., max_inlet_after_c: _Optional[float] = ..., pue_before: _Optional[float] = ..., pue_after: _Optional[float] = ..., t_supply_c: _Optional[float] = ..., redline_c: _Optional[float] = ...) -> None: ...
+    model_version: int
+    def __init__(self, max_inlet_before_c: _Optional[float] = ..., max_inlet_after_c: _Optional[float] = ..., pue_before: _Optional[float] = ..., pue_after: _Optional[float] = ..., t_supply_c: _Optional[float] = ..., redline_c: _Optional[float] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class Alternative(_message.Message):
     __slots__ = ("node", "node_index", "score")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hsched/v1/thermal.proto\x12\thsched.v1\"D\n\tLoadDelta\x12\x12\n\nnode_index\x18\x01 \x01(\r\x12\x11\n\tcpu_milli\x18\x02 \x01(\x03\x12\x10\n\x08gpu_busy\x18\x03 \x01(\x01\"x\n\x0ePredictRequest\x12\x12\n\ndatacenter\x18\x01 \x01(\t\x12$\n\x06\x64\x65ltas\x18\x02 \x03(\x0b\x32\x14.hsched.v1.LoadDelta\x12\x15\n\rmin_ledger_id\x18\x03 \x01(\t\x12\x15\n\rwant_headroom\x18\x04 \x01(\x08\"\xd9\x01\n\x0fPredictResponse\x12\x1a\n\x12max_inlet_before_c\x18\x01 \x01(\x01\x12\x19\n\x11max_inlet_after_c\x18\x02 \x01(\x01\x12\x12\n\npue_before\x18\x03 \x01(\x01\x12\x11\n\tpue_after\x18\x04 \x01(\x01\x12\x12\n\nt_supply_c\x18\x05 \x01(\x01\x12\x11\n\tredline_c\x18\x06 \x01(\x01\x12\x1a\n\x12nodes_over_redline\x18\x07 \x03(\r\x12\x12\n\nheadroom_w\x18\x08 \x03(\x01\x12\x11\n\tledger_id\x18\t \x01(\t\"@\n\x13ThermalStateRequest\x12\x12\n\ndatacenter\x18\x01 \x01(\t\x12\x15\n\rinclude_nodes\x18\x02 \x01(\x08\"\xa6\x02\n\tRoomState\x12\x12\n\ndatacenter\x18\x01 \x01(\t\x12\x12\n\nit_power_w\x18\x02 \x01(\x01\x12\x17\n\x0f\x63ooling_power_w\x18\x03 \x01(\x01\x12\x15\n\rother_power_w\x18\x04 \x01(\x01\x12\x0b\n\x03pue\x18\x05 \x01(\x01\x12\x12\n\nt_supply_c\x18\x06 \x01(\x01\x12\x13\n\x0bmax_inlet_c\x18\x07 \x01(\x01\x12\x15\n\rmean_outlet_c\x18\x08 \x01(\x01\x12\x0f\n\x07inlet_c\x18\t \x03(\x01\x12\x10\n\x08outlet_c\x18\n \x03(\x01\x12\x0f\n\x07power_w\x18\x0b \x03(\x01\x12\x1a\n\x12rack_outlet_mean_c\x18\x0c \x03(\x01\x12\x11\n\tledger_id\x18\r \x01(\t\x12\x11\n\tredline_c\x18\x0e \x01(\x01\x32\x8d\x01\n\x07Thermal\x12@\n\x07Predict\x12\x19.hsched.v1.PredictRequest\x1a\x1a.hsched.v1.PredictResponse\x12@\n\x08GetState\x12\x1e.hsched.v1.ThermalStateRequest\x1a\x14.hsched.v1.RoomStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hsched/v1/thermal.proto\x12\thsched.v1\"D\n\tLoadDelta\x12\x12\n\nnode_index\x18\x01 \x01(\r\x12\x11\n\tcpu_milli\x18\x02 \x01(\x03\x12\x10\n\x08gpu_busy\x18\x03 \x01(\x01\"x\n\x0ePredictRequest\x12\x12\n\ndatacenter\x18\x01 \x01(\t\x12$\n\x06\x64\x65ltas\x18\x02 \x03(\x0b\x32\x14.hsched.v1.LoadDelta\x12\x15\n\rmin_ledger_id\x18\x03 \x01(\t\x12\x15\n\rwant_headroom\x18\x04 \x01(\x08\"\xf0\x01\n\x0fPredictResponse\x12\x1a\n\x12max_inlet_before_c\x18\x01 \x01(\x01\x12\x19\n\x11max_inlet_after_c\x18\x02 \x01(\x01\x12\x12\n\npue_before\x18\x03 \x01(\x01\x12\x11\n\tpue_after\x18\x04 \x01(\x01\x12\x12\n\nt_supply_c\x18\x05 \x01(\x01\x12\x11\n\tredline_c\x18\x06 \x01(\x01\x12\x1a\n\x12nodes_over_redline\x18\x07 \x03(\r\x12\x12\n\nheadroom_w\x18\x08 \x03(\x01\x12\x11\n\tledger_id\x18\t \x01(\t\x12\x15\n\rmodel_version\x18\n \x01(\x04\"@\n\x13ThermalStateRequest\x12\x12\n\ndatacenter\x18\x01 \x01(\t\x12\x15\n\rinclude_nodes\x18\x02 \x01(\x08\"\xa6\x02\n\tRoomState\x12\x12\n\ndatacenter\x18\x01 \x01(\t\x12\x12\n\nit_power_w\x18\x02 \x01(\x01\x12\x17\n\x0f\x63ooling_power_w\x18\x03 \x01(\x01\x12\x15\n\rother_power_w\x18\x04 \x01(\x01\x12\x0b\n\x03pue\x18\x05 \x01(\x01\x12\x12\n\nt_supply_c\x18\x06 \x01(\x01\x12\x13\n\x0bmax_inlet_c\x18\x07 \x01(\x01\x12\x15\n\rmean_outlet_c\x18\x08 \x01(\x01\x12\x0f\n\x07inlet_c\x18\t \x03(\x01\x12\x10\n\x08outlet_c\x18\n \x03(\x01\x12\x0f\n\x07power_w\x18\x0b \x03(\x01\x12\x1a\n\x12rack_outlet_mean_c\x18\x0c \x03(\x01\x12\x11\n\tledger_id\x18\r \x01(\t\x12\x11\n\tredline_c\x18\x0e \x01(\x01\x32\x8d\x01\n\x07Thermal\x12@\n\x07Predict\x12\x19.hsched.v1.PredictRequest\x1a\x1a.hsched.v1.PredictResponse\x12@\n\x08GetState\x12\x1e.hsched.v1.ThermalStateRequest\x1a\x14.hsched.v1.RoomStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,11 +36,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREDICTREQUEST']._serialized_start=108
   _globals['_PREDICTREQUEST']._serialized_end=228
   _globals['_PREDICTRESPONSE']._serialized_start=231
-  _globals['_PREDICTRESPONSE']._serialized_end=448
-  _globals['_THERMALSTATEREQUEST']._serialized_start=450
-  _globals['_THERMALSTATEREQUEST']._serialized_end=514
-  _globals['_ROOMSTATE']._serialized_start=517
-  _globals['_ROOMSTATE']._serialized_end=811
-  _globals['_THERMAL']._serialized_start=814
-  _globals['_THERMAL']._serialized_end=955
+  _globals['_PREDICTRESPONSE']._serialized_end=471
+  _globals['_THERMALSTATEREQUEST']._serialized_start=473
+  _globals['_THERMALSTATEREQUEST']._serialized_end=537
+  _globals['_ROOMSTATE']._serialized_start=540
+  _globals['_ROOMSTATE']._serialized_end=834
+  _globals['_THERMAL']._serialized_start=837
+  _globals['_THERMAL']._serialized_end=978
 # @@protoc_insertion_point(module_scope)

@@ -29,7 +29,7 @@ class PredictRequest(_message.Message):
     def __init__(self, datacenter: _Optional[str] = ..., deltas: _Optional[_Iterable[_Union[LoadDelta, _Mapping]]] = ..., min_ledger_id: _Optional[str] = ..., want_headroom: _Optional[bool] = ...) -> None: ...
 
 class PredictResponse(_message.Message):
-    __slots__ = ("max_inlet_before_c", "max_inlet_after_c", "pue_before", "pue_after", "t_supply_c", "redline_c", "nodes_over_redline", "headroom_w", "ledger_id")
+    __slots__ = ("max_inlet_before_c", "max_inlet_after_c", "pue_before", "pue_after", "t_supply_c", "redline_c", "nodes_over_redline", "headroom_w", "ledger_id", "model_version")
     MAX_INLET_BEFORE_C_FIELD_NUMBER: _ClassVar[int]
     MAX_INLET_AFTER_C_FIELD_NUMBER: _ClassVar[int]
     PUE_BEFORE_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class PredictResponse(_message.Message):
     NODES_OVER_REDLINE_FIELD_NUMBER: _ClassVar[int]
     HEADROOM_W_FIELD_NUMBER: _ClassVar[int]
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     max_inlet_before_c: float
     max_inlet_after_c: float
     pue_before: float
@@ -48,7 +49,8 @@ class PredictResponse(_message.Message):
     nodes_over_redline: _containers.RepeatedScalarFieldContainer[int]
     headroom_w: _containers.RepeatedScalarFieldContainer[float]
     ledger_id: str
-    def __init__(self, max_inlet_before_c: _Optional[float] = ..., max_inlet_after_c: _Optional[float] = ..., pue_before: _Optional[float] = ..., pue_after: _Optional[float] = ..., t_supply_c: _Optional[float] = ..., redline_c: _Optional[float] = ..., nodes_over_redline: _Optional[_Iterable[int]] = ..., headroom_w: _Optional[_Iterable[float]] = ..., ledger_id: _Optional[str] = ...) -> None: ...
+    model_version: int
+    def __init__(self, max_inlet_before_c: _Optional[float] = ..., max_inlet_after_c: _Optional[float] = ..., pue_before: _Optional[float] = ..., pue_after: _Optional[float] = ..., t_supply_c: _Optional[float] = ..., redline_c: _Optional[float] = ..., nodes_over_redline: _Optional[_Iterable[int]] = ..., headroom_w: _Optional[_Iterable[float]] = ..., ledger_id: _Optional[str] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class ThermalStateRequest(_message.Message):
     __slots__ = ("datacenter", "include_nodes")

@@ -1,0 +1,464 @@
+"""The thermal service as the authority on the room model: sensor readings → online refit → published versions
+→ the placers' guard (docs/thermal.md, "Online recalibration"). Real Redis, real gRPC servers in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import grpc
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hsched.cli import main as cli_main
+from hsched.domain.errors import ValidationError
+from hsched.domain.fleet import load_fleet
+from hsched.state.keys import Keys
+from hsched.thermal.datacenter import room_for
+from hsched.thermal.published import GROUP, ModelFollower, ModelStore, ScanAssembler
+from hsched.thermal.readings import Reading, load_readings, parse_reading, synthetic_readings
+from hsched.thermal.refit import Scans, fit, from_json, recalibrate, rmse_k, to_json, zone_data
+from hsched.thermal.zonal import ZonalRecirculation
+from hsched.v1 import common_pb2, placer_pb2, placer_pb2_grpc, thermal_pb2, thermal_pb2_grpc
+from tests import inprocess
+from tests.conftest import SMALL_FLEET
+
+DC = "cheap"  # 2 racks x 2 servers (nodes 0, 1: rack 0), 24 cores each, supply 20 °C, redline 27 °C
+
+
+def cheap():
+    return next(dc for dc in load_fleet(SMALL_FLEET).datacenters if dc.name == DC)
+
+
+def hot_rack_truth(op: ZonalRecirculation, factor: float) -> ZonalRecirculation:
+    """The room with rack 0's inlets drawing `factor` times more of rack 0's own exhaust than the geometry says."""
+    r = op.n_zones
+    nbr = op.nbr[:r]
+    w = op.w[:r].copy()
+    w[0, list(nbr[0]).index(0)] *= factor
+    return ZonalRecirculation(op.zone, op.a, op.b, np.where(nbr == r, -1, nbr), w)
+
+
+# -- the fit: by hand ------------------------------------------------------------------------------------------
+
+def test_fit_recovers_a_hand_computed_two_zone_coupling() -> None:
+    # two zones of one server each, a = b = 1: rise = W @ P; scans P = (100, 0), (0, 100), (100, 100), (50, 150)
+    w = np.array([[0.02, 0.01], [0.005, 0.03]])
+    op = ZonalRecirculation.from_dense(np.zeros((2, 2)))
+    p = np.array([[100.0, 0.0], [0.0, 100.0], [100.0, 100.0], [50.0, 150.0]])
+    rise = p @ w.T  # (2.0, 0.5), (1.0, 3.0), (3.0, 3.5), (2.5, 4.75)
+    assert rise == pytest.approx(np.array([[2.0, 0.5], [1.0, 3.0], [3.0, 3.5], [2.5, 4.75]]))
+    got = fit(op, Scans(p, rise), ridge=0.0, prior_weight=0.0)  # the plain least-squares fit
+    assert got.to_dense() == pytest.approx(w, abs=1e-12)
+    assert rmse_k(got, Scans(p, rise)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_current_model_weighs_as_prior_scans_by_hand() -> None:
+    # one zone, a = b = 1, current W = 0.01; one scan q = 100 with u = 2 (W = 0.02 alone). The prior is one scan
+    # q = 100 (lam^2 = 1 * 100^2) with u = 0.01 * 100 = 1: min (100 w - 2)^2 + (100 w - 1)^2 → w = 300 / 20000
+    op = ZonalRecirculation.from_dense([[0.01]])
+    got = fit(op, Scans(np.array([[100.0]]), np.array([[2.0]])), ridge=0.0, prior_weight=1.0)
+    assert got.to_dense()[0, 0] == pytest.approx(0.015, abs=1e-12)
+    # two zones at a steady load: the scans fix W @ q only; the prior keeps the rest of the current model
+    cur = np.array([[0.02, 0.01], [0.01, 0.02]])
+    steady = Scans(np.full((10, 2), 100.0), np.tile(cur @ [100.0, 100.0], (10, 1)))
+    assert fit(ZonalRecirculation.from_dense(cur), steady, ridge=0.0).to_dense() == pytest.approx(cur, abs=1e-12)
+
+
+def test_zone_rise_is_the_least_squares_value_over_a_zones_servers() -> None:
+    # one zone of two servers with a = (1, 2), b = (1, 1): q = P0 + P1 = 300; rises (3, 6) → u = (3 + 12) / 5 = 3
+    op = ZonalRecirculation([0, 0], [1.0, 2.0], [1.0, 1.0], [[0]], [[0.01]])
+    q, u = zone_data(op, Scans(np.array([[100.0, 200.0]]), np.array([[3.0, 6.0]])))
+    assert q.tolist() == [[300.0]] and u[0, 0] == pytest.approx(3.0)
+
+
+def test_refit_of_a_zonal_room_finds_the_hot_rack_and_keeps_the_profiles() -> None:
+    op = room_for(cheap()).recirc
+    truth = hot_rack_truth(op, 6.0)
+    rng = np.random.default_rng(1)
+    p = rng.uniform(100, 300, (60, op.n))
+    rise = np.stack([truth.matvec(x) for x in p]) + rng.normal(0, 0.05, (60, op.n))
+    verdict = recalibrate(op, Scans(p, rise))  # (the current model weighs as 0.01 of the 45 scans fitted on)
+    assert verdict.accepted, verdict.detail
+    strongest = truth.w[:2].max()  # rack 0's own coupling, 6x the geometry's
+    assert verdict.model.w[:2] == pytest.approx(truth.w[:2], abs=0.05 * strongest)
+    assert verdict.model.a.tolist() == op.a.tolist() and verdict.model.b.tolist() == op.b.tolist()
+    assert verdict.rmse_new_k < 0.1 < verdict.rmse_current_k
+    again = from_json(to_json(verdict.model))  # the published form is the operator
+    assert again.to_dense() == pytest.approx(verdict.model.to_dense(), abs=0)
+
+
+def test_refit_of_a_dense_room_is_the_dense_calibration() -> None:
+    rng = np.random.default_rng(2)
+    truth = rng.uniform(0, 0.01, (5, 5))
+    p = rng.uniform(100, 300, (40, 5))
+    verdict = recalibrate(ZonalRecirculation.from_dense(np.full((5, 5), 0.002)), Scans(p, p @ truth.T),
+                          prior_weight=0.0)
+    assert verdict.accepted and verdict.model._dense is not None
+    assert verdict.model.to_dense() == pytest.approx(truth, abs=1e-6)
+
+
+def test_refit_refuses_constant_loads_and_fits_no_better_than_the_current_model() -> None:
+    op = room_for(cheap()).recirc
+    same = Scans(np.full((24, op.n), 200.0), np.stack([op.matvec(np.full(op.n, 200.0))] * 24))
+    v = recalibrate(op, same)
+    assert not v.accepted and v.reason == "ill_conditioned" and v.condition > 1e8
+    idle_rack = Scans(np.where(op.zone == 1, 0.0, 200.0) * np.ones((24, 1)), same.rise_k)
+    assert recalibrate(op, idle_rack).reason == "ill_conditioned"  # rack 1 never dissipates: inf
+    rng = np.random.default_rng(3)
+    p = rng.uniform(100, 300, (24, op.n))
+    agrees = Scans(p, np.stack([op.matvec(x) for x in p]) + rng.normal(0, 0.05, (24, op.n)))
+    v = recalibrate(op, agrees)  # readings the current model already explains: nothing to gain
+    assert not v.accepted and v.reason == "not_better"
+    assert recalibrate(op, Scans(p[:3], agrees.rise_k[:3])).reason == "too_few_scans"
+    steady = np.full((40, op.n), 200.0) + rng.normal(0, 4.0, (40, op.n))  # a steady load, noisy power readings
+    noisy = Scans(steady, np.stack([op.matvec(x) for x in steady]) + rng.normal(0, 0.1, (40, op.n)))
+    assert recalibrate(op, noisy).reason == "not_better"  # noise fitted is not published
+
+
+# -- readings: validation --------------------------------------------------------------------------------------
+
+GOOD = {"datacenter": DC, "sample": "s1", "node": 2, "inlet_c": 21.5, "outlet_c": 30.0, "supply_c": 20.0,
+        "unix_ms": 1_700_000_000_000}
+
+
+def test_a_good_reading_parses_and_round_trips_the_stream() -> None:
+    r = parse_reading(GOOD, n=4)
+    assert r == Reading(DC, "s1", 2, 21.5, 30.0, 20.0, 1_700_000_000_000, None)
+    assert parse_reading(json.loads(r.to_stream()["r"]), datacenter=DC, n=4) == r
+    assert parse_reading({**GOOD, "node": "cheap-r01-s00"}, nodes={"cheap-r01-s00": 2}).node == 2
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"inlet_c": "warm"}, "inlet_c"), ({"inlet_c": math.nan}, "inlet_c"), ({"supply_c": 500}, "supply_c"),
+    ({"outlet_c": 21.0}, "outlet_c"), ({"node": -1}, "node"), ({"node": 4}, "node"), ({"node": "x"}, "node"),
+    ({"node": 1.5}, "node"), ({"sample": ""}, "sample"), ({"sample": "x" * 200}, "sample"),
+    ({"unix_ms": -5}, "unix_ms"), ({"power_w": -1}, "power_w"), ({"colour": "red"}, "colour"),
+    ({"datacenter": None}, "datacenter"), ({"datacenter": 3}, "datacenter")])
+def test_a_bad_reading_names_its_field(change: dict, field: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        parse_reading({**GOOD, **change}, "f.jsonl:3", nodes={}, n=4)
+    assert exc.value.field == f"f.jsonl:3.{field}"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(["datacenter", "sample", "node", "inlet_c", "outlet_c", "supply_c",
+                                        "unix_ms", "power_w", "extra"]),
+                       st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                                 st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8)), max_size=9))
+def test_any_mapping_is_a_valid_reading_or_a_validation_error_naming_a_field(raw: dict) -> None:
+    try:
+        r = parse_reading(raw, "x", n=4)
+    except ValidationError as exc:
+        assert exc.field.startswith("x.") and exc.field[2:] in {*raw, "datacenter", "sample", "node", "inlet_c",
+                                                                 "outlet_c", "supply_c"}
+        return
+    assert 0 <= r.node < 4 and -20 <= r.inlet_c <= r.outlet_c <= 100 and math.isfinite(r.supply_c)
+
+
+def test_a_file_of_readings_is_validated_line_by_line(tmp_path) -> None:
+    good = tmp_path / "r.csv"
+    good.write_text("datacenter,sample,node,inlet_c,outlet_c,supply_c\ncheap,a,0,21,28,20\ncheap,a,1,22,30,20\n")
+    assert [r.node for r in load_readings(good)] == [0, 1]
+    bad = tmp_path / "r.jsonl"
+    bad.write_text(json.dumps(GOOD) + "\n" + json.dumps({**GOOD, "outlet_c": 1}) + "\n")
+    with pytest.raises(ValidationError, match=r"r.jsonl:2.outlet_c: must be >= inlet_c"):
+        load_readings(bad)
+    headless = tmp_path / "h.csv"
+    headless.write_text("dc,node\ncheap,0\n")
+    with pytest.raises(ValidationError, match="header"):
+        load_readings(headless)
+
+
+def test_replay_cli_refuses_a_bad_file_with_exit_2_and_writes_nothing(tmp_path, capsys, private_runtime_dir) -> None:
+    bad = tmp_path / "r.jsonl"
+    bad.write_text(json.dumps({**GOOD, "datacenter": "nowhere"}) + "\n")
+    assert cli_main(["thermal", "replay", str(bad), "--fleet", SMALL_FLEET]) == 2
+    assert "r.jsonl:1.datacenter: is not a data center of the fleet" in capsys.readouterr().err
+
+
+def test_replay_cli_dry_run_validates_names_and_writes_nothing(tmp_path, capsys, private_runtime_dir) -> None:
+    good = tmp_path / "r.csv"
+    good.write_text("datacenter,sample,node,inlet_c,outlet_c,supply_c,power_w\n"
+                    "cheap,a,cheap-r01-s00,21,28,20,\ncheap,a,3,22,30,20,250\n")
+    assert cli_main(["thermal", "replay", str(good), "--fleet", SMALL_FLEET, "--dry-run"]) == 0
+    assert "2 valid readings, 1 scans (nothing written: --dry-run)" in capsys.readouterr().out
+    good.write_text("datacenter,sample,node,inlet_c,outlet_c,supply_c\ncheap,a,cheap-r09-s00,21,28,20\n")
+    assert cli_main(["thermal", "replay", str(good), "--fleet", SMALL_FLEET, "--dry-run"]) == 2
+    assert "r.csv:2.node: is not a server of this data center" in capsys.readouterr().err
+
+
+# -- readings → scans: exactly once ----------------------------------------------------------------------------
+
+async def _write(redis, keys: Keys, readings: list[Reading]) -> None:
+    for r in readings:
+        await redis.xadd(keys.readings(r.datacenter), r.to_stream())
+
+
+def _scan(sample: str, n: int = 4) -> list[Reading]:
+    return [Reading(DC, sample, i, 21.0 + i, 28.0 + i, 20.0, 1_700_000_000_000) for i in range(n)]
+
+
+async def test_a_scan_is_recorded_once_across_a_crash_and_a_replay(redis, prefix) -> None:
+    keys = Keys(prefix)
+    first = ScanAssembler(redis, keys, DC, 4)
+    await first.recover()
+    await _write(redis, keys, _scan("a")[:3])
+    await first.poll(block_ms=100)  # three of four readings: pending in the group, nothing recorded
+    assert first.pending and await redis.xlen(keys.scans(DC)) == 0
+    del first  # killed: its memory is gone, its readings are in the group's pending list
+    second = ScanAssembler(redis, keys, DC, 4)
+    await second.recover()
+    assert set(second.pending["a"].rows) == {0, 1, 2}
+    await _write(redis, keys, _scan("a")[3:])
+    await second.poll(block_ms=100)
+    assert await redis.xlen(keys.scans(DC)) == 1 and second.counts.applied == 1 and not second.pending
+    assert (await redis.xpending(keys.readings(DC), GROUP))["pending"] == 0
+    await _write(redis, keys, _scan("a"))  # the same scan replayed: acknowledged, not counted again
+    await second.poll(block_ms=100)
+    assert await redis.xlen(keys.scans(DC)) == 1 and second.counts.duplicate == 1
+    assert (await redis.xpending(keys.readings(DC), GROUP))["pending"] == 0
+    await redis.xadd(keys.readings(DC), {"r": "not json"})
+    await second.poll(block_ms=100)
+    assert second.counts.invalid == 1 and (await redis.xpending(keys.readings(DC), GROUP))["pending"] == 0
+
+
+async def test_publishing_is_monotonic_and_a_lost_race_publishes_nothing(redis, prefix) -> None:
+    keys = Keys(prefix)
+    op = room_for(cheap()).recirc
+    store = ModelStore(redis, keys, DC)
+    assert (await store.latest()).version == 0
+    assert await store.publish(0, op, {"k": 1}) == 1
+    assert await store.publish(0, op, {"k": 2}) is None  # replaced version 0, which is gone
+    assert await store.publish(1, hot_rack_truth(op, 2.0), {"k": 3}) == 2
+    latest = await store.latest(op.n)
+    assert latest.version == 2 and latest.meta == {"k": 3}
+    assert [int(f[b"version"]) for _, f in await redis.xrange(keys.model_versions(DC))] == [1, 2]
+    seen = []
+    follower = ModelFollower(redis, keys, DC, op.n, lambda p: seen.append(p.version), block_ms=100)
+    await follower.load()
+    task = asyncio.create_task(follower.run())
+    try:
+        await store.publish(2, op, {})
+        for _ in range(100):
+            if seen[-1] == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert seen == [2, 3]
+    finally:
+        task.cancel()
+    await redis.set(keys.epoch, "someone-else")
+    wrong_epoch = ModelStore(redis, keys, DC, epoch="ours")
+    with pytest.raises(Exception, match="epoch"):
+        await wrong_epoch.publish(3, op, {})
+    assert (await store.latest()).version == 3
+
+
+# -- the whole flow ---------------------------------------------------------------------------------------------
+
+def place(task_id: str, cores: int) -> placer_pb2.PlaceRequest:
+    return placer_pb2.PlaceRequest(task_id=task_id, task=common_pb2.TaskSpec(
+        resources=common_pb2.Resources(cpu_milli=cores * 1000, memory_mib=1024), runtime_s=600, data_size_mb=10))
+
+
+def rack_of(reply: placer_pb2.PlaceResponse) -> set[int]:
+    return {a.node_index // 2 for a in reply.assignments}
+
+
+async def test_readings_contradicting_the_model_change_the_placement_and_name_the_version(
+        redis, redis_url, prefix, tmp_path, monkeypatch, private_runtime_dir) -> None:
+    from services.placer import server as placer_server
+    from services.thermal import server as thermal_server
+
+    common = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix]
+    thermal_argv = [*common, "--recalibrate-period-s", "0.2"]
+    async with inprocess.service(thermal_server, thermal_argv, tmp_path / "thermal.port") as thermal_target, \
+            inprocess.service(placer_server, [*common, "--datacenter", DC, "--thermal", thermal_target],
+                              tmp_path / "placer.port") as placer_target, \
+            grpc.aio.insecure_channel(placer_target) as pch, grpc.aio.insecure_channel(thermal_target) as tch:
+        placer = placer_pb2_grpc.PlacerStub(pch)
+        thermal = thermal_pb2_grpc.ThermalStub(tch)
+        # rack 1 half full (one 13-core task per node); rack 0 empty: a 24-core task fits on rack 0 only
+        fillers = [await placer.Place(place(f"fill{i}", 13), timeout=10) for i in range(4)]
+        assert all(r.outcome == placer_pb2.PLACE_OUTCOME_PLACED for r in fillers)
+        for i, r in enumerate(fillers):
+            if rack_of(r) == {0}:
+                await placer.Release(placer_pb2.PlacerReleaseRequest(task_id=f"fill{i}"), timeout=10)
+        before = await placer.Place(place("probe0", 24), timeout=10)
+        assert before.outcome == placer_pb2.PLACE_OUTCOME_PLACED and rack_of(before) == {0}
+        assert before.thermal.model_version == 0
+        assert any(n.startswith("thermal model version 0 (the default model") for n in before.notes)
+        await placer.Release(placer_pb2.PlacerReleaseRequest(task_id="probe0"), timeout=10)
+
+        # the room's sensors: rack 0 recirculates its own exhaust 6x more than the geometry says
+        dc = cheap()
+        room = room_for(dc)
+        truth = hot_rack_truth(room.recirc, 6.0)
+        rng = np.random.default_rng(7)
+        k_per_w = 1.0 / (room.params.air_mass_flow_kg_s * room.params.cp_air)
+        lines = []
+        for s in range(24):
+            power = rng.uniform(100.0, 300.0, room.n)
+            lines += synthetic_readings(DC, f"scan-{s}", 20.0, 20.0 + truth.matvec(power), power, k_per_w, 0.05, rng,
+                                        unix_ms=1_700_000_000_000 + s)
+        path = tmp_path / "readings.jsonl"
+        path.write_text("".join(json.dumps({"datacenter": DC, **json.loads(r.to_stream()["r"])}) + "\n"
+                                for r in lines))
+        monkeypatch.setenv("REDIS_URL", redis_url)
+        assert cli_main(["thermal", "replay", str(path), "--fleet", SMALL_FLEET, "--prefix", prefix]) == 0
+
+        keys = Keys(prefix)
+        for _ in range(300):
+            if await redis.hget(keys.model(DC), "version") == b"1":
+                break
+            await asyncio.sleep(0.1)
+        assert await redis.hget(keys.model(DC), "version") == b"1"
+        predicted = await thermal.Predict(thermal_pb2.PredictRequest(datacenter=DC), timeout=10)
+        assert predicted.model_version == 1  # the service serves what it published
+
+        after = None
+        for i in range(100):  # the placer adopts it between batches, once its follower has seen it
+            after = await placer.Place(place(f"probe{i + 1}", 24), timeout=10)
+            if any(n.startswith("thermal model version 1") for n in after.notes):
+                break
+            await placer.Release(placer_pb2.PlacerReleaseRequest(task_id=f"probe{i + 1}"), timeout=10)
+            await asyncio.sleep(0.1)
+        assert any(n.startswith("thermal model version 1 (published by the thermal service)") for n in after.notes)
+        # the same request: rack 0 is now too hot for it, and nothing else fits
+        assert after.outcome != placer_pb2.PLACE_OUTCOME_PLACED, after
+        assert not after.assignments
+
+
+async def test_simulated_sensors_of_the_default_model_feed_scans_and_publish_nothing(
+        redis, redis_url, prefix, tmp_path, caplog) -> None:
+    """The local stack's emitter: scans of the default model at the ledger's (steady) load plus noise. The refit
+    runs on them and is rejected (the model already explains them, or the steady load cannot tell the racks'
+    couplings apart): the served version stays 0, and the log says why."""
+    from services.thermal import server as thermal_server
+
+    caplog.set_level("INFO", logger="hsched.thermal.online")
+    argv = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix, "--emit-readings",
+            "--emit-period-s", "0.05", "--recalibrate-period-s", "0.2"]
+    keys = Keys(prefix)
+    async with inprocess.service(thermal_server, argv, tmp_path / "thermal.port"):
+        for _ in range(600):
+            if await redis.xlen(keys.scans(DC)) >= 16 and "refit on 1" in caplog.text:
+                break
+            await asyncio.sleep(0.05)
+        assert await redis.xlen(keys.scans(DC)) >= 16
+        assert "refit on 1" in caplog.text and "rejected" in caplog.text, caplog.text[-2000:]
+    assert await redis.hget(keys.model(DC), "version") is None  # nothing published: version 0
+
+
+async def test_a_placer_asking_the_service_names_the_services_version(redis, redis_url, prefix, tmp_path) -> None:
+    """--thermal-guard service: the thermal service checks with the version it serves, and says which."""
+    from services.placer import server as placer_server
+    from services.thermal import server as thermal_server
+
+    common = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix]
+    async with inprocess.service(thermal_server, [*common, "--recalibrate-period-s", "0.1"],
+                                 tmp_path / "thermal.port") as thermal_target, \
+            inprocess.service(placer_server, [*common, "--datacenter", DC, "--thermal", thermal_target,
+                                              "--thermal-guard", "service"], tmp_path / "placer.port") as target, \
+            grpc.aio.insecure_channel(target) as pch, grpc.aio.insecure_channel(thermal_target) as tch:
+        placer = placer_pb2_grpc.PlacerStub(pch)
+        thermal = thermal_pb2_grpc.ThermalStub(tch)
+        first = await placer.Place(place("a", 2), timeout=10)
+        assert first.thermal.model_version == 0 and "thermal model version 0" in " ".join(first.notes)
+        op = room_for(cheap()).recirc
+        assert await ModelStore(redis, Keys(prefix), DC).publish(0, hot_rack_truth(op, 2.0), {}) == 1
+        for _ in range(100):
+            if (await thermal.Predict(thermal_pb2.PredictRequest(datacenter=DC), timeout=10)).model_version == 1:
+                break
+            await asyncio.sleep(0.05)
+        second = await placer.Place(place("b", 2), timeout=10)
+        assert second.thermal.model_version == 1
+        assert any(n.startswith("thermal model version 1 (published") for n in second.notes)
+
+
+# -- real processes: kill -9, a Redis restart, a stack's placer following the versions -------------------------
+
+def truth_scans(count: int, seed: int = 7) -> list[list[Reading]]:
+    """Scans of the `cheap` room as if rack 0 recirculated 6x its own exhaust (random loads, 0.05 K noise)."""
+    room = room_for(cheap())
+    truth = hot_rack_truth(room.recirc, 6.0)
+    rng = np.random.default_rng(seed)
+    k_per_w = 1.0 / (room.params.air_mass_flow_kg_s * room.params.cp_air)
+    out = []
+    for s in range(count):
+        power = rng.uniform(100.0, 300.0, room.n)
+        out.append(synthetic_readings(DC, f"scan-{seed}-{s}", 20.0, 20.0 + truth.matvec(power), power, k_per_w,
+                                      0.05, rng, unix_ms=1_700_000_000_000 + s))
+    return out
+
+
+@pytest.mark.slow
+def test_scans_survive_kill_9_and_a_redis_restart_and_a_stack_placer_follows_the_versions(tmp_path, monkeypatch):
+    import time
+
+    from hsched.stack import Stack, StackConfig
+    from hsched.state.redis import connect_sync
+    from hsched.thermal.published import READINGS_MAXLEN
+    from hsched.thermal.readings import write_readings
+
+    def wait(cond, what: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.1)
+
+    scans = truth_scans(26)
+    config = StackConfig(fleet_path=SMALL_FLEET, gateway_port=0, metrics=False, state_dir=str(tmp_path / "state"),
+                         log_level="INFO", redis_appendfsync="always",
+                         extra_env={"HSCHED_THERMAL_RECALIBRATE_PERIOD_S": "0.5", "HSCHED_GPU_RESERVE": "0"})
+    with Stack(config) as stack:
+        keys = Keys(stack.config.prefix)
+        r = connect_sync(stack.redis_url)
+
+        def write(readings):
+            write_readings(r, keys.readings, readings, READINGS_MAXLEN)
+
+        def pending() -> int:
+            return r.xpending(keys.readings(DC), GROUP)["pending"]
+
+        write(scans[0][:3])  # three of the scan's four readings: pending in the group
+        wait(lambda: pending() == 3, "the thermal service did not read the readings")
+        stack.kill("thermal")  # SIGKILL with a scan half assembled in memory
+        stack.restart("thermal")
+        write(scans[0][3:])
+        wait(lambda: r.xlen(keys.scans(DC)) == 1 and pending() == 0, "the scan was not assembled after the restart")
+        write(scans[0] + scans[1][:3])  # a replay of the recorded scan, and the next one half
+        wait(lambda: pending() == 3, "the replay was not acknowledged")
+        assert r.xlen(keys.scans(DC)) == 1
+        stack.redis.kill()
+        stack.redis.start()  # same port, same data dir: the AOF is replayed
+        write(scans[1][3:])
+        wait(lambda: r.xlen(keys.scans(DC)) == 2 and pending() == 0, "no scan after the Redis restart")
+        assert stack.services["thermal"].alive
+
+        path = tmp_path / "readings.jsonl"
+        path.write_text("".join(json.dumps({"datacenter": DC, **json.loads(x.to_stream()["r"])}) + "\n"
+                                for scan in scans[2:] for x in scan))
+        monkeypatch.setenv("REDIS_URL", stack.redis_url)
+        assert cli_main(["thermal", "replay", str(path), "--fleet", SMALL_FLEET, "--prefix", stack.config.prefix]) == 0
+        wait(lambda: r.hget(keys.model(DC), "version") == b"1", "version 1 was not published")
+        assert r.xlen(keys.scans(DC)) == 26  # every scan once
+        log = stack.log_dir / f"placer-{DC}.log"
+        wait(lambda: "thermal model version 1 replaces version 0" in log.read_text(errors="replace")
+             or _place_once(stack), "the placer did not adopt version 1", timeout_s=60)
+
+
+def _place_once(stack) -> bool:
+    """The placer swaps models between batches: one Place (then its release) makes one happen."""
+    with grpc.insecure_channel(stack.placer_target(DC)) as ch:
+        stub = placer_pb2_grpc.PlacerStub(ch)
+        try:
+            reply = stub.Place(place("nudge", 1), timeout=10)
+            stub.Release(placer_pb2.PlacerReleaseRequest(task_id="nudge"), timeout=10)
+        except grpc.RpcError as exc:  # its first write after the Redis restart may find the old connection closed
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+            return False
+    return any(n.startswith("thermal model version 1") for n in reply.notes)
