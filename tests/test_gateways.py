@@ -199,10 +199,15 @@ async def test_a_gateway_killed_under_load_loses_nothing_acknowledged_and_places
             await channel.close()
 
 
-@pytest.mark.parametrize("target, policy", [("127.0.0.1:1", None), ("ipv4:127.0.0.1:1,127.0.0.1:2", "round_robin")])
-def test_several_addresses_are_balanced_round_robin(target, policy):
+@pytest.mark.parametrize("target, policy, authority", [
+    ("127.0.0.1:1", None, None),
+    ("ipv4:127.0.0.1:1,127.0.0.1:2", "round_robin", "127.0.0.1:1"),  # TLS verifies the first address' host
+    ("ipv6:[::1]:1,[::1]:2", "round_robin", "[::1]:1"),
+])
+def test_several_addresses_are_balanced_round_robin(target, policy, authority):
     options = dict(balanced(target, [("grpc.keepalive_time_ms", 1)]))
     assert options.get("grpc.lb_policy_name") == policy and options["grpc.keepalive_time_ms"] == 1
+    assert options.get("grpc.default_authority") == authority
 
 
 async def test_a_stale_writer_gets_conflict_and_writes_after_catching_up(redis, prefix):
