@@ -94,6 +94,11 @@ async def test_two_gateways_share_request_ids_tasks_watches_and_releases(redis_u
             ids = {on_a.task.task_id: on_a.task.datacenter for on_a, _ in pairs}
             assert len(ids) == len(rids)
             assert await held(redis_url, prefix) == {t: [dc] for t, dc in ids.items()}  # each placed once
+            client = connect(redis_url)
+            try:  # each claim went with its records (the write deletes it)
+                assert not await client.exists(*(Keys(prefix).request("t1", r) for r in rids))
+            finally:
+                await client.aclose()
 
             # a retry later, on the other gateway: still that answer
             again = await gw_b.Submit(gateway_pb2.SubmitRequest(task=with_request_id(rids[0], "t1")), timeout=30)

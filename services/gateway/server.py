@@ -285,8 +285,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         gone). With a lease the records are written only while it (and the request's `claim`) still holds."""
         task = pb.Task(task_id=task_id or new_task_id(self.lease.id if self.lease else "000000"),
                        spec=task_to_pb(spec), created_unix_ms=now_ms())
-        fences = ((self.lease.fence, *(((claim, task.task_id),) if claim else ())) if self.lease is not None
-                  else ())
+        fences = (self.lease.fence,) if self.lease is not None else ()
         # Ask the selector before anything else: it has no side effects, so if it is down the client
         # gets UNAVAILABLE, nothing is recorded, and a retry with the same request_id starts afresh.
         selection = await self.select.call(selector_pb2.SelectRequest(task=task.spec, method=method),
@@ -318,8 +317,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         release what it holds at a placer, write `abandoned` for it in the background (the write may have
         reached Redis without its reply), and answer UNAVAILABLE; a retry with the same request_id starts afresh
         once that release is confirmed."""
-        try:
-            await self.store.write(*records, fences=fences)
+        try:  # the request's claim: held while the records are written, dropped with them (no round trip)
+            await self.store.write(*records, fences=fences, drop=((claim, task.task_id),) if claim else ())
         except Exception as exc:
             if task.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED):
                 self._abandon(task.task_id, task.datacenter)
@@ -344,8 +343,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                       "the same request_id)") from exc
             raise rpc.Unavailable(f"the task store could not record the task ({type(exc).__name__}: {exc}); nothing "
                                   "was kept and any placement is released: retry (with the same request_id)") from exc
-        if claim:
-            self._unclaim(claim, task.task_id)  # recorded: a retry anywhere finds the record
 
     def _durably(self, make: Callable[[], Awaitable[Record | None]], what: str, first_retry_s: float = 0.5
                  ) -> asyncio.Task:

@@ -469,8 +469,8 @@ class JobOrchestrator:
         """A SubmitJob with a request_id when other gateways may share the prefix: claim the request in Redis
         (`{prefix}:job-request:...` = "<job id> <gateway id>", SET NX) before choosing the DC, so a retry on
         another gateway waits for this attempt's job record instead of making a second job; a claim whose gateway
-        is gone is taken over. The claim goes once the job is recorded (the record answers retries from then
-        on) or the attempt failed (nothing durable: a retry starts afresh)."""
+        is gone is taken over. The claim goes with the job's record (which answers retries from then on), or
+        when the attempt failed (nothing durable: a retry starts afresh)."""
         owners = self.owners
         if owners is None:
             return await self._submit(spec, method), False
@@ -493,10 +493,12 @@ class JobOrchestrator:
                 try:
                     await self.store.refresh()  # recorded by an attempt before this claim: the answer
                     if (known := self.store.jobs_by_request.get(key)) is not None:
+                        await self._unclaim(rkey, mine)
                         return self.get(known), True
                     return await self._submit(spec, method, job_id, claim=(rkey, mine)), False
-                finally:
+                except BaseException:
                     await self._unclaim(rkey, mine)
+                    raise
             await self.store.refresh()
             if (known := self.store.jobs_by_request.get(key)) is not None:
                 return self.get(known), True
@@ -519,17 +521,17 @@ class JobOrchestrator:
         datacenter, why = choose_datacenter(feasible, by_cost)
         now = now_ms()
         job = pb.Job(job_id=job_id or new_job_id(), spec=spec, datacenter=datacenter, created_unix_ms=now)
-        claimed = (claim,) if claim else ()  # recorded only while this attempt still holds the request's claim
+        claimed = (claim,) if claim else ()  # recorded only while this attempt holds the claim, which goes with it
         if not datacenter:
             job.reason = why
             job.finished_unix_ms = now
             await self.store.write(job_step("job_submitted", job, why), job_step("job_failed", job, why),
-                                   fences=(*self.fences(job.job_id)[:1], *claimed))
+                                   fences=self.fences(job.job_id)[:1], drop=claimed)
             return self.get(job.job_id)
         if self.owners is not None:  # before its first record: no other gateway adopts it meanwhile
             await self.owners.own(job.job_id)
             self._owned.add(job.job_id)
-        await self.store.write(job_step("job_submitted", job, why), fences=(*self.fences(job.job_id), *claimed))
+        await self.store.write(job_step("job_submitted", job, why), fences=self.fences(job.job_id), drop=claimed)
         self.poke(job.job_id)
         return self.get(job.job_id)
 

@@ -13,7 +13,7 @@ job whose owner holds no lease is adopted by the first live gateway that looks (
 
 A Submit with a request_id first claims `{prefix}:request:...` = its task id (SET NX): a retry on another
 gateway finds the claim and waits for that task's record instead of placing a second task, and the records
-are written only while the claim still holds that task id. A claim whose gateway is gone is taken over.
+are written only while the claim still holds that task id (the write deletes it: the record answers from then on). A claim whose gateway is gone is taken over.
 """
 
 from __future__ import annotations

@@ -59,20 +59,21 @@ JOB_TERMINAL = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCEL
 _RECORD_FIELDS = (b"k", b"t", b"d", b"l")
 ANY = "*"  # a record's expected version: written whatever the task's version is
 # KEYS: stream, epoch key, versions hash (task or job id -> the entry id of its newest record). ARGV: epoch
-# ('' = unchecked), then per group of records written together: n records, n fences, the fences (key, value:
-# the key must hold that value), then per record k, t, d, l, id, expected version ('' = none yet, ANY =
-# unchecked; a version the hash does not hold, written before versions were kept or pruned, is not checked).
-# Returns per group its entry ids, or 0 when a fence or a version did not hold (nothing of it written).
+# ('' = unchecked), then per group of records written together: n records, f fences, d (the last d fences are
+# deleted once the group is written: a request's claim, so dropping it costs no round trip of its own), the
+# fences (key, value: the key must hold that value), then per record k, t, d, l, id, expected version ('' = none
+# yet, ANY = unchecked; a version the hash does not hold, written before versions were kept or pruned, is not
+# checked). Returns per group its entry ids, or 0 when a fence or a version did not hold (nothing of it written).
 _APPEND = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('EPOCH') end
 local out = {}
 local i = 2
 while i <= #ARGV do
-  local n, f = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
-  local r0 = i + 2 + 2 * f
+  local n, f, d = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local r0 = i + 3 + 2 * f
   local ok = true
   for j = 0, f - 1 do
-    if redis.call('GET', ARGV[i + 2 + 2 * j]) ~= ARGV[i + 3 + 2 * j] then ok = false end
+    if redis.call('GET', ARGV[i + 3 + 2 * j]) ~= ARGV[i + 4 + 2 * j] then ok = false end
   end
   for j = 0, n - 1 do
     local b = r0 + 6 * j
@@ -101,6 +102,7 @@ while i <= #ARGV do
       hset[#hset + 1] = id
     end
     if #hset > 0 then redis.call('HSET', KEYS[3], unpack(hset)) end
+    for j = f - d, f - 1 do redis.call('DEL', ARGV[i + 3 + 2 * j]) end
     out[#out + 1] = ids
   else
     out[#out + 1] = 0
@@ -164,6 +166,7 @@ class _Pending:
     future: asyncio.Future
     fences: tuple[tuple[str, str], ...] = ()
     expects: tuple[str, ...] = ()
+    drop: int = 0  # the last `drop` fences are deleted once the records are written
 
 
 @dataclass
@@ -311,15 +314,18 @@ class TaskStore:
         while (writing := self._writing.get(task_id)) is not None:
             await asyncio.wait([writing])
 
-    def write(self, *records: Record, fences: tuple[tuple[str, str], ...] = ()) -> asyncio.Future[list[str]]:
+    def write(self, *records: Record, fences: tuple[tuple[str, str], ...] = (),
+              drop: tuple[tuple[str, str], ...] = ()) -> asyncio.Future[list[str]]:
         """Queue `records` as one unit: durable together or not at all. Await the returned future for their entry
         ids; the table shows them only once it is resolved, and never if it fails. A task's (and a job's) records
         expect the version the table shows now (`Conflict` if another writer went first: for a job, a CancelJob
         and its owner's step never overwrite one another), an `abandoned` record none; every (key, value) of
-        `fences` must hold in Redis when they are written."""
+        `fences` and `drop` must hold in Redis when they are written, and the keys of `drop` are deleted with
+        them (a request's claim, once its records answer retries)."""
         expects = tuple(r.expect if r.expect is not None else ANY if r.kind == ABANDONED else self.version(r.task_id)
                         for r in records)
-        pending = _Pending(records, asyncio.get_running_loop().create_future(), tuple(fences), expects)
+        pending = _Pending(records, asyncio.get_running_loop().create_future(), (*fences, *drop), expects,
+                           len(drop))
         pending.future.add_done_callback(lambda f: f.cancelled() or f.exception())  # a caller may be gone
         for r in records:
             self._writing[r.task_id] = pending.future
@@ -352,7 +358,7 @@ class TaskStore:
             try:
                 args: list = [self.epoch or ""]
                 for p in batch:
-                    args += [len(p.records), len(p.fences), *(x for fence in p.fences for x in fence)]
+                    args += [len(p.records), len(p.fences), p.drop, *(x for fence in p.fences for x in fence)]
                     for r, expect in zip(p.records, p.expects, strict=True):
                         args += [*(r.fields.get(f, b"") for f in _RECORD_FIELDS), r.task_id, expect]
                 async with self.redis.pipeline(transaction=False) as pipe:
@@ -469,10 +475,10 @@ async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, no
         args = [store.epoch or ""]
         for task in old:
             # with the ledger entry its state reflects: a restarted gateway's ledger followers resume from there
-            args += [1, 0, KIND_OF_STATE.get(task.state, "submitted"), task.SerializeToString(), "kept by compaction",
+            args += [1, 0, 0, KIND_OF_STATE.get(task.state, "submitted"), task.SerializeToString(), "kept by compaction",
                      store.ledger_refs.get(task.task_id, b""), task.task_id, store.version(task.task_id)]
         for job in old_jobs:
-            args += [1, 0, KIND_OF_JOB_STATE[job.state], job.SerializeToString(), "kept by compaction", b"",
+            args += [1, 0, 0, KIND_OF_JOB_STATE[job.state], job.SerializeToString(), "kept by compaction", b"",
                      job.job_id, store.version(job.job_id)]
         kept = await store._append(keys=store._keys(), args=args)
         for key, group in zip([*(t.task_id for t in old), *(j.job_id for j in old_jobs)], kept, strict=True):
