@@ -7,6 +7,7 @@ can be killed), a real Redis under the test's own prefix; the placers' ledgers s
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,9 @@ import grpc
 import pytest
 
 from hsched.lb import balanced
+from hsched.state.keys import Keys
 from hsched.state.lifecycle import LIVE, ON_NODES
+from hsched.state.redis import connect
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.test_gateway_failures import backends, small_task
@@ -91,6 +94,11 @@ async def test_two_gateways_share_request_ids_tasks_watches_and_releases(redis_u
             ids = {on_a.task.task_id: on_a.task.datacenter for on_a, _ in pairs}
             assert len(ids) == len(rids)
             assert await held(redis_url, prefix) == {t: [dc] for t, dc in ids.items()}  # each placed once
+            client = connect(redis_url)
+            try:  # each claim went with its records (the write deletes it)
+                assert not await client.exists(*(Keys(prefix).request("t1", r) for r in rids))
+            finally:
+                await client.aclose()
 
             # a retry later, on the other gateway: still that answer
             again = await gw_b.Submit(gateway_pb2.SubmitRequest(task=with_request_id(rids[0], "t1")), timeout=30)
@@ -196,10 +204,15 @@ async def test_a_gateway_killed_under_load_loses_nothing_acknowledged_and_places
             await channel.close()
 
 
-@pytest.mark.parametrize("target, policy", [("127.0.0.1:1", None), ("ipv4:127.0.0.1:1,127.0.0.1:2", "round_robin")])
-def test_several_addresses_are_balanced_round_robin(target, policy):
+@pytest.mark.parametrize("target, policy, authority", [
+    ("127.0.0.1:1", None, None),
+    ("ipv4:127.0.0.1:1,127.0.0.1:2", "round_robin", "127.0.0.1:1"),  # TLS verifies the first address' host
+    ("ipv6:[::1]:1,[::1]:2", "round_robin", "[::1]:1"),
+])
+def test_several_addresses_are_balanced_round_robin(target, policy, authority):
     options = dict(balanced(target, [("grpc.keepalive_time_ms", 1)]))
     assert options.get("grpc.lb_policy_name") == policy and options["grpc.keepalive_time_ms"] == 1
+    assert options.get("grpc.default_authority") == authority
 
 
 async def test_a_stale_writer_gets_conflict_and_writes_after_catching_up(redis, prefix):
@@ -269,3 +282,170 @@ async def test_placements_of_a_live_gateway_are_left_alone_and_a_gone_ones_relea
         async def none() -> bool:
             return not await held(redis_url, prefix)
         await until(none, "the placement of the gateway whose lease went is released")
+
+
+def _stage(name: str, tasks: int, runtime_s: float, parents: tuple[str, ...] = ()) -> pb.StageSpec:
+    return pb.StageSpec(name=name, tasks=tasks, runtime_s=runtime_s, parents=list(parents),
+                        resources=pb.Resources(cpu_milli=1000, memory_mib=1024))
+
+
+async def test_a_dag_job_continues_on_the_other_gateway_when_its_own_is_killed(redis_url, prefix, tmp_path,
+                                                                             monkeypatch):
+    """A 3-stage job submitted on A; A SIGKILLed once stage 1 is placed: B adopts the job (A's lease gone) and
+    runs it to the end, no stage task is submitted or placed twice, and a Watch on B sees every job and task
+    event, whichever gateway recorded it."""
+    monkeypatch.setenv("HSCHED_TIME_FACTOR", "20")  # the in-process placers' clock: a 20 s stage runs ~1 s
+    spec = pb.JobSpec(name="adopted", tenant="dag", stages=[
+        _stage("one", 2, 20.0), _stage("two", 2, 20.0, ("one",)), _stage("three", 1, 20.0, ("two",))])
+    async with backends(redis_url, prefix, tmp_path) as (argv, _), \
+            gateway_processes(argv, tmp_path) as (procs, (a, b)):
+        (ch_a, gw_a), (ch_b, gw_b) = stub(a), stub(b)
+        try:
+            watch = gw_b.Watch(gateway_pb2.WatchRequest(after_event_id="$"), timeout=180)
+            await asyncio.sleep(0.5)  # subscribed
+            job = (await gw_a.SubmitJob(gateway_pb2.SubmitJobRequest(job=spec), timeout=30)).job
+            stage_one = {f"{job.job_id}.one.{i}" for i in range(2)}
+            events: list[pb.TaskEvent] = []
+            while {e.task_id for e in events if e.kind == "running"} < stage_one:
+                events.append(await asyncio.wait_for(watch.read(), 60))
+            procs[0].send_signal(signal.SIGKILL)  # stage 1 running (both gateways saw it); stage 2 not yet begun
+            assert procs[0].wait(timeout=10) == -signal.SIGKILL
+
+            async def finished() -> pb.Job | None:
+                got = await gw_b.GetJob(gateway_pb2.GetJobRequest(job_id=job.job_id), timeout=5)
+                return got if got.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED) else None
+            done = await until(finished, "the job finishes on B", timeout_s=120)
+            assert done.state == pb.JOB_STATE_SUCCEEDED, done.reason
+            everything = {f"{job.job_id}.{s.name}.{i}" for s in spec.stages for i in range(s.tasks)}
+            assert {t for s in done.stages for t in s.task_ids} == everything
+
+            while "job_succeeded" not in {e.kind for e in events}:  # B's Watch: every event, A's and B's
+                events.append(await asyncio.wait_for(watch.read(), 30))
+            watch.cancel()
+            assert [e.kind for e in events if not e.task_id] == ["job_submitted", "job_running", "job_succeeded"]
+            for task_id in everything:
+                kinds = [e.kind for e in events if e.task_id == task_id]
+                assert kinds.count("submitted") == 1 and kinds.count("succeeded") == 1, (task_id, kinds)
+
+            # no stage task submitted twice: one `submitted` record each in the stream, one placement each
+            client = connect(redis_url)
+            try:
+                stream = [pb.Task.FromString(f[b"t"]).task_id for _, f in await client.xrange(Keys(prefix).tasks)
+                          if f[b"k"] == b"submitted"]
+                placements = [json.loads(f[b"e"])["task"] for dc in ("cheap", "near", "gpu")
+                              for _, f in await client.xrange(Keys(prefix).ledger(dc))
+                              if json.loads(f[b"e"])["t"] == "alloc"]
+            finally:
+                await client.aclose()
+            assert sorted(stream) == sorted(everything)
+            assert sorted(p for p in placements if p in everything) == sorted(everything)
+        finally:
+            await ch_a.close()
+            await ch_b.close()
+
+
+async def test_a_cancel_on_another_gateway_than_the_jobs_owner_wins_over_its_steps(redis_url, prefix, tmp_path):
+    """CancelJob on B of a job A owns: recorded once, A stops advancing it, and its live tasks are released."""
+    spec = pb.JobSpec(name="cancelled", tenant="dag", stages=[
+        _stage("one", 2, 600.0), _stage("two", 1, 600.0, ("one",))])
+    async with backends(redis_url, prefix, tmp_path) as (argv, _), gateway_processes(argv, tmp_path) as (_, (a, b)):
+        (ch_a, gw_a), (ch_b, gw_b) = stub(a), stub(b)
+        try:
+            job = (await gw_a.SubmitJob(gateway_pb2.SubmitJobRequest(job=spec), timeout=30)).job
+            stage_one = {f"{job.job_id}.one.{i}" for i in range(2)}
+
+            async def placed() -> bool:
+                return set(await held(redis_url, prefix)) >= stage_one
+            await until(placed, "stage 1 placed")
+            cancelled = await gw_b.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.job_id), timeout=30)
+            assert cancelled.state == pb.JOB_STATE_CANCELLED
+
+            async def released() -> bool:
+                return not stage_one & set(await held(redis_url, prefix))
+            await until(released, "stage 1 released")
+            for gw in (gw_a, gw_b):
+                got = await gw.GetJob(gateway_pb2.GetJobRequest(job_id=job.job_id), timeout=5)
+                assert got.state == pb.JOB_STATE_CANCELLED
+            client = connect(redis_url)
+            try:
+                kinds = [f[b"k"] for _, f in await client.xrange(Keys(prefix).tasks)]
+            finally:
+                await client.aclose()
+            assert kinds.count(b"job_cancelled") == 1 and b"job_succeeded" not in kinds
+        finally:
+            await ch_a.close()
+            await ch_b.close()
+
+
+async def test_two_live_gateways_advance_a_job_once(redis_url, prefix, tmp_path, monkeypatch):
+    """Both gateways hear every transition of a job's tasks; only its owner advances it: each job record once,
+    each task submitted once (the other gateway never sends its own Place of a stage task). A SubmitJob sent to
+    both at once with one request_id makes one job, the same answer on both."""
+    monkeypatch.setenv("HSCHED_TIME_FACTOR", "20")
+    spec = pb.JobSpec(name="once", tenant="dag", stages=[
+        _stage("one", 3, 20.0), _stage("two", 3, 20.0, ("one",)), _stage("three", 2, 20.0, ("one", "two"))])
+    async with backends(redis_url, prefix, tmp_path) as (argv, _), gateway_processes(argv, tmp_path) as (_, (a, b)):
+        (ch_a, gw_a), (ch_b, gw_b) = stub(a), stub(b)
+        try:
+            def with_request(rid: str) -> gateway_pb2.SubmitJobRequest:
+                job = pb.JobSpec()
+                job.CopyFrom(spec)
+                job.request_id = rid
+                return gateway_pb2.SubmitJobRequest(job=job)
+            pairs = await asyncio.gather(*(asyncio.gather(gw_a.SubmitJob(with_request(rid), timeout=30),
+                                                          gw_b.SubmitJob(with_request(rid), timeout=30))
+                                           for rid in ("first", "second")))
+            for on_a, on_b in pairs:
+                assert on_a.job.job_id == on_b.job.job_id
+                assert sorted([on_a.duplicate, on_b.duplicate]) == [False, True]
+            jobs = [on_a.job for on_a, _ in pairs]
+            jobs.append((await gw_b.SubmitJob(gateway_pb2.SubmitJobRequest(job=spec), timeout=30)).job)
+
+            async def finished() -> bool:
+                got = [await gw_b.GetJob(gateway_pb2.GetJobRequest(job_id=j.job_id), timeout=5) for j in jobs]
+                return all(g.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED) for g in got)
+            await until(finished, "every job finishes", timeout_s=120)
+            client = connect(redis_url)
+            try:
+                records = [(f[b"k"].decode(), f[b"t"]) for _, f in await client.xrange(Keys(prefix).tasks)]
+            finally:
+                await client.aclose()
+            for j in jobs:
+                kinds = [k for k, t in records if k.startswith("job_") and pb.Job.FromString(t).job_id == j.job_id]
+                assert kinds == ["job_submitted", "job_running", "job_succeeded"], kinds
+            submitted = [pb.Task.FromString(t).task_id for k, t in records if k == "submitted"]
+            assert len(submitted) == len(set(submitted)) == 3 * 8
+        finally:
+            await ch_a.close()
+            await ch_b.close()
+
+
+def test_a_stack_of_two_supervised_gateways_is_one_round_robin_target(redis_url):
+    """`hsched up --gateways 2`: one target naming both, a replay through it reaches both (a task id names its
+    gateway), and a killed gateway is restarted on its port like any other service."""
+    import time
+
+    from hsched.replay import load_trace, replay, with_locations
+    from hsched.state.gateways import owner_of
+    from tests.conftest import small_fleet_stack
+
+    with small_fleet_stack(redis_url, "gateways", gateways=2, thermal=False, supervise=True) as stack:
+        assert stack.gateway_names == ["gateway", "gateway-2"]
+        targets = [stack.services[n].target for n in stack.gateway_names]
+        assert stack.gateway == f"ipv4:{targets[0]},{targets[1]}"
+        tasks = with_locations(load_trace("openb", 40), stack.fleet, seed=1)
+        stats = asyncio.run(replay(stack.gateway, tasks, duration_s=2.0, concurrency=8))
+        assert stats.submitted == 40 and not stats.errors
+        assert stats.outcomes["placed"] + stats.outcomes["deferred"] + stats.outcomes["rejected"] == 40
+        assert len({owner_of(task_id) for task_id in stats.final}) == 2  # both gateways took Submits
+
+        svc = stack.services["gateway-2"]
+        port, restarts = svc.port, svc.restarts
+        stack.kill("gateway-2")
+        deadline = time.monotonic() + 120
+        while not (svc.alive and svc.restarts > restarts and svc.serving_since is not None):
+            assert time.monotonic() < deadline, "gateway-2 not restarted within 120 s"
+            time.sleep(0.2)
+        assert svc.port == port
+        again = asyncio.run(replay(stack.gateway, tasks[:8], duration_s=0.5, concurrency=4))
+        assert again.submitted == 8 and not again.errors

@@ -488,19 +488,22 @@ def test_stack_with_tls_places_and_releases_end_to_end(redis_url):
 
 
 @pytest.mark.slow
-def test_hsched_up_tls_replays_a_real_trace(redis_url, tmp_path):
+@pytest.mark.parametrize("gateways", [1, 2])  # 2: one round-robin target, TLS verified against its first address
+def test_hsched_up_tls_replays_a_real_trace(redis_url, tmp_path, gateways):
     prefix = f"test-tls-up-{int(time.time() * 1000)}"
     env = {**os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path),
            "COLUMNS": "200"}
     try:
         up = subprocess.run([sys.executable, "-m", "hsched.cli", "up", "--fleet", SMALL_FLEET, "--port", "0",
                              "--prefix", prefix, "--state-dir", str(tmp_path / "state"), "--tls",
-                             "--replay", "openb", "--limit", "40", "--duration", "2", "--concurrency", "8"],
+                             "--replay", "openb", "--limit", "40", "--duration", "2", "--concurrency", "8",
+                             "--gateways", str(gateways)],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         out = up.stdout + up.stderr
         assert up.returncode == 0, out
         assert "40 submitted" in out and "errors" not in out and "Traceback" not in out, out
         assert "mutual TLS on every hop" in out
+        assert ("gateway-2" in out) == (gateways == 2)
         assert stat.S_IMODE(os.stat(tmp_path / "state" / "tls").st_mode) == 0o700
         assert stat.S_IMODE(os.stat(tmp_path / "state" / "tls" / "gateway.key").st_mode) == 0o600
     finally:

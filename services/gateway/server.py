@@ -22,7 +22,7 @@ from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.fleetview import datacenter_view, task_history
-from hsched.jobs import JobOrchestrator, JobPorts
+from hsched.jobs import JobOrchestrator, JobPorts, job_of
 from hsched.runtime import (
     common_args,
     exit_if_lost,
@@ -148,8 +148,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._failed: dict[tuple[str, str], asyncio.Future] = {}  # request key -> release of its failed attempt
         self._scheduling: set[str] = set()  # task ids placed or being placed whose records are not durable yet
         self._job_tasks: dict[str, asyncio.Task] = {}  # task ids of DAG jobs being submitted (submit_job_task)
-        self.jobs = JobOrchestrator(store, JobPorts(self._select, self.submit_job_task, self.release_job_task))
-        self.transitions.subscribe(self.jobs.transition_callback)
+        self.jobs = JobOrchestrator(store, JobPorts(self._select, self.submit_job_task, self.release_job_task),
+                                    owners=lease)
+        # only a DAG job's tasks (ids `<job>.<stage>.<i>`, hsched.jobs.task_id_of) concern the orchestrator
+        self.transitions.subscribe(self.jobs.transition_callback, wants=lambda task_id: job_of(task_id) is not None)
         self._following: asyncio.Task | None = None
 
     def coalescers(self) -> list[tuple[tuple[str, str], Coalescer]]:
@@ -283,8 +285,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         gone). With a lease the records are written only while it (and the request's `claim`) still holds."""
         task = pb.Task(task_id=task_id or new_task_id(self.lease.id if self.lease else "000000"),
                        spec=task_to_pb(spec), created_unix_ms=now_ms())
-        fences = ((self.lease.fence, *(((claim, task.task_id),) if claim else ())) if self.lease is not None
-                  else ())
+        fences = (self.lease.fence,) if self.lease is not None else ()
         # Ask the selector before anything else: it has no side effects, so if it is down the client
         # gets UNAVAILABLE, nothing is recorded, and a retry with the same request_id starts afresh.
         selection = await self.select.call(selector_pb2.SelectRequest(task=task.spec, method=method),
@@ -316,8 +317,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         release what it holds at a placer, write `abandoned` for it in the background (the write may have
         reached Redis without its reply), and answer UNAVAILABLE; a retry with the same request_id starts afresh
         once that release is confirmed."""
-        try:
-            await self.store.write(*records, fences=fences)
+        try:  # the request's claim: held while the records are written, dropped with them (no round trip)
+            await self.store.write(*records, fences=fences, drop=((claim, task.task_id),) if claim else ())
         except Exception as exc:
             if task.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED):
                 self._abandon(task.task_id, task.datacenter)
@@ -342,8 +343,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                       "the same request_id)") from exc
             raise rpc.Unavailable(f"the task store could not record the task ({type(exc).__name__}: {exc}); nothing "
                                   "was kept and any placement is released: retry (with the same request_id)") from exc
-        if claim:
-            self._unclaim(claim, task.task_id)  # recorded: a retry anywhere finds the record
 
     def _durably(self, make: Callable[[], Awaitable[Record | None]], what: str, first_retry_s: float = 0.5
                  ) -> asyncio.Task:
@@ -423,7 +422,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         (`_abandon`). (Where a live task is — placed from the queue, requeued — the ledger follower records.)
         Another live gateway's placements are its own to settle (see hsched.state.gateways): only those of this
         gateway and of gateways that are gone are released, after the table caught up with the stream; those of
-        DAG jobs (ids naming no gateway) only when no other gateway holds a lease. `followed`: read
+        DAG jobs' (ids naming no gateway) when their job's owner is this gateway or gone (with no owner known,
+        a finished job's, only when no other gateway holds a lease). `followed`: read
         the ledgers' folds from the followers (the periodic sweep) instead of replaying them (at start).
         Returns the releases started."""
         candidates: list[tuple[str, str]] = []
@@ -439,13 +439,18 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             candidates += [(task_id, dc.name) for task_id in [*state.allocations, *queue]
                            if self._orphan(task_id, dc.name)]
         if candidates and self.lease is not None:
-            owners = {owner_of(t) for t, _ in candidates}
-            alive = await self.lease.alive({o for o in owners if o is not None})
-            solo = None not in owners or not [k async for k in redis.scan_iter(match=keys.gateway("*"), count=1000)
-                                              if k.decode() != self.lease.key]
+            # whose each is: a Submit's gateway (named in its id), a DAG job task's job owner (none when unknown)
+            jobs = sorted({j for t, _ in candidates if owner_of(t) is None and (j := job_of(t)) is not None})
+            job_owners = dict(zip(jobs, [o.decode() if o else None for o in
+                                         await redis.mget([keys.job_owner(j) for j in jobs])], strict=True)) \
+                if jobs else {}
+            owners = {t: owner_of(t) or job_owners.get(job_of(t) or "") for t, _ in candidates}
+            alive = await self.lease.alive({o for o in owners.values() if o is not None})
+            solo = None not in owners.values() or not [
+                k async for k in redis.scan_iter(match=keys.gateway("*"), count=1000) if k.decode() != self.lease.key]
             await self.store.refresh()  # recorded by a gateway that is gone: in the table now
             candidates = [(t, dc) for t, dc in candidates if self._orphan(t, dc) and (
-                owner_of(t) == self.lease.id or owner_of(t) not in alive if owner_of(t) is not None else solo)]
+                owners[t] == self.lease.id or owners[t] not in alive if owners[t] is not None else solo)]
         for task_id, dc in candidates:
             self._abandon(task_id, dc)
         return len(candidates)
@@ -579,18 +584,22 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         answer, duplicate = await self.jobs.submit(job, request.selector_method)
         return gateway_pb2.SubmitJobResponse(job=answer, duplicate=duplicate)
 
-    def _job(self, job_id: str, principal: Principal | None) -> pb.Job:
-        """The job `principal` asked for; another tenant's gets the very answer of a job that does not exist."""
+    async def _job(self, job_id: str, principal: Principal | None) -> pb.Job:
+        """The job `principal` asked for; another tenant's gets the very answer of a job that does not exist.
+        One this table does not hold may have just been recorded by another gateway: the table catches up first."""
         if not job_id:
             raise ValidationError("job_id", "is required")
         job = self.store.jobs.get(job_id)
+        if job is None and self.lease is not None:
+            await self.store.refresh()
+            job = self.store.jobs.get(job_id)
         if job is None or not may_see(principal, job.spec.tenant):
             raise LookupError(f"job {job_id} not found")
         return self.jobs.get(job_id)
 
     @rpc.grpc_errors
     async def GetJob(self, request: gateway_pb2.GetJobRequest, context) -> pb.Job:
-        return self._job(request.job_id, self.auth.authenticate(context))
+        return await self._job(request.job_id, self.auth.authenticate(context))
 
     @rpc.grpc_errors
     async def ListJobs(self, request: gateway_pb2.ListJobsRequest, context) -> gateway_pb2.ListJobsResponse:
@@ -612,7 +621,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     @rpc.grpc_errors
     async def CancelJob(self, request: gateway_pb2.CancelJobRequest, context) -> pb.Job:
-        self._job(request.job_id, self.auth.authenticate(context))
+        await self._job(request.job_id, self.auth.authenticate(context))
         return await asyncio.shield(self._start(self.jobs.cancel(request.job_id)))
 
     async def submit_job_task(self, task_id: str, spec: pb.TaskSpec, dc: str) -> pb.Task:
@@ -663,21 +672,23 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 else:
                     task.reason = f"{dc} cannot hold it: {reply.reason}"
                     records.append(step("rejected", task, task.reason))
-            async def record() -> pb.Task:
+            async def record() -> pb.Task | Conflict:
                 try:
-                    await self.store.write(*records)
+                    await self.store.write(*records, fences=self.jobs.fences(spec.job_id))
                     return task
-                except Conflict:  # another gateway advancing the same job recorded this task first: its answer
+                except Conflict as exc:  # recorded by a gateway that adopted the job meanwhile: its answer
                     await self.store.refresh()
-                    if (known := self.store.tasks.get(task_id)) is None:
-                        raise
-                    return known
+                    return self.store.tasks.get(task_id) or exc
 
-            task = await retry_with_backoff(record, Exception, lambda exc, delay: (
+            outcome = await retry_with_backoff(record, Exception, lambda exc, delay: (
                 f"cannot yet record {task_id} of a job ({type(exc).__name__}: {exc}); retrying in {delay:g} s"))
         finally:
             self._scheduling.discard(task_id)
-        return task
+        if isinstance(outcome, Conflict):
+            # this gateway no longer owns the job (it stalled past its lease and another adopted it): what it
+            # placed is the new owner's to record (its Place of the same task id gets the same placement)
+            raise outcome
+        return outcome
 
     async def release_job_task(self, task_id: str) -> pb.Task | None:
         """Release one task of a failed or cancelled job, if it still holds or waits for resources."""
@@ -778,7 +789,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if request.task_id:
             await self._task(request.task_id, principal)  # NOT_FOUND for a task this gateway does not know (or hides)
         if request.job_id:
-            self._job(request.job_id, principal)
+            await self._job(request.job_id, principal)
         assert self.feed is not None, "serve() gives the servicer its feed"
         # a tenant's Watch counts against its own per-tenant cap, so the metric's tenant label stays bounded
         async for event in self.feed.watch(after, request.task_id, tenant_filter(principal, request.tenant),
@@ -929,6 +940,8 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
             await asyncio.sleep(args.orphan_sweep_s)
 
     late = asyncio.create_task(sweep_orphans(), name="orphan sweep")
+    # a DAG job whose gateway died is continued here (its owner's lease gone: adopted, hsched.jobs)
+    adopting = asyncio.create_task(servicer.jobs.keep_adopting(args.gateway_lease_s), name="job adoption")
     pruning = asyncio.create_task(keep_pruned(store, args.task_retention_s, args.task_prune_interval_s),
                                   name="task retention")
     metrics = metrics_server(args)
@@ -942,7 +955,7 @@ async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
              "tasks held by a placer without a record to match released; %d jobs resumed)", port, loaded,
              len(store.tasks), settled, released, resumed)
     await serve_until_stopped(stop, server, port, args, metrics=metrics,
-                              tasks=[epoch_watch, late, pruning, following, keeping],
+                              tasks=[epoch_watch, late, adopting, pruning, following, keeping],
                               cleanup=[servicer.feed.close, servicer.jobs.close, servicer.close, lease.release,
                                        *(ch.close for ch in channels), feed_redis.aclose, ledger_redis.aclose,
                                        redis.aclose])

@@ -164,14 +164,15 @@ def cmd_up(args) -> int:
                          time_factor=args.time_factor, dag_policy=args.dag_policy, slice_types=slice_types,
                          nodes_to_score=args.nodes_to_score,
                          prometheus=args.prometheus, prometheus_port=args.prometheus_port,
-                         placer_processes=args.placer_processes)
+                         placer_processes=args.placer_processes, gateways=args.gateways)
     _log_supervision_to(console)
     stack = Stack(config)
     try:
         groups = stack.placer_groups()
         hosted = f" in {len(groups)} processes" if len(groups) < len(stack.fleet.datacenters) else ""
+        gateways = f"{args.gateways} gateways" if args.gateways > 1 else "the gateway"
         with console.status(f"starting Redis, thermal, selector, {len(stack.fleet.datacenters)} placers{hosted} and "
-                            "the gateway"):
+                            f"{gateways}"):
             stack.start()
     except (StateLost, RedisUnavailable) as exc:
         print(f"hsched up: {exc}", file=sys.stderr)
@@ -1046,7 +1047,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="simulated room sensors: the thermal service writes scans of its model at the ledgers' load "
                          "plus noise onto the readings streams, which it recalibrates from (docs/thermal.md); real "
                          "readings: `hsched thermal replay FILE`")
-    up.add_argument("--port", type=int, default=50051, help="gateway port")
+    up.add_argument("--port", type=int, default=50051, help="gateway port (the first gateway's with --gateways)")
+    up.add_argument("--gateways", type=positive_int, default=1,
+                    help="gateway processes on the one Redis (default 1); the first on --port, the others on free "
+                         "ports, every client of the stack (CLI, replay) balancing round-robin over all of them "
+                         "through one target ipv4:127.0.0.1:P1,127.0.0.1:P2 (docs/operations.md)")
     up.add_argument("--prefix", default="hsched", help="Redis key prefix")
     up.add_argument("--traces", default="none", choices=["none", "console", "otlp"])
     up.add_argument("--log-dir", default=None, help="write the services' logs here (kept; default: a private run "

@@ -12,6 +12,11 @@ job_id and stage and has the deterministic id `<job_id>.<stage>.<i>`. A job's pr
 function of the task table (`decide`): a restarted gateway folds the stream, calls `JobOrchestrator.recover`,
 and continues every job from where the stream says it is; re-submitting a task whose record is already durable
 returns that record (the gateway deduplicates by task id), so no stage runs twice.
+
+Several gateways on one Redis (hsched.state.gateways): each job has one owner, the gateway that advances it; its
+job records and its tasks' records are fenced by that ownership (and job records are version-checked, so a
+CancelJob on another gateway and the owner's own step never overwrite one another). A job whose owner is gone is
+adopted by a live gateway (`keep_adopting`, and `recover` at start), which continues it from the stream.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ from hsched.domain.errors import ValidationError
 from hsched.domain.limits import JOB_MAX_TASKS, STAGE_MAX_TASKS, check_count, check_message
 from hsched.domain.resources import Resources
 from hsched.domain.task import NetworkRequirements, TaskSpec
-from hsched.state.tasks import JOB_TERMINAL, TaskStore, job_step, now_ms
+from hsched.rpc import Unavailable
+from hsched.state.gateways import GatewayLease
+from hsched.state.tasks import JOB_TERMINAL, Conflict, TaskStore, job_step, now_ms
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import selector_pb2
 
@@ -58,6 +65,12 @@ def new_job_id() -> str:
 
 def task_id_of(job_id: str, stage: str, index: int) -> str:
     return f"{job_id}.{stage}.{index}"
+
+
+def job_of(task_id: str) -> str | None:
+    """The job a task id names (`<job_id>.<stage>.<i>`), None for a Submit's task (its ids have no dot)."""
+    job_id, dot, _ = task_id.partition(".")
+    return job_id if dot else None
 
 
 # -- validation --------------------------------------------------------------------------------------------------
@@ -373,13 +386,65 @@ class JobOrchestrator:
     """Runs every job of a gateway: one `advance` at a time per job, re-run whenever one of its tasks changes
     (`on_transition`) until `decide` has nothing more to do."""
 
-    def __init__(self, store: TaskStore, ports: JobPorts, retry_s: float = 1.0) -> None:
+    def __init__(self, store: TaskStore, ports: JobPorts, retry_s: float = 1.0,
+                 owners: GatewayLease | None = None) -> None:
         self.store = store
         self.ports = ports
         self.retry_s = retry_s
+        self.owners = owners  # None: the prefix's only gateway (every job is its own, no fences)
+        self.claim_wait_s = 30.0  # how long a SubmitJob waits for another gateway's attempt of its request_id
+        self._owned: set[str] = set()  # jobs this gateway advances (its writes for them are fenced by that)
+        self._others: dict[str, float] = {}  # job id -> when a live gateway was last found owning it (loop time)
         self._dirty: set[str] = set()
         self._workers: dict[str, asyncio.Task] = {}
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
+        store.job_observed = self.poke  # another gateway's record of a job (a CancelJob there): decide again
+
+    def fences(self, job_id: str) -> tuple[tuple[str, str], ...]:
+        """What a write advancing `job_id` must still hold: this gateway's lease and its ownership of the job."""
+        return self.owners.job_fences(job_id) if self.owners is not None else ()
+
+    async def _mine(self, job_id: str) -> bool:
+        """Whether this gateway advances `job_id`, adopting it when its owner is gone. A job a live gateway owns
+        is asked about again at most once per lease period (its tasks' transitions reach every gateway)."""
+        if self.owners is None or job_id in self._owned:
+            return True
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._others.get(job_id, -1e9) < self.owners.ttl_ms / 1000:
+            return False
+        adopted = await self.owners.adopt(job_id)
+        if not adopted:
+            self._others[job_id] = loop.time()
+            return False
+        self._others.pop(job_id, None)
+        self._owned.add(job_id)
+        if adopted == 2:
+            log.info("job %s: adopted (its gateway is gone); continuing it from the task stream", job_id)
+        return True
+
+    async def adopt_orphans(self) -> int:
+        """Adopt every unfinished job whose owner is gone (and start it); returns how many."""
+        if self.owners is None:
+            return 0
+        adopted = 0
+        for job_id, job in list(self.store.jobs.items()):
+            if job.state in JOB_TERMINAL or job_id in self._owned:
+                continue
+            self._others.pop(job_id, None)
+            if await self._mine(job_id):
+                adopted += 1
+                self.poke(job_id)
+        return adopted
+
+    async def keep_adopting(self, every_s: float) -> None:
+        """`adopt_orphans` every `every_s` until cancelled: a job whose gateway died continues elsewhere even if
+        none of its tasks changes any more (the stage that would start next waits for the dead owner)."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.adopt_orphans()
+            except Exception as exc:  # noqa: BLE001 - Redis away: next round
+                log.warning("cannot look for jobs of gateways that are gone (%s: %s)", type(exc).__name__, exc)
 
     # -- submit / cancel / read
 
@@ -395,23 +460,78 @@ class JobOrchestrator:
             known = self.store.jobs_by_request.get(key)
             if known is not None:
                 return self.get(known), True
-            work = self._inflight[key] = asyncio.ensure_future(self._submit(spec, method))
+            work = self._inflight[key] = asyncio.ensure_future(self._submit_claimed(spec, method))
             work.add_done_callback(lambda _: self._inflight.pop(key, None))
-            return await asyncio.shield(work), False
+            return await asyncio.shield(work)
         return await asyncio.shield(asyncio.ensure_future(self._submit(spec, method))), False
 
-    async def _submit(self, spec: pb.JobSpec, method: str) -> pb.Job:
+    async def _submit_claimed(self, spec: pb.JobSpec, method: str) -> tuple[pb.Job, bool]:
+        """A SubmitJob with a request_id when other gateways may share the prefix: claim the request in Redis
+        (`{prefix}:job-request:...` = "<job id> <gateway id>", SET NX) before choosing the DC, so a retry on
+        another gateway waits for this attempt's job record instead of making a second job; a claim whose gateway
+        is gone is taken over. The claim goes with the job's record (which answers retries from then on), or
+        when the attempt failed (nothing durable: a retry starts afresh)."""
+        owners = self.owners
+        if owners is None:
+            return await self._submit(spec, method), False
+        key = (spec.tenant, spec.request_id)
+        rkey = owners.keys.job_request(*key)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.claim_wait_s
+        while True:
+            job_id = new_job_id()
+            mine = f"{job_id} {owners.id}"
+            holder = await owners.claim(rkey, mine)
+            if holder:
+                # this gateway's own left-behind claim (its attempts of a request run one at a time), or a gone
+                # gateway's: that attempt ended before recording the job, nothing of it is durable
+                gateway = holder.partition(" ")[2]
+                if (gateway == owners.id or gateway not in await owners.alive({gateway})) \
+                        and await owners.take_over(rkey, holder, mine):
+                    holder = None
+            if holder is None:
+                try:
+                    await self.store.refresh()  # recorded by an attempt before this claim: the answer
+                    if (known := self.store.jobs_by_request.get(key)) is not None:
+                        await self._unclaim(rkey, mine)
+                        return self.get(known), True
+                    return await self._submit(spec, method, job_id, claim=(rkey, mine)), False
+                except BaseException:
+                    await self._unclaim(rkey, mine)
+                    raise
+            await self.store.refresh()
+            if (known := self.store.jobs_by_request.get(key)) is not None:
+                return self.get(known), True
+            if loop.time() > deadline:
+                raise Unavailable(f"request_id {spec.request_id!r} is being submitted as a job by another gateway "
+                                  "and has no answer yet; retry later (with the same request_id)")
+            await asyncio.sleep(0.05)
+
+    async def _unclaim(self, rkey: str, value: str) -> None:
+        assert self.owners is not None
+        try:
+            await self.owners.unclaim(rkey, value)
+        except Exception as exc:  # noqa: BLE001 - left behind, it only makes a retry find the record first
+            log.warning("cannot drop the claim of %s (%s: %s)", rkey, type(exc).__name__, exc)
+
+    async def _submit(self, spec: pb.JobSpec, method: str, job_id: str = "",
+                      claim: tuple[str, str] | None = None) -> pb.Job:
         feasibility, cost = selection_requests(spec)
         feasible, by_cost = await asyncio.gather(self.ports.select(feasibility, method), self.ports.select(cost, method))
         datacenter, why = choose_datacenter(feasible, by_cost)
         now = now_ms()
-        job = pb.Job(job_id=new_job_id(), spec=spec, datacenter=datacenter, created_unix_ms=now)
+        job = pb.Job(job_id=job_id or new_job_id(), spec=spec, datacenter=datacenter, created_unix_ms=now)
+        claimed = (claim,) if claim else ()  # recorded only while this attempt holds the claim, which goes with it
         if not datacenter:
             job.reason = why
             job.finished_unix_ms = now
-            await self.store.write(job_step("job_submitted", job, why), job_step("job_failed", job, why))
+            await self.store.write(job_step("job_submitted", job, why), job_step("job_failed", job, why),
+                                   fences=self.fences(job.job_id)[:1], drop=claimed)
             return self.get(job.job_id)
-        await self.store.write(job_step("job_submitted", job, why))
+        if self.owners is not None:  # before its first record: no other gateway adopts it meanwhile
+            await self.owners.own(job.job_id)
+            self._owned.add(job.job_id)
+        await self.store.write(job_step("job_submitted", job, why), fences=self.fences(job.job_id), drop=claimed)
         self.poke(job.job_id)
         return self.get(job.job_id)
 
@@ -426,12 +546,21 @@ class JobOrchestrator:
         job = self.store.jobs.get(job_id)
         if job is None:
             raise LookupError(f"job {job_id} not found")
-        if job.state not in JOB_TERMINAL:
+        for _ in range(10):  # any gateway cancels; the owner's step written first (Conflict): catch up, again
+            job = self.store.jobs[job_id]
+            if job.state in JOB_TERMINAL:
+                break
             mine = pb.Job()
             mine.CopyFrom(job)
             mine.reason = "cancelled by its client"
             mine.finished_unix_ms = now_ms()
-            await self.store.write(job_step("job_cancelled", mine, mine.reason))
+            try:
+                await self.store.write(job_step("job_cancelled", mine, mine.reason))
+                break
+            except Conflict:
+                await self.store.refresh()
+        else:
+            raise Conflict(f"job {job_id}: other gateways kept recording steps of it first; retry the cancel")
         self.poke(job_id)
         worker = self._workers.get(job_id)
         if worker is not None:
@@ -472,6 +601,14 @@ class JobOrchestrator:
                 await self.advance(job_id)
             except asyncio.CancelledError:
                 raise
+            except Conflict:  # another gateway wrote first, or this one lost the job: catch up, decide again
+                self._owned.discard(job_id)
+                self._dirty.add(job_id)
+                await asyncio.sleep(0.05)
+                try:
+                    await self.store.refresh()
+                except Exception:  # noqa: BLE001 - Redis away: the next round says so
+                    pass
             except Exception as exc:  # noqa: BLE001 - Redis or a peer away: try again, the job is durable
                 log.warning("job %s: cannot advance yet (%s: %s); retrying in %g s", job_id, type(exc).__name__,
                             exc, self.retry_s)
@@ -484,22 +621,29 @@ class JobOrchestrator:
         if job is None:
             return
         tasks = self.store.tasks
-        if job.state in JOB_TERMINAL:
+        if job.state in JOB_TERMINAL:  # any gateway (a CancelJob on it): releases are idempotent
             await self._release(live_tasks(job, tasks))
             return
+        if not await self._mine(job_id):
+            return  # a live gateway advances it
+        job = self.store.jobs[job_id]  # as the table holds it after the ownership check
         d = decide(job, tasks)
         mine = pb.Job()
         mine.CopyFrom(job)
+        fences = self.fences(job_id)
         if d.fail or d.succeed:
             mine.finished_unix_ms = now_ms()
             mine.reason = d.fail
             await self.store.write(job_step("job_failed" if d.fail else "job_succeeded", mine,
-                                            d.fail or "every stage succeeded"))
+                                            d.fail or "every stage succeeded"), fences=fences)
             if d.fail:
                 await self._release(live_tasks(job, tasks))
+            if self.owners is not None:
+                self._owned.discard(job_id)
+                await self.owners.disown(job_id)
             return
         if d.running and job.state == pb.JOB_STATE_PENDING:
-            await self.store.write(job_step("job_running", mine, "a task of the job started"))
+            await self.store.write(job_step("job_running", mine, "a task of the job started"), fences=fences)
         if d.submit:
             await asyncio.gather(*(self.ports.submit_task(task_id, stage_task_spec(job, stage), job.datacenter)
                                    for task_id, stage in d.submit))

@@ -126,6 +126,10 @@ class StackConfig:
     traces: str = "none"
     metrics: bool = True
     gateway_port: int = 50051
+    # gateway processes on one Redis (`hsched up --gateways N`): the first on `gateway_port`, the others on free
+    # ports; clients reach them all through one target, "ipv4:127.0.0.1:p1,127.0.0.1:p2" with gRPC's round_robin
+    # policy (hsched.lb; docs/operations.md "Several gateways")
+    gateways: int = 1
     log_dir: str | None = None  # None: the private run dir, removed on a clean stop unless keep_logs
     keep_logs: bool = False
     log_level: str = "WARNING"
@@ -360,11 +364,12 @@ class Stack:
                 placers.append(name)
             self._wait_ready(placers, timeout_s)
             placer_map = ",".join(f"{dc.name}={self.placer_target(dc.name)}" for dc in self.fleet.datacenters)
-            self._spawn("gateway", "services.gateway",
-                        [*self._common("gateway"), "--listen", f"127.0.0.1:{self.config.gateway_port}",
-                         "--selector", self.services["selector"].target, "--placers", placer_map,
-                         *(["--tokens-file", self.tokens_file] if self.tokens_file else [])])
-            self._wait_ready(["gateway"], timeout_s)
+            for i, name in enumerate(self.gateway_names):
+                self._spawn(name, "services.gateway",
+                            [*self._common(name), "--listen", f"127.0.0.1:{self.config.gateway_port if i == 0 else 0}",
+                             "--selector", self.services["selector"].target, "--placers", placer_map,
+                             *(["--tokens-file", self.tokens_file] if self.tokens_file else [])])
+            self._wait_ready(self.gateway_names, timeout_s)
             if self.config.supervise and self.config.metrics:
                 self._start_supervisor_metrics()  # before Prometheus: its port is one of the scrape targets
             if prometheus:
@@ -470,8 +475,16 @@ class Stack:
         return self.state_dir / "redis.password" if self.state_dir and not self.config.redis_url else None
 
     @property
+    def gateway_names(self) -> list[str]:
+        """The gateway services: `gateway`, then `gateway-2` ... `gateway-N`."""
+        return ["gateway", *(f"gateway-{i}" for i in range(2, self.config.gateways + 1))]
+
+    @property
     def gateway(self) -> str:
-        return self.services["gateway"].target
+        """The one target clients use: the gateway's address, or with several gateways all of them as
+        "ipv4:a,b" (a channel to it balances round-robin over them: hsched.lb.balanced)."""
+        targets = [self.services[n].target for n in self.gateway_names]
+        return targets[0] if len(targets) == 1 else "ipv4:" + ",".join(targets)
 
     def _policy_of(self, dc) -> str:
         has_gpus = dc.capacity_total().gpu_count > 0
@@ -576,7 +589,7 @@ class Stack:
             # dead without being told to stop, or left down because Redis lost the state: their logs are kept
             self._crashed = sorted(n for n, s in self.services.items() if s.proc is not None and (
                 (not s.alive and not s.stopped) or s.last_exit_code == EXIT_STATE_LOST))
-            order = ["prometheus", "gateway", *[n for n in self.services if n.startswith(("placer-", "placers-"))],
+            order = ["prometheus", *self.gateway_names, *[n for n in self.services if n.startswith(("placer-", "placers-"))],
                      "selector",
                      "thermal"]
             for name in order:

@@ -138,6 +138,8 @@ class TaskFeed:
                     except Exception:  # one bad entry must not stop every Watch (nor the table)
                         log.exception("task feed: cannot fold entry %s", entry_id)
                 self.cursor = sid = _parse_id(entry_id)
+                if not self._subscribers:  # no Watch open: no event to build (the Submit path's cost)
+                    continue
                 event = event_of(format_id(sid), fields)
                 for sub in [s for s in self._subscribers if not s.offer(sid, event)]:
                     self._subscribers.discard(sub)

@@ -6,9 +6,14 @@ an orphan to release only when its gateway is gone (no lease) — while that gat
 scheduling it. Every Submit's records are written with the lease as a fence (hsched.state.tasks): a gateway
 that lost its lease (stalled past the TTL, so another may have released its placements) records nothing.
 
+A DAG job has one owner, `{prefix}:job-owner:<job id>` = the gateway id that advances it (submits its stages'
+tasks, records its steps): every such write carries that key as a fence next to the lease, so two gateways never
+both advance one job, and a gateway that lost a job (stalled while another adopted it) writes nothing for it. A
+job whose owner holds no lease is adopted by the first live gateway that looks (`adopt`, atomic).
+
 A Submit with a request_id first claims `{prefix}:request:...` = its task id (SET NX): a retry on another
 gateway finds the claim and waits for that task's record instead of placing a second task, and the records
-are written only while the claim still holds that task id. A claim whose gateway is gone is taken over.
+are written only while the claim still holds that task id (the write deletes it: the record answers from then on). A claim whose gateway is gone is taken over.
 """
 
 from __future__ import annotations
@@ -37,6 +42,16 @@ return 0
 _TAKE_OVER = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
 return 0
+"""
+
+# KEYS: the job's owner key. ARGV: this gateway's id, the lease key prefix ("<prefix>:gateway:").
+# 1: this gateway owns it; 2: adopted now (no owner, or its owner holds no lease); 0: a live gateway owns it.
+_ADOPT = """
+local h = redis.call('GET', KEYS[1])
+if h == ARGV[1] then return 1 end
+if h and redis.call('EXISTS', ARGV[2] .. h) == 1 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+return 2
 """
 
 
@@ -68,6 +83,7 @@ class GatewayLease:
         self._renew = redis.register_script(_RENEW)
         self._drop = redis.register_script(_DROP)
         self._take_over = redis.register_script(_TAKE_OVER)
+        self._adopt = redis.register_script(_ADOPT)
 
     @property
     def fence(self) -> tuple[str, str]:
@@ -128,3 +144,22 @@ class GatewayLease:
 
     async def unclaim(self, key: str, task_id: str) -> None:
         await self._drop(keys=[key], args=[task_id])
+
+    # -- DAG job owners ------------------------------------------------------------------------------------------
+
+    def job_fences(self, job_id: str) -> tuple[tuple[str, str], ...]:
+        """What a write advancing job `job_id` is fenced by: this gateway's lease and its ownership of the job."""
+        return self.fence, (self.keys.job_owner(job_id), self.id)
+
+    async def own(self, job_id: str) -> None:
+        """A new job (before its first record): this gateway advances it."""
+        await self.redis.set(self.keys.job_owner(job_id), self.id)
+
+    async def adopt(self, job_id: str) -> int:
+        """1 if this gateway owns `job_id`, 2 if it just adopted it (no owner, or the owner's lease is gone),
+        0 if a live gateway owns it."""
+        return int(await self._adopt(keys=[self.keys.job_owner(job_id)], args=[self.id, self.keys.gateway("")]))
+
+    async def disown(self, job_id: str) -> None:
+        """The job is finished: forget its owner (only if it is still this gateway)."""
+        await self._drop(keys=[self.keys.job_owner(job_id)], args=[self.id])

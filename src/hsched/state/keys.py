@@ -66,6 +66,15 @@ class Keys:
         """A running gateway's lease (hsched.state.gateways); writer: that gateway."""
         return f"{self.prefix}:gateway:{gateway_id}"
 
+    def job_owner(self, job_id: str) -> str:
+        """The gateway id that advances DAG job `job_id` (hsched.state.gateways.GatewayLease.adopt); writers:
+        that gateway, or one adopting the job once its owner's lease is gone."""
+        return f"{self.prefix}:job-owner:{job_id}"
+
+    def job_request(self, tenant: str, request_id: str) -> str:
+        """The claim of a SubmitJob's (tenant, request_id) until its job is recorded; writer: that gateway."""
+        return f"{self.prefix}:job-request:{len(tenant)}:{tenant}:{request_id}"
+
     def request(self, tenant: str, request_id: str) -> str:
         """The claim of a Submit's (tenant, request_id) while a gateway schedules it; writer: that gateway."""
         return f"{self.prefix}:request:{len(tenant)}:{tenant}:{request_id}"

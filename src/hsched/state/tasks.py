@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -58,20 +59,21 @@ JOB_TERMINAL = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCEL
 _RECORD_FIELDS = (b"k", b"t", b"d", b"l")
 ANY = "*"  # a record's expected version: written whatever the task's version is
 # KEYS: stream, epoch key, versions hash (task or job id -> the entry id of its newest record). ARGV: epoch
-# ('' = unchecked), then per group of records written together: n records, n fences, the fences (key, value:
-# the key must hold that value), then per record k, t, d, l, id, expected version ('' = none yet, ANY =
-# unchecked; a version the hash does not hold, written before versions were kept or pruned, is not checked).
-# Returns per group its entry ids, or 0 when a fence or a version did not hold (nothing of it written).
+# ('' = unchecked), then per group of records written together: n records, f fences, d (the last d fences are
+# deleted once the group is written: a request's claim, so dropping it costs no round trip of its own), the
+# fences (key, value: the key must hold that value), then per record k, t, d, l, id, expected version ('' = none
+# yet, ANY = unchecked; a version the hash does not hold, written before versions were kept or pruned, is not
+# checked). Returns per group its entry ids, or 0 when a fence or a version did not hold (nothing of it written).
 _APPEND = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('EPOCH') end
 local out = {}
 local i = 2
 while i <= #ARGV do
-  local n, f = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
-  local r0 = i + 2 + 2 * f
+  local n, f, d = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local r0 = i + 3 + 2 * f
   local ok = true
   for j = 0, f - 1 do
-    if redis.call('GET', ARGV[i + 2 + 2 * j]) ~= ARGV[i + 3 + 2 * j] then ok = false end
+    if redis.call('GET', ARGV[i + 3 + 2 * j]) ~= ARGV[i + 4 + 2 * j] then ok = false end
   end
   for j = 0, n - 1 do
     local b = r0 + 6 * j
@@ -82,6 +84,7 @@ while i <= #ARGV do
   end
   if ok then
     local ids = {}
+    local newest = {}
     for j = 0, n - 1 do
       local b = r0 + 6 * j
       local id
@@ -90,9 +93,16 @@ while i <= #ARGV do
       else
         id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[b], 't', ARGV[b + 1], 'd', ARGV[b + 2], 'l', ARGV[b + 3])
       end
-      redis.call('HSET', KEYS[3], ARGV[b + 4], id)
+      newest[ARGV[b + 4]] = id
       ids[#ids + 1] = id
     end
+    local hset = {}
+    for key, id in pairs(newest) do
+      hset[#hset + 1] = key
+      hset[#hset + 1] = id
+    end
+    if #hset > 0 then redis.call('HSET', KEYS[3], unpack(hset)) end
+    for j = f - d, f - 1 do redis.call('DEL', ARGV[i + 3 + 2 * j]) end
     out[#out + 1] = ids
   else
     out[#out + 1] = 0
@@ -156,6 +166,7 @@ class _Pending:
     future: asyncio.Future
     fences: tuple[tuple[str, str], ...] = ()
     expects: tuple[str, ...] = ()
+    drop: int = 0  # the last `drop` fences are deleted once the records are written
 
 
 @dataclass
@@ -182,10 +193,13 @@ class TaskStore:
     ledger_cursor: dict[str, tuple[int, int]] = field(default_factory=dict)
     ledger_refs: dict[str, bytes] = field(default_factory=dict)  # task id -> the `l` of its newest such record
     transitions: Transitions | None = None  # told of every record once durable (not of those `load` replays)
+    job_observed: Callable[[str], None] | None = None  # told the job id of another gateway's job record
     # task or job id -> the entry id of the newest record the table holds for it (folds go by it: see `observe`)
     versions: dict[str, tuple[int, int]] = field(default_factory=dict)
     tail: tuple[int, int] = (0, 0)  # every entry up to here is folded (`load`, `observe`, `refresh`)
     versions_key: str = ""  # the append script's hash of versions; default: "<stream>:versions"
+    # entry ids of this table's own writes not yet seen by `observe` (which then skips them without parsing)
+    _own: set[tuple[int, int]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._append = self.redis.register_script(_APPEND)
@@ -216,6 +230,9 @@ class TaskStore:
         sid = _entry_id(entry_id if isinstance(entry_id, bytes) else entry_id.encode())
         if sid > self.tail:
             self.tail = sid
+        if sid in self._own:  # this table's own write, folded when written: not parsed again
+            self._own.discard(sid)
+            return False
         kind = fields[b"k"].decode()
         if kind in JOB_STATE_OF_KIND:
             key = pb.Job.FromString(fields[b"t"]).job_id
@@ -227,8 +244,10 @@ class TaskStore:
         self._fold_entry(kind, fields[b"t"])
         if kind not in JOB_STATE_OF_KIND:
             self._ledger_seen(key, fields.get(b"l"))
-            if notify and self.transitions is not None and self.transitions.active:
+            if notify and self.transitions is not None and self.transitions.wants(key):
                 self.transitions.notify(pb.Task.FromString(fields[b"t"]), kind)
+        elif notify and self.job_observed is not None:
+            self.job_observed(key)
         return True
 
     async def refresh(self, batch: int = 1000) -> int:
@@ -295,15 +314,18 @@ class TaskStore:
         while (writing := self._writing.get(task_id)) is not None:
             await asyncio.wait([writing])
 
-    def write(self, *records: Record, fences: tuple[tuple[str, str], ...] = ()) -> asyncio.Future[list[str]]:
+    def write(self, *records: Record, fences: tuple[tuple[str, str], ...] = (),
+              drop: tuple[tuple[str, str], ...] = ()) -> asyncio.Future[list[str]]:
         """Queue `records` as one unit: durable together or not at all. Await the returned future for their entry
-        ids; the table shows them only once it is resolved, and never if it fails. A task's records expect the
-        version the table shows now (`Conflict` if another writer went first), an `abandoned` record and a
-        job's records none; every (key, value) of `fences` must hold in Redis when they are written."""
-        expects = tuple(r.expect if r.expect is not None else
-                        ANY if r.kind == ABANDONED or r.kind in JOB_STATE_OF_KIND else self.version(r.task_id)
+        ids; the table shows them only once it is resolved, and never if it fails. A task's (and a job's) records
+        expect the version the table shows now (`Conflict` if another writer went first: for a job, a CancelJob
+        and its owner's step never overwrite one another), an `abandoned` record none; every (key, value) of
+        `fences` and `drop` must hold in Redis when they are written, and the keys of `drop` are deleted with
+        them (a request's claim, once its records answer retries)."""
+        expects = tuple(r.expect if r.expect is not None else ANY if r.kind == ABANDONED else self.version(r.task_id)
                         for r in records)
-        pending = _Pending(records, asyncio.get_running_loop().create_future(), tuple(fences), expects)
+        pending = _Pending(records, asyncio.get_running_loop().create_future(), (*fences, *drop), expects,
+                           len(drop))
         pending.future.add_done_callback(lambda f: f.cancelled() or f.exception())  # a caller may be gone
         for r in records:
             self._writing[r.task_id] = pending.future
@@ -322,6 +344,11 @@ class TaskStore:
         """`step` then `write` one record."""
         return self.write(step(kind, task, detail))
 
+    def _forget_own_below_tail(self) -> None:
+        """Entry ids `observe` will never see (the table's tail passed them without a read: `load`): dropped."""
+        if len(self._own) > 10_000:
+            self._own = {sid for sid in self._own if sid > self.tail}
+
     async def _flush(self) -> None:
         # One pipeline, one connection: EVAL (epoch check + every XADD, atomic: a batch lands whole or not at
         # all, and never in a Redis that lost the epoch), then WAIT n. Redis runs a connection's commands in
@@ -331,7 +358,7 @@ class TaskStore:
             try:
                 args: list = [self.epoch or ""]
                 for p in batch:
-                    args += [len(p.records), len(p.fences), *(x for fence in p.fences for x in fence)]
+                    args += [len(p.records), len(p.fences), p.drop, *(x for fence in p.fences for x in fence)]
                     for r, expect in zip(p.records, p.expects, strict=True):
                         args += [*(r.fields.get(f, b"") for f in _RECORD_FIELDS), r.task_id, expect]
                 async with self.redis.pipeline(transaction=False) as pipe:
@@ -363,6 +390,8 @@ class TaskStore:
                 last: dict[str, Record] = {r.task_id: r for r in p.records}  # the fold keeps the last per task
                 for r, entry_id in zip(p.records, entry_ids, strict=True):
                     sid = _entry_id(entry_id.encode())
+                    if sid > self.tail:
+                        self._own.add(sid)  # not yet read back by `observe`
                     if sid <= self.versions.get(r.task_id, (0, 0)):
                         continue  # the stream reader folded a newer record of it already (an unchecked write)
                     if r.kind == ABANDONED or last[r.task_id] is r:
@@ -372,10 +401,11 @@ class TaskStore:
                     self._ledger_seen(r.task_id, r.fields.get(b"l"))
                 if self.transitions is not None and self.transitions.active:
                     for r in p.records:
-                        if r.kind not in JOB_STATE_OF_KIND:
+                        if r.kind not in JOB_STATE_OF_KIND and self.transitions.wants(r.task_id):
                             self.transitions.notify(pb.Task.FromString(r.fields[b"t"]), r.kind)
                 if entry_ids:
                     self.last_id = entry_ids[-1]
+                self._forget_own_below_tail()
                 if not p.future.done():
                     p.future.set_result(entry_ids)
 
@@ -445,10 +475,10 @@ async def prune(store: TaskStore, retention_ms: int, margin_ms: int = 60_000, no
         args = [store.epoch or ""]
         for task in old:
             # with the ledger entry its state reflects: a restarted gateway's ledger followers resume from there
-            args += [1, 0, KIND_OF_STATE.get(task.state, "submitted"), task.SerializeToString(), "kept by compaction",
+            args += [1, 0, 0, KIND_OF_STATE.get(task.state, "submitted"), task.SerializeToString(), "kept by compaction",
                      store.ledger_refs.get(task.task_id, b""), task.task_id, store.version(task.task_id)]
         for job in old_jobs:
-            args += [1, 0, KIND_OF_JOB_STATE[job.state], job.SerializeToString(), "kept by compaction", b"",
+            args += [1, 0, 0, KIND_OF_JOB_STATE[job.state], job.SerializeToString(), "kept by compaction", b"",
                      job.job_id, store.version(job.job_id)]
         kept = await store._append(keys=store._keys(), args=args)
         for key, group in zip([*(t.task_id for t in old), *(j.job_id for j in old_jobs)], kept, strict=True):

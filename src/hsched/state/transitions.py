@@ -29,16 +29,24 @@ class Transitions:
 
     def __init__(self) -> None:
         self._callbacks: list[Callback] = []
+        self._filters: list[Callable[[str], bool]] = []  # per subscriber: the task ids it wants (by id alone)
         self._queue: asyncio.Queue[tuple[pb.Task, str]] = asyncio.Queue()
         self._dispatcher: asyncio.Task | None = None
 
-    def subscribe(self, callback: Callback) -> None:
+    def subscribe(self, callback: Callback, wants: Callable[[str], bool] = lambda _: True) -> None:
+        """`wants(task_id)`: whether `callback` is told of that task's transitions at all (decided on the id
+        alone, so the store builds no copy of a record nobody wants: the Submit path's cost)."""
         self._callbacks.append(callback)
+        self._filters.append(wants)
 
     @property
     def active(self) -> bool:
         """Whether anyone subscribed (the store skips building copies otherwise)."""
         return bool(self._callbacks)
+
+    def wants(self, task_id: str) -> bool:
+        """Whether any subscriber wants transitions of `task_id`."""
+        return any(f(task_id) for f in self._filters)
 
     def notify(self, task: pb.Task, kind: str) -> None:
         """Hand a durable transition to the subscribers (returns at once; they run on the dispatcher task)."""
@@ -53,7 +61,9 @@ class Transitions:
     async def _dispatch(self) -> None:
         while not self._queue.empty():
             task, kind = self._queue.get_nowait()
-            for callback in list(self._callbacks):
+            for callback, wants in list(zip(self._callbacks, self._filters, strict=True)):
+                if not wants(task.task_id):
+                    continue
                 try:
                     await callback(task, kind)
                 except Exception:
