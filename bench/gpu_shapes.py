@@ -15,6 +15,7 @@ weights) — e.g. the teacher of a model, to show how much of its result is imit
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20, help="episode seeds 0..N-1 (default 20)")
     ap.add_argument("--shapes", type=Path, default=None, help="shapes file (default data/gpu_fleet_shapes.json)")
     ap.add_argument("--expert", action="append", default=[], help="w,s,t,g,c: also a ScoreGreedyExpert row")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="JSON of per-seed rows: rows found there (same shape, label, seeds) are reused, new "
+                         "ones added (rerun a new model without rerunning the baselines)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from hsched.rl.checkpoint import model_path
@@ -43,20 +47,25 @@ def main() -> None:
     models = args.model or [p for p in (model_path("eade_ddpg_gpu"), model_path("eade_ddpg_gpu_shapes"))
                             if p.exists()]
     seeds = range(args.seeds)
+    cache = json.loads(args.cache.read_text()) if args.cache and args.cache.exists() else {}
     print(f"held-out shapes, seeds 0..{args.seeds - 1}, the box shared with other jobs")
     for name, shape in load_shapes(args.shapes).items():
         env = shape_env(shape)
         rows: dict[str, dict[str, np.ndarray]] = {}
 
-        def run(label: str, make) -> None:
-            ms = [run_policy(env, make(s), seed=s).metrics for s in seeds]
-            rows[label] = {k: np.array([m[k] for m in ms]) for k in KEYS}
+        def run(label: str, make, env=env, name=name, rows=rows) -> None:  # called at once, in this iteration
+            key = f"{name}|{label}|{args.seeds}"
+            if key not in cache:
+                ms = [run_policy(env, make(s), seed=s).metrics for s in seeds]
+                cache[key] = {k: [m[k] for m in ms] for k in KEYS}
+            rows[label] = {k: np.array(cache[key][k]) for k in KEYS}
 
         for key, label in BASELINES:
-            run(label, lambda s, k=key: gpu.policy_for(k, env, s))
+            run(label, lambda s, k=key, env=env: gpu.policy_for(k, env, s))
         for spec in args.expert:
             w = tuple(float(x) for x in spec.split(","))
-            run(f"expert {spec}", lambda s, w=w: ScoreGreedyExpert(env.view, *w, distribution=env.distribution))
+            run(f"expert {spec}",
+                lambda s, w=w, env=env: ScoreGreedyExpert(env.view, *w, distribution=env.distribution))
         learned = []
         for path in models:
             actor, state = load_actor(path)
@@ -64,6 +73,8 @@ def main() -> None:
             policy = ActorPolicy(actor, state["policy"], env.view)
             run(label, lambda s, p=policy: p)
             learned.append(label)
+        if args.cache:
+            args.cache.write_text(json.dumps(cache))
         print(f"\n### {name}: {shape.note} — {env.view.hosts} hosts, "
               f"{sum(d.capacity_total().gpu_count for d in env.view.datacenters)} GPUs, {env.n_tasks} tasks per seed\n")
         print("| policy | deployed ↑ | eq.27 frag ↓ | eq.28 GPU load var ↓ |\n|---|---:|---:|---:|")

@@ -27,7 +27,6 @@ import numpy as np
 
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import DataCenter, parse_fleet
-from hsched.domain.resources import MIB_PER_GIB
 from hsched.domain.task import TaskSpec
 
 # GPU model → card memory (GiB; vendor specs), the catalogue random shapes draw from.
