@@ -49,6 +49,7 @@ def main() -> None:
     seeds = range(args.seeds)
     cache = json.loads(args.cache.read_text()) if args.cache and args.cache.exists() else {}
     print(f"held-out shapes, seeds 0..{args.seeds - 1}, the box shared with other jobs")
+    summary: list[str] = []
     for name, shape in load_shapes(args.shapes).items():
         env = shape_env(shape)
         rows: dict[str, dict[str, np.ndarray]] = {}
@@ -90,6 +91,20 @@ def main() -> None:
                 b, e, w = d[0]["better/equal/worse"]
                 print(f"| {other} | {d[0]['diff']:+.2f} ± {d[0]['se']:.2f} | {b}/{e}/{w} | "
                       f"{d[1]['diff']:+.4f} ± {d[1]['se']:.4f} | {d[2]['diff']:+.5f} ± {d[2]['se']:.5f} |", flush=True)
+        summary.append(f"| {name} | Utilization / FGD / BestFit | " +
+                       " / ".join(f"{rows[o]['deployed'].mean():.2f}" for _, o in BASELINES) + " | | | | | |")
+        for label in learned + [f"expert {s}" for s in args.expert]:
+            cells = []
+            for _, other in BASELINES:
+                d = paired_difference(rows[label]["deployed"], rows[other]["deployed"], True)
+                cells.append(f"{d['diff']:+.2f} ± {d['se']:.2f} ({'/'.join(map(str, d['better/equal/worse']))})")
+            fr, va = (paired_difference(rows[label][k], rows["Utilization"][k], False) for k in KEYS[1:])
+            summary.append(f"| | {label} | {rows[label]['deployed'].mean():.2f} | " + " | ".join(cells) +
+                           f" | {fr['diff']:+.4f} ± {fr['se']:.4f} | {va['diff']:+.5f} ± {va['se']:.5f} |")
+    print("\n### summary (paired Δ mine − theirs, mean ± s.e. (better/equal/worse seeds); eq.27/28 vs "
+          "Utilization, lower is better)\n\n| shape | policy | deployed | Δ vs Utilization | Δ vs FGD | Δ vs BestFit | "
+          "Δ eq.27 | Δ eq.28 |\n|---|---|---:|---:|---:|---:|---:|---:|")
+    print("\n".join(summary))
 
 
 if __name__ == "__main__":
