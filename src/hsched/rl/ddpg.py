@@ -788,6 +788,6 @@ SHAPES_CONFIG = Config(shapes=24, expert_episodes=24, steps=10_000, expert_stran
 
 
 def train_eade_ddpg_shapes(args: TrainArgs) -> dict[str, Any]:
-    """EADE-DDPG trained on random fleet shapes; evaluated on paper 000's fleet at the end (the held-out shapes:
-    bench/gpu_shapes.py)."""
+    """EADE-DDPG trained on random fleet shapes (`--trace`: the pod list their tasks come from); evaluated at the
+    end on paper 000's fleet, or `--fleet`'s GPU DCs (the held-out shapes: bench/gpu_shapes.py)."""
     return _run(args, SHAPES_CONFIG, "eade-ddpg", "eade_ddpg_gpu_shapes")
