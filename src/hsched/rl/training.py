@@ -26,6 +26,8 @@ TRAINERS: dict[str, tuple[str, str]] = {
     "double-dqn": ("hsched.rl.ddqn:train_double_dqn", "thermal-aware Double DQN for DC placement (paper 003)"),
     "ddpg": ("hsched.rl.ddpg:train_ddpg", "DDPG for GPU cluster placement (paper 000 baseline)"),
     "eade-ddpg": ("hsched.rl.ddpg:train_eade_ddpg", "EADE-DDPG: DDPG + expert demonstrations (paper 000)"),
+    "eade-ddpg-shapes": ("hsched.rl.ddpg:train_eade_ddpg_shapes",
+                         "EADE-DDPG trained on random GPU fleet shapes (hsched.envs.shapes; issue 17)"),
     "ba3c": ("hsched.rl.ba3c:train_ba3c", "action-branching A3C for Spark DAG scheduling (paper 004; --steps = episodes)"),
     "a3c": ("hsched.rl.ba3c:train_a3c", "single-head A3C, paper 004's baseline (--steps = episodes)"),
     "jobfusion": ("hsched.rl.jobfusion:train_jobfusion",
