@@ -103,8 +103,8 @@ from hsched.metrics import (
     utilisation_row,
 )
 from hsched.policies.base import NodePolicy, select
-from hsched.policies.fgd import openb_distribution, openb_tasks
-from hsched.policies.heuristics import Utilization, card_tightness, gpu_stranding
+from hsched.policies.fgd import FragmentationGradientDescent, openb_distribution, openb_tasks
+from hsched.policies.heuristics import Utilization, card_tightness, gpu_stranding, make_policy
 
 ENV_ID = "hsched/GpuCluster-v0"
 OPENB_NODE_LIST = "alibaba_openb_gpu_2023/openb_node_list_gpu_node.csv"
@@ -632,6 +632,25 @@ class EpisodeResult:
     reward: float  # the episode's summed eq.15-17 reward
     steps: int
     metrics: dict[str, float]  # GpuClusterEnv.episode_metrics() at the end
+
+
+# The heuristic baselines every GPU comparison runs (`hsched eval gpu`'s rows, the trainers' paired comparisons):
+# (policy name, label).
+GPU_BASELINES: tuple[tuple[str, str], ...] = (
+    ("bestfit", "BestFit"),
+    ("firstfit", "Greedy (paper 000: first fit)"),
+    ("greedy", "Greedy (paper 003: most utilised)"),
+    ("random", "Random"),
+    ("utilization", "Utilization"),
+    ("fgd", "FGD"),
+)
+
+
+def policy_for(name: str, env: GpuClusterEnv, seed: int) -> NodePolicy:
+    """The baseline `name` of GPU_BASELINES for `env` (FGD needs the env's task distribution)."""
+    if name == "fgd":
+        return FragmentationGradientDescent(env.distribution)
+    return make_policy(name, seed)
 
 
 def run_policy(env: gymnasium.Env, policy: NodePolicy, *, seed: int | None = None,

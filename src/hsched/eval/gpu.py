@@ -22,35 +22,25 @@ for every masked policy: n_success is the number that separates them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from hsched.domain.fleet import DataCenter
 from hsched.envs.gpu import (
+    GPU_BASELINES,
     GpuClusterEnv,
-    MultiClusterState,
     fleet_gpu_datacenters,
     paper000_datacenters,
+    policy_for,
     run_policy,
 )
 from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_bars, plot_per_label
 from hsched.metrics import RESOURCES, deployed_count, paper_summary, utilisation_matrix
-from hsched.policies.base import NodePolicy
-from hsched.policies.fgd import FragmentationGradientDescent
-from hsched.policies.heuristics import make_policy
 from hsched.policies.learned import ModelMismatch
+from hsched.rl.shipped import PolicyFactory, shipped_gpu_policies
 
-HEURISTICS: tuple[tuple[str, str], ...] = (
-    ("bestfit", "BestFit"),
-    ("firstfit", "Greedy (paper 000: first fit)"),
-    ("greedy", "Greedy (paper 003: most utilised)"),
-    ("random", "Random"),
-    ("utilization", "Utilization"),
-    ("fgd", "FGD"),
-)
+HEURISTICS = GPU_BASELINES  # a module attribute of its own: tests narrow the table to a few rows
 RESOURCE_LABELS = {"gpu_memory": "GPU memory", "gpu_core": "GPU core", "cpu": "CPU", "memory": "memory"}
 OPTIMUM_LABEL = "optimum (offline MILP)"
 OPTIMUM_TIME_LIMIT_S = 60.0
@@ -67,56 +57,14 @@ PAPER_LOAD_VARIANCE = {"BestFit": 0.0067, "Greedy": 0.0129, "Random": 0.0111, "U
 # `run_policy` (same mask, same select) as the heuristics and get rows in every table and plot. The shipped
 # DDPG and EADE-DDPG models (models/*.pt, `hsched train ddpg|eade-ddpg`) register below when present;
 # LEARNED_NOTES says which rows were skipped and why.
-PolicyFactory = Callable[[MultiClusterState, int], NodePolicy]
 LEARNED_POLICIES: dict[str, PolicyFactory] = {}
 LEARNED_NOTES: list[str] = []
-SHIPPED_MODELS = (("DDPG", "ddpg_gpu"), ("EADE-DDPG", "eade_ddpg_gpu"))
-SB3_ALGOS = ("td3", "sac", "ppo")
-
-
-def _shipped_factory(path: Path) -> PolicyFactory:
-    def factory(view: MultiClusterState, seed: int) -> NodePolicy:
-        from hsched.rl.ddpg import ActorPolicy, load_actor
-
-        actor, state = load_actor(path)
-        return ActorPolicy(actor, state["policy"], view)  # hosts see their own cluster, as in training
-
-    return factory
-
-
-def _sb3_factory(algo: str, path: Path) -> PolicyFactory:
-    def factory(view: MultiClusterState, seed: int) -> NodePolicy:
-        from hsched.rl.sb3 import load
-
-        return load(algo, path, view)
-
-    return factory
 
 
 def register_shipped_models() -> None:
-    import importlib.util
-
-    from hsched.rl.checkpoint import model_path, models_dir
-
-    for label, name in SHIPPED_MODELS:
-        path = model_path(name)
-        if path.exists():
-            LEARNED_POLICIES[label] = _shipped_factory(path)
-        else:
-            LEARNED_NOTES.append(f"{label} row skipped: no model at {path} (`hsched train "
-                                 f"{name.removesuffix('_gpu').replace('_', '-')}`)")
-    # stable-baselines3 rows (optional dependency, hsched.rl.sb3): only where both the package and a model exist
-    have_sb3 = importlib.util.find_spec("stable_baselines3") is not None
-    for algo in SB3_ALGOS:
-        path = models_dir() / f"{algo}_gpu.zip"
-        if not have_sb3:
-            LEARNED_NOTES.append(f"{algo.upper()} (SB3) row skipped: stable-baselines3 is not installed "
-                                 "(pip install 'hsched[sb3]')")
-        elif not path.exists():
-            LEARNED_NOTES.append(f"{algo.upper()} (SB3) row skipped: no model at {path} "
-                                 f"(`python -m hsched.rl.sb3 {algo}`)")
-        else:
-            LEARNED_POLICIES[f"{algo.upper()} (SB3)"] = _sb3_factory(algo, path)
+    policies, notes = shipped_gpu_policies()
+    LEARNED_POLICIES.update(policies)
+    LEARNED_NOTES.extend(notes)
 
 
 register_shipped_models()
@@ -166,12 +114,6 @@ def settings(ctx: EvalContext) -> list[Setting]:
                            "kansas-city, houston, indianapolis: 340 hosts, 1 316 GPUs; "
                            "1 800 openb tasks per seed"))
     return out
-
-
-def policy_for(name: str, env: GpuClusterEnv, seed: int) -> NodePolicy:
-    if name == "fgd":
-        return FragmentationGradientDescent(env.distribution)
-    return make_policy(name, seed)
 
 
 def optimum_row(env: GpuClusterEnv, seed: int,

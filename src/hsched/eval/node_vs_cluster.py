@@ -97,8 +97,8 @@ LEARNED_NOTES: list[str] = []
 
 
 def register_shipped_models() -> None:
-    from hsched.eval.gpu import SHIPPED_MODELS
     from hsched.rl.checkpoint import model_path
+    from hsched.rl.shipped import SHIPPED_MODELS
 
     def factory(path: Path) -> Callable[[MultiClusterState, int], NodePolicy]:
         def make(view: MultiClusterState, seed: int) -> NodePolicy:

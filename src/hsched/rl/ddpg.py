@@ -88,6 +88,7 @@ from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.resources import Resources
 from hsched.envs.gpu import (
+    GPU_BASELINES,
     HINT_FEATURES,
     HOST_FEATURES,
     TASK_FEATURES,
@@ -101,6 +102,7 @@ from hsched.envs.gpu import (
     host_scale,
     paper000_datacenters,
     placement_scores,
+    policy_for,
     run_policy,
     task_scale,
 )
@@ -594,8 +596,8 @@ def paired_comparison(make: Callable[[MultiClusterState], Any], cfg: Config, see
     EADE-DDPG's (with `vs_shipped`, also every shipped learned model) on the same held-out episodes: per metric the
     means and the per-seed paired difference mine − other, mean ± standard error, and the seeds this policy is
     better / equal / worse on (deployed: more is better; fragmentation and GPU load variance: less)."""
-    from hsched.eval import gpu
     from hsched.policies.learned import ModelMismatch
+    from hsched.rl.shipped import shipped_gpu_policies
 
     env = make_env(cfg)
     keys = ("deployed", "fragmentation", "gpu_load_variance")
@@ -606,10 +608,10 @@ def paired_comparison(make: Callable[[MultiClusterState], Any], cfg: Config, see
 
     mine_policy = make(env.view)
     mine = run(lambda s: mine_policy)
-    others = {label: run(lambda s, n=n: gpu.policy_for(n, env, s)) for n, label in gpu.HEURISTICS}
+    others = {label: run(lambda s, n=n: policy_for(n, env, s)) for n, label in GPU_BASELINES}
     others["score-greedy expert (paper 000 §3.2)"] = run(lambda s: ScoreGreedyExpert(env.view))
     others[EXPERT_LABEL] = run(lambda s: ScoreGreedyExpert.of(env.view, cfg))
-    for label, factory in gpu.LEARNED_POLICIES.items() if vs_shipped else ():
+    for label, factory in shipped_gpu_policies()[0].items() if vs_shipped else ():
         try:
             learned = factory(env.view, 0)
         except ModelMismatch:
