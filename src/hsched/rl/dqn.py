@@ -604,6 +604,11 @@ def train(config: DqnConfig, args: TrainArgs) -> dict[str, Any]:
     steps = args.steps or config.steps
     trainer = Trainer(config, args.seed)
     if args.resume and out.exists():
+        if checkpoint.load_metadata(out).get("architecture") != ARCHITECTURE:
+            from hsched.domain.errors import ValidationError
+
+            raise ValidationError("--resume", f"{out} is a path model of the old one-hot format; train a new one "
+                                  "without --resume", str(out))
         trainer.load(checkpoint.load_state(out))
     trainer.run(steps, args.progress)
     state = trainer.state()  # before a comparison run reseeds the global RNGs
