@@ -15,25 +15,28 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
 
 from hsched.costs import WanGraph
+from hsched.costs.selection import no_longer
 from hsched.domain.fleet import Link, Wan, load_fleet
 from hsched.engine.selector import DcSelector
+from hsched.envs.path import PathEnv
+from hsched.envs.path_features import EDGE_FEATURES, NODE_FEATURES, GraphFeatures
 from hsched.rl import checkpoint
 from hsched.rl.buffers import PrioritizedReplayBuffer
 from hsched.rl.dqn import (
+    ARCHITECTURE,
     DqnConfig,
+    FeatureCache,
     ModelMismatch,
+    PathGnn,
     Trainer,
-    adjacency,
-    greedy_table,
+    evaluate_graph,
+    greedy_tables,
+    load_graph,
     load_path_finder,
-    q_network,
-    td_target,
     train,
 )
-from hsched.rl.schedules import epsilon_greedy
 from hsched.rl.training import TrainArgs
 from hsched.state.keys import Keys
 from hsched.state.redis import connect, free_port
@@ -44,65 +47,8 @@ from tests.test_env_path import random_wans
 
 # a short budget that solves the 4-vertex small fleet and the 5-vertex graph below (seconds on one core)
 TINY = DqnConfig(steps=3000, learning_starts=200, buffer_size=5000, eps_steps=1500, target_every=100,
-                 lr_end=1e-4, lr_steps=3000, per_beta_steps=3000, eval_every=250, stop_after_solved=3)
-
-
-class Table(nn.Module):
-    """Q(s, ·) = table[current vertex of s]: a 'network' whose values are set by hand."""
-
-    def __init__(self, table: list[list[float]]) -> None:
-        super().__init__()
-        self.table = torch.tensor(table)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        n = self.table.shape[0]
-        return obs[:, :n] @ self.table
-
-
-def one_hot_obs(current: int, target: int, n: int) -> list[float]:
-    obs = [0.0] * (2 * n)
-    obs[current] = obs[n + target] = 1.0
-    return obs
-
-
-def test_double_and_plain_dqn_targets_on_a_hand_made_batch() -> None:
-    # path graph 0 — 1 — 2: at vertex 1 the valid moves are 0 and 2, at vertex 0 only 1
-    adj = torch.tensor([[0, 1, 0], [1, 0, 1], [0, 1, 0]], dtype=torch.bool)
-    online = Table([[9.0, 2.0, 7.0], [1.0, 100.0, 3.0], [0.0, 0.0, 0.0]])
-    target = Table([[8.0, -1.0, 6.0], [4.0, 50.0, 0.5], [0.0, 0.0, 0.0]])
-    rewards = torch.tensor([-0.2, 1.0, 0.1])
-    dones = torch.tensor([0.0, 1.0, 0.0])
-    next_obs = torch.tensor([one_hot_obs(1, 2, 3), one_hot_obs(2, 2, 3), one_hot_obs(0, 2, 3)])
-    # Double: a* = argmax of the ONLINE net over valid moves (vertex 1: move 2, 3.0 > 1.0; the masked 100 is
-    # ignored), valued by the target net (0.5): −0.2 + 0.5 = 0.3. Done row: r only. Vertex 0: only move 1,
-    # target value −1: 0.1 + 1 · (−1) = −0.9.
-    double = td_target(rewards, dones, next_obs, online, target, adj, gamma=1.0, double=True)
-    torch.testing.assert_close(double, torch.tensor([0.3, 1.0, -0.9]))
-    # plain DQN: max of the TARGET net over valid moves (vertex 1: max(4.0, 0.5) = 4.0; the masked 50 ignored)
-    plain = td_target(rewards, dones, next_obs, online, target, adj, gamma=1.0, double=False)
-    torch.testing.assert_close(plain, torch.tensor([3.8, 1.0, -0.9]))
-    half = td_target(rewards, dones, next_obs, online, target, adj, gamma=0.5, double=True)
-    torch.testing.assert_close(half, torch.tensor([-0.2 + 0.25, 1.0, 0.1 - 0.5]))
-
-
-@settings(max_examples=30, deadline=None)
-@given(wan=random_wans(), seed=st.integers(0, 2**16), epsilon=st.floats(0.0, 1.0))
-def test_masked_moves_are_never_chosen(wan: Wan, seed: int, epsilon: float) -> None:
-    graph = WanGraph(wan)
-    n = len(graph.vertices)
-    adj = adjacency(graph)
-    torch.manual_seed(seed)
-    net = q_network(n)
-    table = greedy_table(net, n, adj)  # what serving follows
-    for t in range(n):
-        for u in range(n):
-            assert adj[u, table[t, u]], (u, t)
-    rng = np.random.default_rng(seed)
-    with torch.no_grad():
-        q = net(torch.eye(2 * n)[:n] + torch.eye(2 * n)[n:]).numpy()  # vertex u with target u: any Q row
-    for u in range(n):
-        for _ in range(10):  # what training follows: ε-greedy over the env's action mask
-            assert adj[u, epsilon_greedy(q[u], epsilon, rng, mask=adj[u].numpy())]
+                 lr_end=1e-4, lr_steps=3000, per_beta_steps=3000, eval_every=250, stop_after_solved=3,
+                 curriculum_steps=0, hidden=16, rounds=4)
 
 
 def five_vertex_graph() -> WanGraph:
@@ -113,22 +59,101 @@ def five_vertex_graph() -> WanGraph:
                         entry_vertices=tuple("sabcd")))
 
 
+# ------------------------------------------------------------------------------------------------------------
+# graph-relative features and masking
+
+
+@pytest.mark.parametrize("make", [five_vertex_graph, lambda: WanGraph(load_fleet().wan)], ids=["five", "abilene"])
+def test_features_have_graph_free_shapes_and_mask_exactly_the_links(make) -> None:
+    graph = make()
+    feats = GraphFeatures(graph)
+    n, links = len(graph.vertices), graph.graph.number_of_edges()
+    assert feats.edges == 2 * links  # each link both ways
+    env = PathEnv(graph, list(graph.vertices), reward="latency")
+    for t in range(n):
+        assert feats.node_features(t).shape == (n, NODE_FEATURES)
+        assert feats.edge_features(t).shape == (2 * links, EDGE_FEATURES)
+        assert feats.node_features(t)[t, 1] == 1.0 and feats.node_features(t)[:, 1].sum() == 1.0
+    for u, name in enumerate(graph.vertices):
+        target = graph.vertices[(u + 1) % n]
+        _, info = env.reset(options={"start": name, "target": target})
+        np.testing.assert_array_equal(feats.mask(u), info["action_mask"])  # the env's own mask
+        assert {graph.vertices[v] for v in feats.neighbours(u)} == set(graph.graph.adj[name])
+
+
+def test_features_are_relative_to_the_graph_scale() -> None:
+    feats = GraphFeatures(five_vertex_graph())
+    # latencies 2, 0.5, 4, 1, 1, 3 ms: median 1.5 ms is one unit; s → a (2 ms) is 4/3 units
+    assert feats.scale_ms == 1.5
+    s, a = feats.index["s"], feats.index["a"]
+    nbrs, per = feats.neighbour_features(s, a)
+    assert per[list(nbrs).index(a), 0] == pytest.approx(2.0 / 1.5)
+    # Abilene: New York – Chicago is 1 147 km great-circle = 5.73 ms; its geo-to-target feature is that / scale
+    abilene = GraphFeatures(WanGraph(load_fleet().wan))
+    ny, chi = abilene.index["New York"], abilene.index["Chicago"]
+    assert abilene.node_features(chi)[ny, 0] == pytest.approx(5.729193857549388 / abilene.scale_ms, rel=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(wan=random_wans(), seed=st.integers(0, 2**16))
+def test_greedy_moves_only_follow_links(wan: Wan, seed: int) -> None:
+    graph = WanGraph(wan)
+    feats = GraphFeatures(graph)
+    torch.manual_seed(seed)
+    net = PathGnn(16, 3)
+    for p in net.parameters():  # not the zero-initialised head: arbitrary values
+        torch.nn.init.normal_(p)
+    n = feats.n
+    table = greedy_tables(net, FeatureCache([feats]), 0, range(n))
+    for t in range(n):
+        for u in range(n):
+            assert feats.mask(u)[table[t, u]] == 1, (u, t)
+
+
+def test_one_model_runs_on_graphs_of_different_sizes() -> None:
+    torch.manual_seed(0)
+    net = PathGnn(16, 3)
+    for graph in (five_vertex_graph(), WanGraph(load_fleet().wan), load_graph("Uninett")):
+        feats = GraphFeatures(graph)
+        table = greedy_tables(net, FeatureCache([feats]), 0, range(feats.n))
+        assert table.shape == (feats.n, feats.n)
+        result = evaluate_graph(net, graph)
+        n = len(graph.vertices)
+        assert result["pairs"] == n * (n - 1)
+        assert result["matched"] + result["invalid"] <= result["pairs"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# training
+
+
 @pytest.mark.parametrize("prioritized", [True, False], ids=["per-dqn", "dqn"])
 def test_a_short_run_learns_every_dijkstra_path_of_a_five_vertex_graph(prioritized: bool) -> None:
-    trainer = Trainer(dataclasses.replace(TINY, prioritized=prioritized), seed=0, graph=five_vertex_graph())
+    # no coordinates (all at 0, 0): the way must come from the learned cost-to-go, not geometry
+    trainer = Trainer(dataclasses.replace(TINY, prioritized=prioritized), seed=0, graphs=[five_vertex_graph()])
     before = trainer.evaluate()
     assert before["pairs"] == 20 and before["matched"] < 20  # the untrained net does not route
     trainer.run(TINY.steps, show=False)
     after = trainer.evaluate()
-    assert after["matched"] == 20, after["misses"]
+    assert after["matched"] == 20 and after["invalid"] == 0
     assert trainer.solved_at is not None and trainer.solved_at <= TINY.steps
-    # the curve: returns at the end beat those at the start (−latency/ref + 1 on arrival)
-    returns = trainer.curve["return"]
-    assert np.mean(returns[-50:]) > np.mean(returns[:50]) + 0.5
+    returns = trainer.curve["return"]  # −latency/scale per link, +1 on arrival
+    assert np.mean(returns[-50:]) > np.mean(returns[:50])
+
+
+def test_a_short_run_on_other_graphs_improves_equality_on_a_held_out_graph() -> None:
+    held_out = load_graph("Hibernia")
+    config = dataclasses.replace(TINY, steps=2500, stop_after_solved=0, eval_every=10_000)
+    trainer = Trainer(config, seed=0, graphs=[load_graph(g) for g in ("Abilene", "Sprint", "Garr200004")])
+    before = evaluate_graph(trainer.q, held_out)
+    trainer.run(config.steps, show=False)
+    after = evaluate_graph(trainer.q, held_out)
+    assert after["pairs"] == before["pairs"] == 15 * 14
+    assert after["matched"] / after["pairs"] > before["matched"] / before["pairs"]
 
 
 def test_per_buffer_gets_td_priorities() -> None:
-    trainer = Trainer(dataclasses.replace(TINY, learning_starts=50), seed=0, graph=five_vertex_graph())
+    trainer = Trainer(dataclasses.replace(TINY, learning_starts=50), seed=0, graphs=[five_vertex_graph()])
     trainer.run(100, show=False)
     assert isinstance(trainer.buffer, PrioritizedReplayBuffer)
     leaves = np.asarray(trainer.buffer.tree.leaves[: trainer.buffer.size])
@@ -137,7 +162,7 @@ def test_per_buffer_gets_td_priorities() -> None:
 
 
 def small_config(**changes) -> DqnConfig:
-    return dataclasses.replace(TINY, graph=SMALL_FLEET, **changes)
+    return dataclasses.replace(TINY, graphs=(SMALL_FLEET,), **changes)
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path) -> None:
@@ -154,13 +179,14 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path) -> None:
             assert torch.equal(tensor, b[key][name]), (key, name)
     for field in ("obs", "actions", "rewards", "tree"):
         np.testing.assert_array_equal(a["buffer"][field], b["buffer"][field])
-    assert a["curve"] == b["curve"] and a["evals"] == b["evals"] and a["env"] == b["env"]
+    assert a["curve"] == b["curve"] and a["evals"] == b["evals"] and a["envs"] == b["envs"]
 
 
 def test_training_writes_model_metadata_and_curve(tmp_path) -> None:
     figures = train(small_config(), TrainArgs(seed=0, out=tmp_path / "m.pt", compare=True, progress=False))
     meta = json.loads((tmp_path / "m.json").read_text())
-    assert meta["agent"] == "per-dqn" and meta["seed"] == 0 and meta["graph"]["vertices"] == ["s", "a", "b", "c"]
+    assert meta["agent"] == "per-dqn" and meta["seed"] == 0 and meta["architecture"] == ARCHITECTURE
+    assert [g["vertices"] for g in meta["training_graphs"]] == [4]
     assert meta["hyperparameters"]["prioritized"] and meta["hyperparameters"]["steps"] == TINY.steps
     ev = meta["evaluation"]
     assert ev["paths_equal_dijkstra"] == ev["pairs"] == 12 and ev["solved_at_step"] <= TINY.steps
@@ -186,11 +212,36 @@ def test_load_path_finder_walks_the_learned_paths(small_model) -> None:
     assert finder.path("s", "c") == ("s", "a", "b", "c")  # 1.5 ms over three links beats the 2.5 ms direct one
 
 
-def test_load_path_finder_refuses_another_wan_or_no_model(small_model, tmp_path) -> None:
-    with pytest.raises(ModelMismatch, match="trained on 4 vertices"):
-        load_path_finder(small_model, WanGraph(load_fleet().wan))
+def test_the_model_loads_on_another_wan_and_an_old_one_hot_model_is_refused(small_model, tmp_path) -> None:
+    graph = WanGraph(load_fleet().wan)  # 12 vertices; the model trained on 4: no vertex-count mismatch
+    finder = load_path_finder(small_model, graph)
+    for dst in graph.vertices:
+        path = finder.path("scheduler", dst)
+        assert path is None or (path[0], path[-1]) == ("scheduler", dst)
+    old = tmp_path / "old.pt"
+    torch.save({"q": {}}, old)
+    old.with_suffix(".json").write_text(json.dumps({"agent": "per-dqn", "graph": {
+        "source": "Topology Zoo: Abilene", "vertices": list(graph.vertices)}}))
+    with pytest.raises(ModelMismatch, match="old one-hot format.*12 vertices.*retrain with `hsched train per-dqn`"):
+        load_path_finder(old, graph)
     with pytest.raises(FileNotFoundError, match="no model at"):
-        load_path_finder(tmp_path / "missing.pt", WanGraph(load_fleet(SMALL_FLEET).wan))
+        load_path_finder(tmp_path / "missing.pt", graph)
+
+
+def test_the_selector_serves_the_model_on_another_wan_behind_the_guard(small_model) -> None:
+    fleet = load_fleet()  # Abilene: the model never saw it
+    graph = WanGraph(fleet.wan)
+    finder = load_path_finder(small_model, graph)
+    selector = DcSelector(fleet, graph=graph, path_finder=finder)
+    for dc in fleet.datacenters:
+        selector.update_summary({"datacenter": dc.name})
+    ranked, _ = selector.select(one_core_task())
+    assert ranked and selector.path_checks == len(ranked)
+    for c in ranked:  # whatever the agent walked, what the selector uses is valid and as short as Dijkstra's
+        best = graph.path_metrics(graph.dijkstra.path(fleet.wan.scheduler_vertex, c.vertex)).latency_ms
+        assert graph.is_valid_path(c.path.vertices, fleet.wan.scheduler_vertex, c.vertex)
+        assert no_longer(c.path.latency_ms, best)
+        assert (c.path_source == "per-dqn") == (c.note == "")
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hsched.domain.fleet import Link
 from hsched.domain.resources import Resources
 from hsched.traces import data_dir
 from hsched.traces.openb import (
@@ -21,7 +22,7 @@ from hsched.traces.openb import (
 )
 from hsched.traces.pai import PaiMachine, load_pai_machines, pai_machine_configs
 from hsched.traces.swf import SwfJob, load_swf, swf_header, swf_job_to_task
-from hsched.traces.topology_zoo import haversine_km, load_graphml
+from hsched.traces.topology_zoo import haversine_km, join_graphs, largest_component, load_graphml
 
 DATA = data_dir()
 THUNDER = DATA / "pwa_swf" / "LLNL-Thunder-2007-1.1-cln.swf.gz"
@@ -50,7 +51,7 @@ def test_data_dir_env_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 def test_every_shipped_dataset_has_a_readme() -> None:
     for name in ("topology_zoo", "pwa_swf", "alibaba_openb_gpu_2023", "alibaba_pai_gpu_2020", "decima_tpch"):
         assert (DATA / name / "README.md").is_file()
-    assert len(list(ZOO.glob("*.graphml"))) == 8
+    assert len(list(ZOO.glob("*.graphml"))) == 12
 
 
 # --- Topology Zoo ---------------------------------------------------------------------------------------------
@@ -123,6 +124,25 @@ def test_all_zoo_graphs_load_with_positive_latencies() -> None:
         assert source.startswith("Topology Zoo: ")
         assert all(link.a != link.b and link.latency_ms > 0 for link in links)
         assert all(-90 <= lat <= 90 and -180 <= lon <= 180 for lat, lon in vertices.values())
+
+
+def test_largest_component_drops_the_unlinked_pops_of_uninett() -> None:
+    vertices, links, _ = load_graphml(ZOO / "Uninett.graphml")
+    kept, kept_links, dropped = largest_component(vertices, links)
+    assert len(vertices) == 74 and len(kept) == 71 and len(kept_links) == len(links) == 97
+    assert dropped == ("HSM Kristiansun", "HSM Molde", "HiAK Kjeller")  # no link in the file
+
+
+def test_join_graphs_bridges_the_nearest_pops_with_distinct_ends() -> None:
+    # two 2-PoP "networks" on the equator: left at lon 0 and 1, right at lon 2 and 5 (1° = 111.195 km)
+    left = ({"a": (0.0, 0.0), "b": (0.0, 1.0)}, [Link("a", "b", 111.195, 0.556)])
+    right = ({"c": (0.0, 2.0), "d": (0.0, 5.0)}, [Link("c", "d", 333.585, 1.668)])
+    vertices, links = join_graphs([("L", *left), ("R", *right)], bridges=2)
+    assert set(vertices) == {"L/a", "L/b", "R/c", "R/d"}
+    bridges = [(x.a, x.b, round(x.distance_km, 1)) for x in links[2:]]
+    # nearest pair b–c (1°); the next with unused ends is a–d (5°), not b–d or a–c (b and c are taken)
+    assert bridges == [("L/b", "R/c", 111.2), ("L/a", "R/d", 556.0)]
+    assert links[3].latency_ms == pytest.approx(556.0 * 0.005, rel=1e-3)
 
 
 # --- SWF ----------------------------------------------------------------------------------------------------

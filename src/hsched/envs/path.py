@@ -4,7 +4,9 @@ The agent walks the WAN graph one link at a time:
 
 - state: the current vertex. The observation is `one_hot(current) ⧺ one_hot(target)` (float32, length 2n),
   so one network can serve several targets (the paper trains one per target; with the target in the
-  observation, a single agent learns the paths to every entry vertex);
+  observation, a single agent learns the paths to every entry vertex). The shipped PER-DQN agent does not
+  read this one-hot vector: it rebuilds the same state as graph-relative features
+  (hsched.envs.path_features), which is what lets one model run on any WAN;
 - action: `Discrete(n)`, "go to vertex j" (index into `PathEnv.vertices`, the WanGraph's vertex order);
 - reward, eq.11 (see `eq11`): −1 (`invalid_reward`) for a move along a link that does not exist, the agent
   stays where it is; `1/w` for a step along a link of weight `w`; `goal_reward` when the step reaches the

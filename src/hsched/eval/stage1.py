@@ -99,6 +99,26 @@ def _per_dqn(graph: WanGraph, seed: int) -> PathFinder:
     return load_path_finder(PER_DQN_MODEL, graph, name="per-dqn")
 
 
+def own_paths(graph: WanGraph, finder: PathFinder, entries: Sequence[str], vertices: Sequence[str]) -> dict[str, int]:
+    """The agent's OWN paths (before the selector's guard) for every (entry, DC vertex) pair: how many are as
+    short as Dijkstra's, and how many are invalid (a loop, or no arrival within the step cap)."""
+    from hsched.costs.selection import no_longer
+
+    pairs = equal = invalid = 0
+    for entry in entries:
+        for v in vertices:
+            best = graph.dijkstra.path(entry, v)
+            if best is None:
+                continue
+            pairs += 1
+            path = finder.path(entry, v)
+            if path is None or not graph.is_valid_path(path, entry, v):
+                invalid += 1
+            elif no_longer(graph.path_metrics(path).latency_ms, graph.path_metrics(best).latency_ms):
+                equal += 1
+    return {"pairs": pairs, "equal": equal, "invalid": invalid}
+
+
 def _per_dqn_unavailable(graph: WanGraph) -> str:
     from hsched.rl.dqn import ModelMismatch
 
@@ -323,6 +343,13 @@ def _ranking(ctx: EvalContext, fleet: Fleet, graph: WanGraph, methods: dict[str,
     if any(unrouted.values()):
         note += " Tasks a method's own paths could not carry: " + ", ".join(
             f"{m} {n}" for m, n in unrouted.items() if n) + " (no gap for those seeds)."
+    if "per-dqn" in names:
+        own = own_paths(graph, methods["per-dqn"].finder(graph, ctx.seeds[0]), fleet.wan.entry_vertices,
+                        sorted({dc.vertex for dc in fleet.datacenters}))
+        note += (f" per-dqn's own greedy paths, before the guard: {own['equal']} of {own['pairs']} (entry, DC) "
+                 f"paths as short as Dijkstra's ({100 * own['equal'] / max(own['pairs'], 1):.1f} %), "
+                 f"{own['invalid']} invalid (loop or no arrival); the selector uses Dijkstra's path for the rest, "
+                 "so the per-dqn row's paths are all valid.")
     return f"{table}\n\n{note}\n\nShare of the tasks each method sends to each DC (mean over seeds):\n\n" \
            f"{pick_table}", [png]
 

@@ -22,7 +22,8 @@ DEFAULT_MODEL = "per_dqn_path"  # models/per_dqn_path.pt
 
 def selector_path_finder(kind: str, model: str, graph: WanGraph) -> PathFinder | None:
     """The learned path finder for `kind`, or None (Dijkstra) when asked for Dijkstra or when the model is
-    missing or was trained on another WAN (said in the log; the selector then routes on Dijkstra)."""
+    missing or of the old one-hot format (said in the log; the selector then routes on Dijkstra). The
+    graph-relative agent runs on any WAN, whatever its vertex count."""
     if kind == "dijkstra":
         return None
     if kind not in PATH_FINDERS:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +67,48 @@ def load_graphml(path: str | Path) -> tuple[dict[str, tuple[float, float]], list
         links.append(Link(a, b, distance_km=dist, latency_ms=max(dist * FIBRE_MS_PER_KM, MIN_LATENCY_MS),
                           bandwidth_mbps=float(speed) / BITS_PER_MBIT if speed else 0.0))
     return vertices, links, _provenance(g.graph, path)
+
+
+def largest_component(vertices: dict[str, tuple[float, float]], links: list[Link]
+                      ) -> tuple[dict[str, tuple[float, float]], list[Link], tuple[str, ...]]:
+    """Keep the largest connected part of a graph (ties: the one with the alphabetically first vertex).
+
+    Some Zoo files have PoPs without links (Uninett: 3 of 74); a path agent is trained and evaluated on
+    what can reach what. Returns (vertices, links, dropped vertex names)."""
+    g = nx.Graph()
+    g.add_nodes_from(vertices)
+    g.add_edges_from((link.a, link.b) for link in links)
+    parts = sorted(nx.connected_components(g), key=lambda c: (-len(c), min(c)))
+    keep = parts[0] if parts else set()
+    return ({v: xy for v, xy in vertices.items() if v in keep}, [x for x in links if x.a in keep],
+            tuple(sorted(v for v in vertices if v not in keep)))
+
+
+def join_graphs(parts: list[tuple[str, dict[str, tuple[float, float]], list[Link]]], bridges: int = 2
+                ) -> tuple[dict[str, tuple[float, float]], list[Link]]:
+    """A CONSTRUCTED larger WAN: real graphs `(name, vertices, links)` chained in the given order, each joined
+    to the next by its `bridges` shortest cross links between PoPs (haversine distance, distinct endpoints),
+    with the same fibre latency model as every Zoo link. Vertices are renamed "<name>/<vertex>".
+
+    Not a Topology Zoo network: the PoPs and their links are real, the bridges are made up (nearest PoPs)."""
+    vertices: dict[str, tuple[float, float]] = {}
+    links: list[Link] = []
+    names: list[list[str]] = []
+    for name, vs, ls in parts:
+        names.append([f"{name}/{v}" for v in vs])
+        vertices.update({f"{name}/{v}": xy for v, xy in vs.items()})
+        links += [Link(f"{name}/{x.a}", f"{name}/{x.b}", x.distance_km, x.latency_ms, x.bandwidth_mbps)
+                  for x in ls]
+    for left, right in pairwise(names):
+        pairs = sorted((haversine_km(vertices[a], vertices[b]), a, b) for a in left for b in right)
+        used: set[str] = set()
+        added = 0
+        for dist, a, b in pairs:
+            if added == bridges:
+                break
+            if a in used or b in used:
+                continue
+            used |= {a, b}
+            links.append(Link(a, b, distance_km=dist, latency_ms=max(dist * FIBRE_MS_PER_KM, MIN_LATENCY_MS)))
+            added += 1
+    return vertices, links
