@@ -188,5 +188,5 @@ def test_dagger_labels_the_learners_own_states_with_the_experts_actions():
             mine = served.choose(obs, info["action_mask"])
             learner_differs |= mine[0] != stage
             obs, _, done, _, info = env.step(np.array([mine[0], mine[1] - 1]))
-    assert pos == expected_pos and counts == expected_counts
+    assert len(encs) == len(expected_pos) and pos == expected_pos and counts == expected_counts
     assert learner_differs  # random weights: the states are the learner's, not the expert's trajectory
