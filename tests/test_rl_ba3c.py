@@ -159,3 +159,34 @@ def test_behaviour_cloning_fits_the_experts_actions(branching):
     model = DagActorCritic(branching, cfg, seed=0)
     losses = behaviour_cloning(model, cfg, np.random.default_rng(0), make)
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_dagger_labels_the_learners_own_states_with_the_experts_actions():
+    """With a learner, demonstrations follow the learner's greedy episode (the served policy's) and carry the
+    expert's choice at each of its states."""
+    from hsched.envs.dag import SjfCp
+
+    cfg = Config(bc_episodes=2, executor_counts=(2, 4), expert="sjf-cp")
+
+    def make(cfg, n):
+        return DagSchedulingEnv(n, jobs=JOBS, num_init_jobs=2, num_stream_jobs=2, interarrival_s=2.0)
+
+    model = DagActorCritic(True, cfg, seed=5)
+    encs, pos, counts = demonstrations(cfg, make, learner=model, seed0=7)
+    assert model.training  # left in training mode for the cloning epochs
+    expected_pos, expected_counts, learner_differs = [], [], False
+    for k, n in enumerate(cfg.executor_counts):
+        env, served = make(cfg, n), LearnedDagPolicy(model, "x")
+        obs, info = env.reset(seed=7 + k)
+        done = False
+        while not done:
+            enc = encode(obs, info["action_mask"])
+            stage, count = SjfCp().choose(obs, info["action_mask"])
+            p = int(np.flatnonzero(enc.node_flat[enc.candidates] == stage)[0])
+            expected_pos.append(p)
+            expected_counts.append(int(min(count, enc.unassigned[p])))
+            mine = served.choose(obs, info["action_mask"])
+            learner_differs |= mine[0] != stage
+            obs, _, done, _, info = env.step(np.array([mine[0], mine[1] - 1]))
+    assert len(encs) == len(expected_pos) and pos == expected_pos and counts == expected_counts
+    assert learner_differs  # random weights: the states are the learner's, not the expert's trajectory
