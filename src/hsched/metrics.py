@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hsched.domain.cluster import ClusterState
+from hsched.domain.cluster import ClusterState, count_per_row
 from hsched.domain.resources import Resources
 from hsched.domain.task import TaskSpec
 
@@ -314,7 +314,7 @@ def fgd_expected_fragmentation(free_cpu: np.ndarray, free_memory: np.ndarray, fr
     # per card, per distinct slice size (openb: 22 for 151 shapes), then spread to the shapes: [k, cards, U]
     sizes, shape_size = _slice_sizes(dist)
     holds = (core[:, :, None] >= sizes[None, None, :, 0]) & (gpu_free_memory[:, :, None] >= sizes[None, None, :, 1])
-    runs = host_ok & (holds.sum(axis=1)[:, shape_size] >= dist.gpu_count[None, :]) & (dist.gpu_count > 0)[None, :]
+    runs = host_ok & (count_per_row(holds)[:, shape_size] >= dist.gpu_count[None, :]) & (dist.gpu_count > 0)[None, :]
     if any(dist.gpu_models):
         models = np.asarray(gpu_model)
         for m, allowed in enumerate(dist.gpu_models):
