@@ -42,9 +42,8 @@ FAILURE_REWARD = -50.0  # paper 000 §3.1: the reward of a failed deployment
 
 
 def _totals(state: ClusterState) -> dict[str, int]:
-    t = state.table
-    return {"gpu_memory": int(t.gpu_memory_mib.sum()), "gpu_core": int(t.gpu_core_percent.sum()),
-            "cpu": int(t.cpu_milli.sum()), "memory": int(t.memory_mib.sum())}
+    cap = state.capacity()
+    return {"gpu_memory": cap["gpu_memory"], "gpu_core": cap["gpu_core"], "cpu": cap["cpu"], "memory": cap["memory"]}
 
 
 def utilisation_row(state: ClusterState, resources: Sequence[str] = RESOURCES,

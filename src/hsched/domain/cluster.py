@@ -130,6 +130,7 @@ class ClusterState:
         self.tenant_usage: dict[str, np.ndarray] = {}  # per tenant, the usage_vector of its clocked allocations
         self._models = np.array(t.gpu_model)
         self._gpu_core_capacity: tuple[NodeTable, np.ndarray] | None = None  # busy_gpu_percent's, per table
+        self._capacity: tuple[NodeTable, dict[str, int]] | None = None  # capacity()'s, per table
 
     # -- queries ---------------------------------------------------------------------------------------------
 
@@ -171,16 +172,25 @@ class ClusterState:
         order = fits[np.lexsort((fits, mem[fits], core[fits]))][: demand.gpu_count]
         return tuple(GpuShare(int(c), demand.gpu_core_percent, demand.gpu_memory_mib) for c in sorted(order))
 
-    def utilisation(self) -> dict[str, float]:
-        t = self.table
+    def capacity(self) -> dict[str, int]:
+        """The room's total of each resource (fixed per table: summed once; every utilisation reads them)."""
+        cap = self._capacity
+        if cap is None or cap[0] is not self.table:
+            t = self.table
+            cap = self._capacity = (t, {"cpu": int(t.cpu_milli.sum()), "memory": int(t.memory_mib.sum()),
+                                        "gpu_core": int(t.gpu_core_percent.sum()),
+                                        "gpu_memory": int(t.gpu_memory_mib.sum())})
+        return cap[1]
 
-        def used(free: np.ndarray, cap: np.ndarray) -> float:
-            total = int(cap.sum())
+    def utilisation(self) -> dict[str, float]:
+        cap = self.capacity()
+
+        def used(free: np.ndarray, total: int) -> float:
             return float(1 - free.sum() / total) if total else 0.0
 
-        return {"cpu": used(self.free_cpu, t.cpu_milli), "memory": used(self.free_memory, t.memory_mib),
-                "gpu_core": used(self.gpu_free_core, t.gpu_core_percent),
-                "gpu_memory": used(self.gpu_free_memory, t.gpu_memory_mib)}
+        return {"cpu": used(self.free_cpu, cap["cpu"]), "memory": used(self.free_memory, cap["memory"]),
+                "gpu_core": used(self.gpu_free_core, cap["gpu_core"]),
+                "gpu_memory": used(self.gpu_free_memory, cap["gpu_memory"])}
 
     def busy_cpu(self) -> np.ndarray:
         return self.table.cpu_milli - self.free_cpu
