@@ -185,10 +185,15 @@ def test_expected_fragmentation_equals_the_reference_on_random_states(seed, k):
             assert not differs[: k // 4].any() and differs[k // 4:].any()  # the card test mattered on some nodes
 
 
-def test_count_per_row_counts_over_the_cards_axis():
+@pytest.mark.parametrize("cards", [1, 2, 3, 4, 8])
+def test_count_per_row_counts_over_the_cards_axis(cards):
     from hsched.domain.cluster import count_per_row
 
-    rng = np.random.default_rng(0)
-    flags = rng.random((50, 8, 7)) < 0.5
+    rng = np.random.default_rng(cards)
+    flags = rng.random((50, cards, 7)) < 0.5
     assert np.array_equal(count_per_row(flags), flags.sum(axis=1))
-    assert np.array_equal(count_per_row(flags[:, :, 0]), flags[:, :, 0].sum(axis=1))
+    for rows in (flags[:, :, 0], flags[:, :, 0].copy(), flags[::2, :, 3].copy(), flags[:0, :, 0].copy()):
+        got = count_per_row(rows)  # strided, contiguous (one word per row for 1/2/4/8 cards), empty
+        assert got.dtype == np.int16 and np.array_equal(got, rows.sum(axis=1))
+    full = np.ones((5, cards), dtype=bool)
+    assert (count_per_row(full) == cards).all() and (count_per_row(~full) == 0).all()

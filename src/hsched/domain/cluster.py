@@ -90,10 +90,17 @@ class OverAllocation(RuntimeError):
     """An allocation that does not fit (a bug upstream, or a ledger from another fleet description)."""
 
 
+_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # a row of that many bools read as one integer
+
+
 def count_per_row(flags: np.ndarray) -> np.ndarray:
     """True entries per row of a [n, cards] bool array ([n, cards, ...]: per row and trailing index, over the
-    cards). A column loop: numpy's reductions along a short axis (8 cards) cost ~3-4× more (120 vs 35 µs at
-    5,000 hosts), and every GPU placement's filter (and FGD's card test per slice size) runs this."""
+    cards), as int16. Every GPU placement's filter (and FGD's card test per slice size) runs this: a row of
+    1, 2, 4 or 8 cards (contiguous) is one machine word whose bytes are 0 or 1, so its population count is the
+    count (~3 µs at 5,000 hosts); else a column loop (numpy's reductions along a short axis cost ~3-4× more)."""
+    word = _WORDS.get(flags.shape[1]) if flags.ndim == 2 and flags.dtype == np.bool_ else None
+    if word is not None and flags.flags.c_contiguous:
+        return np.bitwise_count(flags.view(word)).reshape(-1).astype(np.int16)
     out = np.zeros(flags.shape[:1] + flags.shape[2:], dtype=np.int16)
     for j in range(flags.shape[1]):
         out += flags[:, j]
