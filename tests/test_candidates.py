@@ -221,3 +221,33 @@ def test_placer_and_up_refuse_a_bad_nodes_to_score(capsys):
         hsched_main(["up", "--nodes-to-score", "many"])
     assert exc.value.code == 2
     assert "argument --nodes-to-score: 'many' must be" in capsys.readouterr().err
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), demands)
+def test_part_power_equals_eq5_and_busy_gpu_equals_the_card_sums(data, demand):
+    """The per-table cached part power is server_power's formula, bit for bit, for every node or one; the
+    guard's busy GPU percent (capacity minus free, column loops) is the per-node sum over the cards; the
+    utilisation from the cached capacities is the one from summing them each time."""
+    from hsched.domain.fleet import load_fleet
+    from hsched.policies.placement import part_power_w
+    from hsched.thermal import server_power
+
+    dc = load_fleet(None).datacenter(data.draw(st.sampled_from(["kansas-city", "chicago"])))
+    state = ClusterState(dc)
+    t = state.table
+    want = server_power(demand.cpu_milli, t.cpu_milli, 0.0, t.p_full_w - t.p_idle_w)
+    if demand.gpu_count:
+        want = want + demand.gpu_units * (t.gpu_full_w - t.gpu_idle_w)
+    assert part_power_w(state, demand).tobytes() == want.tobytes()
+    node = data.draw(st.integers(0, state.n - 1))
+    assert part_power_w(state, demand, node).tobytes() == want[node:node + 1].tobytes()
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    state.gpu_free_core[:] = (t.gpu_core_percent * rng.random(t.gpu_core_percent.shape)).astype(np.int64)
+    assert np.array_equal(state.busy_gpu_percent(), (t.gpu_core_percent - state.gpu_free_core).sum(axis=1))
+    state.free_cpu[:] = (t.cpu_milli * rng.random(state.n)).astype(np.int64)
+    for key, free, cap in (("cpu", state.free_cpu, t.cpu_milli), ("memory", state.free_memory, t.memory_mib),
+                           ("gpu_core", state.gpu_free_core, t.gpu_core_percent),
+                           ("gpu_memory", state.gpu_free_memory, t.gpu_memory_mib)):
+        total = int(cap.sum())  # utilisation as before capacity() cached the totals
+        assert state.utilisation()[key] == (float(1 - free.sum() / total) if total else 0.0)

@@ -130,3 +130,70 @@ def test_fgd_from_openb_runs_in_the_env():
     m_random = run_policy(env, make_policy("random", 0), seed=0).metrics
     assert m_fgd["failed"] == 0
     assert m_fgd["fgd_fragmentation"] < m_random["fgd_fragmentation"]  # what FGD descends on
+
+
+def _reference_fragmentation(free_cpu, free_memory, free_disk, free_bandwidth, core, gmem, models, dist):
+    """fgd_expected_fragmentation as it was before it was built shape-major (node-major, numpy's sum over the
+    cards axis): the optimised path must give the same floats, bit for bit."""
+    from hsched.metrics import _slice_sizes
+
+    idle = core.sum(axis=1) / 100.0
+    host_ok = ((free_cpu[:, None] >= dist.cpu_milli[None, :]) & (free_memory[:, None] >= dist.memory_mib[None, :])
+               & (free_disk[:, None] >= dist.disk_mib[None, :])
+               & (free_bandwidth[:, None] >= dist.bandwidth_mbps[None, :]))
+    sizes, shape_size = _slice_sizes(dist)
+    holds = (core[:, :, None] >= sizes[None, None, :, 0]) & (gmem[:, :, None] >= sizes[None, None, :, 1])
+    runs = host_ok & (holds.sum(axis=1)[:, shape_size] >= dist.gpu_count[None, :]) & (dist.gpu_count > 0)[None, :]
+    for m, allowed in enumerate(dist.gpu_models):
+        if allowed:
+            runs[:, m] &= np.isin(np.asarray(models), list(allowed))
+    stranded = np.einsum("kg,kgu->ku", core / 100.0, ~holds)[:, shape_size]
+    return np.where(runs, stranded, idle[:, None]) @ dist.popularity
+
+
+def _random_nodes(rng, k, cards=8):
+    cpu, mem = rng.integers(0, 96_001, k), rng.integers(0, 400_000, k)
+    cpu[: k // 4] = 0  # no shape runs there: F = the idle share
+    disk, bw = rng.integers(0, 10**6, k), rng.integers(0, 10**5, k)
+    # cards idle, full or partly used, so every slice size is held by some cards and not by others
+    core = rng.choice([0, 5, 25, 50, 60, 100], (k, cards))
+    gmem = rng.choice([0, 1024, 4096, 16_000, 32_000], (k, cards))
+    models = list(rng.choice(["V100M32", "T4", "A10"], k))
+    return cpu, mem, disk, bw, core, gmem, models
+
+
+@pytest.mark.parametrize("k", [1, 2, 7, 300, 512])
+@pytest.mark.parametrize("seed", range(3))
+def test_expected_fragmentation_equals_the_reference_on_random_states(seed, k):
+    import dataclasses
+
+    from hsched.policies.fgd import openb_distribution
+
+    rng = np.random.default_rng(seed)
+    openb = openb_distribution()  # no disk or bandwidth needs, no GPU models: those tests are skipped
+    m = len(openb)
+    demanding = dataclasses.replace(  # the same shapes asking disk, bandwidth and (some) GPU models
+        openb, disk_mib=rng.integers(0, 10**6, m), bandwidth_mbps=rng.integers(0, 10**5, m),
+        gpu_models=tuple(("T4", "A10") if i % 3 == 0 else ("V100M32",) if i % 3 == 1 else () for i in range(m)))
+    for dist in (openb, demanding):
+        cpu, mem, disk, bw, core, gmem, models = _random_nodes(rng, k)
+        got = fgd_expected_fragmentation(cpu, mem, disk, bw, core, gmem, models, dist)
+        want = _reference_fragmentation(cpu, mem, disk, bw, core, gmem, models, dist)
+        assert got.shape == (k,) and got.tobytes() == want.tobytes()
+        if k >= 300:
+            differs = ~np.isclose(got, core.sum(axis=1) / 100.0)
+            assert not differs[: k // 4].any() and differs[k // 4:].any()  # the card test mattered on some nodes
+
+
+@pytest.mark.parametrize("cards", [1, 2, 3, 4, 8])
+def test_count_per_row_counts_over_the_cards_axis(cards):
+    from hsched.domain.cluster import count_per_row
+
+    rng = np.random.default_rng(cards)
+    flags = rng.random((50, cards, 7)) < 0.5
+    assert np.array_equal(count_per_row(flags), flags.sum(axis=1))
+    for rows in (flags[:, :, 0], flags[:, :, 0].copy(), flags[::2, :, 3].copy(), flags[:0, :, 0].copy()):
+        got = count_per_row(rows)  # strided, contiguous (one word per row for 1/2/4/8 cards), empty
+        assert got.dtype == np.int16 and np.array_equal(got, rows.sum(axis=1))
+    full = np.ones((5, cards), dtype=bool)
+    assert (count_per_row(full) == cards).all() and (count_per_row(~full) == 0).all()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hsched.domain.cluster import ClusterState
+from hsched.domain.cluster import ClusterState, count_per_row
 from hsched.domain.resources import Resources
 from hsched.domain.task import TaskSpec
 
@@ -42,9 +42,8 @@ FAILURE_REWARD = -50.0  # paper 000 §3.1: the reward of a failed deployment
 
 
 def _totals(state: ClusterState) -> dict[str, int]:
-    t = state.table
-    return {"gpu_memory": int(t.gpu_memory_mib.sum()), "gpu_core": int(t.gpu_core_percent.sum()),
-            "cpu": int(t.cpu_milli.sum()), "memory": int(t.memory_mib.sum())}
+    cap = state.capacity()
+    return {"gpu_memory": cap["gpu_memory"], "gpu_core": cap["gpu_core"], "cpu": cap["cpu"], "memory": cap["memory"]}
 
 
 def utilisation_row(state: ClusterState, resources: Sequence[str] = RESOURCES,
@@ -307,21 +306,26 @@ def fgd_expected_fragmentation(free_cpu: np.ndarray, free_memory: np.ndarray, fr
     idle = core.sum(axis=1) / 100.0  # [k]
     if len(dist) == 0 or core.shape[0] == 0:
         return np.zeros(core.shape[0])
-    host_ok = ((free_cpu[:, None] >= dist.cpu_milli[None, :])
-               & (free_memory[:, None] >= dist.memory_mib[None, :])
-               & (free_disk[:, None] >= dist.disk_mib[None, :])
-               & (free_bandwidth[:, None] >= dist.bandwidth_mbps[None, :]))  # [k, M]
+    host_ok = np.ones((core.shape[0], len(dist)), dtype=bool)  # [k, M]
+    for free, need in ((free_cpu, dist.cpu_milli), (free_memory, dist.memory_mib), (free_disk, dist.disk_mib),
+                       (free_bandwidth, dist.bandwidth_mbps)):
+        free = np.asarray(free)
+        if need.max() > free.min():  # else every node has enough for every shape (openb asks no disk, bandwidth)
+            host_ok &= free[:, None] >= need[None, :]
     # per card, per distinct slice size (openb: 22 for 151 shapes), then spread to the shapes: [k, cards, U]
     sizes, shape_size = _slice_sizes(dist)
     holds = (core[:, :, None] >= sizes[None, None, :, 0]) & (gpu_free_memory[:, :, None] >= sizes[None, None, :, 1])
-    runs = host_ok & (holds.sum(axis=1)[:, shape_size] >= dist.gpu_count[None, :]) & (dist.gpu_count > 0)[None, :]
+    # the spreads by np.take, not `[:, shape_size]`: the same values in C order, at half the cost; C order is
+    # also the layout of the product's matrix it always had (BLAS's sums, hence the last bits, follow it)
+    runs = host_ok & (np.take(count_per_row(holds), shape_size, axis=1) >= dist.gpu_count[None, :]) \
+        & (dist.gpu_count > 0)[None, :]
     if any(dist.gpu_models):
         models = np.asarray(gpu_model)
         for m, allowed in enumerate(dist.gpu_models):
             if allowed:
                 runs[:, m] &= np.isin(models, list(allowed))
     # idle share on cards that cannot hold a slice
-    stranded = np.einsum("kg,kgu->ku", core / 100.0, ~holds)[:, shape_size]
+    stranded = np.take(np.einsum("kg,kgu->ku", core / 100.0, ~holds), shape_size, axis=1)
     per_shape = np.where(runs, stranded, idle[:, None])  # [k, M]
     return per_shape @ dist.popularity
 
