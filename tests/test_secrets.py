@@ -177,6 +177,15 @@ def test_the_stack_file_refuses_a_planted_symlink_and_two_stacks_keep_two_files(
     assert not second.exists()
 
 
+def test_a_stack_of_several_gateways_is_picked_by_any_one_of_their_addresses(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    localstate.write_stack({"gateway": "ipv4:127.0.0.1:4711,127.0.0.1:4713", "token": "t"})
+    for asked in ("ipv4:127.0.0.1:4711,127.0.0.1:4713", "127.0.0.1:4711", "127.0.0.1:4713"):
+        assert localstate.pick_stack(asked)["token"] == "t", asked
+    assert localstate.pick_stack("127.0.0.1:4712") == {}  # not one of its gateways
+    assert localstate.pick_stack("127.0.0.1:471") == {}  # a prefix of an address is not the address
+
+
 def test_a_runtime_dir_that_is_a_symlink_or_someone_elses_is_refused(tmp_path, monkeypatch):
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setenv("TMPDIR", str(tmp_path))

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def addresses(target: str) -> list[str]:
+    """The host:port addresses a target names: "ipv4:a:1,b:2" -> ["a:1", "b:2"]; a plain "host:port" -> itself."""
+    if target.startswith(("ipv4:", "ipv6:")):
+        target = target.partition(":")[2]
+    return [a for a in target.split(",") if a]
+
+
 def balanced(target: str, options=()) -> list:
     """`options` for a channel to `target`, with gRPC's round_robin policy when the target names several
     addresses ("ipv4:10.0.0.1:50051,10.0.0.2:50051"): replicas (gateways, selectors) behind one target, each
@@ -14,7 +21,5 @@ def balanced(target: str, options=()) -> list:
         return list(options)
     out = [*options, ("grpc.lb_policy_name", "round_robin")]
     if not any(name == "grpc.default_authority" for name, _ in out):
-        first = target.partition(":")[2].split(",")[0] if target.startswith(("ipv4:", "ipv6:")) \
-            else target.split(",")[0]
-        out.append(("grpc.default_authority", first))
+        out.append(("grpc.default_authority", addresses(target)[0]))
     return out

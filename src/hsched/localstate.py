@@ -19,6 +19,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+from hsched.lb import addresses
 from hsched.security.files import write_private
 from hsched.state.redis import url_with_password, url_without_password
 
@@ -120,12 +121,12 @@ def read_stacks() -> list[dict]:
 
 
 def pick_stack(gateway: str | None = None) -> dict:
-    """The stack to talk to: the one on `gateway` when given ({} if no live stack is recorded there — the
-    address alone is enough), else the only live one ({} when none); several live ones and no `gateway` is an
+    """The stack to talk to: the one on `gateway` when given — its whole target, or any one of its gateways'
+    addresses ({} if no live stack is recorded there — the address alone is enough), else the only live one ({} when none); several live ones and no `gateway` is an
     error listing them."""
     live = read_stacks()
     if gateway:
-        return next((s for s in live if s["gateway"] == gateway), {})
+        return next((s for s in live if gateway == s["gateway"] or gateway in addresses(s["gateway"])), {})
     if len(live) > 1:
         choices = ", ".join(f"{s['gateway']} (hsched up pid {s.get('pid')})" for s in live)
         raise LocalStateError(f"{len(live)} stacks are running: {choices}; choose one with --gateway or "
