@@ -36,14 +36,6 @@ from hsched.thermal.zonal import ZonalRecirculation
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def hot_rack(op: ZonalRecirculation, factor: float) -> ZonalRecirculation:
-    r = op.n_zones
-    nbr = op.nbr[:r]
-    w = op.w[:r].copy()
-    w[0, list(nbr[0]).index(0)] *= factor
-    return ZonalRecirculation(op.zone, op.a, op.b, np.where(nbr == r, -1, nbr), w)
-
-
 def scans(room, truth: ZonalRecirculation, count: int, steady: bool, rng, noise_k: float) -> Scans:
     n = room.n
     k_per_w = 1.0 / (room.params.air_mass_flow_kg_s * room.params.cp_air)
@@ -77,7 +69,7 @@ def main() -> None:
     for label, dc in rooms:
         room = room_for(dc)
         op = room.recirc
-        hot = hot_rack(op, 6.0)
+        hot = op.with_self_coupling_scaled(0, 6.0)
         for prior in (float(x) for x in args.priors.split(",")):
             for s in (int(x) for x in args.windows.split(",")):
                 rng = np.random.default_rng(0)

@@ -33,15 +33,6 @@ def cheap():
     return next(dc for dc in load_fleet(SMALL_FLEET).datacenters if dc.name == DC)
 
 
-def hot_rack_truth(op: ZonalRecirculation, factor: float) -> ZonalRecirculation:
-    """The room with rack 0's inlets drawing `factor` times more of rack 0's own exhaust than the geometry says."""
-    r = op.n_zones
-    nbr = op.nbr[:r]
-    w = op.w[:r].copy()
-    w[0, list(nbr[0]).index(0)] *= factor
-    return ZonalRecirculation(op.zone, op.a, op.b, np.where(nbr == r, -1, nbr), w)
-
-
 # -- the fit: by hand ------------------------------------------------------------------------------------------
 
 def test_fit_recovers_a_hand_computed_two_zone_coupling() -> None:
@@ -77,7 +68,7 @@ def test_zone_rise_is_the_least_squares_value_over_a_zones_servers() -> None:
 
 def test_refit_of_a_zonal_room_finds_the_hot_rack_and_keeps_the_profiles() -> None:
     op = room_for(cheap()).recirc
-    truth = hot_rack_truth(op, 6.0)
+    truth = op.with_self_coupling_scaled(0, 6.0)
     rng = np.random.default_rng(1)
     p = rng.uniform(100, 300, (60, op.n))
     rise = np.stack([truth.matvec(x) for x in p]) + rng.normal(0, 0.05, (60, op.n))
@@ -233,7 +224,7 @@ async def test_publishing_is_monotonic_and_a_lost_race_publishes_nothing(redis, 
     assert (await store.latest()).version == 0
     assert await store.publish(0, op, {"k": 1}) == 1
     assert await store.publish(0, op, {"k": 2}) is None  # replaced version 0, which is gone
-    assert await store.publish(1, hot_rack_truth(op, 2.0), {"k": 3}) == 2
+    assert await store.publish(1, op.with_self_coupling_scaled(0, 2.0), {"k": 3}) == 2
     latest = await store.latest(op.n)
     assert latest.version == 2 and latest.meta == {"k": 3}
     assert [int(f[b"version"]) for _, f in await redis.xrange(keys.model_versions(DC))] == [1, 2]
@@ -296,7 +287,7 @@ async def test_readings_contradicting_the_model_change_the_placement_and_name_th
         # the room's sensors: rack 0 recirculates its own exhaust 6x more than the geometry says
         dc = cheap()
         room = room_for(dc)
-        truth = hot_rack_truth(room.recirc, 6.0)
+        truth = room.recirc.with_self_coupling_scaled(0, 6.0)
         rng = np.random.default_rng(7)
         k_per_w = 1.0 / (room.params.air_mass_flow_kg_s * room.params.cp_air)
         lines = []
@@ -369,7 +360,7 @@ async def test_a_placer_asking_the_service_names_the_services_version(redis, red
         first = await placer.Place(place("a", 2), timeout=10)
         assert first.thermal.model_version == 0 and "thermal model version 0" in " ".join(first.notes)
         op = room_for(cheap()).recirc
-        assert await ModelStore(redis, Keys(prefix), DC).publish(0, hot_rack_truth(op, 2.0), {}) == 1
+        assert await ModelStore(redis, Keys(prefix), DC).publish(0, op.with_self_coupling_scaled(0, 2.0), {}) == 1
         for _ in range(100):
             if (await thermal.Predict(thermal_pb2.PredictRequest(datacenter=DC), timeout=10)).model_version == 1:
                 break
@@ -384,7 +375,7 @@ async def test_a_placer_asking_the_service_names_the_services_version(redis, red
 def truth_scans(count: int, seed: int = 7) -> list[list[Reading]]:
     """Scans of the `cheap` room as if rack 0 recirculated 6x its own exhaust (random loads, 0.05 K noise)."""
     room = room_for(cheap())
-    truth = hot_rack_truth(room.recirc, 6.0)
+    truth = room.recirc.with_self_coupling_scaled(0, 6.0)
     rng = np.random.default_rng(seed)
     k_per_w = 1.0 / (room.params.air_mass_flow_kg_s * room.params.cp_air)
     out = []

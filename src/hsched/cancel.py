@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-__all__ = ["cancel_and_wait"]
+__all__ = ["cancel_and_wait", "stop_if_cancelled"]
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Future | None], retry_s: float = 0.5) -> None:
@@ -21,3 +21,11 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future | None], retry_s: float
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=retry_s)
+
+
+def stop_if_cancelled() -> None:
+    """Raise CancelledError when the current task has a cancel pending: a loop around a Redis read calls it each
+    turn, since the read itself can swallow the cancel (the module docstring) and the loop would read on."""
+    me = asyncio.current_task()
+    if me is not None and me.cancelling():
+        raise asyncio.CancelledError

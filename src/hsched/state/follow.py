@@ -12,6 +12,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from opentelemetry import propagate, trace
 
+from hsched.cancel import stop_if_cancelled
 from hsched.domain.cluster import ClusterState
 from hsched.domain.fleet import DataCenter
 from hsched.domain.task import TaskSpec
@@ -124,10 +125,8 @@ async def follow(redis: aioredis.Redis, followers: list[LedgerFollower], batch_s
         f._wake = wake
     checked = float("-inf")
     loop = asyncio.get_running_loop()
-    me = asyncio.current_task()
     while True:
-        if me is not None and me.cancelling():  # a cancel that a read swallowed still stops the loop
-            raise asyncio.CancelledError
+        stop_if_cancelled()  # a cancel that a read swallowed still stops the loop
         try:
             if loop.time() - checked >= trim_check_s:  # a trim past a cursor is rare: looked for now and then
                 checked = loop.time()

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 from redis.exceptions import RedisError
 
+from hsched.cancel import stop_if_cancelled
 from hsched.state.keys import Keys
 from hsched.state.ledger import StateLost
 
-from .published import READINGS_MAXLEN, ModelStore, Published, ScanWindow, stop_if_cancelled
+from .published import READINGS_MAXLEN, ModelStore, Published, ScanWindow
 from .readings import synthetic_readings
 from .refit import HOLDOUT_EVERY, MAX_CONDITION, MIN_GAIN, MIN_SCANS, MIN_T, PRIOR_WEIGHT, recalibrate
 from .room import RoomModel

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from redis.exceptions import RedisError, ResponseError
 
+from hsched.cancel import stop_if_cancelled
 from hsched.domain.errors import ValidationError
 from hsched.state.keys import Keys
 from hsched.state.ledger import StateLost
@@ -67,13 +68,6 @@ redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'version', v, 'meta', A
 return {1, v}
 """
 # KEYS: model hash, versions stream, epoch; ARGV: epoch, the version replaced, params JSON, meta JSON, maxlen
-
-
-def stop_if_cancelled() -> None:
-    """A Redis read can swallow a task's cancellation (as hsched.state.follow notes): a loop around one checks."""
-    me = asyncio.current_task()
-    if me is not None and me.cancelling():
-        raise asyncio.CancelledError
 
 
 def _text(v: bytes | str | None) -> str | None:

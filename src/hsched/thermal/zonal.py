@@ -183,6 +183,16 @@ class ZonalRecirculation:
         dense = None if self._dense is None else self._dense[:n, :n]
         return ZonalRecirculation(self.zone[:n], self.a[:n], self.b[:n], nbr, self.w, self.m[:-1], dense)
 
+    def with_self_coupling_scaled(self, zone: int, factor: float) -> ZonalRecirculation:
+        """This room with zone `zone`'s inlets drawing `factor` times its own exhaust (a hot rack whose
+        recirculation the geometry underestimates): the model sensor readings can contradict, in tests and
+        bench/thermal_refit.py."""
+        r = self.n_zones
+        nbr = self.nbr[:r]
+        w = self.w[:r].copy()
+        w[zone, list(nbr[zone]).index(zone)] *= factor
+        return ZonalRecirculation(self.zone, self.a, self.b, np.where(nbr == r, -1, nbr), w)
+
     # -- products ------------------------------------------------------------------------------------------
     def zone_sources(self, power: FloatArray) -> FloatArray:
         """(R + 1,) escaped heat per zone, sum of b_j P_j (the last entry is the padding sentinel, 0)."""
