@@ -207,6 +207,52 @@ class Floor:
         return {name: read(pid) for name, pid in pids.items()}
 
 
+
+def measure_floor(requests: list[bytes], placers: int, busy: int, concurrency: int, duration_s: float,
+                  redis_url: str | None = None, also_rates=(), on_point=None,
+                  log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict[str, dict]:
+    """Start the floor (an embedded Redis unless `redis_url`; keys under a prefix of its own, deleted at the
+    end), load it like stack_bench: the closed-loop peak at `concurrency`, open loop at half that peak, then
+    at each of `also_rates`; stop it. Returns {"peak": results, "half": results, "<rate>/s": results}, each the
+    loadgen's per-call LoadResults; `on_point(label, results, cpu ms, context switches per iteration)` sees
+    every point with the CPU of each floor process."""
+    prefix = f"floor-{os.getpid()}-{secrets.token_hex(3)}"
+    embedded = None if redis_url else EmbeddedRedis().start()
+    url = redis_url or embedded.url
+    points: dict[str, dict] = {}
+    try:
+        with Floor(placers, busy, url, prefix, embedded.proc.pid if embedded else None) as floor:
+            def point(key: str, label: str, conc: int, rate: float | None = None):
+                log(f"floor, {label}: concurrency {conc}" + (f", rate {rate:.0f}/s" if rate else "") + " ...")
+                cpu0, sw0 = floor.sample(cpu_seconds), floor.sample(context_switches)
+                res = run_closed_loop("bench.stack_bench:submit_release", (floor.target, requests),
+                                      concurrency=conc, duration_s=duration_s, warmup_s=WARMUP_S, rate_rps=rate)
+                cpu1, sw1 = floor.sample(cpu_seconds), floor.sample(context_switches)
+                step = res[STEP]
+                iters = max(1.0, step.throughput_rps * (step.elapsed_s + WARMUP_S))  # as stack_bench estimates it
+                if on_point:
+                    on_point(label, res, {n: (cpu1[n] - cpu0[n]) * 1e3 / iters for n in cpu1},
+                             {n: (sw1[n] - sw0[n]) / iters for n in sw1})
+                log(f"  Submit {res['Submit'].summary()}")
+                points[key] = res
+
+            open_c = max(256, 4 * concurrency)
+            point("peak", "closed (peak)", concurrency)
+            point("half", "open, half peak", open_c, points["peak"][STEP].throughput_rps / 2)
+            for rate in also_rates:
+                point(f"{rate:g}/s", f"open, {rate:g}/s", open_c, rate)
+    finally:
+        if embedded:
+            embedded.stop()
+        else:
+            import redis
+
+            r = redis.Redis.from_url(url)
+            for key in r.scan_iter(f"{prefix}:*"):
+                r.delete(key)
+    return points
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per point (plus 1 s warmup)")
@@ -221,42 +267,12 @@ def main() -> int:
         ap.error("--busy must be between 1 and --placers")
 
     requests = build_requests(None, opts.tasks)
-    redis_url = os.environ.get("REDIS_URL")
-    prefix = f"floor-{os.getpid()}-{secrets.token_hex(3)}"
-    embedded = None if redis_url else EmbeddedRedis().start()
-    url = redis_url or embedded.url
-    rows = []
-    try:
-        with Floor(opts.placers, opts.busy, url, prefix, embedded.proc.pid if embedded else None) as floor:
-            def point(label: str, concurrency: int, rate: float | None = None):
-                print(f"{label}: concurrency {concurrency}" + (f", rate {rate:.0f}/s" if rate else "") + " ...",
-                      file=sys.stderr, flush=True)
-                cpu0, sw0 = floor.sample(cpu_seconds), floor.sample(context_switches)
-                res = run_closed_loop("bench.stack_bench:submit_release", (floor.target, requests),
-                                      concurrency=concurrency, duration_s=opts.duration, warmup_s=WARMUP_S,
-                                      rate_rps=rate)
-                cpu1, sw1 = floor.sample(cpu_seconds), floor.sample(context_switches)
-                step = res[STEP]
-                iters = max(1.0, step.throughput_rps * (step.elapsed_s + WARMUP_S))  # as stack_bench estimates it
-                cpu = {n: (cpu1[n] - cpu0[n]) * 1e3 / iters for n in cpu1}
-                switches = {n: (sw1[n] - sw0[n]) / iters for n in sw1}
-                rows.append((label, res, cpu, switches))
-                print(f"  Submit {res['Submit'].summary()}", file=sys.stderr, flush=True)
-                return res
-
-            peak = point("closed (peak)", opts.concurrency)
-            half = point("open, half peak", max(256, 4 * opts.concurrency), peak[STEP].throughput_rps / 2)
-            for rate in (float(r) for r in opts.also_rates.split(",") if r.strip()):
-                point(f"open, {rate:g}/s", max(256, 4 * opts.concurrency), rate)
-    finally:
-        if embedded:
-            embedded.stop()
-        else:
-            import redis
-
-            r = redis.Redis.from_url(url)
-            for key in r.scan_iter(f"{prefix}:*"):
-                r.delete(key)
+    rows: list[tuple] = []  # (label, results, CPU ms, context switches per iteration) per point
+    points = measure_floor(requests, opts.placers, opts.busy, opts.concurrency, opts.duration,
+                           os.environ.get("REDIS_URL"), also_rates=[float(r) for r in opts.also_rates.split(",")
+                                                                    if r.strip()],
+                           on_point=lambda *row: rows.append(row))
+    half = points["half"]
 
     print(f"\n### Submit-path floor: gateway + selector + {opts.placers} placers ({opts.busy} busy) + redis, "
           f"{os.cpu_count()} CPUs, {opts.duration:g} s per point after {WARMUP_S:g} s warmup\n")

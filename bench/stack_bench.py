@@ -2,6 +2,9 @@
 
 In one run, one after the other (never at the same time: they would fight for the same cores):
 
+0. the Submit path's floor (`bench.path_floor.Floor`: the stack's processes, hops and transports with none of
+   its work, one placer per data center of the fleet): closed-loop peak at `--concurrency`, then open loop at
+   half that peak (skipped with `--no-floor`);
 1. a bare 4-hop grpc.aio echo chain (client -> 3 forwarders -> echo, `bench.echo_chain`): closed-loop
    peak at `--concurrency`, then open-loop at half that peak; its peak is measured again after the stack,
    and the throughput ratio uses the mean of the two (a shared machine's speed drifts; a run where the two
@@ -9,8 +12,9 @@ In one run, one after the other (never at the same time: they would fight for th
 2. the whole stack (`hsched.stack.Stack`: Redis, thermal, selector, one placer per data center, gateway;
    metrics on, traces off, a unique Redis key prefix): each iteration Submits one real task of the
    Alibaba openb trace and Releases it right away, so the fleet never fills. Closed-loop peak at
-   `--concurrency`, then open-loop at half the peak Submit rate. Submit and Release are timed
-   separately and Submit outcomes are counted by task state;
+   `--concurrency`, then open-loop at half the peak Submit rate, then open loop at the floor's half-peak
+   rate (the same offered load as the floor's point). Submit and Release are timed separately and Submit
+   outcomes are counted by task state;
 3. Submit alone: rounds of `--burst` Submits (closed loop at `--concurrency`, the tasks kept), each followed
    by a round that Releases them (timed on its own, reported apart), until `--duration` seconds of Submits.
    The fleet holds only about a thousand of the trace's tasks at once, hence the rounds.
@@ -20,12 +24,14 @@ process's RSS/PSS and CPU per Submit+Release iteration (from /proc); each servic
 RPC (from its hsched_rpc_server_duration_seconds histogram, i.e. where a Submit's latency goes); the CPU
 that other processes on the machine used meanwhile; and PASS/FAIL for the targets: Submit calls/s >= 0.8x
 the echo chain's calls/s, measured by phase 3 (the same ratio for phase 2, where every Submit shares the
-machine with its Release, and that of gateway calls/s, Submit + Release, are printed too), Submit p99
-<= 20 ms at half of the peak (phase 2's open loop), total stack RSS < 3 GiB. The exit status is 0 only if all pass with no
+machine with its Release, and that of gateway calls/s, Submit + Release, are printed too), Submit p99 at
+half of the floor's peak rate <= 1.5x the floor's Submit p99 at that rate (issue 16: issue 2's absolute 20 ms
+is missed by the floor itself on a 2-core machine, so the stack is held to a ratio of it; the p99 at half the
+stack's own peak is printed for information), total stack RSS < 3 GiB. The exit status is 0 only if all pass with no
 warning (a run where most Submits are not PLACED, or with errors, is flagged as broken).
 
     python bench/stack_bench.py [--fleet PATH] [--duration 10] [--concurrency 64] [--client-processes 1]
-                                [--burst 800]
+                                [--burst 800] [--no-echo] [--no-floor]
 
 REDIS_URL, when set, is used instead of an embedded redis-server (keys under the run's prefix are
 deleted at the end). Loopback only; everything started here is stopped at the end, also on Ctrl-C.
@@ -58,7 +64,8 @@ from bench.loadgen import STEP, LoadResult, run_closed_loop
 OUTCOME = "outcome:"  # sample-name prefix of the per-state Submit counts
 STATES = ("placed", "deferred", "rejected")
 TARGET_RATIO = 0.8
-TARGET_P99_MS = 20.0
+TARGET_FLOOR_P99 = 1.5  # stack Submit p99 / the path floor's, both at half the floor's peak rate
+FLOOR_BUSY = 3  # placers the floor's selector sends tasks to: the real selector sends openb to three DCs
 TARGET_RSS_MIB = 3072.0
 CALL_TIMEOUT_S = 10.0
 RPC_DURATION = "hsched_rpc_server_duration_seconds"  # per-method server-side histograms of every service
@@ -490,6 +497,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the entry-vertex draw")
     ap.add_argument("--policy", default="bestfit", help="placer policy")
     ap.add_argument("--no-echo", action="store_true", help="skip the echo chain (no ratio target)")
+    ap.add_argument("--no-floor", action="store_true", help="skip the path floor (no latency target)")
     ap.add_argument("--also-rates", default="",
                     help="further open-loop points, Submit+Release iterations/s (e.g. 50,100): where the p99 target holds")
     ap.add_argument("--burst", type=int, default=800,
@@ -529,11 +537,30 @@ def main() -> int:
             echo_point(chain, "open, half peak", echo_points[ECHO_BEFORE].throughput_rps / 2)
         log("echo chain stopped")
 
+    requests = build_requests(opts.fleet, opts.tasks, opts.seed)
+
+    # 0. the path floor (its own embedded Redis, or REDIS_URL under a prefix of its own)
+    floor_points: dict[str, dict[str, LoadResult]] = {}
+    if not opts.no_floor:
+        from bench.path_floor import measure_floor
+        from hsched.domain.fleet import load_fleet
+
+        placers = len(load_fleet(opts.fleet).datacenters)
+        log(f"starting the path floor ({placers} placers, {FLOOR_BUSY} busy) ...")
+        foreign = ForeignLoad()
+        floor_points = measure_floor(requests, placers, min(FLOOR_BUSY, placers), opts.concurrency, opts.duration,
+                                     os.environ.get("REDIS_URL"), log=log)
+        floor_foreign = foreign.stop()
+        log(f"path floor stopped; other processes used {floor_foreign:.0%} of a core meanwhile")
+        if floor_foreign > FOREIGN_WARN:
+            echo_warnings.append(f"WARNING: path floor: other processes on the machine used {floor_foreign:.0%} of "
+                                 "a core meanwhile")
+    floor_half_rate = floor_points["half"][STEP].offered_rps if floor_points else 0.0
+
     # 2. the stack
     from hsched.stack import Stack, StackConfig
     from hsched.state.redis import free_port, redact_url
 
-    requests = build_requests(opts.fleet, opts.tasks, opts.seed)
     prefix = f"bench-{os.getpid()}-{secrets.token_hex(3)}"
     redis_url = os.environ.get("REDIS_URL") or None
     shown = redact_url(redis_url) if redis_url else "embedded"
@@ -550,6 +577,8 @@ def main() -> int:
         peak = run_stack_phase("closed", stack, requests, pids, opts, closed_s, c)
         half = run_stack_phase("open, half peak", stack, requests, pids, opts, opts.duration, open_c,
                                max(1.0, peak.submit_rps / 2))
+        at_floor = run_stack_phase("open, half the floor's peak", stack, requests, pids, opts, opts.duration,
+                                   open_c, floor_half_rate) if floor_points else None
         also = [run_stack_phase(f"open, {rate:g}/s", stack, requests, pids, opts, opts.duration, open_c, rate)
                 for rate in (float(r) for r in opts.also_rates.split(",") if r.strip())]
         alone = run_submit_only(stack, requests, pids, opts, closed_s, c, opts.burst)
@@ -575,6 +604,7 @@ def main() -> int:
                                  "their mean")
 
     # 3. report
+    also = [at_floor, *also] if at_floor else also
     warnings = [*echo_warnings, *(w for phase in (peak, half, *also, alone) for w in warn_if_broken(phase))]
     print(f"\n### hsched stack vs {'4-hop grpc.aio echo chain' if echo_points else '(no echo chain)'}: "
           f"{os.cpu_count()} CPUs, concurrency {c} (open loop: at most {open_c} in flight), "
@@ -594,6 +624,10 @@ def main() -> int:
 
     for label, r in echo_points.items():
         row("echo chain, 4 hops", "Echo", label, r, echo_cpu_ms[label], echo_foreign[label])
+    for label, res in floor_points.items():
+        load = "closed (peak)" if label == "peak" else "open, half peak"
+        for call in ("Submit", "Release"):
+            row("path floor", call, load, res[call], None, floor_foreign)
     for phase, load in ((peak, "closed (peak)"), (half, "open, half peak"), *((p, p.label) for p in also)):
         total_cpu = sum(phase.cpu_ms_per_iter.values())
         row("stack", "Submit", load, phase.get("Submit"), None, phase.foreign)
@@ -655,11 +689,17 @@ def main() -> int:
               f"| {peak.submit_rps / echo:.2f}x ({peak.submit_rps:.0f} Submit/s) | (information) | - |")
         print(f"| gateway calls/s (Submit+Release) / echo chain calls/s | {peak.gateway_rps / echo:.2f}x "
               f"({peak.gateway_rps:.0f} calls/s) | (information) | - |")
-    p99 = half.get("Submit").p99_ms
-    ok = p99 <= TARGET_P99_MS and not half.get("Submit").errors
-    results.append(("Submit p99 at half peak", ok, f"{p99:.1f} ms at {half.step.offered_rps:.0f}/s offered",
-                    f"<= {TARGET_P99_MS:g} ms"))
-    print(f"| Submit p99 at half peak | {results[-1][2]} | <= {TARGET_P99_MS:g} ms | {'PASS' if ok else 'FAIL'} |")
+    if at_floor:
+        mine, floor = at_floor.get("Submit"), floor_points["half"]["Submit"]
+        ratio = mine.p99_ms / max(floor.p99_ms, 1e-9)
+        ok = ratio <= TARGET_FLOOR_P99 and not mine.errors
+        results.append(("Submit p99 vs the path floor at half the floor's peak", ok,
+                         f"{ratio:.2f}x ({mine.p99_ms:.1f} vs {floor.p99_ms:.1f} ms at "
+                         f"{floor_half_rate:.0f} iterations/s offered)", f"<= {TARGET_FLOOR_P99:g}x"))
+        print(f"| Submit p99 / the floor's, at half the floor's peak rate | {results[-1][2]} "
+              f"| <= {TARGET_FLOOR_P99:g}x | {'PASS' if ok else 'FAIL'} |")
+    print(f"| Submit p99 at half the stack's own peak | {half.get('Submit').p99_ms:.1f} ms at "
+          f"{half.step.offered_rps:.0f}/s offered | (information) | - |")
     ok = total_rss < TARGET_RSS_MIB
     results.append(("stack RSS", ok, f"{total_rss:.0f} MiB over {len(rss)} processes (PSS {sum(pss.values()):.0f})",
                     f"< {TARGET_RSS_MIB:.0f} MiB"))
