@@ -18,6 +18,7 @@ The workload M is the GPU-request histogram of a trace (`from_openb`) or of any 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
@@ -85,26 +86,53 @@ class FragmentationGradientDescent:
 
     def delta(self, state: ClusterState, demand: Resources, nodes: np.ndarray) -> np.ndarray:
         """F_n'(M) − F_n(M) for each node index in `nodes` (each must have room for `demand`); vectorised over
-        the nodes (the cards each would get included), so its cost is a few array operations of len(nodes)."""
+        the nodes (the cards each would get included).
+
+        F_n depends on the node's state row alone (model, free resources, free card core / memory), so it is
+        evaluated once per *distinct* row among the candidates (an idle host of a machine type is one row, however
+        many there are) and F_n(M) before the placement is taken from a per-state memo when the node's row is
+        still the one it was computed from (checked by content: the envs write the free arrays directly and share
+        them between a fleet and its clusters' views, so no counter in ClusterState's mutations would see every
+        change)."""
         nodes = np.asarray(nodes, dtype=np.int64)
-        models = state._models[nodes]  # the table's models as an array (ClusterState keeps one)
-        cpu, mem = state.free_cpu[nodes], state.free_memory[nodes]
-        disk, bw = state.free_disk[nodes], state.free_bandwidth[nodes]
-        core, gmem = state.gpu_free_core[nodes], state.gpu_free_memory[nodes]
+        if not len(nodes):
+            return np.zeros(0)
+        memo = self._memo(state)
+        rows = np.concatenate((memo.codes[nodes, None], state.free_cpu[nodes, None], state.free_memory[nodes, None],
+                               state.free_disk[nodes, None], state.free_bandwidth[nodes, None],
+                               state.gpu_free_core[nodes], state.gpu_free_memory[nodes]), axis=1, dtype=np.int64)
+        first, inverse = distinct_rows(rows)
+        at, rows = nodes[first], rows[first]
+        stale = np.flatnonzero(~(memo.known[at] & (memo.rows[at] == rows).all(axis=1)))
+        cards = state.gpu_free_core.shape[1]
+        core, gmem = rows[:, 5:5 + cards], rows[:, 5 + cards:]
         core_after, gmem_after = core.copy(), gmem.copy()
-        if demand.gpu_count and len(nodes):
-            rows, cards = chosen_cards(core, gmem, demand)
-            core_after[rows, cards] -= demand.gpu_core_percent
-            gmem_after[rows, cards] -= demand.gpu_memory_mib
-        # before and after in one evaluation (rows k..2k-1 = after): half the per-call overhead
+        if demand.gpu_count:
+            picked, card = chosen_cards(core, gmem, demand)
+            core_after[picked, card] -= demand.gpu_core_percent
+            gmem_after[picked, card] -= demand.gpu_memory_mib
+        # the stale nodes' "before" and every distinct row's "after" in one evaluation: half the per-call overhead
+        need = np.array([demand.cpu_milli, demand.memory_mib, demand.disk_mib, demand.bandwidth_mbps])
+        old, new = rows[stale, 1:5], rows[:, 1:5] - need
         both = fgd_expected_fragmentation(
-            np.concatenate([cpu, cpu - demand.cpu_milli]), np.concatenate([mem, mem - demand.memory_mib]),
-            np.concatenate([disk, disk - demand.disk_mib]), np.concatenate([bw, bw - demand.bandwidth_mbps]),
-            np.concatenate([core, core_after]), np.concatenate([gmem, gmem_after]),
-            np.concatenate([models, models]), self.distribution)
-        before, after = both[:len(nodes)], both[len(nodes):]
-        # rounded: equal fragmentation reached by different float sums must tie (the lowest index wins)
-        return np.round(after - before, 9)
+            np.concatenate([old[:, 0], new[:, 0]]), np.concatenate([old[:, 1], new[:, 1]]),
+            np.concatenate([old[:, 2], new[:, 2]]), np.concatenate([old[:, 3], new[:, 3]]),
+            np.concatenate([core[stale], core_after]), np.concatenate([gmem[stale], gmem_after]),
+            state._models[np.concatenate([at[stale], at])], self.distribution)
+        memo.frag[at[stale]], memo.rows[at[stale]], memo.known[at[stale]] = both[:len(stale)], rows[stale], True
+        # rounded: equal fragmentation reached by different float sums must tie (the lowest index wins); the sums'
+        # order (which rows share a BLAS call, and where) moves only the last bits, which this rounding absorbs.
+        # + 0.0: no −0.0 from a tiny negative difference (a score is then −0.0 whatever the sums' order)
+        return (np.round(both[len(stale):] - memo.frag[at], 9) + 0.0)[inverse]
+
+    def _memo(self, state: ClusterState) -> _Memo:
+        """This policy's memo of F_n(M) on `state` (a new one for a new state, table or distribution)."""
+        memos = self.__dict__.setdefault("_memos", weakref.WeakKeyDictionary())
+        memo = memos.get(state)
+        if memo is None or memo.models is not state._models or memo.distribution is not self.distribution \
+                or memo.rows.shape != (state.n, 5 + 2 * state.gpu_free_core.shape[1]):
+            memo = memos[state] = _Memo(state, self.distribution)
+        return memo
 
     def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
         out = np.full(state.n, -np.inf)
@@ -118,6 +146,39 @@ class FragmentationGradientDescent:
 
     def placed(self, node: int) -> None:
         pass
+
+
+class _Memo:
+    """F_n(M) per node of one ClusterState under one distribution, with the state row it was computed from
+    (model code, free cpu / memory / disk / bandwidth, free core and memory per card)."""
+
+    __slots__ = ("codes", "distribution", "frag", "known", "models", "rows")
+
+    def __init__(self, state: ClusterState, distribution: TaskDistribution) -> None:
+        self.models, self.distribution = state._models, distribution
+        self.codes = np.unique(state._models, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        self.rows = np.zeros((state.n, 5 + 2 * state.gpu_free_core.shape[1]), dtype=np.int64)
+        self.frag = np.zeros(state.n)
+        self.known = np.zeros(state.n, dtype=bool)
+
+
+_MIX = np.random.default_rng(16).integers(1, 2**62, 64) | 1  # odd multipliers: a row's hash is its dot with them
+
+
+def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inverse) of the distinct rows of an int64 [k, w] array: `rows[first]` are the distinct rows
+    (in no promised order), `rows[first][inverse] == rows`. Rows are told apart by a
+    wrapping 64-bit hash (np.unique over rows with axis=0 costs ~15× more), checked exactly: a collision
+    falls back to np.unique over the rows."""
+    if rows.shape[1] <= len(_MIX):
+        with np.errstate(over="ignore"):
+            h = rows @ _MIX[:rows.shape[1]]
+        _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        if np.array_equal(rows[first][inverse], rows):
+            return first, inverse
+    _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
 
 
 def chosen_cards(core: np.ndarray, memory: np.ndarray, demand: Resources) -> tuple[np.ndarray, np.ndarray]:
