@@ -346,3 +346,21 @@ def test_distinct_rows_survive_a_hash_collision(monkeypatch):
     rows = np.array([[1, 2], [3, 4], [1, 2], [5, 6]])
     first, inverse = fgd_mod.distinct_rows(rows)
     assert len(first) == 3 and np.array_equal(rows[first][inverse], rows)
+
+
+def test_fgd_memo_starting_over_changes_no_score(monkeypatch):
+    """A memo bound of 4 rows: it starts over nearly every decision and the scores stay the reference's."""
+    import hsched.policies.fgd as fgd_mod
+
+    monkeypatch.setattr(fgd_mod, "MEMO_ROWS", 4)
+    tasks, state = fgd_mod.openb_tasks(), _openb_room()
+    fgd = FragmentationGradientDescent.from_openb()
+    for i in range(60):
+        demand = tasks[i].resources
+        nodes = np.flatnonzero(state.feasible(demand))
+        s = fgd.scores_at(state, demand, nodes)
+        assert s.tobytes() == (-_reference_delta(state, fgd.distribution, demand, nodes)).tobytes()
+        assert len(fgd._memo[1]) <= 4 + 2 * len(nodes)
+        node = int(nodes[np.argmax(s)])
+        state.apply(f"t{i}", (Part(0, 0, node, demand.cpu_milli, demand.memory_mib, 0, 0,
+                                   state.choose_cards(node, demand)),))
