@@ -22,6 +22,10 @@ then averaged; the full runs' own means are printed next to them.
 
     python bench/placer_scale.py [--nodes-to-score 256] [--places 600] [--hold 300] [--seeds 2]
                                  [--cpu-sizes 672,5000,10000] [--gpu-sizes 150,5000] [--skip-quality]
+                                 [--fill 0.8]
+
+`--fill F` first places and holds trace tasks (not measured) until a share F of the room's GPU core (CPU
+rooms: CPU) is allocated, so the measured Places decide in a loaded room.
 
 Targets (issue 16): ≥ 1,600 placements/s per core at 5,000 for every policy, p99 decision ≤ 5 ms at 10,000,
 quality within 1 %. REDIS_URL, when set, is used (default redis://127.0.0.1:6379/0).
@@ -105,6 +109,13 @@ async def speed(kind: str, size: int, policy_name: str, nodes_to_score: str, opt
     await engine.start()
     place_cpu, placed, calls = 0.0, 0, 0
     try:
+        if opts.fill:  # a loaded room first: the trace's tasks placed and held (not measured) up to the GPU share
+            misses, i = 0, 0
+            while engine.state.utilisation()["gpu_core" if kind == "gpu" else "cpu"] < opts.fill and misses < 200:
+                placed_now = (await engine.place(f"fill-{i}", specs[i % len(specs)], False)).outcome == "placed"
+                misses, i = 0 if placed_now else misses + 1, i + 1
+            cpu_ns.clear()
+            wall_ns.clear()
         for r in range(max(1, opts.places // opts.hold)):
             held: list[str] = []
 
@@ -225,6 +236,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--policies", default="", help="comma-separated subset (default: every policy that applies)")
     p.add_argument("--seeds", type=int, default=2, help="evaluation seeds for the quality part")
     p.add_argument("--gpu-tasks", type=int, default=1800, help="openb tasks per seed in the GPU quality eval")
+    p.add_argument("--fill", type=float, default=0.0,
+                   help="first place and hold trace tasks until this share of the room's GPU core (CPU rooms: CPU) "
+                        "is allocated (0-1; default 0: an empty room)")
     p.add_argument("--skip-quality", action="store_true")
     p.add_argument("--skip-speed", action="store_true")
     opts = p.parse_args(argv)
@@ -236,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error(str(exc))
     if opts.places < 1 or opts.hold < 1 or opts.seeds < 0 or opts.gpu_tasks < 1:
         p.error("--places, --hold and --gpu-tasks must be >= 1, --seeds >= 0")
+    if not 0.0 <= opts.fill < 1.0:
+        p.error(f"--fill must be in [0, 1), got {opts.fill}")
     only = set(filter(None, opts.policies.split(",")))
     import torch
 
@@ -243,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     from hsched.threads import openblas_threads
 
     print(f"nodes to score: {nts}; OpenBLAS threads {openblas_threads()}, torch threads {torch.get_num_threads()}; "
-          f"guard on (in-process zonal room model); {opts.places} Places per row")
+          f"guard on (in-process zonal room model); {opts.places} Places per row"
+          + (f"; rooms filled to {opts.fill:.0%} first" if opts.fill else ""))
     if not opts.skip_speed:
         print(f"{'room':<5}{'nodes':>7}  {'policy':<12}{'µs CPU/Place':>13}{'Places/s/core':>14}"
               f"{'p50 cpu ms':>11}{'p99 cpu ms':>11}{'p99 wall ms':>12}  placed/calls  served as")

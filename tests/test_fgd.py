@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hsched.domain.cluster import ClusterState, GpuShare, Part
 from hsched.domain.resources import Resources
@@ -197,3 +199,168 @@ def test_count_per_row_counts_over_the_cards_axis(cards):
         assert got.dtype == np.int16 and np.array_equal(got, rows.sum(axis=1))
     full = np.ones((5, cards), dtype=bool)
     assert (count_per_row(full) == cards).all() and (count_per_row(~full) == 0).all()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the policy's memo of F_n(M) and its evaluation once per distinct state row: the same scores as evaluating
+# every candidate's before and after, whatever changed the state in between
+
+
+def _reference_delta(state: ClusterState, dist: TaskDistribution, demand: Resources, nodes) -> np.ndarray:
+    """FragmentationGradientDescent.delta as it was before the memo and the distinct rows: every candidate's
+    before and after in one evaluation. (+ 0.0: that version's sign of a zero difference was float noise.)"""
+    from hsched.policies.fgd import chosen_cards
+
+    nodes = np.asarray(nodes, dtype=np.int64)
+    core, gmem = state.gpu_free_core[nodes], state.gpu_free_memory[nodes]
+    core_after, gmem_after = core.copy(), gmem.copy()
+    if demand.gpu_count and len(nodes):
+        rows, cards = chosen_cards(core, gmem, demand)
+        core_after[rows, cards] -= demand.gpu_core_percent
+        gmem_after[rows, cards] -= demand.gpu_memory_mib
+    free = [state.free_cpu[nodes], state.free_memory[nodes], state.free_disk[nodes], state.free_bandwidth[nodes]]
+    need = [demand.cpu_milli, demand.memory_mib, demand.disk_mib, demand.bandwidth_mbps]
+    models = state._models[nodes]
+    both = fgd_expected_fragmentation(*(np.concatenate([f, f - d]) for f, d in zip(free, need, strict=True)),
+                                      np.concatenate([core, core_after]), np.concatenate([gmem, gmem_after]),
+                                      np.concatenate([models, models]), dist)
+    return np.round(both[len(nodes):] - both[:len(nodes)], 9) + 0.0
+
+
+def _openb_room() -> ClusterState:
+    """kansas-city's 150 GPU hosts (its machine mix: idle hosts of a type share one state row)."""
+    from hsched.domain.fleet import load_fleet
+
+    return ClusterState(load_fleet(None).datacenter("kansas-city"))
+
+
+_STEP = st.one_of(
+    st.tuples(st.just("place"), st.integers(0, 10**6), st.integers(0, 10**6)),
+    st.tuples(st.just("release"), st.integers(0, 10**6), st.just(0)),
+    st.tuples(st.just("write"), st.integers(0, 10**6), st.integers(0, 10**6)),  # bypasses apply / release
+    st.tuples(st.just("score"), st.integers(0, 10**6), st.integers(0, 10**6)),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(_STEP, min_size=1, max_size=60), shapes=st.none() | st.lists(st.integers(0, 10**6),
+                                                                                   min_size=1, max_size=40))
+def test_fgd_delta_is_the_reference_through_any_state_changes(steps, shapes):
+    """Placements, releases and direct writes to the free arrays (as the envs' resets and shared cluster views
+    do), in any order: every score equals the reference's bytes. Workloads: openb's (8,152 tasks), or up to 40
+    of its tasks (fewer than 256, so no exact fragmentation difference sits on a 1e-9 rounding boundary, where
+    the reference itself would follow the float noise of its summation order)."""
+    from hsched.policies.fgd import openb_tasks
+
+    tasks = openb_tasks()
+    dist = FragmentationGradientDescent.from_openb().distribution if shapes is None \
+        else TaskDistribution.from_tasks([tasks[i % len(tasks)] for i in shapes])
+    fgd = FragmentationGradientDescent(dist)
+    state = _openb_room()
+    held: list[str] = []
+    for i, (op, a, b) in enumerate(steps):
+        demand = tasks[a % len(tasks)].resources
+        if op == "place" or op == "score":
+            nodes = np.flatnonzero(state.feasible(demand))
+            if not len(nodes):
+                continue
+            rng = np.random.default_rng(b)
+            cand = np.sort(rng.choice(nodes, int(rng.integers(1, len(nodes) + 1)), replace=False))
+            got = fgd.scores_at(state, demand, cand)
+            assert got.tobytes() == (-_reference_delta(state, dist, demand, cand)).tobytes()
+            if op == "place":
+                node = int(cand[np.argmax(got)])
+                state.apply(f"t{i}", (Part(0, 0, node, demand.cpu_milli, demand.memory_mib, demand.disk_mib,
+                                           demand.bandwidth_mbps, state.choose_cards(node, demand)),))
+                held.append(f"t{i}")
+        elif op == "release" and held:
+            state.release(held.pop(a % len(held)))
+        elif op == "write":  # one node's free CPU or one card's free core / memory set to a value within capacity
+            node, t = a % state.n, state.table
+            which = b % 3
+            if which == 0:
+                state.free_cpu[node] = b % (t.cpu_milli[node] + 1)
+            else:
+                card = b % t.gpu_core_percent.shape[1]
+                cap = (t.gpu_core_percent if which == 1 else t.gpu_memory_mib)[node, card]
+                (state.gpu_free_core if which == 1 else state.gpu_free_memory)[node, card] = b % (cap + 1)
+
+
+def test_fgd_scores_every_node_as_the_reference_on_a_loaded_room():
+    """The unbounded path (`scores`, every feasible node) on a room filled by FGD itself, for 40 demands."""
+    from hsched.policies.fgd import openb_tasks
+
+    tasks, state = openb_tasks(), _openb_room()
+    fgd = FragmentationGradientDescent.from_openb()
+    for i in range(400):
+        demand = tasks[i].resources
+        mask = state.feasible(demand)
+        if not mask.any():
+            continue
+        s = fgd.scores(state, demand, mask)
+        if i % 10 == 0:
+            want = np.full(state.n, -np.inf)
+            want[mask] = -_reference_delta(state, fgd.distribution, demand, np.flatnonzero(mask))
+            assert s.tobytes() == want.tobytes()
+        node = int(np.argmax(s))
+        state.apply(f"t{i}", (Part(0, 0, node, demand.cpu_milli, demand.memory_mib, 0, 0,
+                                   state.choose_cards(node, demand)),))
+    assert state.utilisation()["gpu_core"] > 0.5
+
+
+def test_fgd_memo_sees_a_shared_array_written_elsewhere():
+    """A state whose arrays are another state's (as GpuClusterEnv's cluster views share the fleet's): a
+    placement made through the other state changes the scores."""
+    owner, view = _openb_room(), _openb_room()
+    for name in ("free_cpu", "free_memory", "free_disk", "free_bandwidth", "gpu_free_core", "gpu_free_memory"):
+        setattr(view, name, getattr(owner, name))
+    fgd = FragmentationGradientDescent.from_openb()
+    demand = share(30)
+    nodes = np.flatnonzero(view.feasible(demand))[:40]
+    before = fgd.delta(view, demand, nodes)
+    node = int(nodes[0])
+    owner.apply("x", (Part(0, 0, node, 0, 0, 0, 0, owner.choose_cards(node, share(50))),))
+    after = fgd.delta(view, demand, nodes)
+    assert after.tobytes() == _reference_delta(view, fgd.distribution, demand, nodes).tobytes()
+    assert after[0] != before[0] and after[1:].tobytes() == before[1:].tobytes()
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 300), distinct=st.integers(1, 40),
+       width=st.integers(1, 40))
+def test_distinct_rows_are_exact(seed, k, distinct, width):
+    from hsched.policies.fgd import distinct_rows
+
+    rng = np.random.default_rng(seed)
+    base = rng.integers(-(2**40), 2**40, (distinct, width))
+    rows = base[rng.integers(0, distinct, k)]
+    first, inverse = distinct_rows(rows)
+    assert np.array_equal(rows[first][inverse], rows)
+    assert len(first) == len(np.unique(rows, axis=0))
+
+
+def test_distinct_rows_survive_a_hash_collision(monkeypatch):
+    import hsched.policies.fgd as fgd_mod
+
+    monkeypatch.setattr(fgd_mod, "_MIX", np.zeros(64, dtype=np.int64))  # every row hashes to 0
+    rows = np.array([[1, 2], [3, 4], [1, 2], [5, 6]])
+    first, inverse = fgd_mod.distinct_rows(rows)
+    assert len(first) == 3 and np.array_equal(rows[first][inverse], rows)
+
+
+def test_fgd_memo_starting_over_changes_no_score(monkeypatch):
+    """A memo bound of 4 rows: it starts over nearly every decision and the scores stay the reference's."""
+    import hsched.policies.fgd as fgd_mod
+
+    monkeypatch.setattr(fgd_mod, "MEMO_ROWS", 4)
+    tasks, state = fgd_mod.openb_tasks(), _openb_room()
+    fgd = FragmentationGradientDescent.from_openb()
+    for i in range(60):
+        demand = tasks[i].resources
+        nodes = np.flatnonzero(state.feasible(demand))
+        s = fgd.scores_at(state, demand, nodes)
+        assert s.tobytes() == (-_reference_delta(state, fgd.distribution, demand, nodes)).tobytes()
+        assert len(fgd._memo[1]) <= 4 + 2 * len(nodes)
+        node = int(nodes[np.argmax(s)])
+        state.apply(f"t{i}", (Part(0, 0, node, demand.cpu_milli, demand.memory_mib, 0, 0,
+                                   state.choose_cards(node, demand)),))

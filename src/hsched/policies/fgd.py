@@ -30,6 +30,7 @@ from hsched.domain.task import TaskSpec
 from hsched.metrics import TaskDistribution, fgd_expected_fragmentation
 
 OPENB_POD_LIST = "alibaba_openb_gpu_2023/openb_pod_list_default.csv.gz"
+MEMO_ROWS = 1 << 15  # F_n(M) per state row remembered by an FGD policy (~250 B a row: ~8 MiB at most)
 
 
 @cache
@@ -85,26 +86,68 @@ class FragmentationGradientDescent:
 
     def delta(self, state: ClusterState, demand: Resources, nodes: np.ndarray) -> np.ndarray:
         """F_n'(M) − F_n(M) for each node index in `nodes` (each must have room for `demand`); vectorised over
-        the nodes (the cards each would get included), so its cost is a few array operations of len(nodes)."""
+        the nodes (the cards each would get included).
+
+        F_n(M) is a function of the node's state row alone (GPU model, free cpu / memory / disk / bandwidth, free
+        core and memory per card), so the candidates' rows are deduplicated (an idle host of a machine type is one
+        row, however many there are) and each row's F_n(M), before or after, is looked up by the row's bytes in
+        the policy's memo first: a hit is exact whatever changed the state in between (the envs write the free
+        arrays directly and share them between a fleet and its clusters' views, which no mutation counter in
+        ClusterState would see). In a loaded room most rows, before and after, recur from earlier decisions."""
         nodes = np.asarray(nodes, dtype=np.int64)
-        models = state._models[nodes]  # the table's models as an array (ClusterState keeps one)
-        cpu, mem = state.free_cpu[nodes], state.free_memory[nodes]
-        disk, bw = state.free_disk[nodes], state.free_bandwidth[nodes]
-        core, gmem = state.gpu_free_core[nodes], state.gpu_free_memory[nodes]
-        core_after, gmem_after = core.copy(), gmem.copy()
-        if demand.gpu_count and len(nodes):
-            rows, cards = chosen_cards(core, gmem, demand)
-            core_after[rows, cards] -= demand.gpu_core_percent
-            gmem_after[rows, cards] -= demand.gpu_memory_mib
-        # before and after in one evaluation (rows k..2k-1 = after): half the per-call overhead
-        both = fgd_expected_fragmentation(
-            np.concatenate([cpu, cpu - demand.cpu_milli]), np.concatenate([mem, mem - demand.memory_mib]),
-            np.concatenate([disk, disk - demand.disk_mib]), np.concatenate([bw, bw - demand.bandwidth_mbps]),
-            np.concatenate([core, core_after]), np.concatenate([gmem, gmem_after]),
-            np.concatenate([models, models]), self.distribution)
-        before, after = both[:len(nodes)], both[len(nodes):]
-        # rounded: equal fragmentation reached by different float sums must tie (the lowest index wins)
-        return np.round(after - before, 9)
+        if not len(nodes):
+            return np.zeros(0)
+        codes = self._model_codes(state)
+        rows = np.concatenate((codes[nodes, None], state.free_cpu[nodes, None], state.free_memory[nodes, None],
+                               state.free_disk[nodes, None], state.free_bandwidth[nodes, None],
+                               state.gpu_free_core[nodes], state.gpu_free_memory[nodes]), axis=1, dtype=np.int64)
+        first, inverse = distinct_rows(rows)
+        rows = rows[first]
+        after = rows.copy()
+        after[:, 1:5] -= (demand.cpu_milli, demand.memory_mib, demand.disk_mib, demand.bandwidth_mbps)
+        if demand.gpu_count:
+            cards = state.gpu_free_core.shape[1]
+            picked, card = chosen_cards(rows[:, 5:5 + cards], rows[:, 5 + cards:], demand)
+            after[picked, 5 + card] -= demand.gpu_core_percent
+            after[picked, 5 + cards + card] -= demand.gpu_memory_mib
+        both = np.concatenate((rows, after))  # before rows 0..u-1, after rows u..2u-1
+        frag = self._fragmentation(both, state._models[np.concatenate((nodes[first], nodes[first]))])
+        u = len(first)
+        # rounded: equal fragmentation reached by different float sums must tie (the lowest index wins); the sums'
+        # order (which rows share a BLAS call, and where) moves only the last bits, which this rounding absorbs.
+        # + 0.0: no −0.0 from a tiny negative difference (a score is then −0.0 whatever the sums' order)
+        return (np.round(frag[u:] - frag[:u], 9) + 0.0)[inverse]
+
+    def _fragmentation(self, rows: np.ndarray, models: np.ndarray) -> np.ndarray:
+        """F_n(M) of state rows (as `delta` builds them; `models` their GPU models): from the memo, the misses
+        evaluated together and remembered (the memo starts over at MEMO_ROWS rows: a bound on its memory)."""
+        memo = self.__dict__.get("_memo")
+        if memo is None or memo[0] is not self.distribution or len(memo[1]) > MEMO_ROWS:
+            memo = self._memo = (self.distribution, {})
+        known = memo[1]
+        keys = np.ascontiguousarray(rows).view(np.dtype((np.void, rows.shape[1] * 8))).ravel().tolist()
+        frag = [known.get(k) for k in keys]
+        miss = [i for i, f in enumerate(frag) if f is None]
+        if miss:
+            m, cards = rows[miss], (rows.shape[1] - 5) // 2
+            new = fgd_expected_fragmentation(m[:, 1], m[:, 2], m[:, 3], m[:, 4], m[:, 5:5 + cards],
+                                             m[:, 5 + cards:], models[miss], self.distribution).tolist()
+            for i, f in zip(miss, new, strict=True):
+                frag[i] = known[keys[i]] = f
+        return np.array(frag)
+
+    def _model_codes(self, state: ClusterState) -> np.ndarray:
+        """Per node of `state`, an integer for its GPU model, the same for a model on every state (memo keys)."""
+        seen = self.__dict__.setdefault("_codes", {})
+        hit = seen.get(id(state._models))
+        if hit is None or hit[0] is not state._models:
+            if len(seen) > 64:
+                seen.clear()
+            names, inverse = np.unique(state._models, return_inverse=True)
+            code = self.__dict__.setdefault("_code_of", {})
+            per_name = np.array([code.setdefault(str(m), len(code)) for m in names], dtype=np.int64)
+            hit = seen[id(state._models)] = (state._models, per_name[inverse.reshape(-1)])
+        return hit[1]
 
     def scores(self, state: ClusterState, demand: Resources, mask: np.ndarray) -> np.ndarray:
         out = np.full(state.n, -np.inf)
@@ -118,6 +161,24 @@ class FragmentationGradientDescent:
 
     def placed(self, node: int) -> None:
         pass
+
+
+_MIX = np.random.default_rng(16).integers(1, 2**62, 64) | 1  # odd multipliers: a row's hash is its dot with them
+
+
+def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inverse) of the distinct rows of an int64 [k, w] array: `rows[first]` are the distinct rows
+    (in no promised order), `rows[first][inverse] == rows`. Rows are told apart by a
+    wrapping 64-bit hash (np.unique over rows with axis=0 costs ~15× more), checked exactly: a collision
+    falls back to np.unique over the rows."""
+    if rows.shape[1] <= len(_MIX):
+        h = rows @ _MIX[:rows.shape[1]]  # integer matmul wraps silently
+        _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        if np.array_equal(rows[first][inverse], rows):
+            return first, inverse
+    _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
 
 
 def chosen_cards(core: np.ndarray, memory: np.ndarray, demand: Resources) -> tuple[np.ndarray, np.ndarray]:
