@@ -51,6 +51,8 @@ import numpy as np
 
 CPU_POLICIES = ("bestfit", "utilization", "double-dqn")
 GPU_POLICIES = ("bestfit", "utilization", "fgd", "eade-ddpg")
+# speed rows only, when named in --policies: the engine's floor (the decision is the filter, sample and card choice)
+FLOOR_POLICIES = ("firstfit",)
 
 
 def scaled_gpu_room(dc, hosts: int):
@@ -237,6 +239,9 @@ def main(argv: list[str] | None = None) -> None:
     if opts.places < 1 or opts.hold < 1 or opts.seeds < 0 or opts.gpu_tasks < 1:
         p.error("--places, --hold and --gpu-tasks must be >= 1, --seeds >= 0")
     only = set(filter(None, opts.policies.split(",")))
+    if unknown := only - {*CPU_POLICIES, *GPU_POLICIES, *FLOOR_POLICIES}:
+        p.error(f"--policies: {', '.join(sorted(unknown))} unknown; known: "
+                f"{', '.join(dict.fromkeys(CPU_POLICIES + GPU_POLICIES + FLOOR_POLICIES))}")
     import torch
 
     torch.set_num_threads(1)
@@ -247,10 +252,11 @@ def main(argv: list[str] | None = None) -> None:
     if not opts.skip_speed:
         print(f"{'room':<5}{'nodes':>7}  {'policy':<12}{'µs CPU/Place':>13}{'Places/s/core':>14}"
               f"{'p50 cpu ms':>11}{'p99 cpu ms':>11}{'p99 wall ms':>12}  placed/calls  served as")
-        for kind, sizes, policies in (("cpu", opts.cpu_sizes, CPU_POLICIES), ("gpu", opts.gpu_sizes, GPU_POLICIES)):
+        for kind, sizes, policies in (("cpu", opts.cpu_sizes, CPU_POLICIES + FLOOR_POLICIES),
+                                      ("gpu", opts.gpu_sizes, GPU_POLICIES + FLOOR_POLICIES)):
             for size in (int(s) for s in sizes.split(",") if s):
                 for name in policies:
-                    if only and name not in only:
+                    if (only and name not in only) or (name in FLOOR_POLICIES and name not in only):
                         continue
                     r = asyncio.run(speed(kind, size, name, nts, opts))
                     print(f"{kind:<5}{r['n']:>7}  {name:<12}{r['us']:>13.0f}{r['per_s']:>14.0f}{r['p50_cpu_ms']:>11.2f}"
