@@ -22,6 +22,10 @@ then averaged; the full runs' own means are printed next to them.
 
     python bench/placer_scale.py [--nodes-to-score 256] [--places 600] [--hold 300] [--seeds 2]
                                  [--cpu-sizes 672,5000,10000] [--gpu-sizes 150,5000] [--skip-quality]
+                                 [--policies bestfit,firstfit,...]
+
+`firstfit` (speed rows only, when named in --policies) scores a node by its index: its decision is the filter,
+the sample and the card choice alone, so its CPU per Place is the engine's floor around any decision.
 
 Targets (issue 16): ≥ 1,600 placements/s per core at 5,000 for every policy, p99 decision ≤ 5 ms at 10,000,
 quality within 1 %. REDIS_URL, when set, is used (default redis://127.0.0.1:6379/0).
@@ -224,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hold", type=int, default=300, help="Places held per round before their Releases")
     p.add_argument("--cpu-sizes", default="672,5000,10000")
     p.add_argument("--gpu-sizes", default="150,5000")
-    p.add_argument("--policies", default="", help="comma-separated subset (default: every policy that applies)")
+    p.add_argument("--policies", default="",
+                   help="comma-separated subset (default: every policy that applies; firstfit: speed rows only)")
     p.add_argument("--seeds", type=int, default=2, help="evaluation seeds for the quality part")
     p.add_argument("--gpu-tasks", type=int, default=1800, help="openb tasks per seed in the GPU quality eval")
     p.add_argument("--skip-quality", action="store_true")
