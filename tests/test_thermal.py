@@ -61,6 +61,17 @@ def test_cop_cooling_pue() -> None:
     assert pue(1000.0, 500.0, 50.0) == pytest.approx(1.55)  # (1000 + 500 + 50) / 1000
     with pytest.raises(ValueError, match="p_it"):
         pue(0.0, 10.0)
+    with pytest.raises(ValueError, match="p_it"):
+        pue(0.0, 10.0, 0.0)
+    # Python floats take a scalar path: the same floats (and type) as the array formula
+    rng = np.random.default_rng(6)
+    for t, it, other in zip(rng.uniform(10, 30, 200), rng.uniform(1, 1e7, 200), rng.uniform(0, 1e5, 200), strict=True):
+        t, it, other = float(t), float(it), float(other)
+        arr = np.asarray(t)
+        assert cop(t) == float(0.0068 * arr * arr + 0.0008 * arr + 0.458) and type(cop(t)) is float
+        cool = cooling_power(it, t)
+        assert cool == float(np.asarray(it) / cop(arr)) and type(cool) is float
+        assert pue(it, cool, other) == float((np.asarray(it) + np.asarray(cool) + np.asarray(other)) / np.asarray(it))
 
 
 # ---------------------------------------------------------------- room model by hand
