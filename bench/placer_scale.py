@@ -22,10 +22,12 @@ then averaged; the full runs' own means are printed next to them.
 
     python bench/placer_scale.py [--nodes-to-score 256] [--places 600] [--hold 300] [--seeds 2]
                                  [--cpu-sizes 672,5000,10000] [--gpu-sizes 150,5000] [--skip-quality]
-                                 [--fill 0.8]
+                                 [--fill 0.8] [--policies bestfit,firstfit,...]
 
 `--fill F` first places and holds trace tasks (not measured) until a share F of the room's GPU core (CPU
 rooms: CPU) is allocated, so the measured Places decide in a loaded room.
+`firstfit` (speed rows only, when named in --policies) scores a node by its index: its decision is the filter,
+the sample and the card choice alone, so its CPU per Place is the engine's floor around any decision.
 
 Targets (issue 16): ≥ 1,600 placements/s per core at 5,000 for every policy, p99 decision ≤ 5 ms at 10,000,
 quality within 1 %. REDIS_URL, when set, is used (default redis://127.0.0.1:6379/0).
@@ -55,6 +57,8 @@ import numpy as np
 
 CPU_POLICIES = ("bestfit", "utilization", "double-dqn")
 GPU_POLICIES = ("bestfit", "utilization", "fgd", "eade-ddpg")
+# speed rows only, when named in --policies: the engine's floor (the decision is the filter, sample and card choice)
+FLOOR_POLICIES = ("firstfit",)
 
 
 def scaled_gpu_room(dc, hosts: int):
@@ -233,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hold", type=int, default=300, help="Places held per round before their Releases")
     p.add_argument("--cpu-sizes", default="672,5000,10000")
     p.add_argument("--gpu-sizes", default="150,5000")
-    p.add_argument("--policies", default="", help="comma-separated subset (default: every policy that applies)")
+    p.add_argument("--policies", default="",
+                   help="comma-separated subset (default: every policy that applies; firstfit: speed rows only)")
     p.add_argument("--seeds", type=int, default=2, help="evaluation seeds for the quality part")
     p.add_argument("--gpu-tasks", type=int, default=1800, help="openb tasks per seed in the GPU quality eval")
     p.add_argument("--fill", type=float, default=0.0,
@@ -253,6 +258,9 @@ def main(argv: list[str] | None = None) -> None:
     if not 0.0 <= opts.fill < 1.0:
         p.error(f"--fill must be in [0, 1), got {opts.fill}")
     only = set(filter(None, opts.policies.split(",")))
+    if unknown := only - {*CPU_POLICIES, *GPU_POLICIES, *FLOOR_POLICIES}:
+        p.error(f"--policies: {', '.join(sorted(unknown))} unknown; known: "
+                f"{', '.join(dict.fromkeys(CPU_POLICIES + GPU_POLICIES + FLOOR_POLICIES))}")
     import torch
 
     torch.set_num_threads(1)
@@ -264,10 +272,11 @@ def main(argv: list[str] | None = None) -> None:
     if not opts.skip_speed:
         print(f"{'room':<5}{'nodes':>7}  {'policy':<12}{'µs CPU/Place':>13}{'Places/s/core':>14}"
               f"{'p50 cpu ms':>11}{'p99 cpu ms':>11}{'p99 wall ms':>12}  placed/calls  served as")
-        for kind, sizes, policies in (("cpu", opts.cpu_sizes, CPU_POLICIES), ("gpu", opts.gpu_sizes, GPU_POLICIES)):
+        for kind, sizes, policies in (("cpu", opts.cpu_sizes, CPU_POLICIES + FLOOR_POLICIES),
+                                      ("gpu", opts.gpu_sizes, GPU_POLICIES + FLOOR_POLICIES)):
             for size in (int(s) for s in sizes.split(",") if s):
                 for name in policies:
-                    if only and name not in only:
+                    if (only and name not in only) or (name in FLOOR_POLICIES and name not in only):
                         continue
                     r = asyncio.run(speed(kind, size, name, nts, opts))
                     print(f"{kind:<5}{r['n']:>7}  {name:<12}{r['us']:>13.0f}{r['per_s']:>14.0f}{r['p50_cpu_ms']:>11.2f}"

@@ -251,3 +251,26 @@ def test_part_power_equals_eq5_and_busy_gpu_equals_the_card_sums(data, demand):
                            ("gpu_memory", state.gpu_free_memory, t.gpu_memory_mib)):
         total = int(cap.sum())  # utilisation as before capacity() cached the totals
         assert state.utilisation()[key] == (float(1 - free.sum() / total) if total else 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), demands)
+def test_a_plan_prices_its_parts_as_the_engine_did(data, demand):
+    """Plan.part_power_w (what the placer's batch takes off its headroom) is part_power_w of each part's own
+    demand on its node, bit for bit: the engine priced every part again this way before plan() handed it on."""
+    from hsched.domain.task import TaskSpec
+    from hsched.engine.placer import _demand_of
+    from hsched.policies.placement import Outcome, part_power_w, plan
+
+    state = ClusterState(data.draw(st.sampled_from([GPU_DC, CPU_DC])))
+    if not demand.cpu_milli and not demand.gpu_count:
+        demand = Resources(1000, 1024)
+    replicas = data.draw(st.integers(1, 3))
+    headroom = np.full(state.n, data.draw(st.sampled_from([np.inf, 5e3, 400.0])))
+    decision = plan(state, TaskSpec(resources=demand, runtime_s=0.0, replicas=replicas), BestFit(), headroom)
+    if decision.outcome is not Outcome.PLACED:
+        return
+    assert len(decision.part_power_w) == len(decision.parts) >= replicas
+    for p, watts in zip(decision.parts, decision.part_power_w, strict=True):
+        assert np.float64(watts).tobytes() == part_power_w(state, _demand_of(p), p.node)[0].tobytes()
+    assert plan(state, TaskSpec(resources=demand, runtime_s=0.0, replicas=replicas), BestFit()).part_power_w == ()

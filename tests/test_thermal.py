@@ -61,6 +61,17 @@ def test_cop_cooling_pue() -> None:
     assert pue(1000.0, 500.0, 50.0) == pytest.approx(1.55)  # (1000 + 500 + 50) / 1000
     with pytest.raises(ValueError, match="p_it"):
         pue(0.0, 10.0)
+    with pytest.raises(ValueError, match="p_it"):
+        pue(0.0, 10.0, 0.0)
+    # Python floats take a scalar path: the same floats (and type) as the array formula
+    rng = np.random.default_rng(6)
+    for t, it, other in zip(rng.uniform(10, 30, 200), rng.uniform(1, 1e7, 200), rng.uniform(0, 1e5, 200), strict=True):
+        t, it, other = float(t), float(it), float(other)
+        arr = np.asarray(t)
+        assert cop(t) == float(0.0068 * arr * arr + 0.0008 * arr + 0.458) and type(cop(t)) is float
+        cool = cooling_power(it, t)
+        assert cool == float(np.asarray(it) / cop(arr)) and type(cool) is float
+        assert pue(it, cool, other) == float((np.asarray(it) + np.asarray(cool) + np.asarray(other)) / np.asarray(it))
 
 
 # ---------------------------------------------------------------- room model by hand
@@ -229,6 +240,48 @@ async def test_room_guard_is_the_thermal_service_rule_on_the_placer_state(margin
         vetoes += not check.ok
     assert (await guard.headroom()) == pytest.approx(room.headroom_w(*load_arrays(state)))
     assert vetoes if margin_k is not None else not vetoes
+
+
+async def test_room_guard_prices_only_moved_nodes_with_the_same_floats() -> None:
+    """The guard re-prices only nodes whose free CPU or GPU cores moved since its last call: after allocations,
+    releases and direct writes to the free arrays, its power, rise and headroom are the bytes of a guard that
+    prices every node each time."""
+
+    class PricesAll(RoomGuard):
+        def _sync(self):
+            power = self._power()
+            if self._tracker is None:
+                self._tracker = self.room.tracker(power)
+            else:
+                self._tracker.set_power(power)
+            return self._tracker
+
+    for name in ("kansas-city", "chicago"):
+        dc = load_fleet(None).datacenter(name)
+        room = room_for(dc)
+        state = ClusterState(dc)
+        guard, full = RoomGuard(room, state), PricesAll(room, state)
+        rng = np.random.default_rng(5)
+        t = state.table
+        for step in range(40):
+            for j in range(int(rng.integers(1, 6))):
+                k = int(rng.integers(state.n))
+                cpu = int(min(state.free_cpu[k], rng.integers(0, 8) * MILLI))
+                card = int(rng.integers(max(1, t.gpu_count[k])))
+                pct = int(min(state.gpu_free_core[k, card], rng.choice([0, 25, 100]))) if t.gpu_count[k] else 0
+                state.apply(f"t{step}-{j}", (Part(0, 0, k, cpu, 0, 0, 0, (GpuShare(card, pct, 0),) if pct else ()),))
+            if step % 3 == 2:
+                for task in list(state.allocations)[::2]:
+                    state.release(task)
+            if step % 10 == 9:  # most of the room at once (the tracker's full resync)
+                state.free_cpu[:] = (t.cpu_milli * rng.random(state.n)).astype(state.free_cpu.dtype)
+            deltas = [LoadDelta(int(rng.integers(state.n)), 1000, 0.0)]
+            a, b = await guard.check(deltas), await full.check(deltas)
+            assert guard._tracker.power.tobytes() == full._tracker.power.tobytes() == room.power_of(
+                *load_arrays(state)).tobytes()
+            assert guard._tracker.rise().tobytes() == full._tracker.rise().tobytes()
+            assert a == dataclasses.replace(b, headroom_w=a.headroom_w)
+            assert a.headroom_w.tobytes() == b.headroom_w.tobytes()
 
 
 # ---------------------------------------------------------------- geometry

@@ -117,6 +117,47 @@ def test_incremental_updates_equal_a_full_recompute(op: ZonalRecirculation, data
     np.testing.assert_allclose(op.column_sums(), d.sum(axis=0), rtol=1e-9, atol=1e-12)
 
 
+def reference_server_headroom(op: ZonalRecirculation, s: np.ndarray) -> np.ndarray:
+    """server_headroom as written before its constants were cached (np.where over every quotient)."""
+    r = op.n_zones
+    den = op.src_w[:r] + op.m[op.src_zones[:r]]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        near = np.where(den > 0, s[op.src_zones[:r]] / den, np.inf).min(axis=1, initial=np.inf)
+        far_ratio = np.where(op.m[:r] > 0, s[:r] / op.m[:r], np.inf)
+    ok = s[:r] > 0
+    far = np.full(r, far_ratio[ok].min() if ok.any() else np.inf)
+    hot = np.flatnonzero(~ok & np.isfinite(far_ratio))
+    if hot.size:
+        cand = hot[np.argsort(far_ratio[hot], kind="stable")[: op.src_zones.shape[1] + 1]]
+        near_to = (op.src_zones[:r, :, None] == cand[None, None, :]).any(axis=1)
+        far = np.minimum(far, np.where(near_to, np.inf, far_ratio[cand][None, :]).min(axis=1))
+    near = np.minimum(near, far)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(op.b > 0, near[op.zone] / op.b, np.inf)
+
+
+@settings(max_examples=150, deadline=None)
+@given(op=operators(), data=st.data())
+def test_server_headroom_is_bit_for_bit_the_uncached_formula(op: ZonalRecirculation, data) -> None:
+    """Zone slacks of any sign, infinite ones too: the same floats as the formula before the cache."""
+    slack = st.one_of(st.floats(-5.0, 5.0), st.just(np.inf), st.just(0.0))
+    s = np.array(data.draw(st.lists(slack, min_size=op.n_zones + 1, max_size=op.n_zones + 1)))
+    s[-1] = np.inf
+    assert op.server_headroom(s).tobytes() == reference_server_headroom(op, s).tobytes()
+
+
+def test_server_headroom_of_the_fleet_rooms_is_the_uncached_formula() -> None:
+    fleet = load_fleet(None)
+    rng = np.random.default_rng(3)
+    for name in ("chicago", "kansas-city"):
+        op = room_for(fleet.datacenter(name)).recirc
+        for _ in range(20):
+            s = rng.normal(1.0, 1.0, op.n_zones + 1)
+            s[rng.random(op.n_zones + 1) < 0.1] = np.inf
+            s[-1] = np.inf
+            assert op.server_headroom(s).tobytes() == reference_server_headroom(op, s).tobytes()
+
+
 def test_a_dense_matrix_is_served_exactly() -> None:
     d = recirculation_from_geometry(RoomGeometry(n_racks=3, racks_per_row=3, servers_per_rack=4))
     op = ZonalRecirculation.from_dense(d)

@@ -682,7 +682,7 @@ class PlacerEngine:
             for e in op.events:
                 if e["t"] == "alloc":
                     placing = True
-                    deltas += deltas_of(tuple(Part.from_json(p) for p in e["parts"]))
+                    deltas += deltas_of(e["_parts"])
                 elif "_parts" in e:  # free, done
                     deltas += deltas_of(e["_parts"], sign=-1)
         if not self.thermal or not placing:
@@ -750,7 +750,7 @@ class PlacerEngine:
                 items = list(self.queue.items())
                 for save in unsaved:
                     save.items = items
-        fold_event(event, state, self.queue)
+        fold_event(event, state, self.queue, event.get("_parts"))
         self._state_version += 1
         if event["t"] in FREEING:
             self._freed_count += 1  # never undone: at worst one search more
@@ -783,7 +783,7 @@ class PlacerEngine:
                                                  "placed or queued")
         decision = plan(self.state, op.spec, self.policy, headroom)
         if decision.outcome is Outcome.PLACED:
-            self._alloc(op, op.task_id, op.spec, decision.parts, headroom)
+            self._alloc(op, op.task_id, op.spec, decision.parts, headroom, decision.part_power_w)
             return PlaceResult("placed", decision.parts, decision.alternatives, notes=decision.notes)
         thermal_limited = decision.thermal_limited
         if decision.outcome is Outcome.NO_ROOM and op.spec.effective_class == ONLINE:
@@ -850,7 +850,7 @@ class PlacerEngine:
         if decision.outcome is not Outcome.PLACED:  # the policy's greedy part order missed what the probe found
             decision = plan(state, spec, self._probe, headroom)
         assert decision.outcome is Outcome.PLACED, "fits() said the eviction lets the task in"
-        self._alloc(op, task_id, spec, decision.parts, headroom, preempting=True)
+        self._alloc(op, task_id, spec, decision.parts, headroom, decision.part_power_w, preempting=True)
         alloc = op.events[-1]
         # the context switch (paper 001's preemption overhead, drawn once and recorded in the alloc) delays the
         # online task's start and keeps the victims from being placed again before it has passed
@@ -942,10 +942,11 @@ class PlacerEngine:
         return PlaceResult(outcome.value, reason=reason, notes=notes)
 
     def _alloc(self, op: _Op, task_id: str, spec: TaskSpec, parts: tuple[Part, ...],
-               headroom: np.ndarray | None, preempting: bool = False) -> None:
+               headroom: np.ndarray | None, watts: tuple[float, ...] = (), preempting: bool = False) -> None:
         """Allocate for `task_id` — op's own task, or a queued one that op's release made room for — with the
-        clock data its execution needs (hsched.state.ledger); `preempting`: it evicts others to get the room,
-        and starts after the executor's preemption overhead."""
+        clock data its execution needs (hsched.state.ledger); `watts`: the parts' power as plan() priced it
+        (Plan.part_power_w; else priced here); `preempting`: it evicts others to get the room, and starts after
+        the executor's preemption overhead."""
         at = _now_ms()
         event = {"t": "alloc", "task": task_id, "parts": [p.to_json() for p in parts], "at": at,
                  "runtime_s": spec.runtime_s, "class": spec.effective_class, "tenant": spec.tenant}
@@ -955,10 +956,13 @@ class PlacerEngine:
             event["spec"] = task_to_dict(spec)
         if tp := traceparent(op.trace_context):  # services that fold the ledger (thermal) join the call's trace
             event["tp"] = tp
+        event["_parts"] = parts  # folded and checked as they are (not parsed back from "parts"); never stored
         self._emit(op, event)
         if headroom is not None:  # later decisions in this batch see the heat this one adds
-            for p in parts:
-                headroom[p.node] -= part_power_w(self.state, _demand_of(p), p.node)[0]
+            if len(watts) != len(parts):
+                watts = tuple(part_power_w(self.state, _demand_of(p), p.node)[0] for p in parts)
+            for p, w in zip(parts, watts, strict=True):
+                headroom[p.node] -= w
 
     def _decide_release(self, op: _Op, headroom: np.ndarray | None, try_queue: bool) -> ReleaseResult:
         parts = self.state.allocations.get(op.task_id)
@@ -1033,7 +1037,7 @@ class PlacerEngine:
             spec = self.queue[w.task_id]
             decision: Plan = planned.pop(w.task_id, None) or plan(self.state, spec, self.policy, headroom)
             if decision.outcome is Outcome.PLACED:
-                self._alloc(op, w.task_id, spec, decision.parts, headroom)
+                self._alloc(op, w.task_id, spec, decision.parts, headroom, decision.part_power_w)
             elif not (decision.outcome is Outcome.NO_ROOM and w.priority_class == ONLINE
                       and self._evict_for_waiting(op, w.task_id, spec, headroom, result, fair, searches)):
                 continue

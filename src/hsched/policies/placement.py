@@ -41,6 +41,8 @@ class Plan:
     reason: str = ""
     notes: list[str] = field(default_factory=list)
     thermal_limited: bool = False  # refused because of the redline, not for lack of resources
+    # with a headroom: per part, the extra IT power on its node (part_power_w's; the placer's batch uses it)
+    part_power_w: tuple[float, ...] = ()
 
 
 def split_task(task: TaskSpec, dc: DataCenter) -> list[PartDemand]:
@@ -105,6 +107,7 @@ def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np
     the thermal model); nodes whose part power exceeds it are masked out, as are nodes without room.
     """
     parts: list[Part] = []
+    watts: list[float] = []
     first_alternatives: tuple[tuple[int, float], ...] = ()
     headroom = None if headroom_w is None else np.array(headroom_w, dtype=np.float64)
     demands = split_task(task, state.dc)
@@ -151,9 +154,10 @@ def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np
             parts.append(part)
             if headroom is not None and power is not None:
                 headroom[node] -= power[node]
+                watts.append(float(power[node]))
     finally:
         state._delta(tuple(parts), +1)
-    return Plan(Outcome.PLACED, tuple(parts), first_alternatives, notes=notes)
+    return Plan(Outcome.PLACED, tuple(parts), first_alternatives, notes=notes, part_power_w=tuple(watts))
 
 
 def never_fits_reason(state: ClusterState, demand: Resources, task: TaskSpec) -> str:

@@ -101,6 +101,10 @@ return redis.call('XTRIM', KEYS[1], 'MINID', ARGV[4])
 """
 
 
+# json.dumps(e, separators=(",", ":")) without building an encoder per event (the same bytes)
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
 class Fenced(RuntimeError):
     """This writer's fencing token is no longer current: another placer owns the DC."""
 
@@ -157,7 +161,10 @@ def cancellations(events: list[dict]) -> list[dict]:
     return out
 
 
-def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
+def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpec],
+               parts: tuple[Part, ...] | None = None) -> None:
+    """Fold one event; `parts`: an alloc's parts as Part objects when the caller has them (its writer: the same
+    values as parsing event["parts"], without the parse)."""
     kind, task = event["t"], event["task"]
     if kind == "alloc" and event.get("restore") and task in state.allocations:
         return  # the cancellation of a preemption whose write did not land: the victim never left
@@ -165,7 +172,9 @@ def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpe
         queue.pop(task, None)
         state.queued_ms.pop(task, None)
         state.ready_ms.pop(task, None)
-        state.apply(task, tuple(Part.from_json(p) for p in event["parts"]), clock_of(event), event.get("spec"))
+        if parts is None:
+            parts = tuple(Part.from_json(p) for p in event["parts"])
+        state.apply(task, parts, clock_of(event), event.get("spec"))
     elif kind in FREEING:
         state.release(task)
     elif kind == "run":
@@ -286,7 +295,7 @@ class Ledger:
         if self.token is None:
             raise Fenced(f"placer for {self.dc} has no fencing token (acquire() first)")
         undo = list(self.pending_undo)
-        payload = [json.dumps(_stored(e), separators=(",", ":")) for e in (*undo, *events)]
+        payload = [_encode(_stored(e)) for e in (*undo, *events)]
         keys = [self.stream, self.keys.fence(self.dc), self.keys.epoch]
         args = [self.token, self.epoch or "", *payload]
         try:

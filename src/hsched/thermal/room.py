@@ -181,8 +181,11 @@ class RoomModel:
             raise ValueError("gpu_busy must be <= gpu_count (a card is at most 100 % busy)")
         return p + gpu_power(gb, self.gpu_count, self.gpu_idle_w, self.gpu_full_w)
 
-    def power_of(self, busy_cores: FloatArray, gpu_busy: FloatArray) -> FloatArray:
-        """``power()`` for loads known to be valid (folded from a ledger): no checks, four vector operations."""
+    def power_of(self, busy_cores: FloatArray, gpu_busy: FloatArray, nodes: NDArray[np.intp] | None = None) -> FloatArray:
+        """``power()`` for loads known to be valid (folded from a ledger): no checks, four vector operations;
+        with ``nodes``, the loads are those servers' (elementwise: the same floats as the full vector's there)."""
+        if nodes is not None:
+            return self.idle_power_w[nodes] + self.watts_per_core[nodes] * busy_cores + self.watts_per_gpu[nodes] * gpu_busy
         return self.idle_power_w + self.watts_per_core * busy_cores + self.watts_per_gpu * gpu_busy
 
     def added_power_w(self, cores: ArrayLike) -> FloatArray:

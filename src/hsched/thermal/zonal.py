@@ -108,6 +108,13 @@ class ZonalRecirculation:
         pos = self.a > 0
         np.minimum.at(self.a_lo, self.zone[pos], self.a[pos])
         self._full = self._full_coupling() if self.nbr.shape[1] >= r > 0 else None
+        # server_headroom's constants (the guard's check runs it every batch): the near-pair denominators
+        # W[r, q] + m_r and where they and m, b are positive
+        self._hd_src = self.src_zones[:r]
+        self._hd_den = self.src_w[:r] + self.m[self._hd_src]
+        self._hd_den_pos = self._hd_den > 0
+        self._hd_m_pos = self.m[:r] > 0
+        self._hd_b_pos = self.b > 0
 
     def _full_coupling(self) -> FloatArray | None:
         """W as an (R, R) matrix when every zone neighbours every zone: one BLAS product instead of a gather."""
@@ -253,10 +260,10 @@ class ZonalRecirculation:
         """Headroom per server from the zone slacks ``s_r = min_{i in r} slack_i / a_i`` ((R + 1,), sentinel inf):
         ``min_r s_r / (b_k (W[r, z_k] + m_r))``, the near zones from the transposed lists, the others via m_r."""
         r = self.n_zones
-        den = self.src_w[:r] + self.m[self.src_zones[:r]]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            near = np.where(den > 0, s[self.src_zones[:r]] / den, np.inf).min(axis=1, initial=np.inf)
-            far_ratio = np.where(self.m[:r] > 0, s[:r] / self.m[:r], np.inf)
+        # np.divide(..., where=) divides only where the np.where form's condition holds: the same quotients
+        near = np.divide(s[self._hd_src], self._hd_den, out=np.full(self._hd_den.shape, np.inf),
+                         where=self._hd_den_pos).min(axis=1, initial=np.inf)
+        far_ratio = np.divide(s[:r], self.m[:r], out=np.full(r, np.inf), where=self._hd_m_pos)
         # A zone with s_r > 0 that is near k gives s_r / (W + m_r) <= s_r / m_r (W >= 0): counting it among the far
         # ones as well does not change the min. A hot zone (s_r <= 0) must not: s_r / m_r < s_r / (W + m_r).
         ok = s[:r] > 0
@@ -268,8 +275,7 @@ class ZonalRecirculation:
             near_to = (self.src_zones[:r, :, None] == cand[None, None, :]).any(axis=1)
             far = np.minimum(far, np.where(near_to, np.inf, far_ratio[cand][None, :]).min(axis=1))
         near = np.minimum(near, far)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(self.b > 0, near[self.zone] / self.b, np.inf)
+        return np.divide(near[self.zone], self.b, out=np.full(self.n, np.inf), where=self._hd_b_pos)
 
     def tracker(self, power: ArrayLike) -> RiseTracker:
         return RiseTracker(self, power)
