@@ -128,7 +128,8 @@ class Utilization:
 
     def scores_at(self, state: ClusterState, demand: Resources, nodes: np.ndarray | None) -> np.ndarray:
         free, want = _fractions(state, demand, nodes)
-        norm = np.linalg.norm(free, axis=1) * np.linalg.norm(want, axis=1)
+        # np.linalg.norm's own formula for a vector norm along an axis, without its Python-level dispatch
+        norm = np.sqrt(np.add.reduce(free * free, axis=1)) * np.sqrt(np.add.reduce(want * want, axis=1))
         return np.where(norm > 0, (free * want).sum(axis=1) / np.maximum(norm, 1e-12), 0.0)
 
     def placed(self, node: int) -> None:
