@@ -86,7 +86,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from hsched.domain.cluster import ClusterState, Part
+from hsched.domain.cluster import ClusterState, Part, rows_of
 from hsched.domain.fleet import DataCenter, NodeTable, RoomLayout, load_fleet, parse_fleet
 from hsched.domain.resources import MIB_PER_GIB, Resources
 from hsched.domain.task import TaskSpec
@@ -222,7 +222,7 @@ def task_scale(table: NodeTable) -> np.ndarray:
 
 def host_features(state: ClusterState, scale: np.ndarray, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
     """HOST_FEATURES of `state`'s hosts `rows` ([n, 6] float32, see the module docstring)."""
-    core, gmem = state.gpu_free_core[rows], state.gpu_free_memory[rows]
+    core, gmem = rows_of(state.gpu_free_core, rows), rows_of(state.gpu_free_memory, rows)
     raw = np.stack([state.free_cpu[rows], state.free_memory[rows], gmem.sum(axis=1), core.sum(axis=1),
                     core.max(axis=1, initial=0), gmem.max(axis=1, initial=0)], axis=1)
     return (raw / scale).astype(np.float32)
