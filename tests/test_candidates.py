@@ -91,6 +91,30 @@ def test_sampled_scoring_equals_full_scoring_on_the_same_nodes(data, demand):
         np.testing.assert_array_equal(policy.scores_at(state, demand, nodes), policy.scores(state, demand, mask)[nodes])
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), demands)
+def test_actor_inputs_of_a_sample_are_the_rows_of_every_hosts_inputs(data, demand):
+    """EADE-DDPG's inputs on a sample (per-card rows by `take`) are, byte for byte, the rows of those for every
+    host; one cluster's eq.16 score is 1; a resource a cluster lacks (NaN) has free share 0."""
+    from hsched.envs.gpu import free_shares, host_hints, placement_scores
+    from hsched.metrics import utilisation_matrix
+    from hsched.rl.ddpg import PolicyInputs
+
+    state = gpu_state(data)
+    nodes = np.flatnonzero(np.array(data.draw(st.lists(st.booleans(), min_size=NODES, max_size=NODES))))
+    items, task = PolicyInputs()(state, demand, nodes)
+    every, task_all = PolicyInputs()(state, demand)
+    assert items.tobytes() == np.concatenate([every[nodes], every[-1:]]).tobytes()
+    assert task.tobytes() == task_all.tobytes()
+    u = utilisation_matrix([state])
+    totals = np.array([[4 * NODES * 16384, 4 * NODES * 100, 1, 1]], dtype=np.float64)
+    hc = np.zeros(NODES, dtype=np.int64)
+    assert host_hints(state, demand, u, totals, hc, nodes).tobytes() == \
+        host_hints(state, demand, u, totals, hc)[nodes].tobytes()
+    assert placement_scores(u, totals, demand).tolist() == [1.0]
+    assert free_shares(np.array([[0.25, np.nan, 1.0, 0.0]])).tolist() == [[0.75, 0.0, 0.0, 1.0]]
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.data(), demands.filter(lambda d: d.gpu_count > 0))
 def test_vectorised_card_choice_is_choose_cards(data, demand):

@@ -116,6 +116,20 @@ def row_sums(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def rows_of(a: np.ndarray, rows: slice | np.ndarray) -> np.ndarray:
+    """a[rows]: a view for a slice; for an index array `take` along axis 0, the same rows ~6× faster than
+    fancy indexing a 2-D array (a bounded candidate set's per-card rows, every learned decision)."""
+    if isinstance(rows, slice) or (rows := np.asarray(rows)).dtype == bool:
+        return a[rows]
+    return a.take(rows, axis=0)
+
+
+def small_row_sums(a: np.ndarray) -> np.ndarray:
+    """`row_sums` for a few rows (a candidate set): numpy's own sum is faster there than the column loop;
+    the same integers."""
+    return a.sum(axis=1) if len(a) <= 512 else row_sums(a)
+
+
 class ClusterState:
     def __init__(self, dc: DataCenter, table: NodeTable | None = None) -> None:
         self.dc = dc

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hsched.domain.cluster import ClusterState, row_sums
+from hsched.domain.cluster import ClusterState, rows_of, small_row_sums
 from hsched.domain.resources import Resources
 
 _GPU_CAPACITY: dict[int, tuple[object, np.ndarray, np.ndarray]] = {}
@@ -39,7 +39,8 @@ def _fractions(state: ClusterState, demand: Resources, nodes: np.ndarray | None 
         want.append(demand.memory_mib / mem)
     if demand.gpu_count:
         core_cap, mem_cap = (c[i] for c in _gpu_capacity(t))
-        free += [row_sums(state.gpu_free_core[i]) / core_cap, row_sums(state.gpu_free_memory[i]) / mem_cap]
+        free += [small_row_sums(rows_of(state.gpu_free_core, i)) / core_cap,
+                 small_row_sums(rows_of(state.gpu_free_memory, i)) / mem_cap]
         want += [demand.gpu_count * demand.gpu_core_percent / core_cap, demand.gpu_count * demand.gpu_memory_mib / mem_cap]
     return np.stack(free, axis=1), np.stack(want, axis=1)
 
@@ -128,7 +129,8 @@ class Utilization:
 
     def scores_at(self, state: ClusterState, demand: Resources, nodes: np.ndarray | None) -> np.ndarray:
         free, want = _fractions(state, demand, nodes)
-        norm = np.linalg.norm(free, axis=1) * np.linalg.norm(want, axis=1)
+        # np.linalg.norm's own formula for a vector norm along an axis, without its Python-level dispatch
+        norm = np.sqrt(np.add.reduce(free * free, axis=1)) * np.sqrt(np.add.reduce(want * want, axis=1))
         return np.where(norm > 0, (free * want).sum(axis=1) / np.maximum(norm, 1e-12), 0.0)
 
     def placed(self, node: int) -> None:
@@ -143,8 +145,9 @@ def gpu_stranding(state: ClusterState, demand: Resources, nodes: np.ndarray | No
     hosts (openb) that loses whole cards, so a packing policy should spend the small hosts' CPU on GPU work."""
     t = state.table
     i = slice(None) if nodes is None else nodes
-    core_cap = np.maximum(t.gpu_core_percent[i].sum(axis=1), 1)
-    gpu_free_after = np.maximum(state.gpu_free_core[i].sum(axis=1) - demand.gpu_count * demand.gpu_core_percent, 0)
+    core_cap = _gpu_capacity(t)[0][i]  # max(sum over cards, 1), cached per table
+    gpu_free_after = np.maximum(rows_of(state.gpu_free_core, i).sum(axis=1) - demand.gpu_count * demand.gpu_core_percent,
+                                0)
     taken = np.maximum(demand.cpu_milli / np.maximum(state.free_cpu[i], 1),
                        demand.memory_mib / np.maximum(state.free_memory[i], 1))
     return np.minimum(taken, 1.0) * gpu_free_after / core_cap
@@ -160,7 +163,7 @@ def card_tightness(state: ClusterState, demand: Resources, nodes: np.ndarray | N
     k = state.n if nodes is None else len(nodes)
     if not demand.gpu_count:
         return np.zeros(k)
-    core, mem = state.gpu_free_core[i], state.gpu_free_memory[i]
+    core, mem = rows_of(state.gpu_free_core, i), rows_of(state.gpu_free_memory, i)
     left = np.where((core >= demand.gpu_core_percent) & (mem >= demand.gpu_memory_mib),
                     core - demand.gpu_core_percent, np.inf)
     if left.shape[1] < demand.gpu_count:
