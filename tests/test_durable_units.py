@@ -82,6 +82,22 @@ async def test_task_flush_checks_the_epoch_in_the_same_round_trip(aredis, prefix
         await store.record("submitted", pb.Task(task_id="t2"))
 
 
+async def test_a_store_whose_tail_does_not_move_prunes_its_own_ids_only_when_they_double(aredis, prefix,
+                                                                                         monkeypatch):
+    """A TaskStore with no stream reader (its tail never moves) keeps its own entry ids; pruning them scans the
+    whole set, so it must not run on every flush once the set is large (that made bench/path_floor.py's gateway
+    spend milliseconds per write after ~10,000 records): the prune threshold doubles each time."""
+    monkeypatch.setattr("hsched.state.tasks.OWN_PRUNE_MIN", 4)
+    store = TaskStore(aredis, Keys(prefix).tasks)
+    store._own_prune_at = 4
+    thresholds = []
+    for k in range(64):
+        await store.record("submitted", pb.Task(task_id=f"t{k}"))
+        assert len(store._own) == k + 1  # nothing below the tail: every id is kept, none lost
+        thresholds.append(store._own_prune_at)
+    assert sorted(set(thresholds)) == [4, 10, 22, 46, 94]  # pruned at 5, 11, 23, 47 ids: 4 scans, not 60
+
+
 async def test_writes_that_no_replica_holds_are_not_acknowledged(prefix):
     server = EmbeddedRedis().start()  # a master without replicas: WAIT 1 answers 0
     client = connect(server.url)

@@ -142,6 +142,9 @@ def parse_ledger_ref(ref: bytes | str) -> tuple[str, tuple[int, int]]:
     return dc, _entry_id(entry_id.encode())
 
 
+OWN_PRUNE_MIN = 10_000  # own entry ids kept unread before the first prune
+
+
 def step(kind: str, task: pb.Task, detail: str = "", ledger: str = "", at_ms: int = 0) -> Record:
     """Apply lifecycle step `kind` to `task` (state, time) and take the record of this moment. `ledger`: the
     `ledger_ref` of the DC ledger entry this step reflects (a placer-initiated transition); `at_ms`: when the
@@ -200,6 +203,7 @@ class TaskStore:
     versions_key: str = ""  # the append script's hash of versions; default: "<stream>:versions"
     # entry ids of this table's own writes not yet seen by `observe` (which then skips them without parsing)
     _own: set[tuple[int, int]] = field(default_factory=set)
+    _own_prune_at: int = OWN_PRUNE_MIN  # `_own`'s size that triggers the next prune
 
     def __post_init__(self) -> None:
         self._append = self.redis.register_script(_APPEND)
@@ -345,9 +349,12 @@ class TaskStore:
         return self.write(step(kind, task, detail))
 
     def _forget_own_below_tail(self) -> None:
-        """Entry ids `observe` will never see (the table's tail passed them without a read: `load`): dropped."""
-        if len(self._own) > 10_000:
+        """Entry ids `observe` will never see (the table's tail passed them without a read: `load`): dropped.
+        The next prune waits until the set has doubled, so a table whose tail does not move (no reader, or one
+        that lags) prunes in amortised O(1) per write instead of scanning the whole set on every flush."""
+        if len(self._own) > self._own_prune_at:
             self._own = {sid for sid in self._own if sid > self.tail}
+            self._own_prune_at = max(OWN_PRUNE_MIN, 2 * len(self._own))
 
     async def _flush(self) -> None:
         # One pipeline, one connection: EVAL (epoch check + every XADD, atomic: a batch lands whole or not at
