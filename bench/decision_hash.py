@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     placer_mod.plan = hashed_plan  # speed() wraps whatever placer_mod.plan is when it starts
     try:
         r = asyncio.run(scale.speed(opts.room, opts.nodes, opts.policy, opts.nodes_to_score,
-                                    types.SimpleNamespace(places=opts.places, hold=300)))
+                                    types.SimpleNamespace(places=opts.places, hold=300, fill=0.0)))
     finally:
         placer_mod.plan = real_plan
     print(f"{opts.policy} {opts.room} {r['n']} nodes: {calls} decisions, {r['placed']} placed, "
