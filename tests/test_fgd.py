@@ -360,7 +360,7 @@ def test_fgd_memo_starting_over_changes_no_score(monkeypatch):
         nodes = np.flatnonzero(state.feasible(demand))
         s = fgd.scores_at(state, demand, nodes)
         assert s.tobytes() == (-_reference_delta(state, fgd.distribution, demand, nodes)).tobytes()
-        assert len(fgd._memo[1]) <= 4 + 2 * len(nodes)
+        assert len(fgd._memo) <= 4 + 2 * len(nodes)
         node = int(nodes[np.argmax(s)])
         state.apply(f"t{i}", (Part(0, 0, node, demand.cpu_milli, demand.memory_mib, 0, 0,
                                    state.choose_cards(node, demand)),))

@@ -41,18 +41,13 @@ FAILURE_REWARD = -50.0  # paper 000 §3.1: the reward of a failed deployment
 # utilisation (eq.8, eq.9, tables 6-9)
 
 
-def _totals(state: ClusterState) -> dict[str, int]:
-    cap = state.capacity()
-    return {"gpu_memory": cap["gpu_memory"], "gpu_core": cap["gpu_core"], "cpu": cap["cpu"], "memory": cap["memory"]}
-
-
 def utilisation_row(state: ClusterState, resources: Sequence[str] = RESOURCES,
                     present: Sequence[bool] | None = None) -> np.ndarray:
     """r_o^(n) / r_t^(n) of one cluster per resource (ClusterState.utilisation), NaN where r_t^(n) = 0.
     `present` (per resource: r_t^(n) > 0), when the caller already knows it, saves summing the capacities."""
     used = state.utilisation()
     if present is None:
-        totals = _totals(state)
+        totals = state.capacity()
         present = [totals[r] > 0 for r in resources]
     return np.array([used[r] if p else np.nan for r, p in zip(resources, present, strict=True)],
                     dtype=np.float64)

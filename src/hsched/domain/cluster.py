@@ -150,8 +150,6 @@ class ClusterState:
         self.ready_ms: dict[str, int] = {}  # deferred tasks not to be placed before this unix ms (requeued victims)
         self.tenant_usage: dict[str, np.ndarray] = {}  # per tenant, the usage_vector of its clocked allocations
         self._models = np.array(t.gpu_model)
-        self._gpu_core_capacity: tuple[NodeTable, np.ndarray] | None = None  # busy_gpu_percent's, per table
-        self._capacity: tuple[NodeTable, dict[str, int]] | None = None  # capacity()'s, per table
 
     # -- queries ---------------------------------------------------------------------------------------------
 
@@ -194,14 +192,8 @@ class ClusterState:
         return tuple(GpuShare(int(c), demand.gpu_core_percent, demand.gpu_memory_mib) for c in sorted(order))
 
     def capacity(self) -> dict[str, int]:
-        """The room's total of each resource (fixed per table: summed once; every utilisation reads them)."""
-        cap = self._capacity
-        if cap is None or cap[0] is not self.table:
-            t = self.table
-            cap = self._capacity = (t, {"cpu": int(t.cpu_milli.sum()), "memory": int(t.memory_mib.sum()),
-                                        "gpu_core": int(t.gpu_core_percent.sum()),
-                                        "gpu_memory": int(t.gpu_memory_mib.sum())})
-        return cap[1]
+        """The room's total of each resource (NodeTable.totals)."""
+        return self.table.totals
 
     def utilisation(self) -> dict[str, float]:
         cap = self.capacity()
@@ -218,11 +210,8 @@ class ClusterState:
 
     def busy_gpu_percent(self) -> np.ndarray:
         """Allocated GPU core percent per node, summed over its cards (100 = one whole card)."""
-        # the thermal guard's, every batch: capacity per node (fixed per table) minus the free sums, column loops
-        cap = self._gpu_core_capacity
-        if cap is None or cap[0] is not self.table:
-            cap = self._gpu_core_capacity = (self.table, row_sums(self.table.gpu_core_percent))
-        return cap[1] - row_sums(self.gpu_free_core)
+        # the thermal guard's, every batch: capacity per node (summed once per table) minus the free sums
+        return self.table.gpu_core_per_node - row_sums(self.gpu_free_core)
 
     def busy_gpu_cards(self) -> np.ndarray:
         """Busy GPU per node in whole-card equivalents."""

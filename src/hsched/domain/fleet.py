@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,30 @@ class NodeTable:
 
     def __len__(self) -> int:
         return len(self.names)
+
+    # Derived from the (never mutated) arrays and read by every decision: computed once per table.
+    @cached_property
+    def totals(self) -> dict[str, int]:
+        """The room's total of each resource."""
+        return {"cpu": int(self.cpu_milli.sum()), "memory": int(self.memory_mib.sum()),
+                "gpu_core": int(self.gpu_core_percent.sum()), "gpu_memory": int(self.gpu_memory_mib.sum())}
+
+    @cached_property
+    def gpu_core_per_node(self) -> np.ndarray:
+        """GPU core percent per node over its cards (100 = one card)."""
+        return self.gpu_core_percent.sum(axis=1)
+
+    @cached_property
+    def gpu_capacity_floor1(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per node, GPU core percent and GPU memory over its cards, at least 1 (a safe denominator)."""
+        return np.maximum(self.gpu_core_per_node, 1), np.maximum(self.gpu_memory_mib.sum(axis=1), 1)
+
+    @cached_property
+    def power_slopes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per node: cores as float64, cores > 0, eq.5's P_full − P_idle, the GPU's full − idle watts."""
+        cores = np.asarray(self.cpu_milli, dtype=np.float64)
+        return cores, cores > 0, np.asarray(self.p_full_w - self.p_idle_w, dtype=np.float64), \
+            self.gpu_full_w - self.gpu_idle_w
 
 
 @dataclass(frozen=True)

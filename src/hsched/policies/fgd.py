@@ -72,6 +72,10 @@ class FragmentationGradientDescent:
 
     def __init__(self, distribution: TaskDistribution) -> None:
         self.distribution = distribution
+        self._memo: dict[bytes, float] = {}  # F_n(M) by state row bytes (`delta`), at most MEMO_ROWS rows
+        self._memo_of: TaskDistribution = distribution  # the distribution the memo's values were computed for
+        self._codes: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(state._models) -> (it, codes per node)
+        self._code_of: dict[str, int] = {}  # GPU model name -> code, stable across states
 
     @classmethod
     def from_tasks(cls, tasks: Iterable[TaskSpec | Resources], max_types: int | None = None
@@ -121,10 +125,9 @@ class FragmentationGradientDescent:
     def _fragmentation(self, rows: np.ndarray, models: np.ndarray) -> np.ndarray:
         """F_n(M) of state rows (as `delta` builds them; `models` their GPU models): from the memo, the misses
         evaluated together and remembered (the memo starts over at MEMO_ROWS rows: a bound on its memory)."""
-        memo = self.__dict__.get("_memo")
-        if memo is None or memo[0] is not self.distribution or len(memo[1]) > MEMO_ROWS:
-            memo = self._memo = (self.distribution, {})
-        known = memo[1]
+        if self._memo_of is not self.distribution or len(self._memo) > MEMO_ROWS:
+            self._memo, self._memo_of = {}, self.distribution
+        known = self._memo
         keys = np.ascontiguousarray(rows).view(np.dtype((np.void, rows.shape[1] * 8))).ravel().tolist()
         frag = [known.get(k) for k in keys]
         miss = [i for i, f in enumerate(frag) if f is None]
@@ -138,13 +141,13 @@ class FragmentationGradientDescent:
 
     def _model_codes(self, state: ClusterState) -> np.ndarray:
         """Per node of `state`, an integer for its GPU model, the same for a model on every state (memo keys)."""
-        seen = self.__dict__.setdefault("_codes", {})
+        seen = self._codes
         hit = seen.get(id(state._models))
         if hit is None or hit[0] is not state._models:
             if len(seen) > 64:
                 seen.clear()
             names, inverse = np.unique(state._models, return_inverse=True)
-            code = self.__dict__.setdefault("_code_of", {})
+            code = self._code_of
             per_name = np.array([code.setdefault(str(m), len(code)) for m in names], dtype=np.int64)
             hit = seen[id(state._models)] = (state._models, per_name[inverse.reshape(-1)])
         return hit[1]

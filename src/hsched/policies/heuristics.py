@@ -9,20 +9,6 @@ import numpy as np
 from hsched.domain.cluster import ClusterState, rows_of, small_row_sums
 from hsched.domain.resources import Resources
 
-_GPU_CAPACITY: dict[int, tuple[object, np.ndarray, np.ndarray]] = {}
-
-
-def _gpu_capacity(table) -> tuple[np.ndarray, np.ndarray]:
-    """Per node, its GPU core percent and GPU memory over all cards (at least 1): fixed per node table, so
-    computed once per table rather than per decision."""
-    hit = _GPU_CAPACITY.get(id(table))
-    if hit is None or hit[0] is not table:
-        if len(_GPU_CAPACITY) > 64:  # a few tables per process (the DC's, an env's): never grow without bound
-            _GPU_CAPACITY.clear()
-        hit = _GPU_CAPACITY[id(table)] = (table, np.maximum(table.gpu_core_percent.sum(axis=1), 1),
-                                          np.maximum(table.gpu_memory_mib.sum(axis=1), 1))
-    return hit[1], hit[2]
-
 
 def _fractions(state: ClusterState, demand: Resources, nodes: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -38,7 +24,7 @@ def _fractions(state: ClusterState, demand: Resources, nodes: np.ndarray | None 
         free.append(state.free_memory[i] / mem)
         want.append(demand.memory_mib / mem)
     if demand.gpu_count:
-        core_cap, mem_cap = (c[i] for c in _gpu_capacity(t))
+        core_cap, mem_cap = (c[i] for c in t.gpu_capacity_floor1)
         free += [small_row_sums(rows_of(state.gpu_free_core, i)) / core_cap,
                  small_row_sums(rows_of(state.gpu_free_memory, i)) / mem_cap]
         want += [demand.gpu_count * demand.gpu_core_percent / core_cap, demand.gpu_count * demand.gpu_memory_mib / mem_cap]
@@ -145,7 +131,7 @@ def gpu_stranding(state: ClusterState, demand: Resources, nodes: np.ndarray | No
     hosts (openb) that loses whole cards, so a packing policy should spend the small hosts' CPU on GPU work."""
     t = state.table
     i = slice(None) if nodes is None else nodes
-    core_cap = _gpu_capacity(t)[0][i]  # max(sum over cards, 1), cached per table
+    core_cap = t.gpu_capacity_floor1[0][i]
     gpu_free_after = np.maximum(rows_of(state.gpu_free_core, i).sum(axis=1) - demand.gpu_count * demand.gpu_core_percent,
                                 0)
     taken = np.maximum(demand.cpu_milli / np.maximum(state.free_cpu[i], 1),

@@ -68,28 +68,11 @@ def _share(total: int, chunk: int, cpu: int, i: int, n: int) -> int:
     return base if i < n - 1 else total - base * (n - 1)
 
 
-_SLOPES: dict[int, tuple[object, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
-
-
-def _slopes(table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per node: cores as float64, cores > 0, eq.5's P_full − P_idle and the GPU's full − idle watts. Fixed per
-    node table, and every decision (and every placed or freed part's headroom) reads them: computed once."""
-    hit = _SLOPES.get(id(table))
-    if hit is None or hit[0] is not table:
-        if len(_SLOPES) > 64:  # a few tables per process: never grow without bound
-            _SLOPES.clear()
-        cores = np.asarray(table.cpu_milli, dtype=np.float64)
-        hit = _SLOPES[id(table)] = (table, cores, cores > 0, np.asarray(table.p_full_w - table.p_idle_w,
-                                                                         dtype=np.float64),
-                                    table.gpu_full_w - table.gpu_idle_w)
-    return hit[1], hit[2], hit[3], hit[4]
-
-
 def part_power_w(state: ClusterState, demand: Resources, node: int | None = None) -> np.ndarray:
     """Extra IT power if `demand` ran on each node — or on `node` only (eq.5's busy-core term above idle,
-    plus the GPU term). `server_power(demand.cpu_milli, cores, 0.0, P_full − P_idle)` with the per-table
-    arrays cached: the same floats (tests/test_candidates.py)."""
-    cores, has_cores, slope, gpu_slope = _slopes(state.table)
+    plus the GPU term). `server_power(demand.cpu_milli, cores, 0.0, P_full − P_idle)` over
+    NodeTable.power_slopes: the same floats (tests/test_candidates.py)."""
+    cores, has_cores, slope, gpu_slope = state.table.power_slopes
     if node is not None:
         idx = slice(node, node + 1)
         cores, has_cores, slope, gpu_slope = cores[idx], has_cores[idx], slope[idx], gpu_slope[idx]
