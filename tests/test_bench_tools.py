@@ -96,3 +96,16 @@ def test_path_floor_moves_real_tasks_through_every_hop(redis_url, prefix):
     kinds = [e[b"k"] for _, e in r.xrange(f"{prefix}:tasks")]
     assert {k: kinds.count(k) for k in set(kinds)} == {b"submitted": 40, b"dc_selected": 40, b"placed": 40,
                                                        b"released": 40}
+
+
+def test_decision_hash_is_the_same_for_two_runs_and_moves_with_the_policy(capsys):
+    """bench/decision_hash.py runs placer_scale's speed loop (it once broke when that loop grew an option) and
+    its digest is a function of the decisions: two runs of one policy agree, another policy differs."""
+    from bench.decision_hash import main
+
+    digests = []
+    for policy in ("bestfit", "bestfit", "firstfit"):
+        main(["--room", "gpu", "--nodes", "150", "--policy", policy, "--places", "40"])
+        line = capsys.readouterr().out.strip().splitlines()[-1]
+        digests.append(line.rsplit("sha256 ", 1)[1])
+    assert digests[0] == digests[1] != digests[2]
