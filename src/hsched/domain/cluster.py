@@ -162,11 +162,17 @@ class ClusterState:
 
     def feasible(self, demand: Resources, gpu_models: tuple[str, ...] = ()) -> np.ndarray:
         """Nodes where `demand` (one part) fits right now; a GPU slice must fit on one card."""
-        ok = ((self.free_cpu >= demand.cpu_milli) & (self.free_memory >= demand.memory_mib)
-              & (self.free_disk >= demand.disk_mib) & (self.free_bandwidth >= demand.bandwidth_mbps))
+        # the same masks as (a >= x) & (b >= y) & …, combined in place (every decision filters every node)
+        ok = self.free_cpu >= demand.cpu_milli
+        ok &= self.free_memory >= demand.memory_mib
+        ok &= self.free_disk >= demand.disk_mib
+        ok &= self.free_bandwidth >= demand.bandwidth_mbps
         if demand.gpu_count:
-            cards = (self.gpu_free_core >= demand.gpu_core_percent) & (self.gpu_free_memory >= demand.gpu_memory_mib)
-            ok &= (count_per_row(cards) >= demand.gpu_count) & self._model_mask(gpu_models)
+            cards = self.gpu_free_core >= demand.gpu_core_percent
+            cards &= self.gpu_free_memory >= demand.gpu_memory_mib
+            ok &= count_per_row(cards) >= demand.gpu_count
+            if gpu_models:
+                ok &= self._model_mask(gpu_models)
         return ok
 
     def could_ever_fit(self, demand: Resources, gpu_models: tuple[str, ...] = ()) -> np.ndarray:

@@ -111,6 +111,12 @@ class NodeTable:
         return np.maximum(self.gpu_core_per_node, 1), np.maximum(self.gpu_memory_mib.sum(axis=1), 1)
 
     @cached_property
+    def cpu_watts(self) -> dict[int, np.ndarray]:
+        """Memo of hsched.policies.placement.part_power_w's CPU term over every node, per demanded cpu_milli (a
+        trace repeats a few dozen values), filled by the decisions that ask."""
+        return {}
+
+    @cached_property
     def power_slopes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per node: cores as float64, cores > 0, eq.5's P_full − P_idle, the GPU's full − idle watts."""
         cores = np.asarray(self.cpu_milli, dtype=np.float64)

@@ -68,19 +68,36 @@ def _share(total: int, chunk: int, cpu: int, i: int, n: int) -> int:
     return base if i < n - 1 else total - base * (n - 1)
 
 
+CPU_WATTS_KEPT = 64  # part_power_w's memo: at most this many cpu_milli values per table (~80 KiB each at 10,000 nodes)
+
+
 def part_power_w(state: ClusterState, demand: Resources, node: int | None = None) -> np.ndarray:
     """Extra IT power if `demand` ran on each node — or on `node` only (eq.5's busy-core term above idle,
     plus the GPU term). `server_power(demand.cpu_milli, cores, 0.0, P_full − P_idle)` over
-    NodeTable.power_slopes: the same floats (tests/test_candidates.py)."""
-    cores, has_cores, slope, gpu_slope = state.table.power_slopes
+    NodeTable.power_slopes: the same floats (tests/test_candidates.py). Every node's CPU term is memoised per
+    cpu_milli on the table (`NodeTable.cpu_watts`; the array returned for a CPU-only demand is that memo, read-only)."""
+    table = state.table
+    cores, has_cores, slope, gpu_slope = table.power_slopes
     if node is not None:
         idx = slice(node, node + 1)
-        cores, has_cores, slope, gpu_slope = cores[idx], has_cores[idx], slope[idx], gpu_slope[idx]
-    util = np.divide(float(demand.cpu_milli), cores, out=np.zeros(len(cores)), where=has_cores)
-    watts = 0.0 + (slope - 0.0) * util  # server_power's p_idle + (p_full - p_idle) * util with p_idle = 0.0
+        watts = _cpu_watts(demand.cpu_milli, cores[idx], has_cores[idx], slope[idx])
+        gpu_slope = gpu_slope[idx]
+    else:
+        memo = table.cpu_watts
+        watts = memo.get(demand.cpu_milli)
+        if watts is None:
+            if len(memo) >= CPU_WATTS_KEPT:
+                memo.clear()
+            watts = memo[demand.cpu_milli] = _cpu_watts(demand.cpu_milli, cores, has_cores, slope)
+            watts.flags.writeable = False
     if demand.gpu_count:
         watts = watts + demand.gpu_units * gpu_slope
     return watts
+
+
+def _cpu_watts(cpu_milli: int, cores: np.ndarray, has_cores: np.ndarray, slope: np.ndarray) -> np.ndarray:
+    util = np.divide(float(cpu_milli), cores, out=np.zeros(len(cores)), where=has_cores)
+    return 0.0 + (slope - 0.0) * util  # server_power's p_idle + (p_full - p_idle) * util with p_idle = 0.0
 
 
 def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np.ndarray | None = None) -> Plan:
@@ -92,7 +109,9 @@ def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np
     parts: list[Part] = []
     watts: list[float] = []
     first_alternatives: tuple[tuple[int, float], ...] = ()
-    headroom = None if headroom_w is None else np.array(headroom_w, dtype=np.float64)
+    # the caller's array, copied before the first change (only a task of several parts needs one)
+    headroom = None if headroom_w is None else np.asarray(headroom_w, dtype=np.float64)
+    headroom_copied = False
     demands = split_task(task, state.dc)
     notes = [f"split into {len(demands)} parts of <= {state.dc.split_chunk_milli // 1000} cores (paper 003)"] \
         if len(demands) > task.replicas else []
@@ -111,9 +130,9 @@ def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np
                 power = None
                 if headroom is not None:
                     power = part_power_w(state, demand)
-                    room = mask.copy()
-                    mask &= power <= headroom
-                    too_hot |= bool(room.any() and not mask.any())
+                    cool = mask & (power <= headroom)
+                    too_hot |= bool(not cool.any() and mask.any())
+                    mask = cool
                 choice = select(policy, state, demand, mask)
                 if choice is not None:
                     break
@@ -136,6 +155,8 @@ def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np
             state._delta((part,), -1)  # tentative: later parts see this one (paper 002)
             parts.append(part)
             if headroom is not None and power is not None:
+                if not headroom_copied:
+                    headroom, headroom_copied = headroom.copy(), True
                 headroom[node] -= power[node]
                 watts.append(float(power[node]))
     finally:
