@@ -220,12 +220,18 @@ def task_scale(table: NodeTable) -> np.ndarray:
     return np.array([hs[0], hs[1], max(int(table.gpu_count.max(initial=0)), 1), 100, hs[5]], dtype=np.float64)
 
 
-def host_features(state: ClusterState, scale: np.ndarray, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
-    """HOST_FEATURES of `state`'s hosts `rows` ([n, 6] float32, see the module docstring)."""
+def host_features(state: ClusterState, scale: np.ndarray, rows: slice | np.ndarray = slice(None),
+                  out: np.ndarray | None = None) -> np.ndarray:
+    """HOST_FEATURES of `state`'s hosts `rows` ([n, 6] float32, see the module docstring); written into `out`
+    (a float32 [n, 6] view, e.g. the actor's item rows) when given."""
     core, gmem = rows_of(state.gpu_free_core, rows), rows_of(state.gpu_free_memory, rows)
-    raw = np.stack([state.free_cpu[rows], state.free_memory[rows], gmem.sum(axis=1), core.sum(axis=1),
-                    core.max(axis=1, initial=0), gmem.max(axis=1, initial=0)], axis=1)
-    return (raw / scale).astype(np.float32)
+    raw = (state.free_cpu[rows], state.free_memory[rows], gmem.sum(axis=1), core.sum(axis=1),
+           core.max(axis=1, initial=0), gmem.max(axis=1, initial=0))
+    if out is None:
+        out = np.empty((len(raw[0]), len(raw)), dtype=np.float32)
+    for j, column in enumerate(raw):  # raw / scale in float64, then rounded to float32 as it is stored
+        np.divide(column, scale[j], out=out[:, j], casting="same_kind")
+    return out
 
 
 def demand_features(demands: Sequence[Resources], scale: np.ndarray) -> np.ndarray:
@@ -268,16 +274,23 @@ def placement_scores(u: np.ndarray, totals: np.ndarray, demand: Resources) -> np
 
 
 def host_hints(state: ClusterState, demand: Resources, u: np.ndarray, totals: np.ndarray,
-               host_cluster: np.ndarray, nodes: np.ndarray | None = None) -> np.ndarray:
+               host_cluster: np.ndarray, nodes: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """HINT_FEATURES [n, 4] float32 of `state`'s hosts for `demand`: the Utilization heuristic's fit (cosine
     of the host's free and the task's demanded capacity shares, clipped to [0, 1]), the eq.16 Score of the
     host's cluster after the placement (`placement_scores`; hosts are in cluster `host_cluster[h]` of the
     utilisation matrix `u`), and the expert's two packing terms (`gpu_stranding`, `card_tightness`, in
-    [0, 1]). Heuristic scores as inputs, so a learned policy can start from them."""
+    [0, 1]). Heuristic scores as inputs, so a learned policy can start from them. Written into `out` (a float32
+    [n, 4] view) when given."""
     i = slice(None) if nodes is None else nodes  # `nodes`: those hosts' rows only (a bounded candidate set)
     fit = np.clip(_UTILIZATION.scores_at(state, demand, nodes), 0.0, 1.0)
-    return np.stack([fit, placement_scores(u, totals, demand)[host_cluster[i]], gpu_stranding(state, demand, nodes),
-                     card_tightness(state, demand, nodes)], axis=1).astype(np.float32)
+    if out is None:
+        out = np.empty((len(fit), len(HINT_FEATURES)), dtype=np.float32)
+    # each column computed in float64 and rounded to float32 as it is stored
+    out[:, 0] = fit
+    out[:, 1] = placement_scores(u, totals, demand)[host_cluster[i]]
+    out[:, 2] = gpu_stranding(state, demand, nodes)
+    out[:, 3] = card_tightness(state, demand, nodes)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------------

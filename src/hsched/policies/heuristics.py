@@ -10,10 +10,10 @@ from hsched.domain.cluster import ClusterState, rows_of, small_row_sums
 from hsched.domain.resources import Resources
 
 
-def _fractions(state: ClusterState, demand: Resources, nodes: np.ndarray | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+def _fraction_columns(state: ClusterState, demand: Resources, nodes: np.ndarray | None = None
+                      ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Free and demanded fractions of capacity per node (all, or the indices `nodes`) over the dimensions
-    the demand uses: [n, d]."""
+    the demand uses, one array per dimension (cpu, then memory and the GPU's core and memory when demanded)."""
     t = state.table
     i = slice(None) if nodes is None else nodes
     cpu = np.maximum(t.cpu_milli[i], 1)
@@ -28,7 +28,23 @@ def _fractions(state: ClusterState, demand: Resources, nodes: np.ndarray | None 
         free += [small_row_sums(rows_of(state.gpu_free_core, i)) / core_cap,
                  small_row_sums(rows_of(state.gpu_free_memory, i)) / mem_cap]
         want += [demand.gpu_count * demand.gpu_core_percent / core_cap, demand.gpu_count * demand.gpu_memory_mib / mem_cap]
+    return free, want
+
+
+def _fractions(state: ClusterState, demand: Resources, nodes: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """`_fraction_columns` as two [n, d] arrays."""
+    free, want = _fraction_columns(state, demand, nodes)
     return np.stack(free, axis=1), np.stack(want, axis=1)
+
+
+def _row_dot(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
+    """Σ_j a[j] · b[j] per node, summed left to right: the same floats as (stack(a) * stack(b)).sum(axis=1), whose
+    reduction over d <= 4 columns adds them in that order (tests/test_heuristics.py), without the stacks."""
+    out = a[0] * b[0]
+    for x, y in zip(a[1:], b[1:], strict=True):
+        out += x * y
+    return out
 
 
 class FirstFit:
@@ -114,10 +130,11 @@ class Utilization:
         return self.scores_at(state, demand, None)
 
     def scores_at(self, state: ClusterState, demand: Resources, nodes: np.ndarray | None) -> np.ndarray:
-        free, want = _fractions(state, demand, nodes)
-        # np.linalg.norm's own formula for a vector norm along an axis, without its Python-level dispatch
-        norm = np.sqrt(np.add.reduce(free * free, axis=1)) * np.sqrt(np.add.reduce(want * want, axis=1))
-        return np.where(norm > 0, (free * want).sum(axis=1) / np.maximum(norm, 1e-12), 0.0)
+        free, want = _fraction_columns(state, demand, nodes)
+        # np.linalg.norm's own formula for a vector norm along an axis (the square root of the row's sum of squares),
+        # on the columns: every EADE-DDPG decision computes this fit as an input
+        norm = np.sqrt(_row_dot(free, free)) * np.sqrt(_row_dot(want, want))
+        return np.where(norm > 0, _row_dot(free, want) / np.maximum(norm, 1e-12), 0.0)
 
     def placed(self, node: int) -> None:
         pass

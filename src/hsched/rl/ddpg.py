@@ -106,7 +106,7 @@ from hsched.envs.gpu import (
     run_policy,
     task_scale,
 )
-from hsched.metrics import RESOURCES, TAU, utilisation_matrix
+from hsched.metrics import RESOURCES, TAU, utilisation_matrix, utilisation_row
 from hsched.policies.heuristics import Utilization, card_tightness, gpu_stranding
 from hsched.rl import checkpoint
 from hsched.rl.buffers import DualReplayBuffer, ReplayBuffer
@@ -219,14 +219,18 @@ def critic_target(rewards: torch.Tensor, dones: torch.Tensor, next_q: torch.Tens
 # observations: env obs ↔ one flat float32 vector (what the replay buffers store)
 
 
+ITEM_HOST = slice(0, len(HOST_FEATURES))  # an item's columns: the host's features, …
+ITEM_CLUSTER = slice(len(HOST_FEATURES), len(HOST_FEATURES) + len(RESOURCES))  # … its cluster's free shares, …
+ITEM_HINTS = slice(len(HOST_FEATURES) + len(RESOURCES), ITEM_FEATURES - 1)  # … the hints, then the "is wait" flag
+
+
 def items_from(hosts: np.ndarray, cluster_rows: np.ndarray, hints: np.ndarray) -> np.ndarray:
     """[H+1, ITEM_FEATURES]: each host's features, its cluster's free shares and its heuristic hints, then
     the wait item."""
     items = np.zeros((len(hosts) + 1, ITEM_FEATURES), dtype=np.float32)
-    a, b = len(HOST_FEATURES), len(HOST_FEATURES) + len(RESOURCES)
-    items[:-1, :a] = hosts
-    items[:-1, a:b] = cluster_rows
-    items[:-1, b:-1] = hints
+    items[:-1, ITEM_HOST] = hosts
+    items[:-1, ITEM_CLUSTER] = cluster_rows
+    items[:-1, ITEM_HINTS] = hints
     items[-1, -1] = 1.0
     return items
 
@@ -351,24 +355,40 @@ class PolicyInputs:
     With `view` (a MultiClusterState whose `fleet` is the state scored) hosts carry their own cluster's free
     shares, as in training; without it the whole state is one cluster (a placer serving its DC)."""
 
+    DEMANDS_KEPT = 4096  # task demand features memoised per demand (a trace repeats its few shapes)
+
     def __init__(self, view: MultiClusterState | None = None) -> None:
         self.view = view
-        self._scales: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._scales: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[bool]] | None = None
+        self._demands: dict[Resources, np.ndarray] = {}
 
     def __call__(self, state: ClusterState, demand: Resources, nodes: np.ndarray | None = None
                  ) -> tuple[np.ndarray, np.ndarray]:
-        """(items [n + 1, ITEM_FEATURES] — the hosts, or those of `nodes` in order, then the wait item —, task)."""
+        """(items [n + 1, ITEM_FEATURES] — the hosts, or those of `nodes` in order, then the wait item —, task):
+        `items_from`'s layout, each part written in place."""
         if self._scales is None or self._scales[0] != id(state.table):  # these depend on the fleet only
             view = self.view
-            self._scales = (id(state.table), host_scale(state.table), task_scale(state.table),
-                            cluster_totals(view.clusters if view is not None else [state]),
-                            view.host_cluster if view is not None else np.zeros(state.n, dtype=np.int64))
-        _, hs, ts, totals, host_cluster = self._scales
-        u = utilisation_matrix(self.view.clusters if self.view is not None else [state])
+            totals = cluster_totals(view.clusters if view is not None else [state])
+            self._scales = (id(state.table), host_scale(state.table), task_scale(state.table), totals,
+                            view.host_cluster if view is not None else np.zeros(state.n, dtype=np.int64),
+                            [bool(t > 0) for t in totals[0]])
+            self._demands.clear()
+        _, hs, ts, totals, host_cluster, present = self._scales
+        # utilisation_matrix's rows; one cluster's without summing its capacities again (utilisation_row's present)
+        u = utilisation_matrix(self.view.clusters) if self.view is not None else \
+            utilisation_row(state, RESOURCES, present)[None, :]
         rows = slice(None) if nodes is None else nodes
-        hints = host_hints(state, demand, u, totals, host_cluster, nodes)
-        return items_from(host_features(state, hs, rows), free_shares(u)[host_cluster[rows]], hints), \
-            demand_features([demand], ts)[0]
+        items = np.zeros(((state.n if nodes is None else len(nodes)) + 1, ITEM_FEATURES), dtype=np.float32)
+        host_features(state, hs, rows, out=items[:-1, ITEM_HOST])
+        items[:-1, ITEM_CLUSTER] = free_shares(u)[host_cluster[rows]]
+        host_hints(state, demand, u, totals, host_cluster, nodes, out=items[:-1, ITEM_HINTS])
+        items[-1, -1] = 1.0
+        task = self._demands.get(demand)
+        if task is None:
+            if len(self._demands) >= self.DEMANDS_KEPT:
+                self._demands.clear()
+            task = self._demands[demand] = demand_features([demand], ts)[0]
+        return items, task.copy()  # a copy: the caller may write to it
 
 
 class ActorPolicy:
