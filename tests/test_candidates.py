@@ -298,3 +298,124 @@ def test_a_plan_prices_its_parts_as_the_engine_did(data, demand):
     for p, watts in zip(decision.parts, decision.part_power_w, strict=True):
         assert np.float64(watts).tobytes() == part_power_w(state, _demand_of(p), p.node)[0].tobytes()
     assert plan(state, TaskSpec(resources=demand, runtime_s=0.0, replicas=replicas), BestFit()).part_power_w == ()
+
+
+def _attention_as_first_written(fast: AttentionNumpy, items: np.ndarray, task: np.ndarray) -> np.ndarray:
+    """AttentionNumpy's forward as it was first written: ndarray.mean / .max / .sum and the logits divided by √d
+    (on `fast`'s weights, which must be unfolded: AttentionNumpy(net, fold=False))."""
+    from hsched.rl.nets import SERVE_DECIMALS
+
+    n, f = items.shape
+    in_w, out_w, layers = fast._contiguous if n >= fast.CONTIGUOUS_ROWS else (fast.in_w, fast.out_w, fast.layers)
+    h = items @ fast.embed_w[:f]
+    h += task @ fast.embed_w[f:] + fast.embed_b
+    np.maximum(h, 0.0, out=h)
+    e = h.shape[1]
+    d = e // fast.heads
+    qkv = h @ in_w
+    qkv += fast.in_b
+    qkv = qkv.reshape(n, 3, fast.heads, d).transpose(1, 2, 0, 3)
+    logits = qkv[0] @ qkv[1].transpose(0, 2, 1)
+    logits /= np.float32(np.sqrt(d))
+    logits -= logits.max(axis=-1, keepdims=True)
+    np.exp(logits, out=logits)
+    logits /= logits.sum(axis=-1, keepdims=True)
+    x = (logits @ qkv[2]).transpose(1, 0, 2).reshape(n, e) @ out_w
+    x += fast.out_b
+    x += h
+    x -= x.mean(axis=-1, keepdims=True)
+    var = np.square(x).mean(axis=-1, keepdims=True)
+    var += np.float32(fast.eps)
+    x /= np.sqrt(var)
+    x *= fast.norm_w
+    x += fast.norm_b
+    z = x
+    for i, (w, b) in enumerate(layers):
+        if i:
+            np.maximum(z, 0.0, out=z)
+        z = z @ w
+        z += b
+    return np.round(z[:, 0], SERVE_DECIMALS)
+
+
+def test_attention_serving_is_its_first_formula_bit_for_bit():
+    """The served attention (1/√d folded into the query weights when √d is a power of two, the reductions called
+    directly) gives the scores of the plain formula bit for bit, on the shipped EADE-DDPG actor and on random
+    networks, across the row counts where OpenBLAS changes kernels; √d = 3 is not folded."""
+    from hsched.rl.ddpg import load_actor
+    from hsched.rl.checkpoint import model_path
+
+    torch.manual_seed(0)
+    shipped, _ = load_actor(model_path("eade_ddpg_gpu"))
+    nets = [(shipped.scorer, True), (SelfAttentionScorer(15, 5, embed=64, heads=4).eval(), True),
+            (SelfAttentionScorer(7, 4, embed=32, heads=2).eval(), True),
+            (SelfAttentionScorer(7, 4, embed=18, heads=2).eval(), False)]
+    rng = np.random.default_rng(0)
+    for net, folds in nets:
+        fast, plain = AttentionNumpy(net), AttentionNumpy(net, fold=False)
+        assert fast.folded is folds and not plain.folded
+        for n in (1, 5, 19, 20, 63, 64, 65, 200):
+            items = rng.random((n, net.item_features), dtype=np.float32)
+            task = rng.random(net.task_features, dtype=np.float32)
+            want = _attention_as_first_written(plain, items, task)
+            assert fast(items, task).tobytes() == want.tobytes()
+            assert plain(items, task).tobytes() == want.tobytes()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), demands)
+def test_utilization_fit_is_the_cosine_of_the_stacked_fractions_bit_for_bit(data, demand):
+    """Utilization sums its columns left to right: the floats of np.add.reduce / .sum over the stacked [n, d]
+    fractions (the formula it had)."""
+    from hsched.policies.heuristics import _fractions
+
+    state = gpu_state(data)
+    nodes = np.flatnonzero(np.array(data.draw(st.lists(st.booleans(), min_size=NODES, max_size=NODES))))
+    for at in (nodes, None):
+        free, want = _fractions(state, demand, at)
+        norm = np.sqrt(np.add.reduce(free * free, axis=1)) * np.sqrt(np.add.reduce(want * want, axis=1))
+        expected = np.where(norm > 0, (free * want).sum(axis=1) / np.maximum(norm, 1e-12), 0.0)
+        assert Utilization().scores_at(state, demand, at).tobytes() == expected.tobytes()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), demands)
+def test_actor_inputs_written_in_place_are_items_from_the_feature_functions(data, demand):
+    """PolicyInputs writes the host features and hints into its item rows: the bytes of items_from over what
+    host_features and host_hints return; the task's features, memoised per demand, are demand_features' and a
+    caller writing to them does not change the next decision's."""
+    from hsched.envs.gpu import demand_features, free_shares, host_features, host_hints, host_scale, task_scale
+    from hsched.metrics import utilisation_matrix
+    from hsched.rl.ddpg import PolicyInputs, items_from
+
+    state = gpu_state(data)
+    nodes = np.flatnonzero(np.array(data.draw(st.lists(st.booleans(), min_size=NODES, max_size=NODES))))
+    inputs = PolicyInputs()
+    u = utilisation_matrix([state])
+    totals = np.array([[4 * NODES * 16384, 4 * NODES * 100, NODES * 8000, NODES * 64 * 1024]], dtype=np.float64)
+    hc = np.zeros(NODES, dtype=np.int64)
+    for rows, at in ((nodes, nodes), (slice(None), None)):
+        items, task = inputs(state, demand, at)
+        want = items_from(host_features(state, host_scale(state.table), rows), free_shares(u)[hc[rows]],
+                          host_hints(state, demand, u, totals, hc, at))
+        assert items.tobytes() == want.tobytes()
+        assert task.tobytes() == demand_features([demand], task_scale(state.table))[0].tobytes()
+        task[:] = 7.0
+        assert inputs(state, demand, at)[1].tobytes() == demand_features([demand], task_scale(state.table))[0].tobytes()
+
+
+def test_a_plan_leaves_the_callers_headroom_alone_and_the_power_memo_read_only():
+    """plan() takes each part's power off its own copy of the headroom, never off the caller's; the memoised CPU power per cpu_milli cannot be written through what part_power_w returns."""
+    from hsched.domain.task import TaskSpec
+    from hsched.policies.placement import Outcome, part_power_w, plan
+
+    state = ClusterState(CPU_DC)
+    headroom = np.full(state.n, 1e4)
+    before = headroom.copy()
+    decision = plan(state, TaskSpec(resources=Resources(4000, 1024), runtime_s=0.0, replicas=3), BestFit(), headroom)
+    assert decision.outcome is Outcome.PLACED and len(decision.parts) == 3
+    assert headroom.tobytes() == before.tobytes()
+    power = part_power_w(state, Resources(4000, 1024))
+    assert power is part_power_w(state, Resources(4000, 0)) and not power.flags.writeable
+    with pytest.raises(ValueError):
+        power[0] = 1.0
