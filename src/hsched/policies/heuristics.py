@@ -40,7 +40,7 @@ def _fractions(state: ClusterState, demand: Resources, nodes: np.ndarray | None 
 
 def _row_dot(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
     """Σ_j a[j] · b[j] per node, summed left to right: the same floats as (stack(a) * stack(b)).sum(axis=1), whose
-    reduction over d <= 4 columns adds them in that order (tests/test_heuristics.py), without the stacks."""
+    reduction over d <= 4 columns adds them in that order (tests/test_candidates.py), without the stacks."""
     out = a[0] * b[0]
     for x, y in zip(a[1:], b[1:], strict=True):
         out += x * y
