@@ -342,8 +342,8 @@ def test_attention_serving_is_its_first_formula_bit_for_bit():
     """The served attention (1/√d folded into the query weights when √d is a power of two, the reductions called
     directly) gives the scores of the plain formula bit for bit, on the shipped EADE-DDPG actor and on random
     networks, across the row counts where OpenBLAS changes kernels; √d = 3 is not folded."""
-    from hsched.rl.ddpg import load_actor
     from hsched.rl.checkpoint import model_path
+    from hsched.rl.ddpg import load_actor
 
     torch.manual_seed(0)
     shipped, _ = load_actor(model_path("eade_ddpg_gpu"))
@@ -384,7 +384,14 @@ def test_actor_inputs_written_in_place_are_items_from_the_feature_functions(data
     """PolicyInputs writes the host features and hints into its item rows: the bytes of items_from over what
     host_features and host_hints return; the task's features, memoised per demand, are demand_features' and a
     caller writing to them does not change the next decision's."""
-    from hsched.envs.gpu import demand_features, free_shares, host_features, host_hints, host_scale, task_scale
+    from hsched.envs.gpu import (
+        demand_features,
+        free_shares,
+        host_features,
+        host_hints,
+        host_scale,
+        task_scale,
+    )
     from hsched.metrics import utilisation_matrix
     from hsched.rl.ddpg import PolicyInputs, items_from
 
