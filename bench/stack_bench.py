@@ -475,6 +475,10 @@ def print_rpc_table(peak: StackPhase, half: StackPhase) -> None:
         print(f"| {key[0]} | {key[1]} | {cells(peak, key, (0.99,))} | {cells(half, key, (0.5, 0.99))} |")
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def _sigterm(signum, frame):
     raise KeyboardInterrupt
 
@@ -559,6 +563,7 @@ def main() -> int:
     # 0. the path floor (its own embedded Redis, or REDIS_URL under a prefix of its own), its placers in the
     # stack's placer processes
     floor_points: dict[str, dict[str, LoadResult]] = {}
+    floor_cpu: dict[str, dict[str, float]] = {}  # point label -> floor process -> CPU ms per iteration
     if not opts.no_floor:
         from bench.path_floor import busy_dcs, measure_floor
 
@@ -567,7 +572,8 @@ def main() -> int:
         foreign = ForeignLoad()
         try:
             floor_points = measure_floor(requests, groups, busy_dcs(dcs, FLOOR_BUSY), opts.concurrency,
-                                         opts.duration, os.environ.get("REDIS_URL"), log=log)
+                                         opts.duration, os.environ.get("REDIS_URL"), log=log,
+                                         on_point=lambda label, res, cpu, switches: floor_cpu.update({label: cpu}))
         except BaseException:
             stack.stop()  # not started: removes its run dir
             raise
@@ -666,23 +672,28 @@ def main() -> int:
         print(f"| {phase.label} | {sum(o.values())} | {o.get('placed', 0)} | {o.get('deferred', 0)} "
               f"| {o.get('rejected', 0)} | {other} |")
 
+    # the floor's processes carry the stack's names (gateway, selector, the placer groups, redis): side by side
+    floor_half = floor_cpu.get("open, half peak", {})
+    at_floor_cpu = at_floor.cpu_ms_per_iter if at_floor else {}
     print("\n| process | RSS idle MiB | RSS after MiB | peak RSS MiB | PSS after MiB | CPU ms/iteration, peak "
           "| CPU % of a core, peak | CPU ms/iteration, half peak | context switches/iteration, half peak "
-          "| CPU ms/Submit, Submit only |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| CPU ms/Submit, Submit only | CPU ms/iteration at the floor's half-peak rate | the floor's, same rate |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     names = sorted(rss, key=lambda n: -peak.cpu_ms_per_iter.get(n, 0.0))
     rate = peak.step.throughput_rps
     for name in names:
         ms, ms_half = peak.cpu_ms_per_iter.get(name, 0.0), half.cpu_ms_per_iter.get(name, 0.0)
         print(f"| {name} | {idle_rss.get(name, 0.0):.0f} | {rss[name]:.0f} | {hwm.get(name, 0.0):.0f} "
               f"| {pss.get(name, 0.0):.0f} | {ms:.3f} | {ms * rate / 10:.0f} % | {ms_half:.3f} "
-              f"| {half.switches_per_iter.get(name, 0.0):.1f} | {alone.cpu_ms_per_iter.get(name, 0.0):.3f} |")
+              f"| {half.switches_per_iter.get(name, 0.0):.1f} | {alone.cpu_ms_per_iter.get(name, 0.0):.3f} "
+              f"| {_ms(at_floor_cpu.get(name))} | {_ms(floor_half.get(name))} |")
     total_rss = sum(rss.values())
     total_ms = sum(peak.cpu_ms_per_iter.values())
     print(f"| **total** | {sum(idle_rss.values()):.0f} | **{total_rss:.0f}** | {sum(hwm.values()):.0f} "
           f"| {sum(pss.values()):.0f} | {total_ms:.3f} | {total_ms * rate / 10:.0f} % "
           f"| {sum(half.cpu_ms_per_iter.values()):.3f} | {sum(half.switches_per_iter.values()):.1f} "
-          f"| {sum(alone.cpu_ms_per_iter.values()):.3f} |")
+          f"| {sum(alone.cpu_ms_per_iter.values()):.3f} | {_ms(sum(at_floor_cpu.values()) if at_floor_cpu else None)} "
+          f"| {_ms(sum(floor_half.values()) if floor_half else None)} |")
     if redis_url:
         print("\n(Redis is external (REDIS_URL): not in the memory and CPU columns.)")
     print_rpc_table(peak, half)
