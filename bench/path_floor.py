@@ -1,19 +1,23 @@
 """The floor of the Submit path on this machine: the stack's processes, hops and transports, none of its work.
 
     client ─Submit / Release (unary)─► gateway ─SelectDataCenters stream──────► selector
-                                          ├─PlaceBatch / ReleaseBatch streams─► placer × --placers ─XADD─► redis
-                                          └─task stream (group commit)──────────────────────────────────► redis
+                                          ├─PlaceBatch / ReleaseBatch streams─► placer per DC ─XADD─► redis
+                                          └─task stream (group commit)──────────────────────────────► redis
 
-Every box is a process of its own on uvloop, as in `hsched up`. The gateway speaks the real Gateway contract
+Every box is a process of its own on uvloop, as in `hsched up`, and the placers are laid out as `hsched up
+--placer-processes K` lays them out (hsched.stack.placer_groups: 0 = a process per DC of the fleet; K = the
+fleet's DCs in K processes, default the CLI's, 1): every DC has its own gRPC server and port and ledger, and
+the DCs of one process share its event loop and one Redis connection pool. The gateway speaks the real Gateway contract
 and moves its calls with the stack's own transport and durability code (hsched.batching.Coalescer,
 hsched.state.tasks.TaskStore: three task-stream records per Submit, one per Release); the selector answers
-every call with a canned ranking (one of the first --busy placers, as the real selector sends the openb trace
-to three DCs); a placer appends one ledger entry per call (one pipelined XADD per batch) and answers
+every call with a canned ranking (one of --busy DCs, kansas-city, houston and indianapolis first: the real
+selector sends the openb trace to those three); a placer appends one ledger entry per call (one pipelined XADD per batch) and answers
 PLACED / released. No validation, cost model, placement policy, thermal check, summary, metrics or tracing.
 What the stack spends beyond this floor, in CPU and in latency, is hsched's own work; what the floor itself
 spends is what this design costs in Python gRPC on this machine.
 
-    python bench/path_floor.py [--duration 10] [--concurrency 64] [--placers 11] [--busy 3] [--also-rates 25,50]
+    python bench/path_floor.py [--duration 10] [--concurrency 64] [--fleet PATH] [--placer-processes 1] [--busy 3]
+                               [--also-rates 25,50]
 
 Same load and method as stack_bench.py: the same client (`stack_bench.submit_release`, real openb tasks), the
 closed-loop peak at --concurrency, then open-loop Poisson load at half that peak; CPU per iteration of every
@@ -37,32 +41,48 @@ import secrets
 from bench.echo_chain import WARMUP_S, cpu_seconds, spawn_server
 from bench.loadgen import STEP, run_closed_loop
 from bench.stack_bench import build_requests, context_switches
+from hsched.cli import PLACER_PROCESSES
 from hsched.state.redis import EmbeddedRedis
 
 BUSY = ["kansas-city", "houston", "indianapolis"]  # where the real selector sends the openb trace
 
 
-async def _selector(port_pipe, busy: int) -> None:
+def busy_dcs(dcs: list[str], busy: int) -> list[str]:
+    """The `busy` DCs the floor's selector answers with: those of BUSY in the fleet, then the fleet's others."""
+    return ([dc for dc in BUSY if dc in dcs] + [dc for dc in dcs if dc not in BUSY])[:busy]
+
+
+async def _selector(port_pipe, busy: list[str]) -> None:
     from hsched.v1 import common_pb2, selector_pb2
 
     answers = [selector_pb2.SelectBatchItem(response=selector_pb2.SelectResponse(
-        method="min-cost", candidates=[common_pb2.DcCandidate(datacenter=_dc(k))])) for k in range(busy)]
+        method="min-cost", candidates=[common_pb2.DcCandidate(datacenter=dc)])) for dc in busy]
     turn = itertools.count()
 
     async def select_batches(batches, context):
         async for batch in batches:
-            yield selector_pb2.SelectBatchResponse(results=[answers[next(turn) % busy] for _ in batch.calls])
+            yield selector_pb2.SelectBatchResponse(results=[answers[next(turn) % len(answers)]
+                                                            for _ in batch.calls])
 
-    await _serve("hsched.v1.Selector", {"SelectDataCenters": _stream(
-        select_batches, selector_pb2.SelectBatchRequest, selector_pb2.SelectBatchResponse)}, port_pipe)
+    server, port = await _server("hsched.v1.Selector", {"SelectDataCenters": _stream(
+        select_batches, selector_pb2.SelectBatchRequest, selector_pb2.SelectBatchResponse)})
+    await _until_orphaned([server], port, port_pipe)
 
 
-async def _placer(port_pipe, dc: str, redis_url: str, prefix: str) -> None:
+async def _placers(port_pipe, dcs: list[str], redis_url: str, prefix: str) -> None:
+    """One placer process hosting `dcs`: a gRPC server and port per DC, one Redis connection pool for all, as
+    services/placer/server.py `serve` hosts a group. Sends {dc: port}."""
     import redis.asyncio as aioredis
 
+    redis = aioredis.from_url(redis_url)
+    servers = {dc: await _placer(dc, redis, prefix) for dc in dcs}
+    await _until_orphaned([server for server, _ in servers.values()],
+                          {dc: port for dc, (_, port) in servers.items()}, port_pipe)
+
+
+async def _placer(dc: str, redis, prefix: str):
     from hsched.v1 import placer_pb2
 
-    redis = aioredis.from_url(redis_url)
     ledger = f"{prefix}:ledger:{dc}"
     placed = placer_pb2.PlaceBatchItem(response=placer_pb2.PlaceResponse(outcome=placer_pb2.PLACE_OUTCOME_PLACED))
     released = placer_pb2.PlacerReleaseBatchItem(response=placer_pb2.PlacerReleaseResponse(released=True))
@@ -83,10 +103,10 @@ async def _placer(port_pipe, dc: str, redis_url: str, prefix: str) -> None:
             await append("free", [c.task_id for c in batch.calls])
             yield placer_pb2.PlacerReleaseBatchResponse(results=[released] * len(batch.calls))
 
-    await _serve("hsched.v1.Placer", {
+    return await _server("hsched.v1.Placer", {
         "PlaceBatch": _stream(place_batches, placer_pb2.PlaceBatchRequest, placer_pb2.PlaceBatchResponse),
         "ReleaseBatch": _stream(release_batches, placer_pb2.PlacerReleaseBatchRequest,
-                                placer_pb2.PlacerReleaseBatchResponse)}, port_pipe)
+                                placer_pb2.PlacerReleaseBatchResponse)})
 
 
 async def _gateway(port_pipe, selector: str, placers: dict[str, str], redis_url: str, prefix: str) -> None:
@@ -125,13 +145,10 @@ async def _gateway(port_pipe, selector: str, placers: dict[str, str], redis_url:
         await store.record("released", task)
         return gateway_pb2.ReleaseResponse(task=task)
 
-    await _serve("hsched.v1.Gateway", {
+    server, port = await _server("hsched.v1.Gateway", {
         "Submit": _unary(submit, gateway_pb2.SubmitRequest, gateway_pb2.SubmitResponse),
-        "Release": _unary(release_task, gateway_pb2.ReleaseRequest, gateway_pb2.ReleaseResponse)}, port_pipe)
-
-
-def _dc(k: int) -> str:
-    return BUSY[k] if k < len(BUSY) else f"dc-{k}"
+        "Release": _unary(release_task, gateway_pb2.ReleaseRequest, gateway_pb2.ReleaseResponse)})
+    await _until_orphaned([server], port, port_pipe)
 
 
 def _stream(handler, request, response):
@@ -146,21 +163,27 @@ def _unary(handler, request, response):
     return grpc.unary_unary_rpc_method_handler(handler, request.FromString, response.SerializeToString)
 
 
-async def _serve(service: str, methods: dict, port_pipe) -> None:
-    """Serve only `methods` of `service` (its real name and messages: the stack's stubs and client call it);
-    grpc answers any other method UNIMPLEMENTED."""
+async def _server(service: str, methods: dict):
+    """A started server of only `methods` of `service` (its real name and messages: the stack's stubs and client
+    call it; grpc answers any other method UNIMPLEMENTED), and its port."""
     import grpc
 
     server = grpc.aio.server()
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, methods)])
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    port_pipe.send(port)
+    return server, port
+
+
+async def _until_orphaned(servers: list, ports, port_pipe) -> None:
+    """Report `ports` to the parent, then serve until it is gone (never outlive the benchmark)."""
+    port_pipe.send(ports)
     port_pipe.close()
     parent = os.getppid()
-    while os.getppid() == parent:  # never outlive the benchmark
+    while os.getppid() == parent:
         await asyncio.sleep(1)
-    await server.stop(None)
+    for server in servers:
+        await server.stop(None)
 
 
 def _run(port_pipe, role, *args) -> None:
@@ -170,25 +193,41 @@ def _run(port_pipe, role, *args) -> None:
         runner.run(role(port_pipe, *args))
 
 
-class Floor:
-    """The floor's processes, started leaf first; `target` is the gateway. Ledgers go to
-    `<prefix>:ledger:<dc>`, the task stream to `<prefix>:tasks`."""
+def floor_groups(fleet_path: str | None, placer_processes: int) -> dict[str, list[str]]:
+    """{placer process name: its DCs} for the fleet's DCs laid out as `hsched up --placer-processes` lays them
+    out (one policy: the stack_bench stack's)."""
+    from hsched.domain.fleet import load_fleet
+    from hsched.stack import placer_groups
 
-    def __init__(self, placers: int, busy: int, redis_url: str, prefix: str, redis_pid: int | None) -> None:
+    return placer_groups([dc.name for dc in load_fleet(fleet_path).datacenters], placer_processes)
+
+
+class Floor:
+    """The floor's processes, started leaf first; `target` is the gateway. `groups`: {process name: the DCs
+    whose placers it hosts} (`floor_groups`, or a Stack's placer_groups() by name); `busy`: the DCs the
+    selector answers with, in turn. Ledgers go to `<prefix>:ledger:<dc>`, the task stream to `<prefix>:tasks`."""
+
+    def __init__(self, groups: dict[str, list[str]], busy: list[str], redis_url: str, prefix: str,
+                 redis_pid: int | None) -> None:
+        dcs = [dc for group in groups.values() for dc in group]
+        if not busy or set(busy) - set(dcs):
+            raise ValueError(f"busy: {busy} must be some of the placers' DCs {dcs}")
         self.procs: dict = {}  # name -> multiprocessing.Process
         self.redis_pid = redis_pid  # the embedded redis-server's, counted with the floor's processes
         try:
-            placer_targets = {_dc(k): self._start(f"placer-{_dc(k)}", _placer, _dc(k), redis_url, prefix)
-                              for k in range(placers)}
-            selector = self._start("selector", _selector, busy)
-            self.target = self._start("gateway", _gateway, selector, placer_targets, redis_url, prefix)
+            placer_targets = {}
+            for name, group in groups.items():
+                ports = self._start(name, _placers, group, redis_url, prefix)
+                placer_targets |= {dc: f"127.0.0.1:{port}" for dc, port in ports.items()}
+            selector = f"127.0.0.1:{self._start('selector', _selector, busy)}"
+            self.target = f"127.0.0.1:{self._start('gateway', _gateway, selector, placer_targets, redis_url, prefix)}"
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, name: str, role, *args) -> str:
-        self.procs[name], port = spawn_server(f"floor-{name}", _run, role, *args)
-        return f"127.0.0.1:{port}"
+    def _start(self, name: str, role, *args):
+        self.procs[name], ports = spawn_server(f"floor-{name}", _run, role, *args)
+        return ports
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -208,7 +247,8 @@ class Floor:
 
 
 
-def measure_floor(requests: list[bytes], placers: int, busy: int, concurrency: int, duration_s: float,
+def measure_floor(requests: list[bytes], groups: dict[str, list[str]], busy: list[str], concurrency: int,
+                  duration_s: float,
                   redis_url: str | None = None, also_rates=(), on_point=None,
                   log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict[str, dict]:
     """Start the floor (an embedded Redis unless `redis_url`; keys under a prefix of its own, deleted at the
@@ -221,7 +261,7 @@ def measure_floor(requests: list[bytes], placers: int, busy: int, concurrency: i
     url = redis_url or embedded.url
     points: dict[str, dict] = {}
     try:
-        with Floor(placers, busy, url, prefix, embedded.proc.pid if embedded else None) as floor:
+        with Floor(groups, busy, url, prefix, embedded.proc.pid if embedded else None) as floor:
             def point(key: str, label: str, conc: int, rate: float | None = None):
                 log(f"floor, {label}: concurrency {conc}" + (f", rate {rate:.0f}/s" if rate else "") + " ...")
                 cpu0, sw0 = floor.sample(cpu_seconds), floor.sample(context_switches)
@@ -257,24 +297,32 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per point (plus 1 s warmup)")
     ap.add_argument("--concurrency", type=int, default=64, help="closed-loop clients for the peak")
-    ap.add_argument("--placers", type=int, default=11, help="placer processes (the default fleet has 11 DCs)")
-    ap.add_argument("--busy", type=int, default=3, help="placers the selector sends tasks to")
+    ap.add_argument("--fleet", default=None, help="fleet YAML whose DCs get a placer (default: the embedded 11-DC fleet)")
+    ap.add_argument("--placer-processes", type=int, default=PLACER_PROCESSES,
+                    help="processes hosting the placers, as `hsched up --placer-processes` (0 = one per DC; "
+                         f"default {PLACER_PROCESSES}, the CLI's)")
+    ap.add_argument("--busy", type=int, default=3, help="DCs the selector sends tasks to")
     ap.add_argument("--tasks", type=int, default=2000, help="openb pods the client cycles through")
     ap.add_argument("--also-rates", default="", help="further open-loop points, iterations/s (e.g. 25,50,100)")
     ap.add_argument("--target-ms", type=float, default=20.0, help="issue 2's Submit p99 target at half the peak")
     opts = ap.parse_args()
-    if not 1 <= opts.busy <= opts.placers:
-        ap.error("--busy must be between 1 and --placers")
+    if opts.placer_processes < 0:
+        ap.error("--placer-processes must be >= 0")
+    groups = floor_groups(opts.fleet, opts.placer_processes)
+    dcs = [dc for group in groups.values() for dc in group]
+    if not 1 <= opts.busy <= len(dcs):
+        ap.error(f"--busy must be between 1 and the fleet's {len(dcs)} DCs")
 
     requests = build_requests(None, opts.tasks)
     rows: list[tuple] = []  # (label, results, CPU ms, context switches per iteration) per point
-    points = measure_floor(requests, opts.placers, opts.busy, opts.concurrency, opts.duration,
+    points = measure_floor(requests, groups, busy_dcs(dcs, opts.busy), opts.concurrency, opts.duration,
                            os.environ.get("REDIS_URL"), also_rates=[float(r) for r in opts.also_rates.split(",")
                                                                     if r.strip()],
                            on_point=lambda *row: rows.append(row))
     half = points["half"]
 
-    print(f"\n### Submit-path floor: gateway + selector + {opts.placers} placers ({opts.busy} busy) + redis, "
+    print(f"\n### Submit-path floor: gateway + selector + {len(dcs)} placers ({opts.busy} busy) in {len(groups)} "
+          f"process(es) + redis, "
           f"{os.cpu_count()} CPUs, {opts.duration:g} s per point after {WARMUP_S:g} s warmup\n")
     print("| load | call | done/s | p50 ms | p90 ms | p99 ms | max ms | errors | CPU ms/iteration, all processes "
           "| context switches/iteration |")

@@ -3,14 +3,16 @@
 In one run, one after the other (never at the same time: they would fight for the same cores):
 
 0. the Submit path's floor (`bench.path_floor.Floor`: the stack's processes, hops and transports with none of
-   its work, one placer per data center of the fleet): closed-loop peak at `--concurrency`, then open loop at
-   half that peak (skipped with `--no-floor`);
+   its work, a placer per data center of the fleet, hosted in the same processes as the stack's placers
+   below): closed-loop peak at `--concurrency`, then open loop at half that peak (skipped with `--no-floor`);
 1. a bare 4-hop grpc.aio echo chain (client -> 3 forwarders -> echo, `bench.echo_chain`): closed-loop
    peak at `--concurrency`, then open-loop at half that peak; its peak is measured again after the stack,
    and the throughput ratio uses the mean of the two (a shared machine's speed drifts; a run where the two
    differ by more than 15 % is flagged);
-2. the whole stack (`hsched.stack.Stack`: Redis, thermal, selector, one placer per data center, gateway;
-   metrics on, traces off, a unique Redis key prefix): each iteration Submits one real task of the
+2. the whole stack (`hsched.stack.Stack`: Redis, thermal, selector, a placer per data center, gateway; the
+   placers in `--placer-processes` processes, by default as `hsched up` runs them (hsched.cli.PLACER_PROCESSES:
+   all in one), 0 = one process per DC as compose and Kubernetes run them; metrics on, traces off, a unique
+   Redis key prefix): each iteration Submits one real task of the
    Alibaba openb trace and Releases it right away, so the fleet never fills. Closed-loop peak at
    `--concurrency`, then open-loop at half the peak Submit rate, then open loop at the floor's half-peak
    rate (the same offered load as the floor's point). Submit and Release are timed separately and Submit
@@ -31,7 +33,7 @@ stack's own peak is printed for information), total stack RSS < 3 GiB. The exit 
 warning (a run where most Submits are not PLACED, or with errors, is flagged as broken).
 
     python bench/stack_bench.py [--fleet PATH] [--duration 10] [--concurrency 64] [--client-processes 1]
-                                [--burst 800] [--no-echo] [--no-floor]
+                                [--placer-processes 1] [--burst 800] [--no-echo] [--no-floor]
 
 REDIS_URL, when set, is used instead of an embedded redis-server (keys under the run's prefix are
 deleted at the end). Loopback only; everything started here is stopped at the end, also on Ctrl-C.
@@ -60,6 +62,7 @@ import urllib.request
 
 from bench.echo_chain import WARMUP_S, cpu_seconds, measure_echo_chain, proc_status, start_echo_chain
 from bench.loadgen import STEP, LoadResult, run_closed_loop
+from hsched.cli import PLACER_PROCESSES
 
 OUTCOME = "outcome:"  # sample-name prefix of the per-state Submit counts
 STATES = ("placed", "deferred", "rejected")
@@ -472,6 +475,10 @@ def print_rpc_table(peak: StackPhase, half: StackPhase) -> None:
         print(f"| {key[0]} | {key[1]} | {cells(peak, key, (0.99,))} | {cells(half, key, (0.5, 0.99))} |")
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def _sigterm(signum, frame):
     raise KeyboardInterrupt
 
@@ -496,6 +503,9 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=2000, help="openb pods to cycle through")
     ap.add_argument("--seed", type=int, default=0, help="seed of the entry-vertex draw")
     ap.add_argument("--policy", default="bestfit", help="placer policy")
+    ap.add_argument("--placer-processes", type=int, default=PLACER_PROCESSES,
+                    help="processes hosting the stack's placers, and the floor's alike (`hsched up "
+                         f"--placer-processes`; 0 = one per DC; default {PLACER_PROCESSES}, the CLI's)")
     ap.add_argument("--no-echo", action="store_true", help="skip the echo chain (no ratio target)")
     ap.add_argument("--no-floor", action="store_true", help="skip the path floor (no latency target)")
     ap.add_argument("--also-rates", default="",
@@ -503,6 +513,8 @@ def main() -> int:
     ap.add_argument("--burst", type=int, default=800,
                     help="Submits per round of the Submit-only phase (the default fleet holds ~1000 openb tasks)")
     opts = ap.parse_args()
+    if opts.placer_processes < 0:
+        ap.error("--placer-processes must be >= 0")
     signal.signal(signal.SIGTERM, _sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored (cmd &)
     t_start = time.monotonic()
@@ -538,18 +550,33 @@ def main() -> int:
         log("echo chain stopped")
 
     requests = build_requests(opts.fleet, opts.tasks, opts.seed)
+    from hsched.stack import Stack, StackConfig
+    from hsched.state.redis import free_port, redact_url
 
-    # 0. the path floor (its own embedded Redis, or REDIS_URL under a prefix of its own)
+    prefix = f"bench-{os.getpid()}-{secrets.token_hex(3)}"
+    redis_url = os.environ.get("REDIS_URL") or None
+    stack = Stack(StackConfig(fleet_path=opts.fleet, redis_url=redis_url, prefix=prefix, policy=opts.policy,
+                              traces="none", metrics=True, gateway_port=free_port(),
+                              placer_processes=opts.placer_processes))  # started in step 2
+    groups = {name: [dc.name for dc in dcs] for name, dcs in stack.placer_groups().items()}
+
+    # 0. the path floor (its own embedded Redis, or REDIS_URL under a prefix of its own), its placers in the
+    # stack's placer processes
     floor_points: dict[str, dict[str, LoadResult]] = {}
+    floor_cpu: dict[str, dict[str, float]] = {}  # point label -> floor process -> CPU ms per iteration
     if not opts.no_floor:
-        from bench.path_floor import measure_floor
-        from hsched.domain.fleet import load_fleet
+        from bench.path_floor import busy_dcs, measure_floor
 
-        placers = len(load_fleet(opts.fleet).datacenters)
-        log(f"starting the path floor ({placers} placers, {FLOOR_BUSY} busy) ...")
+        dcs = [dc for group in groups.values() for dc in group]
+        log(f"starting the path floor ({len(dcs)} placers in {len(groups)} process(es), {FLOOR_BUSY} busy) ...")
         foreign = ForeignLoad()
-        floor_points = measure_floor(requests, placers, min(FLOOR_BUSY, placers), opts.concurrency, opts.duration,
-                                     os.environ.get("REDIS_URL"), log=log)
+        try:
+            floor_points = measure_floor(requests, groups, busy_dcs(dcs, FLOOR_BUSY), opts.concurrency,
+                                         opts.duration, os.environ.get("REDIS_URL"), log=log,
+                                         on_point=lambda label, res, cpu, switches: floor_cpu.update({label: cpu}))
+        except BaseException:
+            stack.stop()  # not started: removes its run dir
+            raise
         floor_foreign = foreign.stop()
         log(f"path floor stopped; other processes used {floor_foreign:.0%} of a core meanwhile")
         if floor_foreign > FOREIGN_WARN:
@@ -558,16 +585,10 @@ def main() -> int:
     floor_half_rate = floor_points["half"][STEP].offered_rps if floor_points else 0.0
 
     # 2. the stack
-    from hsched.stack import Stack, StackConfig
-    from hsched.state.redis import free_port, redact_url
-
-    prefix = f"bench-{os.getpid()}-{secrets.token_hex(3)}"
-    redis_url = os.environ.get("REDIS_URL") or None
     shown = redact_url(redis_url) if redis_url else "embedded"
-    log(f"starting the stack (fleet {opts.fleet or 'default'}, redis {shown}, prefix {prefix}) ...")
+    log(f"starting the stack (fleet {opts.fleet or 'default'}, redis {shown}, prefix {prefix}, "
+        f"{len(groups)} placer process(es)) ...")
     t0 = time.monotonic()
-    stack = Stack(StackConfig(fleet_path=opts.fleet, redis_url=redis_url, prefix=prefix, policy=opts.policy,
-                              traces="none", metrics=True, gateway_port=free_port()))
     try:
         stack.start()
         pids = stack_pids(stack)
@@ -609,7 +630,8 @@ def main() -> int:
     print(f"\n### hsched stack vs {'4-hop grpc.aio echo chain' if echo_points else '(no echo chain)'}: "
           f"{os.cpu_count()} CPUs, concurrency {c} (open loop: at most {open_c} in flight), "
           f"{opts.client_processes} client process(es), {opts.duration:g} s per point after {WARMUP_S:g} s warmup, "
-          f"policy {opts.policy}, {len(requests)} openb tasks\n")
+          f"policy {opts.policy}, {len(requests)} openb tasks, the placers (the stack's and the floor's) in "
+          f"{len(groups)} process(es) (--placer-processes {opts.placer_processes})\n")
     print("| system | call | load | offered/s | done/s | p50 ms | p90 ms | p99 ms | max ms | errors | dropped "
           "| server CPU ms/iteration | client CPU | other CPU |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -650,23 +672,28 @@ def main() -> int:
         print(f"| {phase.label} | {sum(o.values())} | {o.get('placed', 0)} | {o.get('deferred', 0)} "
               f"| {o.get('rejected', 0)} | {other} |")
 
+    # the floor's processes carry the stack's names (gateway, selector, the placer groups, redis): side by side
+    floor_half = floor_cpu.get("open, half peak", {})
+    at_floor_cpu = at_floor.cpu_ms_per_iter if at_floor else {}
     print("\n| process | RSS idle MiB | RSS after MiB | peak RSS MiB | PSS after MiB | CPU ms/iteration, peak "
           "| CPU % of a core, peak | CPU ms/iteration, half peak | context switches/iteration, half peak "
-          "| CPU ms/Submit, Submit only |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| CPU ms/Submit, Submit only | CPU ms/iteration at the floor's half-peak rate | the floor's, same rate |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     names = sorted(rss, key=lambda n: -peak.cpu_ms_per_iter.get(n, 0.0))
     rate = peak.step.throughput_rps
     for name in names:
         ms, ms_half = peak.cpu_ms_per_iter.get(name, 0.0), half.cpu_ms_per_iter.get(name, 0.0)
         print(f"| {name} | {idle_rss.get(name, 0.0):.0f} | {rss[name]:.0f} | {hwm.get(name, 0.0):.0f} "
               f"| {pss.get(name, 0.0):.0f} | {ms:.3f} | {ms * rate / 10:.0f} % | {ms_half:.3f} "
-              f"| {half.switches_per_iter.get(name, 0.0):.1f} | {alone.cpu_ms_per_iter.get(name, 0.0):.3f} |")
+              f"| {half.switches_per_iter.get(name, 0.0):.1f} | {alone.cpu_ms_per_iter.get(name, 0.0):.3f} "
+              f"| {_ms(at_floor_cpu.get(name))} | {_ms(floor_half.get(name))} |")
     total_rss = sum(rss.values())
     total_ms = sum(peak.cpu_ms_per_iter.values())
     print(f"| **total** | {sum(idle_rss.values()):.0f} | **{total_rss:.0f}** | {sum(hwm.values()):.0f} "
           f"| {sum(pss.values()):.0f} | {total_ms:.3f} | {total_ms * rate / 10:.0f} % "
           f"| {sum(half.cpu_ms_per_iter.values()):.3f} | {sum(half.switches_per_iter.values()):.1f} "
-          f"| {sum(alone.cpu_ms_per_iter.values()):.3f} |")
+          f"| {sum(alone.cpu_ms_per_iter.values()):.3f} | {_ms(sum(at_floor_cpu.values()) if at_floor_cpu else None)} "
+          f"| {_ms(sum(floor_half.values()) if floor_half else None)} |")
     if redis_url:
         print("\n(Redis is external (REDIS_URL): not in the memory and CPU columns.)")
     print_rpc_table(peak, half)

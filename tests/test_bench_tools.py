@@ -78,12 +78,17 @@ def test_path_floor_moves_real_tasks_through_every_hop(redis_url, prefix):
     PLACED tasks back, every Place and Release reaches a placer's ledger, and every step the task stream."""
     import redis
 
-    from bench.path_floor import Floor
+    from bench.path_floor import Floor, busy_dcs
     from bench.stack_bench import build_requests
+    from hsched.stack import placer_groups
 
-    with Floor(placers=4, busy=2, redis_url=redis_url, prefix=prefix, redis_pid=None) as floor:
-        assert set(floor.procs) == {"placer-kansas-city", "placer-houston", "placer-indianapolis", "placer-dc-3",
-                                    "selector", "gateway"}
+    # a process hosting three DCs' placers (hsched up --placer-processes) and one alone, as a Stack lays them out
+    groups = placer_groups(["kansas-city", "houston", "indianapolis", "dc-3"], 2)
+    assert groups == {"placers-1": ["kansas-city", "houston"], "placers-2": ["indianapolis", "dc-3"]}
+    groups = {"placers-1": ["kansas-city", "indianapolis", "dc-3"], "placer-houston": ["houston"]}
+    with Floor(groups, busy=busy_dcs(["dc-3", "houston", "indianapolis", "kansas-city"], 2), redis_url=redis_url,
+               prefix=prefix, redis_pid=None) as floor:
+        assert set(floor.procs) == {"placers-1", "placer-houston", "selector", "gateway"}
         res = run_closed_loop("bench.stack_bench:submit_release", (floor.target, build_requests(None, 20)),
                               concurrency=4, duration_s=None, total=40, warmup_s=0)
     assert res["outcome:placed"].calls == 40

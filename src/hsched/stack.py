@@ -178,6 +178,28 @@ class StackConfig:
     prometheus_scrape_interval_s: float = 5.0
 
 
+def placer_groups(dcs: list[str], k: int, policy_of=lambda dc: "") -> dict[str, list[str]]:
+    """{service name: the DC names it hosts}: `placer-<dc>` per DC when `k` is 0 (or >= the DCs), else the DCs
+    (fleet order) in `k` groups of near-equal size, `placers-<i>` (a group of one keeps the name `placer-<dc>`).
+    DCs of different policies (`policy_of(dc)`) never share a process, so that may make more than `k`.
+    `Stack` lays its placers out with it, and bench/path_floor.py its floor's."""
+    if k <= 0 or k >= len(dcs):
+        return {f"placer-{dc}": [dc] for dc in dcs}
+    by_policy: dict[str, list[str]] = {}  # one --policy per process: DCs of different policies never share one
+    for dc in dcs:
+        by_policy.setdefault(policy_of(dc), []).append(dc)
+    parts = []
+    for same in by_policy.values():
+        n = max(1, round(k * len(same) / len(dcs)))
+        size, extra = divmod(len(same), n)
+        at = 0
+        for i in range(n):
+            parts.append(same[at:at + size + (i < extra)])
+            at += len(parts[-1])
+    return {f"placers-{i + 1}" if len(part) > 1 else f"placer-{part[0]}": part
+            for i, part in enumerate(p for p in parts if p)}
+
+
 EMBEDDED_ACL_USER = "hsched"  # the embedded Redis' only user when it runs on TLS (the default user is off)
 
 
@@ -492,24 +514,10 @@ class Stack:
 
     def placer_groups(self) -> dict[str, list]:
         """{service name: its DCs}: `placer-<dc>` per DC, or with `placer_processes` K the fleet's DCs in K groups
-        of near-equal size (fleet order), `placers-<i>` (a group of one keeps the name `placer-<dc>`)."""
-        dcs = list(self.fleet.datacenters)
-        k = self.config.placer_processes
-        if k <= 0 or k >= len(dcs):
-            return {f"placer-{dc.name}": [dc] for dc in dcs}
-        by_policy: dict[str, list] = {}  # one --policy per process: DCs of different policies never share one
-        for dc in dcs:
-            by_policy.setdefault(self._policy_of(dc), []).append(dc)
-        parts = []
-        for same in by_policy.values():
-            n = max(1, round(k * len(same) / len(dcs)))
-            size, extra = divmod(len(same), n)
-            at = 0
-            for i in range(n):
-                parts.append(same[at:at + size + (i < extra)])
-                at += len(parts[-1])
-        return {f"placers-{i + 1}" if len(part) > 1 else f"placer-{part[0].name}": part
-                for i, part in enumerate(p for p in parts if p)}
+        (`placer_groups`)."""
+        dcs = {dc.name: dc for dc in self.fleet.datacenters}
+        groups = placer_groups(list(dcs), self.config.placer_processes, lambda name: self._policy_of(dcs[name]))
+        return {service: [dcs[name] for name in names] for service, names in groups.items()}
 
     def placer_service(self, dc: str) -> str:
         """The name of the service (process) hosting `dc`'s placer: kill it and every DC it hosts goes down."""

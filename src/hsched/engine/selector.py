@@ -31,7 +31,11 @@ class DcSelector:
     stale_after_s: float = SUMMARY_STALE_S
     superseded: int = 0  # summaries ignored because a newer placer of their DC had written
     _empty: dict[str, ClusterState] = field(default_factory=dict)
-    _fit_cache: dict[tuple, str] = field(default_factory=dict)
+    # task shape -> {DC name: structural_misfit}: one shape lookup per call, not one per DC
+    _fit_cache: dict[tuple, dict[str, str]] = field(default_factory=dict)
+    # the DCs with GPUs (static), and per DC (its summary, the GpuHostFree parsed from it): parsed once per summary
+    _gpu_dcs: frozenset[str] = frozenset()
+    _gpu_hosts: dict[str, tuple[dict, GpuHostFree | None]] = field(default_factory=dict)
     # min-cost/spf routes (None: Dijkstra). rank_datacenters checks every path it gives against Dijkstra's;
     # path_checks / path_agreed count those checks and the paths it used (valid and not longer).
     path_finder: PathFinder | None = None
@@ -44,6 +48,7 @@ class DcSelector:
         self.graph = self.graph or WanGraph(self.fleet.wan)
         self.graph.dijkstra.warm(self.fleet.wan.entry_vertices)
         self._empty = {dc.name: ClusterState(dc) for dc in self.fleet.datacenters}
+        self._gpu_dcs = frozenset(name for name, empty in self._empty.items() if empty.table.gpu_count.any())
         self.random_paths = RandomPathFinder(self.graph, seed=0)
 
     def update_summary(self, summary: dict, age_s: float = 0.0) -> bool:
@@ -62,8 +67,20 @@ class DcSelector:
 
     def structural_misfit(self, task: TaskSpec, dc: DataCenter) -> str:
         """"" if every part of the task fits some node of an empty `dc`, else why not (cached per shape)."""
-        key = (dc.name, task.resources, task.replicas, task.gpu_models)
-        hit = self._fit_cache.get(key)
+        return self._misfit(self._fits_of(task), task, dc)
+
+    def _fits_of(self, task: TaskSpec) -> dict[str, str]:
+        """The cache of `structural_misfit` for the task's shape: {DC name: reason}, filled as DCs are asked."""
+        key = (task.resources, task.replicas, task.gpu_models)
+        fits = self._fit_cache.get(key)
+        if fits is None:
+            if len(self._fit_cache) > 50_000:
+                self._fit_cache.clear()
+            fits = self._fit_cache[key] = {}
+        return fits
+
+    def _misfit(self, fits: dict[str, str], task: TaskSpec, dc: DataCenter) -> str:
+        hit = fits.get(dc.name)
         if hit is not None:
             return hit
         empty = self._empty[dc.name]
@@ -81,9 +98,7 @@ class DcSelector:
                 if not empty.could_ever_fit(part, task.gpu_models).any():
                     reason = never_fits_reason(empty, part, task)
                     break
-        if len(self._fit_cache) > 50_000:
-            self._fit_cache.clear()
-        self._fit_cache[key] = reason
+        fits[dc.name] = reason
         return reason
 
     def gpu_hosts(self, dcs: list[DataCenter]) -> dict[str, GpuHostFree]:
@@ -93,9 +108,12 @@ class DcSelector:
             return {}
         out = {}
         for dc in dcs:
-            if self._empty[dc.name].table.gpu_count.any():
-                got = GpuHostFree.from_dict(self.summaries.get(dc.name, {}).get("gpu_hosts"))
-                out[dc.name] = got or free_of(self._empty[dc.name])
+            if dc.name in self._gpu_dcs:
+                summary = self.summaries.get(dc.name, {})
+                cached = self._gpu_hosts.get(dc.name)
+                if cached is None or cached[0] is not summary:  # a new summary (each is a new dict): parse it
+                    cached = self._gpu_hosts[dc.name] = (summary, GpuHostFree.from_dict(summary.get("gpu_hosts")))
+                out[dc.name] = cached[1] or free_of(self._empty[dc.name])
         return out
 
     def select(self, task: TaskSpec, method: str = "") -> tuple[list[Candidate], list[tuple[str, str]]]:
@@ -108,13 +126,14 @@ class DcSelector:
         excluded: list[tuple[str, str]] = []
         eligible: list[DataCenter] = []
         now = time.monotonic()
+        fits = self._fits_of(task)
         for dc in self.fleet.datacenters:
             if dc.name not in self.summaries:
                 excluded.append((dc.name, "no capacity summary from its placer yet (placer not running?)"))
             elif (age := now - self.summary_seen[dc.name]) > self.stale_after_s:
                 excluded.append((dc.name, f"its placer's last summary is {age:.0f} s old (over {self.stale_after_s:g} "
                                           "s): the placer is down, fenced or a standby"))
-            elif reason := self.structural_misfit(task, dc):
+            elif reason := self._misfit(fits, task, dc):
                 excluded.append((dc.name, reason))
             else:
                 eligible.append(dc)

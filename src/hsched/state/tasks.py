@@ -357,9 +357,11 @@ class TaskStore:
             self._own_prune_at = max(OWN_PRUNE_MIN, 2 * len(self._own))
 
     async def _flush(self) -> None:
-        # One pipeline, one connection: EVAL (epoch check + every XADD, atomic: a batch lands whole or not at
-        # all, and never in a Redis that lost the epoch), then WAIT n. Redis runs a connection's commands in
-        # order, so WAIT counts exactly these writes (inside MULTI it would return at once).
+        # One EVAL (epoch check + every XADD, atomic: a batch lands whole or not at all, and never in a Redis
+        # that lost the epoch); with min_replicas, then WAIT n in one pipeline on one connection: Redis runs a
+        # connection's commands in order, so WAIT counts exactly these writes (inside MULTI it would return at
+        # once). Without replicas no pipeline: redis-py's sends SCRIPT EXISTS before every pipeline holding a
+        # script, a second round trip to Redis on every group commit (as Ledger._append_now).
         while self._pending:
             batch, self._pending = self._pending, []
             try:
@@ -368,14 +370,14 @@ class TaskStore:
                     args += [len(p.records), len(p.fences), p.drop, *(x for fence in p.fences for x in fence)]
                     for r, expect in zip(p.records, p.expects, strict=True):
                         args += [*(r.fields.get(f, b"") for f in _RECORD_FIELDS), r.task_id, expect]
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    await self._append(keys=self._keys(), args=args, client=pipe)
-                    if self.min_replicas:
-                        pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
-                    replies = await pipe.execute()
-                ids = replies[0]
                 if self.min_replicas:
-                    check_replicated(replies[1], self.min_replicas, "the task stream write")
+                    async with self.redis.pipeline(transaction=False) as pipe:
+                        await self._append(keys=self._keys(), args=args, client=pipe)
+                        pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
+                        ids, acked = await pipe.execute()
+                    check_replicated(acked, self.min_replicas, "the task stream write")
+                else:
+                    ids = await self._append(keys=self._keys(), args=args)
             except ResponseError as exc:
                 if "EPOCH" not in str(exc):
                     _fail_batch(batch, exc)
