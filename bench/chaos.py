@@ -64,6 +64,7 @@ import signal
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -288,6 +289,15 @@ def pause_process(pid: int, seconds: float) -> None:
         time.sleep(seconds)
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+# Faults and repairs restart processes, which hsched.children ties to the thread that spawned them: one thread,
+# kept until after stack.stop() (asyncio.to_thread's would end with the event loop, taking its children along)
+FAULT_THREAD = ThreadPoolExecutor(1, thread_name_prefix="chaos-faults")
+
+
+async def in_fault_thread(fn, *args):
+    return await asyncio.get_running_loop().run_in_executor(FAULT_THREAD, fn, *args)
 
 
 def inject(fault: str, stack: Stack, client: Client, opts) -> Injected:
@@ -625,7 +635,7 @@ async def run_phase(stack: Stack, client: Client, auditor: Auditor, fault: str, 
         await asyncio.sleep(opts.pre_s)
         t = time.monotonic()
         try:
-            phase.injected = await asyncio.to_thread(inject, fault, stack, client, opts)
+            phase.injected = await in_fault_thread(inject, fault, stack, client, opts)
         except Exception as exc:  # noqa: BLE001 - a fault the stack could not take is a result, not a crash
             phase.injected = Injected(t, fault, "failed", [f"injecting or recovering failed: {exc}"])
         log(f"[{fault}] {phase.injected.target}: recovered by {phase.injected.recovered_by}; load for "
@@ -635,7 +645,7 @@ async def run_phase(stack: Stack, client: Client, auditor: Auditor, fault: str, 
     finally:
         stop.set()
         await load
-    phase.unhealed = await asyncio.to_thread(check_and_repair, stack)
+    phase.unhealed = await in_fault_thread(check_and_repair, stack)
     if phase.unhealed and opts.after_repair_s > 0:
         # what the repaired stack does next is this fault's consequence too (e.g. placers rebuilt from a wiped
         # ledger handing out held resources again): load it before the audit, not in the next phase
@@ -822,6 +832,7 @@ def main(argv: list[str] | None = None) -> int:
                     os.kill(svc.proc.pid, signal.SIGCONT)
         stack.config.keep_logs = stack.config.keep_logs or rc != 0  # a failed run's logs are its evidence
         stack.stop()
+        FAULT_THREAD.shutdown()
         where = (f"logs in {opts.log_dir}" if opts.log_dir else f"logs kept in {stack.logs_kept}" if stack.logs_kept
                  else "logs removed (--log-dir keeps them)")
         log(f"done in {time.monotonic() - t0:.0f} s; {where}")

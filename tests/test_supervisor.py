@@ -296,3 +296,40 @@ def test_hsched_up_supervises_by_default(redis_url, tmp_path):
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)
         delete_prefix(redis_url, prefix)
+
+
+def running(pid: int) -> bool:
+    """pid exists and is not a zombie (an orphan's zombie waits for whoever adopted it to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_sigkilled_hsched_up_takes_its_children_with_it(tmp_path):
+    """`hsched up` killed with SIGKILL runs no cleanup of its own: its children (the embedded redis-server and
+    every service) are sent SIGTERM by the kernel (hsched.children) and exit, instead of serving on as
+    orphans with no supervisor."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # so that it embeds a redis-server
+    env |= {"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
+    out = tmp_path / "up.out"
+    with open(out, "wb") as f:
+        up = subprocess.Popen([sys.executable, "-m", "hsched.cli", "up", "--fleet", SMALL_FLEET, "--port", "0",
+                               "--no-thermal", "--log-dir", str(tmp_path / "logs")],
+                              stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    children: set[int] = set()
+    try:
+        wait_for(lambda: re.search(r"supervisor\s+│", out.read_text()), "the stack's table")
+        children = child_pids(up.pid)
+        commands = {Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode() for p in children}
+        assert any("redis-server" in c for c in commands) and any("services.gateway" in c for c in commands)
+        up.kill()
+        assert up.wait(30) == -signal.SIGKILL
+        wait_for(lambda: not [p for p in children if running(p)], "every child of the killed `hsched up` gone")
+    finally:
+        for pid in [up.pid, *children]:  # a failed run leaves nothing behind
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -40,6 +40,7 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import Counter
 
+from hsched.children import dying_with_parent
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.security import pki
 from hsched.security.tls import TlsFiles, channel_credentials
@@ -231,6 +232,8 @@ class Stack:
         self._lock = threading.RLock()  # services' processes and supervision state: supervisor vs kill/restart
         self._halt = threading.Event()
         self._supervisor: threading.Thread | None = None
+        self._supervisor_halted = threading.Event()  # its loop is over: it restarts nothing any more
+        self._children_stopped = threading.Event()  # stop() has stopped the children: the supervisor may end
         self._redis_record = Service("redis", "", [], backoff_s=config.backoff_initial_s)
         self._restarts: Counter | None = None  # hsched_supervisor_restarts_total, with the supervisor's metrics
         self._probe_tls: tuple[tuple, grpc.ChannelCredentials] | None = None
@@ -305,7 +308,9 @@ class Stack:
         if not module:  # not an hsched service (Prometheus): its own command line, and no Redis credentials
             argv, env = list(args), dict(os.environ)
         with self._lock, _open_log(self.log_dir / f"{name}.log") as log_file:
-            proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            # no orphans if the supervisor is SIGKILLed
+            proc = subprocess.Popen(dying_with_parent(argv), stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
             svc = self.services.get(name)
             if svc is None:
                 metrics = int(args[args.index("--metrics-port") + 1]) if "--metrics-port" in args else 0
@@ -592,7 +597,16 @@ class Stack:
     def stop(self) -> None:
         self._halt.set()  # the supervisor first: nothing may be restarted while the stack goes down
         if self._supervisor:
-            self._supervisor.join(30)
+            self._supervisor_halted.wait(30)
+        try:
+            self._stop_children()
+        finally:
+            self._children_stopped.set()
+            if self._supervisor:
+                self._supervisor.join(30)
+        self._tidy_run_dir()
+
+    def _stop_children(self) -> None:
         with self._lock:
             # dead without being told to stop, or left down because Redis lost the state: their logs are kept
             self._crashed = sorted(n for n, s in self.services.items() if s.proc is not None and (
@@ -614,7 +628,6 @@ class Stack:
             self.supervisor_metrics.close()
         if self.redis:
             self.redis.stop()
-        self._tidy_run_dir()
 
     def _tidy_run_dir(self) -> None:
         """Remove the run dir (port files, and the logs when no log_dir was given) after a clean stop; keep it,
@@ -680,6 +693,10 @@ class Stack:
                 self._supervise_redis()
             except Exception:
                 log.exception("supervising redis failed")
+        self._supervisor_halted.set()
+        # the children this thread restarted are sent SIGTERM by the kernel when it ends (hsched.children): it
+        # ends after stop() has stopped them in order (gateways first, Redis last)
+        self._children_stopped.wait()
 
     def _supervise_one(self, svc: Service, probe_at: dict[str, float]) -> None:
         now = time.monotonic()

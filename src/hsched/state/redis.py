@@ -37,6 +37,7 @@ import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
 import redis.sentinel
 
+from hsched.children import dying_with_parent
 from hsched.security.files import write_private
 
 Appendfsync = Literal["everysec", "always"]
@@ -437,7 +438,7 @@ class EmbeddedRedis:
         """Start redis-server (again) and wait until it answers PING — i.e. has loaded its AOF."""
         private_dir(self.dir)
         write_private(self.config_path, self._config())
-        self.proc = subprocess.Popen([self._binary(), str(self.config_path), *self.extra_args],
+        self.proc = subprocess.Popen(dying_with_parent([self._binary(), str(self.config_path), *self.extra_args]),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                      umask=0o077)  # its AOF, log and CONFIG REWRITE output: this user's only
         _wait_for_ping(self.client(socket_timeout=2.0), self.proc, timeout_s, self.log_path,
@@ -568,7 +569,7 @@ class ReplicaSet:
                           f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
                           f"sentinel failover-timeout {self.master_name} {self.failover_timeout_ms}\n"
                           f"sentinel parallel-syncs {self.master_name} 1\n{auth}")
-        self.sentinel = subprocess.Popen([redis_server_binary(), str(conf), "--sentinel"],
+        self.sentinel = subprocess.Popen(dying_with_parent([redis_server_binary(), str(conf), "--sentinel"]),
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                          umask=0o077)
         _wait_for_ping(self._sentinel_client(), self.sentinel, timeout_s, self.sentinel_dir / "sentinel.log",
