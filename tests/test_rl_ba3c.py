@@ -128,6 +128,17 @@ def test_tiny_training_writes_model_resumes_and_is_deterministic(tmp_path):
     assert run_dag_policy(env, policy, seed=0).metrics["finished"] == 3
 
 
+def test_validation_draws_no_random_numbers(tmp_path):
+    """Model selection only chooses among the weights training passes through: validating every 2 episodes or
+    never leaves the trained weights (the training checkpoint's, not the selected ones) bit for bit equal."""
+    for name, every in (("v", 2), ("n", 0)):
+        train(dataclasses.replace(TINY, select_every=every),
+              TrainArgs(seed=0, out=tmp_path / f"{name}.pt", progress=False, steps=4), "ba3c", "ba3c_dag", True)
+    wv, wn = (torch.load(tmp_path / f"{name}.train.pt")["model"] for name in ("v", "n"))
+    assert all(torch.equal(wv[k], wn[k]) for k in wv)
+    assert not json.loads((tmp_path / "n.json").read_text())["data"]["validation"]
+
+
 def test_selection_score_worst_count_over_tetris_and_mean_over_sjf_cp():
     refs = {"sjf-cp": {15: 100.0, 20: 80.0}, "tetris": {15: 96.0, 20: 76.0}}
     jct = {15: 90.0, 20: 78.0}  # 6.25 % below Tetris* at 15, 2.6 % above at 20
