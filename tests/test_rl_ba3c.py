@@ -116,12 +116,12 @@ def test_tiny_training_writes_model_resumes_and_is_deterministic(tmp_path):
     assert [e for e, _ in validated] == [0, 2, 4]
     assert straight["selected_episode"] in (0, 2, 4)
     assert straight["validation_selection_score"] == pytest.approx(min(v for _, v in validated), abs=1e-4)
-    # the per-count JCTs behind each score are kept, and the default score is the worst count over Tetris*'s
+    # the per-count JCTs behind each score are kept, and the default score is their mean over SJF-CP's
     per_count = json.loads((tmp_path / "b.json").read_text())["data"]["validation_jct_s"]
     assert [e for e, _ in per_count] == [0, 2, 4]
-    tetris = reference_jct(TINY, "tetris")
+    sjf_cp = reference_jct(TINY, "sjf-cp")
     for (_, score), (_, jct) in zip(validated, per_count, strict=True):
-        assert score == pytest.approx(max(jct[str(n)] / tetris[n] for n in TINY.validation_counts), abs=1e-4)
+        assert score == pytest.approx(np.mean([jct[str(n)] / sjf_cp[n] for n in TINY.validation_counts]), abs=1e-4)
     assert 40_000 in json.loads((tmp_path / "b.json").read_text())["data"]["validation_seeds"]
     policy = load_dag_policy(tmp_path / "b.pt")
     env = DagSchedulingEnv(3, fixed_jobs=JOBS, num_init_jobs=1, interarrival_s=2.0)
@@ -142,7 +142,7 @@ def test_validation_draws_no_random_numbers(tmp_path):
 def test_selection_score_worst_count_over_tetris_and_mean_over_sjf_cp():
     refs = {"sjf-cp": {15: 100.0, 20: 80.0}, "tetris": {15: 96.0, 20: 76.0}}
     jct = {15: 90.0, 20: 78.0}  # 6.25 % below Tetris* at 15, 2.6 % above at 20
-    worst = Config(validation_counts=(15, 20))
+    worst = Config(validation_counts=(15, 20), selection="worst_count_over_tetris")
     assert selection_score(jct, worst, refs) == pytest.approx(78.0 / 76.0)
     mean = dataclasses.replace(worst, selection="mean_over_sjf_cp")
     assert selection_score(jct, mean, refs) == pytest.approx((0.9 + 78.0 / 80.0) / 2)
