@@ -3,6 +3,7 @@ resume, determinism) and `hsched eval dag --quick`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -23,7 +24,9 @@ from hsched.rl.ba3c import (
     encode,
     evaluate_model,
     load_dag_policy,
+    reference_jct,
     rollout,
+    selection_score,
     time_baseline,
     train,
 )
@@ -112,11 +115,43 @@ def test_tiny_training_writes_model_resumes_and_is_deterministic(tmp_path):
     validated = json.loads((tmp_path / "b.json").read_text())["data"]["validation"]
     assert [e for e, _ in validated] == [0, 2, 4]
     assert straight["selected_episode"] in (0, 2, 4)
-    assert straight["validation_jct_over_sjf_cp"] == pytest.approx(min(v for _, v in validated), abs=1e-4)
+    assert straight["validation_selection_score"] == pytest.approx(min(v for _, v in validated), abs=1e-4)
+    # the per-count JCTs behind each score are kept, and the default score is their mean over SJF-CP's
+    per_count = json.loads((tmp_path / "b.json").read_text())["data"]["validation_jct_s"]
+    assert [e for e, _ in per_count] == [0, 2, 4]
+    sjf_cp = reference_jct(TINY, "sjf-cp")
+    for (_, score), (_, jct) in zip(validated, per_count, strict=True):
+        assert score == pytest.approx(np.mean([jct[str(n)] / sjf_cp[n] for n in TINY.validation_counts]), abs=1e-4)
     assert 40_000 in json.loads((tmp_path / "b.json").read_text())["data"]["validation_seeds"]
     policy = load_dag_policy(tmp_path / "b.pt")
     env = DagSchedulingEnv(3, fixed_jobs=JOBS, num_init_jobs=1, interarrival_s=2.0)
     assert run_dag_policy(env, policy, seed=0).metrics["finished"] == 3
+
+
+def test_validation_draws_no_random_numbers(tmp_path):
+    """Model selection only chooses among the weights training passes through: validating every 2 episodes or
+    never leaves the trained weights (the training checkpoint's, not the selected ones) bit for bit equal."""
+    for name, every in (("v", 2), ("n", 0)):
+        train(dataclasses.replace(TINY, select_every=every),
+              TrainArgs(seed=0, out=tmp_path / f"{name}.pt", progress=False, steps=4), "ba3c", "ba3c_dag", True)
+    wv, wn = (torch.load(tmp_path / f"{name}.train.pt")["model"] for name in ("v", "n"))
+    assert all(torch.equal(wv[k], wn[k]) for k in wv)
+    assert not json.loads((tmp_path / "n.json").read_text())["data"]["validation"]
+
+
+def test_selection_score_worst_count_over_tetris_and_mean_over_sjf_cp():
+    refs = {"sjf-cp": {15: 100.0, 20: 80.0}, "tetris": {15: 96.0, 20: 76.0}}
+    jct = {15: 90.0, 20: 78.0}  # 6.25 % below Tetris* at 15, 2.6 % above at 20
+    worst = Config(validation_counts=(15, 20), selection="worst_count_over_tetris")
+    assert selection_score(jct, worst, refs) == pytest.approx(78.0 / 76.0)
+    mean = dataclasses.replace(worst, selection="mean_over_sjf_cp")
+    assert selection_score(jct, mean, refs) == pytest.approx((0.9 + 78.0 / 80.0) / 2)
+    # a model a little worse at 15 but below Tetris* at both counts wins on the worst count, loses on the mean
+    even = {15: 95.0, 20: 75.0}
+    assert selection_score(even, worst, refs) < selection_score(jct, worst, refs)
+    assert selection_score(even, mean, refs) > selection_score(jct, mean, refs)
+    with pytest.raises(ValueError, match="Config.selection"):
+        selection_score(jct, dataclasses.replace(worst, selection="best"), refs)
 
 
 def test_eval_dag_quick(tmp_path, monkeypatch):
