@@ -55,7 +55,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from hsched.domain.cluster import ClusterState, Part, TaskClock
 from hsched.domain.task import TaskSpec, task_from_dict, task_to_dict
 from hsched.state.keys import Keys
-from hsched.state.redis import NotReplicated, check_replicated
+from hsched.state.redis import NotReplicated, run_replicated
 
 log = logging.getLogger(__name__)
 
@@ -299,17 +299,11 @@ class Ledger:
         keys = [self.stream, self.keys.fence(self.dc), self.keys.epoch]
         args = [self.token, self.epoch or "", *payload]
         try:
-            if self.min_replicas:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    await self._append(keys=keys, args=args, client=pipe)
-                    pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
-                    last, acked = await pipe.execute()
-                try:
-                    check_replicated(acked, self.min_replicas, f"the ledger append of {self.dc}")
-                except NotReplicated as exc:
-                    raise AppendNotReplicated(str(exc)) from None
-            else:
-                last = await self._append(keys=keys, args=args)
+            try:
+                last = await run_replicated(self._append, keys, args, self.redis, self.min_replicas,
+                                            self.wait_timeout_ms, f"the ledger append of {self.dc}")
+            except NotReplicated as exc:
+                raise AppendNotReplicated(str(exc)) from None
         except ResponseError as exc:  # the script refused: nothing was written
             if "EPOCH" in str(exc):
                 raise StateLost(f"placer for {self.dc}: Redis no longer holds epoch {self.epoch} "

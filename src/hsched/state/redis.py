@@ -238,6 +238,23 @@ def check_replicated(acked: int, min_replicas: int, what: str) -> None:
                             "(--redis-min-replicas) in time; not acknowledged, retry")
 
 
+async def run_replicated(script, keys: list, args: list, redis, min_replicas: int, wait_timeout_ms: int,
+                         what: str):
+    """The reply of Lua `script` (a registered redis.asyncio Script) on `keys`/`args`; with `min_replicas`, WAIT
+    for them in one pipeline on one connection (Redis runs a connection's commands in order, so WAIT counts
+    exactly this write; inside MULTI it would return at once) and raise NotReplicated when too few acknowledged.
+    Without replicas a bare EVALSHA: redis-py sends SCRIPT EXISTS before every pipeline holding a script, a
+    second round trip on every write."""
+    if not min_replicas:
+        return await script(keys=keys, args=args)
+    async with redis.pipeline(transaction=False) as pipe:
+        await script(keys=keys, args=args, client=pipe)
+        pipe.execute_command("WAIT", min_replicas, wait_timeout_ms)
+        reply, acked = await pipe.execute()
+    check_replicated(acked, min_replicas, what)
+    return reply
+
+
 _PORTS = random.Random()  # its own generator: tests that seed `random` must not make two picks collide
 
 

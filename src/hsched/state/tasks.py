@@ -36,7 +36,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from hsched.state.ledger import StateLost
-from hsched.state.redis import check_replicated
+from hsched.state.redis import run_replicated
 from hsched.state.transitions import Transitions
 from hsched.v1 import common_pb2 as pb
 
@@ -358,10 +358,7 @@ class TaskStore:
 
     async def _flush(self) -> None:
         # One EVAL (epoch check + every XADD, atomic: a batch lands whole or not at all, and never in a Redis
-        # that lost the epoch); with min_replicas, then WAIT n in one pipeline on one connection: Redis runs a
-        # connection's commands in order, so WAIT counts exactly these writes (inside MULTI it would return at
-        # once). Without replicas no pipeline: redis-py's sends SCRIPT EXISTS before every pipeline holding a
-        # script, a second round trip to Redis on every group commit (as Ledger._append_now).
+        # that lost the epoch), then WAIT n with min_replicas (run_replicated)
         while self._pending:
             batch, self._pending = self._pending, []
             try:
@@ -370,14 +367,8 @@ class TaskStore:
                     args += [len(p.records), len(p.fences), p.drop, *(x for fence in p.fences for x in fence)]
                     for r, expect in zip(p.records, p.expects, strict=True):
                         args += [*(r.fields.get(f, b"") for f in _RECORD_FIELDS), r.task_id, expect]
-                if self.min_replicas:
-                    async with self.redis.pipeline(transaction=False) as pipe:
-                        await self._append(keys=self._keys(), args=args, client=pipe)
-                        pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
-                        ids, acked = await pipe.execute()
-                    check_replicated(acked, self.min_replicas, "the task stream write")
-                else:
-                    ids = await self._append(keys=self._keys(), args=args)
+                ids = await run_replicated(self._append, self._keys(), args, self.redis, self.min_replicas,
+                                           self.wait_timeout_ms, "the task stream write")
             except ResponseError as exc:
                 if "EPOCH" not in str(exc):
                     _fail_batch(batch, exc)
