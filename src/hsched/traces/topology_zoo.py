@@ -1,4 +1,7 @@
-"""Internet Topology Zoo WAN graphs (GraphML, data/topology_zoo/graphml/) → hsched vertices and links.
+"""Internet Topology Zoo WAN graphs (GraphML, data/topology_zoo/) → hsched vertices and links.
+
+A graph is found by name (`zoo_graphml`): `graphml/<Name>.graphml`, else the member `graphml_more/<Name>.graphml`
+of `graphml_more.tar.gz` (235 more Zoo graphs, read from the archive without unpacking it).
 
 Node coordinates are decimal degrees (WGS84). The Zoo gives no latency, so each link's latency is fibre
 propagation over the great-circle distance (`FIBRE_MS_PER_KM`, 5 µs/km), floored at `MIN_LATENCY_MS` because
@@ -7,8 +10,11 @@ some links join co-located nodes (0 km). Link speed, when the file has it, is `L
 
 from __future__ import annotations
 
+import io
 import math
+import tarfile
 from collections import Counter
+from functools import cache
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -37,7 +43,48 @@ def _provenance(graph: dict[str, Any], path: Path) -> str:
     return f"Topology Zoo: {network}" + (f" ({', '.join(details)})" if details else "")
 
 
-def load_graphml(path: str | Path) -> tuple[dict[str, tuple[float, float]], list[Link], str]:
+ZOO_ARCHIVE = "graphml_more.tar.gz"  # in data/topology_zoo/, members graphml_more/<Name>.graphml
+
+
+def _zoo_dir() -> Path:
+    from hsched.traces import data_dir
+
+    return data_dir() / "topology_zoo"
+
+
+@cache
+def _archive_members() -> dict[str, bytes]:
+    """{graph name: GraphML bytes} of the Zoo archive (empty when it is absent); ~5 MB, read once."""
+    archive = _zoo_dir() / ZOO_ARCHIVE
+    if not archive.is_file():
+        return {}
+    with tarfile.open(archive) as tar:
+        return {Path(m.name).stem: tar.extractfile(m).read()  # type: ignore[union-attr]
+                for m in tar.getmembers() if m.isfile() and m.name.endswith(".graphml")}
+
+
+def zoo_names() -> list[str]:
+    """Every Zoo graph name data/ holds (graphml/ and the archive), sorted."""
+    loose = {p.stem for p in (_zoo_dir() / "graphml").glob("*.graphml")}
+    return sorted(loose | set(_archive_members()))
+
+
+def zoo_graphml(name: str) -> Path | io.BytesIO:
+    """The GraphML of the Zoo graph `name`: a file of graphml/, else the archive's member (as bytes, named)."""
+    loose = _zoo_dir() / "graphml" / f"{name}.graphml"
+    if loose.is_file():
+        return loose
+    member = _archive_members().get(name)
+    if member is None:
+        from hsched.domain.errors import ValidationError
+
+        raise ValidationError("graph", f"is not a Topology Zoo graph in {_zoo_dir()} (see zoo_names())", name)
+    data = io.BytesIO(member)
+    data.name = f"{name}.graphml"
+    return data
+
+
+def load_graphml(path: str | Path | io.BytesIO) -> tuple[dict[str, tuple[float, float]], list[Link], str]:
     """Read a Topology Zoo GraphML file.
 
     Returns `(vertices, links, provenance)`:
@@ -49,8 +96,8 @@ def load_graphml(path: str | Path) -> tuple[dict[str, tuple[float, float]], list
       `bandwidth_mbps = LinkSpeedRaw / 1e6` when present, else 0 (unknown).
     - provenance: e.g. "Topology Zoo: Abilene (US, REN, 2005-02)".
     """
-    path = Path(path)
     g = nx.read_graphml(path)
+    path = Path(getattr(path, "name", path))  # a named BytesIO (zoo_graphml) or a path
     located = {n: d for n, d in g.nodes(data=True) if "Latitude" in d and "Longitude" in d}
     labels = {n: str(d.get("label") or n) for n, d in located.items()}
     shared = {label for label, k in Counter(labels.values()).items() if k > 1}
