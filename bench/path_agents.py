@@ -4,9 +4,10 @@ Dijkstra's, and the stage-1 cost with and without the selector's Dijkstra guard.
     python bench/path_agents.py [--model models/per_dqn_path] [--graphs held-out|train|all|NAME ...]
                                 [--no-constructed]
 
-Per graph (held-out Topology Zoo graphs by default, hsched.rl.dqn.HELD_OUT_GRAPHS, plus the CONSTRUCTED large
-graph: the held-out graphs chained by their nearest PoPs, since no Zoo graph of >= 150 vertices is available
-here; and the default fleet's WAN, which the selector serves):
+Per graph (held-out Topology Zoo graphs by default, hsched.rl.dqn.HELD_OUT_GRAPHS, up to TataNld's 143 linked,
+located PoPs, plus the CONSTRUCTED large graph: four held-out graphs chained by their nearest PoPs, 183
+vertices, since no Zoo graph here has >= 150 linked, located PoPs; and the default fleet's WAN, which the
+selector serves; `--graphs train` = hsched.rl.dqn.MONITOR_GRAPHS, ten of the ~200 training graphs):
 
 - own paths, every ordered vertex pair (u, t): the deterministic greedy walk u → t (step cap 2n, a revisit is
   a loop): "= Dijkstra" when it arrives over a simple path no longer than Dijkstra's, "invalid" when it loops
@@ -43,7 +44,7 @@ from hsched.rl import checkpoint
 from hsched.rl.dqn import (
     DEFAULT_FLEET,
     HELD_OUT_GRAPHS,
-    TRAIN_GRAPHS,
+    MONITOR_GRAPHS,
     constructed_graph,
     evaluate_graph,
     load_graph,
@@ -120,8 +121,8 @@ def main() -> None:
 
     names: list[str] = []
     for g in args.graphs:
-        names += {"held-out": list(HELD_OUT_GRAPHS), "train": list(TRAIN_GRAPHS),
-                  "all": [*HELD_OUT_GRAPHS, *TRAIN_GRAPHS]}.get(g, [g])
+        names += {"held-out": list(HELD_OUT_GRAPHS), "train": list(MONITOR_GRAPHS),
+                  "all": [*HELD_OUT_GRAPHS, *MONITOR_GRAPHS]}.get(g, [g])
     if DEFAULT_FLEET not in names:
         names.append(DEFAULT_FLEET)
     net, meta = load_net(args.model)

@@ -10,6 +10,7 @@ import urllib.request
 from contextlib import asynccontextmanager
 
 import grpc
+import networkx as nx
 import numpy as np
 import pytest
 import torch
@@ -18,24 +19,29 @@ from hypothesis import strategies as st
 
 from hsched.costs import WanGraph
 from hsched.costs.selection import no_longer
+from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Link, Wan, load_fleet
 from hsched.engine.selector import DcSelector
 from hsched.envs.path import PathEnv
-from hsched.envs.path_features import EDGE_FEATURES, NODE_FEATURES, GraphFeatures
+from hsched.envs.path_features import LINK_FEATURES, GraphFeatures
 from hsched.rl import checkpoint
 from hsched.rl.buffers import PrioritizedReplayBuffer
 from hsched.rl.dqn import (
     ARCHITECTURE,
+    DEFAULT_FLEET,
+    TRAIN_GRAPHS,
     DqnConfig,
     FeatureCache,
     ModelMismatch,
-    PathGnn,
+    PathPlanner,
     Trainer,
     evaluate_graph,
     greedy_tables,
     load_graph,
     load_path_finder,
+    plan,
     train,
+    training_graphs,
 )
 from hsched.rl.training import TrainArgs
 from hsched.state.keys import Keys
@@ -48,7 +54,7 @@ from tests.test_env_path import random_wans
 # a short budget that solves the 4-vertex small fleet and the 5-vertex graph below (seconds on one core)
 TINY = DqnConfig(steps=3000, learning_starts=200, buffer_size=5000, eps_steps=1500, target_every=100,
                  lr_end=1e-4, lr_steps=3000, per_beta_steps=3000, eval_every=250, stop_after_solved=3,
-                 curriculum_steps=0, hidden=16, rounds=4)
+                 curriculum_steps=0)
 
 
 def five_vertex_graph() -> WanGraph:
@@ -70,10 +76,10 @@ def test_features_have_graph_free_shapes_and_mask_exactly_the_links(make) -> Non
     n, links = len(graph.vertices), graph.graph.number_of_edges()
     assert feats.edges == 2 * links  # each link both ways
     env = PathEnv(graph, list(graph.vertices), reward="latency")
-    for t in range(n):
-        assert feats.node_features(t).shape == (n, NODE_FEATURES)
-        assert feats.edge_features(t).shape == (2 * links, EDGE_FEATURES)
-        assert feats.node_features(t)[t, 1] == 1.0 and feats.node_features(t)[:, 1].sum() == 1.0
+    assert feats.link_x.shape == (2 * links, LINK_FEATURES)
+    for i, (u, v) in enumerate(zip(feats.src, feats.dst, strict=True)):
+        assert feats.edge_id[u, v] == i
+    assert (feats.edge_id >= 0).sum() == feats.edges
     for u, name in enumerate(graph.vertices):
         target = graph.vertices[(u + 1) % n]
         _, info = env.reset(options={"start": name, "target": target})
@@ -86,12 +92,50 @@ def test_features_are_relative_to_the_graph_scale() -> None:
     # latencies 2, 0.5, 4, 1, 1, 3 ms: median 1.5 ms is one unit; s → a (2 ms) is 4/3 units
     assert feats.scale_ms == 1.5
     s, a = feats.index["s"], feats.index["a"]
-    nbrs, per = feats.neighbour_features(s, a)
-    assert per[list(nbrs).index(a), 0] == pytest.approx(2.0 / 1.5)
-    # Abilene: New York – Chicago is 1 147 km great-circle = 5.73 ms; its geo-to-target feature is that / scale
+    row = feats.link_x[feats.edge_id[s, a]]
+    assert row[0] == pytest.approx(2.0 / 1.5)
+    assert row[1] == 0.0  # all five vertices sit at (0, 0): no great-circle length
+    # Abilene: New York – Chicago is 1 147 km great-circle = 5.73 ms; its length feature is that / scale
     abilene = GraphFeatures(WanGraph(load_fleet().wan))
     ny, chi = abilene.index["New York"], abilene.index["Chicago"]
-    assert abilene.node_features(chi)[ny, 0] == pytest.approx(5.729193857549388 / abilene.scale_ms, rel=1e-5)
+    assert abilene.link_x[abilene.edge_id[ny, chi], 1] == pytest.approx(5.729193857549388 / abilene.scale_ms,
+                                                                          rel=1e-5)
+
+
+def test_the_planner_computes_shortest_costs_by_hand() -> None:
+    graph = five_vertex_graph()
+    feats = GraphFeatures(graph)
+    batch = FeatureCache([feats]).batch([(0, feats.index["s"])])
+    cost = torch.from_numpy(feats.w * 1.5)  # the latencies in ms: C = Dijkstra distances to s in ms
+    to_go = plan(cost, batch)
+    # s ─2─ a ─0.5─ b ─4─ s, c ─1─ a, d ─1─ c, d ─3─ b
+    expect = {"s": 0.0, "a": 2.0, "b": 2.5, "c": 3.0, "d": 4.0}
+    assert {v: float(to_go[feats.index[v]]) for v in "sabcd"} == pytest.approx(expect)
+    # the gradient of C(d) counts each link of d's way (d → c → a → s) once
+    cost.requires_grad_(True)
+    plan(cost, batch)[feats.index["d"]].backward()
+    used = {(graph.vertices[u], graph.vertices[v]) for u, v, g in zip(feats.src, feats.dst, cost.grad, strict=True)
+            if g > 0}
+    assert used == {("d", "c"), ("c", "a"), ("a", "s")}
+
+
+@settings(max_examples=25, deadline=None)
+@given(wan=random_wans(), seed=st.integers(0, 2**16))
+def test_the_planner_equals_dijkstra_over_any_positive_link_costs(wan: Wan, seed: int) -> None:
+    graph = WanGraph(wan)
+    feats = GraphFeatures(graph)
+    rng = np.random.default_rng(seed)
+    undirected: dict[frozenset, float] = {}  # one random cost per link, the same both ways
+    costs = np.array([undirected.setdefault(frozenset((int(u), int(v))), rng.uniform(0.01, 5.0))
+                      for u, v in zip(feats.src, feats.dst, strict=True)])
+
+    g = nx.Graph()
+    g.add_weighted_edges_from((int(u), int(v), c) for u, v, c in zip(feats.src, feats.dst, costs, strict=True))
+    t = int(rng.integers(feats.n))
+    exact = nx.single_source_dijkstra_path_length(g, t)
+    to_go = plan(torch.tensor(costs, dtype=torch.float64), FeatureCache([feats]).batch([(0, t)]))
+    for v in range(feats.n):
+        assert float(to_go[v]) == pytest.approx(exact.get(v, 1e6), rel=1e-9)
 
 
 @settings(max_examples=25, deadline=None)
@@ -100,19 +144,21 @@ def test_greedy_moves_only_follow_links(wan: Wan, seed: int) -> None:
     graph = WanGraph(wan)
     feats = GraphFeatures(graph)
     torch.manual_seed(seed)
-    net = PathGnn(16, 3)
-    for p in net.parameters():  # not the zero-initialised head: arbitrary values
+    net = PathPlanner()
+    for p in net.parameters():  # arbitrary values
         torch.nn.init.normal_(p)
     n = feats.n
     table = greedy_tables(net, FeatureCache([feats]), 0, range(n))
     for t in range(n):
         for u in range(n):
             assert feats.mask(u)[table[t, u]] == 1, (u, t)
+    # any positive link costs: the greedy walk descends the planner's cost-to-go, so it never loops
+    assert evaluate_graph(net, graph)["invalid"] == 0
 
 
 def test_one_model_runs_on_graphs_of_different_sizes() -> None:
     torch.manual_seed(0)
-    net = PathGnn(16, 3)
+    net = PathPlanner()
     for graph in (five_vertex_graph(), WanGraph(load_fleet().wan), load_graph("Uninett")):
         feats = GraphFeatures(graph)
         table = greedy_tables(net, FeatureCache([feats]), 0, range(feats.n))
@@ -125,6 +171,17 @@ def test_one_model_runs_on_graphs_of_different_sizes() -> None:
 
 # ------------------------------------------------------------------------------------------------------------
 # training
+
+
+def test_the_training_graphs_hold_out_every_version_of_a_held_out_network() -> None:
+    names = list(training_graphs(TRAIN_GRAPHS))
+    assert names[0] == DEFAULT_FLEET and len(names) > 150  # the default WAN and the Zoo graphs of data/
+    assert "Abilene" in names and "Deltacom" in names  # graphml/ and the archive
+    assert not [n for n in names if n.startswith(("Uninett", "Geant", "Cernet", "Chinanet", "TataNld", "Gts"))]
+    assert load_graph("TataNld").vertices.__len__() == 143  # read from the archive, largest linked part
+    with pytest.raises(ValidationError, match="graph.*not a Topology Zoo graph"):
+        load_graph("NoSuchNetwork")
+
 
 
 @pytest.mark.parametrize("prioritized", [True, False], ids=["per-dqn", "dqn"])
@@ -223,6 +280,9 @@ def test_the_model_loads_on_another_wan_and_an_old_one_hot_model_is_refused(smal
     old.with_suffix(".json").write_text(json.dumps({"agent": "per-dqn", "graph": {
         "source": "Topology Zoo: Abilene", "vertices": list(graph.vertices)}}))
     with pytest.raises(ModelMismatch, match="old one-hot format.*12 vertices.*retrain with `hsched train per-dqn`"):
+        load_path_finder(old, graph)
+    old.with_suffix(".json").write_text(json.dumps({"agent": "per-dqn", "architecture": "graph-relative-gnn-v1"}))
+    with pytest.raises(ModelMismatch, match="architecture 'graph-relative-gnn-v1'.*retrain with `hsched train per-dqn`"):
         load_path_finder(old, graph)
     with pytest.raises(FileNotFoundError, match="no model at"):
         load_path_finder(tmp_path / "missing.pt", graph)

@@ -1,18 +1,16 @@
 """Graph-relative features of the path MDP (hsched.envs.path): what the graph-agnostic path agent sees.
 
 The one-hot observation of `PathEnv` names vertices of one graph, so a network reading it is tied to that
-graph. These features describe the same state (current vertex u, target t) in terms that exist on every
-WAN, so one set of weights runs on any graph:
+graph. The agent instead reads the graph itself, in terms that exist on every WAN, so one set of weights
+runs on any graph: per directed link u → v (the current vertex's legal moves are its links)
 
-- per directed link u → v: its latency w(u, v) (the fastest of parallel links, floored at MIN_LATENCY_MS,
-  as the env charges it);
-- per vertex v: the great-circle (haversine) distance to the target, as fibre latency (km × 5 µs/km), and
-  whether v is the target; its degree and the min / mean latency of its links.
+- its latency w(u, v) (the fastest of parallel links, floored at MIN_LATENCY_MS, as the env charges it), and
+- its great-circle length (haversine distance × 5 µs/km, as fibre latency): geometry, which equals the
+  latency for a Topology Zoo link and differs where a fleet file gives measured latencies.
 
-Every latency is divided by the graph's own scale: the median link latency (`scale_ms`), so a small
-national WAN and a continental one look alike to the network (hops of about 1 unit). Nothing here runs a
-shortest-path algorithm: the haversine distance is geometry, a lower bound on any path's latency when links
-are fibre over the great circle (the Topology Zoo loader's model), not the answer.
+Every latency is divided by the graph's own scale, the median link latency (`scale_ms`), so a small national
+WAN and a continental one look alike to the network (links of about 1 unit). None of these features depends
+on the target: the target enters as the vertex where the agent's cost-to-go is 0 (hsched.rl.dqn).
 
 Pure numpy (no torch): the env side; hsched.rl.dqn turns it into tensors. Rebuilt when `graph.version`
 moves (a link update changes latencies).
@@ -26,16 +24,13 @@ from hsched.costs.graph import WanGraph
 from hsched.domain.fleet import FIBRE_MS_PER_KM
 from hsched.traces.topology_zoo import EARTH_RADIUS_KM, MIN_LATENCY_MS
 
-NODE_FEATURES = 5  # geo-to-target, is-target, log(1+degree), min link, mean link
-EDGE_FEATURES = 3  # link latency, geo-to-target of the source, geo-to-target of the destination
+LINK_FEATURES = 2  # latency, great-circle length (graph units)
 
 
-def _geo_ms(coords: np.ndarray) -> np.ndarray:
-    """[n, n] great-circle fibre latency (ms) between every pair of (lat, lon) degree rows."""
-    lat, lon = np.radians(coords[:, 0]), np.radians(coords[:, 1])
-    dlat = lat[:, None] - lat[None, :]
-    dlon = lon[:, None] - lon[None, :]
-    h = np.sin(dlat / 2) ** 2 + np.cos(lat)[:, None] * np.cos(lat)[None, :] * np.sin(dlon / 2) ** 2
+def _geo_ms(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Great-circle fibre latency (ms) between matching (lat, lon) degree rows of a and b."""
+    lat1, lon1, lat2, lon2 = np.radians(a[:, 0]), np.radians(a[:, 1]), np.radians(b[:, 0]), np.radians(b[:, 1])
+    h = np.sin((lat2 - lat1) / 2) ** 2 + np.cos(lat1) * np.cos(lat2) * np.sin((lon2 - lon1) / 2) ** 2
     return 2 * EARTH_RADIUS_KM * np.arcsin(np.minimum(1.0, np.sqrt(h))) * FIBRE_MS_PER_KM
 
 
@@ -71,15 +66,11 @@ class GraphFeatures:
         self.ptr = np.zeros(n + 1, dtype=np.int64)
         np.add.at(self.ptr, self.src + 1, 1)
         self.ptr = np.cumsum(self.ptr)
-        self.geo = (_geo_ms(coords) / self.scale_ms).astype(np.float32)  # [v, t], graph units
-        degree = np.diff(self.ptr)
-        wmin = np.full(n, 0.0, dtype=np.float32)
-        wmean = np.full(n, 0.0, dtype=np.float32)
-        for u in range(n):
-            ws = self.w[self.ptr[u]:self.ptr[u + 1]]
-            if len(ws):
-                wmin[u], wmean[u] = ws.min(), ws.mean()
-        self._static = np.stack([np.log1p(degree).astype(np.float32), wmin, wmean], axis=1)
+        length = (_geo_ms(coords[self.src], coords[self.dst]) / self.scale_ms).astype(np.float32)
+        self.link_x = np.stack([self.w, length], axis=1).reshape(-1, LINK_FEATURES)
+        # edge_id[u, v] = the row of link u → v (-1: no link), to find a stored move's link
+        self.edge_id = np.full((n, n), -1, dtype=np.int64)
+        self.edge_id[self.src, self.dst] = np.arange(len(self.src))
 
     def refresh(self) -> bool:
         """Rebuild after a link update (graph.version moved); returns whether it did."""
@@ -101,19 +92,3 @@ class GraphFeatures:
         m = np.zeros(self.n, dtype=np.int8)
         m[self.neighbours(u)] = 1
         return m
-
-    def node_features(self, t: int) -> np.ndarray:
-        """[n, NODE_FEATURES] float32 for target t."""
-        is_target = np.zeros((self.n, 1), dtype=np.float32)
-        is_target[t] = 1.0
-        return np.concatenate([self.geo[:, t:t + 1], is_target, self._static], axis=1)
-
-    def edge_features(self, t: int) -> np.ndarray:
-        """[edges, EDGE_FEATURES] float32 for target t (row i = directed link src[i] → dst[i])."""
-        return np.stack([self.w, self.geo[self.src, t], self.geo[self.dst, t]], axis=1)
-
-    def neighbour_features(self, u: int, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """(neighbours of u, [degree, 2] = (link latency, neighbour's geo-to-target)) in graph units."""
-        lo, hi = self.ptr[u], self.ptr[u + 1]
-        return self.dst[lo:hi], np.stack([self.w[lo:hi], self.geo[self.dst[lo:hi], t]], axis=1)
-

@@ -20,7 +20,7 @@ Two views, both computed by the selector's own cost code (`hsched.costs.rank_dat
    - per-dqn: the shipped PER-DQN agent (models/per_dqn_path.pt, hsched.rl.dqn, trained on the latency
      reward whose optimum is Dijkstra's), ranked by eq.3 like min-cost; a path of it that is invalid or
      longer than Dijkstra's would be replaced by the selector and counted. Skipped, with a note in the
-     report, when the model is missing or was trained on another WAN.
+     report, when the model is missing or of another architecture (ModelMismatch).
 2. Ranking view: `TASKS` real jobs (default LLNL Thunder, the 500 evaluation jobs after the 5 000 used by
    stage 2; `--trace` any SWF log, `--cores-per-proc`, `--tasks`), each entering the WAN at a vertex drawn per seed, data size = memory request (the convention
    of bench/stack_bench.py: SWF logs record no data size). Each method picks its top-ranked DC among the

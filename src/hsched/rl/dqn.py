@@ -4,36 +4,46 @@ The MDP is `hsched/Path-v0` (hsched.envs.path, latency reward: −w/scale per li
 the return-optimal walk is the lowest-latency path). What changed from a one-hot agent is what the network
 sees and what it outputs, so that one set of weights serves every graph:
 
-- Observation: graph-relative features (hsched.envs.path_features): per directed link its latency, per
-  vertex its great-circle distance to the target and whether it is the target, degree and link latencies,
-  all in units of the graph's median link latency. No shortest-path distance is an input.
+- Observation: the graph itself in graph-relative terms (hsched.envs.path_features): per directed link its
+  latency and great-circle length, in units of the graph's median link latency, and which
+  vertex is the target. No shortest-path distance is an input.
 - Action: a choice among the current vertex's neighbours (the graph's links out of u; a move along a
   missing link cannot be expressed, so it is never taken and never trained).
-- Network (`PathGnn`, plain torch): a node encoder, K rounds of message passing over the graph's links
-  (messages carry the link latency; each vertex aggregates max and mean over its neighbours; the same
-  weights every round) and a head giving a learned cost-to-go correction f(v | t) per vertex. Because the
-  env's reward for the move u → v is known (−w(u, v), +1 when v is the target), Q is structured as
-  "reward of the move + value of where it lands":
+- Network (`PathPlanner`, plain torch): a value-iteration network on the graph (VIN, Tamar et al. 2016, on
+  irregular graphs as in GVIN, Niu et al. 2018; the "algorithmic alignment" of a min-aggregating GNN with
+  Bellman-Ford, Xu et al. 2020). A linear model gives each link a learned cost c(u → v) = θ · (features, 1) > 0;
+  the planning layer computes every vertex's cost-to-go C(v | t) as the fixed point of the Bellman backup
+  over those costs, C(v) = min over v's links (c(v → x) + C(x)), C(t) = 0, iterated (at most n − 1 times)
+  until nothing changes, so it reaches across any graph, however wide. Q is "reward of the move + value of
+  where it lands":
 
-      Q(u → v | t) = 1 − w(u, v) − [v ≠ t] · (geo(v, t) + f(v | t))
+      Q(u → v | t) = 1 − c(u → v) − C(v | t)
 
-  with geo the haversine lower bound. f is what is learned: how much longer than the straight line the way
-  from v to t is. Everything the Q-value depends on is per-graph relative, so the weights are graph-free.
+  What is learned is the cost model: from the rewards alone, TD learning drives c towards the env's
+  per-link cost (here the latency, −reward), and the planner turns those costs into paths on any graph.
+  The greedy walk descends a cost-to-go that every positive-cost move lowers, so it never loops; how often
+  it equals Dijkstra's path is how exactly the learned costs rank near-equal paths (on real WANs two
+  routes can differ by 2e-5 of their length: collinear PoPs). An untrained network (cost 1 per link)
+  routes by hop count.
+  Everything the Q-value depends on is graph-relative, so the weights are graph-free.
 - Learner (unchanged, paper 003's): Q-learning with a target network (hard updates), Double-DQN targets
   over the neighbours of the next vertex, and proportional prioritized replay (`PER-DQN`, priorities
   (|δ| + ε)^α, IS weights annealed to 1; hsched.rl.buffers) or uniform replay (`DQN`). A transition is
   stored as integers (graph, target, u → v), the features are rebuilt from the graph at update time.
-- Training distribution: the Topology Zoo graphs in data/ listed in `TRAIN_GRAPHS` plus the default
-  fleet's WAN, episodes drawing a graph (small graphs only during the first `curriculum_steps`, then
-  weighted by vertex count) and a (start, target) pair uniformly over all ordered pairs. The graphs of
-  `HELD_OUT_GRAPHS` are never trained on: they are the evaluation (bench/path_agents.py).
+- Training distribution (`TRAIN_GRAPHS`): the default fleet's WAN and every Topology Zoo graph in data/
+  (data/topology_zoo: graphml/ and the archive of 235 more) with >= 4 linked, located PoPs, except the
+  networks of `HELD_OUT_FAMILIES` (every dated version of a held-out network is held out with it): about
+  200 graphs of 4-99 vertices. Episodes draw a graph (small graphs only during the first
+  `curriculum_steps`, then weighted by vertex count) and a (start, target) pair uniformly over all ordered
+  pairs. The graphs of `HELD_OUT_GRAPHS` (up to 143 vertices) and a constructed 183-vertex graph of four of
+  them are never trained on: they are the evaluation (bench/path_agents.py).
 - Evaluation: deterministic greedy walks from every start to every target with a 2n step cap and loop
   detection; a pair "matches" when the walk arrives over a simple path no longer than Dijkstra's (the
   selector's own acceptance test), "invalid" when it loops or never arrives.
 
 Checkpoints (`args.out`, default a run directory) hold the nets, optimiser, replay buffer, RNG states and
-the episode in progress, so `resume` continues where it stopped. A model file of the old one-hot format is
-refused with a ModelMismatch that says to retrain.
+the episode in progress, so `resume` continues where it stopped. A model file of another architecture (the
+old one-hot agent, or the earlier message-passing one) is refused with a ModelMismatch that says to retrain.
 """
 
 from __future__ import annotations
@@ -51,13 +61,14 @@ from torch import nn
 from hsched.costs.graph import WanGraph
 from hsched.costs.paths import PathFinder
 from hsched.costs.selection import no_longer
+from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import load_fleet
 from hsched.envs.path import ENV_ID, PathEnv, PolicyPathFinder
-from hsched.envs.path_features import EDGE_FEATURES, NODE_FEATURES, GraphFeatures
+from hsched.envs.path_features import LINK_FEATURES, GraphFeatures
 from hsched.policies.learned import ModelMismatch  # also: a model of the old one-hot format
 from hsched.rl import checkpoint
 from hsched.rl.buffers import Batch, PrioritizedReplayBuffer, ReplayBuffer
-from hsched.rl.schedules import LinearSchedule, hard_update
+from hsched.rl.schedules import ExponentialSchedule, LinearSchedule, hard_update, soft_update
 from hsched.rl.training import (
     TrainArgs,
     output_path,
@@ -69,14 +80,26 @@ from hsched.rl.training import (
 )
 
 MODEL_NAME = "per_dqn_path"
-ARCHITECTURE = "graph-relative-gnn-v1"  # the json's "architecture": what load_path_finder accepts
+ARCHITECTURE = "graph-vin-v1"  # the json's "architecture": what load_path_finder accepts
 DEFAULT_FLEET = "fleet:default"  # the default fleet's WAN (Abilene + the scheduler vertex)
-# Topology Zoo graphs (data/topology_zoo/graphml/<name>.graphml) trained on / reserved for evaluation.
-# Held out: Uninett (the largest graph available here, 71 linked PoPs), GÉANT 2012 (multi-country), and the two
-# Chinese networks (another continent; Cernet has duplicate city names and parallel links).
-TRAIN_GRAPHS: tuple[str, ...] = (DEFAULT_FLEET, "Abilene", "Sprint", "Aarnet", "AttMpls", "BackboneSerbiaMontenegro",
-                                 "Hibernia", "Garr200004", "Renater2010")
-HELD_OUT_GRAPHS: tuple[str, ...] = ("Uninett", "Geant2012", "Cernet", "Chinanet")
+# Held out: never trained on, the evaluation (bench/path_agents.py). Every dated version of a held-out network is
+# held out with it (a name starting with one of these). Uninett (71 linked PoPs), GÉANT (multi-country), the two
+# Chinese networks (another continent; duplicate city names, parallel links), and the two largest Zoo graphs
+# here: TataNld (143 linked, located PoPs) and GTS Central Europe (GtsCe, 131; its national Gts* graphs too).
+HELD_OUT_FAMILIES: tuple[str, ...] = ("Uninett", "Geant", "Cernet", "Chinanet", "TataNld", "Gts")
+HELD_OUT_GRAPHS: tuple[str, ...] = ("Uninett", "Geant2012", "Cernet", "Chinanet", "TataNld", "GtsCe")
+# the constructed large graph (hsched.traces.topology_zoo.join_graphs) is built from these held-out graphs
+CONSTRUCTED_FROM: tuple[str, ...] = ("Uninett", "Geant2012", "Cernet", "Chinanet")
+ZOO_TRAINING = "zoo:training"  # every Zoo graph in data/ outside HELD_OUT_FAMILIES with >= MIN_VERTICES
+MIN_VERTICES = 4
+TRAIN_GRAPHS: tuple[str, ...] = (DEFAULT_FLEET, ZOO_TRAINING)
+# graphs whose every ordered pair the trainer checks every `eval_every` steps (all training graphs: at the end)
+MONITOR_GRAPHS: tuple[str, ...] = (DEFAULT_FLEET, "Abilene", "Sprint", "Aarnet", "AttMpls", "Hibernia", "Garr200004",
+                                   "Renater2010", "Deltacom", "Interoute")
+
+
+def is_held_out(name: str) -> bool:
+    return name.startswith(HELD_OUT_FAMILIES)
 
 
 @dataclass(frozen=True)
@@ -85,24 +108,23 @@ class DqnConfig:
 
     prioritized: bool = True       # PER-DQN (True) or uniform-replay DQN
     double: bool = True            # Double-DQN target (online argmin, target value) or the target's own
-    graphs: tuple[str, ...] = TRAIN_GRAPHS  # Zoo names, GraphML / fleet YAML paths, or DEFAULT_FLEET
-    steps: int = 30_000            # default budget (TrainArgs.steps overrides)
-    hidden: int = 32
-    rounds: int = 8                # message-passing rounds K
+    graphs: tuple[str, ...] = TRAIN_GRAPHS  # Zoo names, GraphML / fleet YAML paths, DEFAULT_FLEET, ZOO_TRAINING
+    steps: int = 15_000            # default budget (TrainArgs.steps overrides)
     learning_starts: int = 500
     buffer_size: int = 50_000
     batch_size: int = 64
-    lr: float = 2e-3
-    lr_end: float = 2e-4
-    lr_steps: int = 30_000
+    lr: float = 1e-2
+    lr_end: float = 1e-5           # geometric decay (see Trainer.lr)
+    lr_steps: int = 15_000
     train_every: int = 1
     target_every: int = 250
+    average_tau: float = 0.002     # Polyak rate of the served weights (an average over ~1 / tau updates)
     eps_start: float = 1.0
     eps_end: float = 0.05
     eps_steps: int = 8_000
     per_alpha: float = 0.6
     per_beta0: float = 0.4
-    per_beta_steps: int = 30_000
+    per_beta_steps: int = 15_000
     per_eps: float = 1e-3
     curriculum_steps: int = 4_000  # only graphs of <= curriculum_vertices vertices before this step
     curriculum_vertices: int = 20
@@ -119,34 +141,46 @@ class DqnConfig:
 # graphs
 
 
-def zoo_path(name: str) -> Path:
-    from hsched.traces import data_dir
-
-    return data_dir() / "topology_zoo" / "graphml" / f"{name}.graphml"
-
-
 def load_graph(source: str | None) -> WanGraph:
     """A WanGraph from DEFAULT_FLEET/None (the default fleet), a fleet YAML, a GraphML path or a Zoo name."""
     if source is None or source == DEFAULT_FLEET:
         return WanGraph(load_fleet().wan)
     if Path(source).suffix in (".yaml", ".yml"):
         return WanGraph(load_fleet(source).wan)
-    if not Path(source).suffix and not Path(source).exists():
-        source = str(zoo_path(source))
     from hsched.domain.fleet import Wan
-    from hsched.traces.topology_zoo import largest_component, load_graphml
+    from hsched.traces.topology_zoo import largest_component, load_graphml, zoo_graphml
 
-    vertices, links, label = load_graphml(source)
+    vertices, links, label = load_graphml(zoo_graphml(source) if not Path(source).suffix
+                                          and not Path(source).exists() else source)
     vertices, links, dropped = largest_component(vertices, links)
     if len(vertices) < 2:
-        from hsched.domain.errors import ValidationError
-
         raise ValidationError("graph", "needs at least two linked vertices with coordinates", source)
     return WanGraph(Wan(vertices=vertices, links=tuple(links), scheduler_vertex=next(iter(vertices)),
                         entry_vertices=tuple(vertices), source=label, pruned=dropped))
 
 
-def constructed_graph(names: Sequence[str] = HELD_OUT_GRAPHS, bridges: int = 2) -> WanGraph:
+def training_graphs(sources: Sequence[str]) -> dict[str, WanGraph]:
+    """{source: graph} for `sources`, ZOO_TRAINING expanded to the Zoo graphs it stands for, in order."""
+    from hsched.traces.topology_zoo import zoo_names
+
+    out: dict[str, WanGraph] = {}
+    for source in sources:
+        if source != ZOO_TRAINING:
+            out[source] = load_graph(source)
+            continue
+        for name in zoo_names():
+            if is_held_out(name) or name in out:
+                continue
+            try:
+                graph = load_graph(name)
+            except ValidationError:  # no two linked, located PoPs
+                continue
+            if len(graph.vertices) >= MIN_VERTICES:
+                out[name] = graph
+    return out
+
+
+def constructed_graph(names: Sequence[str] = CONSTRUCTED_FROM, bridges: int = 2) -> WanGraph:
     """The CONSTRUCTED large held-out WAN: the given Zoo graphs (largest parts) chained by their nearest PoPs
     (hsched.traces.topology_zoo.join_graphs). No Zoo graph of >= 150 vertices is available here."""
     from hsched.domain.fleet import Wan
@@ -170,87 +204,96 @@ def graph_label(graph: WanGraph) -> str:
 # the network
 
 
-class PathGnn(nn.Module):
-    """Per-vertex cost-to-go correction f(v | t) by K rounds of message passing (see the module doc)."""
+class PathPlanner(nn.Module):
+    """A value-iteration network over the graph (see the module doc): a learned cost per link, and the
+    cost-to-go of every vertex as the fixed point of the Bellman backup over those costs."""
 
-    def __init__(self, hidden: int = 32, rounds: int = 8) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.hidden, self.rounds = hidden, rounds
-        self.encode = nn.Sequential(nn.Linear(NODE_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
-        self.msg_self = nn.Linear(hidden, hidden)
-        self.msg_other = nn.Linear(hidden, hidden, bias=False)
-        self.msg_edge = nn.Linear(EDGE_FEATURES, hidden, bias=False)
-        self.update = nn.Sequential(nn.Linear(3 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
-        self.head = nn.Sequential(nn.Linear(hidden + NODE_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, 1))
-        nn.init.zeros_(self.head[-1].weight)  # start at f = 0: the straight-line estimate
-        nn.init.zeros_(self.head[-1].bias)
+        self.cost = nn.Linear(LINK_FEATURES, 1)
+        # start from cost 1 on every link, whatever its features (routing by hop count): a neutral start
+        nn.init.zeros_(self.cost.weight)
+        nn.init.ones_(self.cost.bias)
 
-    def forward(self, g: GraphBatch) -> torch.Tensor:
-        """f per vertex of the batch [N] (0 at the targets)."""
-        h = self.encode(g.node_x)
-        n = h.shape[0]
-        degree = torch.zeros(n).index_add_(0, g.src, torch.ones(len(g.src))).clamp(min=1).unsqueeze(1)
-        edge = self.msg_edge(g.edge_x)
-        index = g.src.unsqueeze(1).expand(-1, self.hidden)
-        for _ in range(self.rounds):
-            # vertex a hears from each neighbour b over the link a → b: cost-to-go flows back along links
-            m = torch.relu(self.msg_self(h)[g.src] + self.msg_other(h)[g.dst] + edge)
-            agg_max = torch.zeros(n, self.hidden).scatter_reduce(0, index, m, "amax", include_self=False)
-            agg_mean = torch.zeros(n, self.hidden).index_add_(0, g.src, m) / degree
-            h = h + self.update(torch.cat([h, agg_max, agg_mean], dim=1))
-        f = self.head(torch.cat([h, g.node_x], dim=1)).squeeze(1)
-        return f * (1.0 - g.is_target)
+    def link_cost(self, g: GraphBatch) -> torch.Tensor:
+        """[E] the learned cost of each link: a linear function of its features, at least MIN_LINK_COST (so
+        every loop costs and the backup converges). Linear because paths that differ by 2e-5 of their length
+        must be ranked right (collinear PoPs): an MLP fitted the latencies only to ~1e-3 here, and a
+        log-linear model learned its exponent from the rare very short and very long links, slowly."""
+        return self.cost(g.link_x).squeeze(1).clamp(min=MIN_LINK_COST)
+
+    def forward(self, g: GraphBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """([E] link costs, [N] cost-to-go of every vertex to its instance's target; UNREACHED if none)."""
+        cost = self.link_cost(g)
+        return cost, plan(cost, g)
+
+
+MIN_LINK_COST = 1e-4  # graph units
+UNREACHED = 1e30     # the cost-to-go of a vertex with no way to its target (yet)
+
+
+def plan(cost: torch.Tensor, g: GraphBatch) -> torch.Tensor:
+    """[N] cost-to-go C(v) = min over v's links (cost(v → x) + C(x)), C(target) = 0: Bellman-Ford from
+    C = UNREACHED, run to its fixed point (at most N − 1 backups, each one link deeper). Differentiable: the
+    gradient of C(v) is the sum over the links of v's chosen way to the target."""
+    n = len(g.is_target)
+    target = g.is_target > 0
+    c = torch.where(target, 0.0, UNREACHED).to(cost.dtype)
+    for _ in range(max(n - 1, 1)):
+        new = torch.minimum(node_min(cost + c[g.dst], g.src, n), torch.tensor(UNREACHED, dtype=cost.dtype))
+        new = torch.where(target, 0.0, new)
+        if torch.equal(new.detach(), c.detach()):
+            break
+        c = new
+    return c
 
 
 @dataclass
 class GraphBatch:
-    """The disjoint union of several (graph, target) instances, ready for `PathGnn`."""
+    """The disjoint union of several (graph, target) instances, ready for `PathPlanner`."""
 
-    node_x: torch.Tensor    # [N, NODE_FEATURES]
-    edge_x: torch.Tensor    # [E, EDGE_FEATURES]
-    src: torch.Tensor       # [E] int64, global vertex ids
+    link_x: torch.Tensor     # [E, LINK_FEATURES]
+    src: torch.Tensor        # [E] int64, global vertex ids
     dst: torch.Tensor
     is_target: torch.Tensor  # [N] float
-    geo: torch.Tensor       # [N] geo-to-target of each vertex (graph units)
-    w: torch.Tensor         # [E] link latency (graph units)
-    offsets: list[int] = field(default_factory=list)  # first global id of each instance
+    offsets: list[int] = field(default_factory=list)       # first global vertex id of each instance
+    edge_offsets: list[int] = field(default_factory=list)  # first global link id of each instance
 
-    def cost_to_go(self, f: torch.Tensor) -> torch.Tensor:
-        """[E] the cost of taking link a → b and then b's estimated way to the target: w + geo(b) + f(b)."""
-        return self.w + self.geo[self.dst] + f[self.dst]
+    def cost_to_go(self, cost: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """[E] the estimated cost of taking link a → b and then b's way to the target: cost(a → b) + C(b)."""
+        return cost + c[self.dst]
 
 
 class FeatureCache:
-    """Torch tensors of every (graph, target) instance, built once: batches are then concatenations."""
+    """Torch tensors of every graph, built once: batches of (graph, target) instances are concatenations."""
 
     def __init__(self, features: Sequence[GraphFeatures]) -> None:
         self.features = list(features)
-        self._cache: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        self._cache: dict[int, tuple[torch.Tensor, ...]] = {}
 
-    def instance(self, g: int, t: int) -> tuple[torch.Tensor, ...]:
-        key = (g, t)
-        got = self._cache.get(key)
+    def graph(self, g: int) -> tuple[torch.Tensor, ...]:
+        got = self._cache.get(g)
         if got is None:
             feats = self.features[g]
-            node_x = torch.from_numpy(feats.node_features(t))
-            got = self._cache[key] = (node_x, torch.from_numpy(feats.edge_features(t)),
-                                      torch.from_numpy(feats.src), torch.from_numpy(feats.dst),
-                                      node_x[:, 1].clone(), node_x[:, 0].clone(), torch.from_numpy(feats.w))
+            got = self._cache[g] = (torch.from_numpy(feats.link_x), torch.from_numpy(feats.src),
+                                    torch.from_numpy(feats.dst))
         return got
 
     def batch(self, instances: Sequence[tuple[int, int]]) -> GraphBatch:
-        parts = [self.instance(g, t) for g, t in instances]
-        offsets, total = [], 0
-        for (g, _t) in instances:
+        parts = [self.graph(g) for g, _t in instances]
+        offsets, edge_offsets, total, edges = [], [], 0, 0
+        for g, _t in instances:
             offsets.append(total)
+            edge_offsets.append(edges)
             total += self.features[g].n
-        shift = [torch.full_like(p[2], o) for p, o in zip(parts, offsets, strict=True)]
+            edges += self.features[g].edges
+        is_target = torch.zeros(total)
+        is_target[[o + t for o, (_g, t) in zip(offsets, instances, strict=True)]] = 1.0
         return GraphBatch(
-            node_x=torch.cat([p[0] for p in parts]), edge_x=torch.cat([p[1] for p in parts]),
-            src=torch.cat([p[2] + s for p, s in zip(parts, shift, strict=True)]),
-            dst=torch.cat([p[3] + s for p, s in zip(parts, shift, strict=True)]),
-            is_target=torch.cat([p[4] for p in parts]), geo=torch.cat([p[5] for p in parts]),
-            w=torch.cat([p[6] for p in parts]), offsets=offsets)
+            link_x=torch.cat([p[0] for p in parts]),
+            src=torch.cat([p[1] + o for p, o in zip(parts, offsets, strict=True)]),
+            dst=torch.cat([p[2] + o for p, o in zip(parts, offsets, strict=True)]),
+            is_target=is_target, offsets=offsets, edge_offsets=edge_offsets)
 
     def clear(self) -> None:
         self._cache.clear()
@@ -258,10 +301,10 @@ class FeatureCache:
 
 def node_min(values: torch.Tensor, src: torch.Tensor, n: int) -> torch.Tensor:
     """[n] min over the links leaving each vertex (inf for a vertex without links)."""
-    return torch.full((n,), torch.inf).scatter_reduce(0, src, values, "amin", include_self=False)
+    return torch.full((n,), torch.inf, dtype=values.dtype).scatter_reduce(0, src, values, "amin", include_self=False)
 
 
-def greedy_tables(net: PathGnn, cache: FeatureCache, g: int, targets: Sequence[int]) -> np.ndarray:
+def greedy_tables(net: PathPlanner, cache: FeatureCache, g: int, targets: Sequence[int]) -> np.ndarray:
     """table[i, u] = the greedy next vertex at u when the target is targets[i]: the argmin of the estimated
     cost-to-go over u's links (batched forwards). -1 for a vertex without links."""
     feats = cache.features[g]
@@ -272,7 +315,7 @@ def greedy_tables(net: PathGnn, cache: FeatureCache, g: int, targets: Sequence[i
         for lo in range(0, len(targets), chunk):
             part = list(targets[lo:lo + chunk])
             batch = cache.batch([(g, t) for t in part])
-            cost = batch.cost_to_go(net(batch)).numpy()
+            cost = batch.cost_to_go(*net(batch)).numpy()
             src = batch.src.numpy()
             order = np.lexsort((cost, src))  # by vertex, cheapest link first
             first = order[np.r_[True, src[order][1:] != src[order][:-1]]]
@@ -298,7 +341,7 @@ def walk(table_row: np.ndarray, start: int, target: int, max_steps: int) -> list
     return path
 
 
-def evaluate_graph(net: PathGnn, graph: WanGraph, targets: Sequence[str] | None = None,
+def evaluate_graph(net: PathPlanner, graph: WanGraph, targets: Sequence[str] | None = None,
                    starts: Sequence[str] | None = None) -> dict[str, Any]:
     """Greedy walks (no guard) from every start to every target (default: all ordered pairs) vs Dijkstra:
     `equal` (arrives, simple, no longer than Dijkstra's), `invalid` (loops / never arrives), and the
@@ -337,7 +380,7 @@ def evaluate_graph(net: PathGnn, graph: WanGraph, targets: Sequence[str] | None 
             "misses": misses}
 
 
-def held_out_evaluation(net: PathGnn) -> dict[str, Any]:
+def held_out_evaluation(net: PathPlanner) -> dict[str, Any]:
     """`evaluate_graph` (own greedy paths, all ordered pairs, no guard) on every graph of HELD_OUT_GRAPHS and
     on the constructed large graph: what the model json reports."""
     graphs = [(name, load_graph(name)) for name in HELD_OUT_GRAPHS] + [("constructed", constructed_graph())]
@@ -362,7 +405,13 @@ class Trainer:
     def __init__(self, config: DqnConfig, seed: int, graphs: Sequence[WanGraph] | None = None) -> None:
         self.config, self.seed = config, seed
         self.rng = seed_everything(seed)
-        self.graphs = list(graphs) if graphs is not None else [load_graph(s) for s in config.graphs]
+        if graphs is None:
+            named = training_graphs(config.graphs)
+            self.sources, self.graphs = list(named), list(named.values())
+        else:
+            self.sources, self.graphs = [graph_label(g) for g in graphs], list(graphs)
+        # the graphs checked every eval_every steps: the monitor graphs trained on, else all of them
+        self.monitored = [i for i, s in enumerate(self.sources) if s in MONITOR_GRAPHS] or list(range(len(self.graphs)))
         self.features = [GraphFeatures(g) for g in self.graphs]
         self.cache = FeatureCache(self.features)
         self.envs = [PathEnv(g, list(g.vertices), reward="latency", latency_ref_ms=f.scale_ms, goal_reward=1.0)
@@ -373,15 +422,13 @@ class Trainer:
         self.weights_all = sizes / sizes.sum()
         small = np.where(sizes <= config.curriculum_vertices, sizes, 0.0)
         self.weights_small = small / small.sum() if small.sum() else self.weights_all
-        # dense link latencies per graph (graph units) to rebuild Q(u → v) of a stored transition
-        self.link_w = []
-        for f in self.features:
-            m = np.zeros((f.n, f.n), dtype=np.float32)
-            m[f.src, f.dst] = f.w
-            self.link_w.append(torch.from_numpy(m))
-        self.q = PathGnn(config.hidden, config.rounds)
-        self.target = PathGnn(config.hidden, config.rounds)
+        self.q = PathPlanner()
+        self.target = PathPlanner()
         self.target.load_state_dict(self.q.state_dict())
+        # the served weights: a Polyak average of the online net's, which smooths Adam's per-step jitter out of
+        # the link costs (their precision decides near-equal paths)
+        self.served = PathPlanner()
+        self.served.load_state_dict(self.q.state_dict())
         self.optimizer = torch.optim.Adam(self.q.parameters(), lr=config.lr)
         kwargs = {"capacity": config.buffer_size, "obs_shape": 3, "obs_dtype": np.int32, "seed": self.rng}
         self.buffer: ReplayBuffer = (
@@ -389,7 +436,9 @@ class Trainer:
                                     beta_steps=config.per_beta_steps, eps=config.per_eps)
             if config.prioritized else ReplayBuffer(**kwargs))
         self.epsilon = LinearSchedule(config.eps_start, config.eps_end, config.eps_steps)
-        self.lr = LinearSchedule(config.lr, config.lr_end, config.lr_steps)
+        # geometric decay: the link costs must rank near-equal paths (2e-5 apart on real WANs), and Adam moves
+        # every weight by ~lr per step, so the last steps need a learning rate orders below the first
+        self.lr = ExponentialSchedule(config.lr, config.lr_end, (config.lr_end / config.lr) ** (1 / config.lr_steps))
         self.step = 0
         self.episode_return = 0.0
         self.curve: dict[str, list[float]] = {"step": [], "return": []}
@@ -417,7 +466,7 @@ class Trainer:
         if self._cost is None:  # once per episode: the weights move little within one
             with torch.no_grad():
                 batch = self.cache.batch([(self.g, self.t)])
-                self._cost = batch.cost_to_go(self.q(batch)).numpy()
+                self._cost = batch.cost_to_go(*self.q(batch)).numpy()
         lo, hi = feats.ptr[self.u], feats.ptr[self.u + 1]
         return int(neighbours[int(np.argmin(self._cost[lo:hi]))])
 
@@ -429,17 +478,17 @@ class Trainer:
         keys = list(dict.fromkeys(zip(obs[:, 0].tolist(), obs[:, 1].tolist(), strict=True)))
         slot = {k: i for i, k in enumerate(keys)}
         union = self.cache.batch(keys)
-        base = torch.tensor([union.offsets[slot[(int(g), int(t))]] for g, t, _ in obs])
-        v = base + torch.as_tensor(batch.actions)
-        w = torch.stack([self.link_w[int(g)][int(u), int(a)] for (g, _t, u), a in zip(obs, batch.actions,
-                                                                                         strict=True)])
-        f = self.q(union)
-        q = 1.0 - w - (1.0 - union.is_target[v]) * (union.geo[v] + f[v])
-        n = len(union.node_x)
+        where = [slot[(int(g), int(t))] for g, t, _ in obs]
+        v = torch.tensor([union.offsets[i] + int(a) for i, a in zip(where, batch.actions, strict=True)])
+        link = torch.tensor([union.edge_offsets[i] + int(self.features[int(g)].edge_id[int(u), int(a)])
+                             for i, (g, _t, u), a in zip(where, obs, batch.actions, strict=True)])
+        cost, to_go = self.q(union)
+        q = 1.0 - cost[link] - to_go[v]  # to_go is 0 at the target: an arriving move is 1 − its cost
+        n = len(union.is_target)
         with torch.no_grad():
-            target_cost = union.cost_to_go(self.target(union))
+            target_cost = union.cost_to_go(*self.target(union))
             if self.config.double:
-                online_cost = union.cost_to_go(f.detach())
+                online_cost = union.cost_to_go(cost.detach(), to_go.detach())
                 best = node_min(online_cost, union.src, n)
                 chosen = torch.where(online_cost <= best[union.src] + 1e-7, target_cost,
                                      torch.full_like(target_cost, torch.inf))
@@ -469,8 +518,9 @@ class Trainer:
                         np.array([self.g, self.t, action], dtype=np.int32), terminated)  # truncation bootstraps
         # Hindsight relabelling: the same move is a transition of the same MDP for any other target (reward
         # −w, +1 if it arrives there), so it also teaches the way to targets this episode is not heading to.
-        w = float(self.link_w[self.g][self.u, action])
-        n = self.features[self.g].n
+        feats = self.features[self.g]
+        w = float(feats.w[feats.edge_id[self.u, action]])
+        n = feats.n
         for t in self.rng.integers(n, size=self.config.her_targets):
             t = int(t)
             if t == self.u:
@@ -493,6 +543,8 @@ class Trainer:
             td = self.update(batch)
             if isinstance(self.buffer, PrioritizedReplayBuffer):
                 self.buffer.update_priorities(batch.indices, td)
+            with torch.no_grad():
+                soft_update(self.served.state_dict(), self.q.state_dict(), c.average_tau)
         if self.step % c.target_every == 0:
             with torch.no_grad():
                 hard_update(self.target.state_dict(), self.q.state_dict())
@@ -500,10 +552,11 @@ class Trainer:
             self.evaluate()
 
     def evaluate(self, record: bool = True) -> dict[str, Any]:
-        """Greedy walks over all ordered pairs of every training graph vs Dijkstra (summed)."""
+        """Greedy walks over all ordered pairs of the monitored training graphs (`record`) or of every training
+        graph vs Dijkstra (summed)."""
         total = {"pairs": 0, "matched": 0, "invalid": 0}
-        for graph in self.graphs:
-            r = evaluate_graph(self.q, graph)
+        for graph in (self.graphs[i] for i in self.monitored) if record else self.graphs:
+            r = evaluate_graph(self.served, graph)
             for k in total:
                 total[k] += r[k]
         if record:
@@ -545,7 +598,7 @@ class Trainer:
         buffer = {k: v for k, v in vars(buf).items() if k not in ("rng", "tree")}
         if isinstance(buf, PrioritizedReplayBuffer):
             buffer["tree"] = buf.tree.tree
-        return {"q": self.q.state_dict(), "target": self.target.state_dict(),
+        return {"q": self.q.state_dict(), "target": self.target.state_dict(), "served": self.served.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "buffer": buffer, "rng": rng_state(self.rng),
                 "envs": [e.get_state() for e in self.envs], "episode": (self.g, self.u, self.t),
                 "step": self.step, "episode_return": self.episode_return, "curve": self.curve,
@@ -554,6 +607,7 @@ class Trainer:
 
     def load(self, state: dict[str, Any]) -> None:
         self.q.load_state_dict(state["q"])
+        self.served.load_state_dict(state["served"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
         for k, v in state["buffer"].items():
@@ -582,15 +636,14 @@ class Trainer:
             "reward": {"kind": "latency", "goal_reward": 1.0, "latency_ref": "the graph's median link latency",
                        "gamma": 1.0},
             "hyperparameters": asdict(self.config),
-            "input": {"node_features": NODE_FEATURES, "edge_features": EDGE_FEATURES,
-                      "note": "graph-relative; any vertex count"},
+            "input": {"link_features": LINK_FEATURES, "note": "graph-relative; any vertex count"},
             "evaluation": {"steps": self.step, "paths_equal_dijkstra": final["matched"], "pairs": final["pairs"],
                            "invalid_paths": final["invalid"],
                            "summary": f"{final['matched']} of {final['pairs']} (start, target) greedy paths on "
                                       "the training graphs are as short as Dijkstra's",
                            "solved_at_step": self.solved_at, "train_seconds": round(self.train_seconds, 1),
                            "train_cpu_seconds": round(self.cpu_seconds, 1)},
-            "held_out_evaluation": (held_out_evaluation(self.q)
+            "held_out_evaluation": (held_out_evaluation(self.served)
                                     if held_out and set(self.config.graphs) == set(TRAIN_GRAPHS) else None),
             **(extra or {}),
         }
@@ -605,8 +658,6 @@ def train(config: DqnConfig, args: TrainArgs) -> dict[str, Any]:
     trainer = Trainer(config, args.seed)
     if args.resume and out.exists():
         if checkpoint.load_metadata(out).get("architecture") != ARCHITECTURE:
-            from hsched.domain.errors import ValidationError
-
             raise ValidationError("--resume", f"{out} is a path model of the old one-hot format; train a new one "
                                   "without --resume", str(out))
         trainer.load(checkpoint.load_state(out))
@@ -625,7 +676,8 @@ def train(config: DqnConfig, args: TrainArgs) -> dict[str, Any]:
     match = plot_curves(out.with_name(out.stem + "_dijkstra.png"),
                         {name.upper(): ([e[0] for e in t.evals], [100 * e[1] / e[2] for e in t.evals])
                          for name, t in runs.items()},
-                        title=f"Greedy paths as short as Dijkstra's, training graphs ({about})",
+                        title=f"Greedy paths as short as Dijkstra's, {len(trainer.monitored)} monitored training "
+                              f"graphs ({about})",
                         xlabel="environment steps", ylabel="(start, target) pairs (%)", window=1)
     figures = {name: t.metadata()["evaluation"] for name, t in runs.items()}
     checkpoint.save(out, state, trainer.metadata({"curve_png": curve.name, "dijkstra_png": match.name,
@@ -638,8 +690,6 @@ def _on_data(config: DqnConfig, args: TrainArgs) -> DqnConfig:
     """`hsched train --fleet F`: the agent trains on F's WAN alone (the model still runs on any WAN); a trace
     does not apply (it routes, no tasks)."""
     if args.trace:
-        from hsched.domain.errors import ValidationError
-
         raise ValidationError("--trace", "does not apply to a path agent (it learns WAN graphs, no tasks)")
     return replace(config, graphs=(str(args.fleet),)) if args.fleet else config
 
@@ -656,22 +706,24 @@ def train_per_dqn(args: TrainArgs) -> dict[str, Any]:
 # serving
 
 
-def load_net(path: str | Path) -> tuple[PathGnn, dict[str, Any]]:
+def load_net(path: str | Path) -> tuple[PathPlanner, dict[str, Any]]:
     """The network of the model at `path` and its metadata. FileNotFoundError without a model, ModelMismatch
     for a model of another format (the old one-hot agent, tied to one graph)."""
     path = checkpoint.model_path(str(path))
     if not path.exists():
         raise FileNotFoundError(f"no model at {path}")
     meta = checkpoint.load_metadata(path)
+    if meta.get("architecture") not in (ARCHITECTURE, None):
+        raise ModelMismatch(f"{path.name} is a path model of architecture {meta['architecture']!r}; this hsched "
+                            f"serves {ARCHITECTURE!r}: retrain with `hsched train per-dqn`")
     if meta.get("architecture") != ARCHITECTURE:
         trained = meta.get("graph", {})
         raise ModelMismatch(
             f"{path.name} is a path model of the old one-hot format (tied to the "
             f"{len(trained.get('vertices', []))} vertices of {trained.get('source', 'one WAN')}); the graph-relative "
             f"agent ({ARCHITECTURE}) needs a new model: retrain with `hsched train per-dqn`")
-    h = meta["hyperparameters"]
-    net = PathGnn(h["hidden"], h["rounds"])
-    net.load_state_dict(checkpoint.load_state(path)["q"])
+    net = PathPlanner()
+    net.load_state_dict(checkpoint.load_state(path)["served"])
     return net.eval(), meta
 
 
