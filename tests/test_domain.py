@@ -361,6 +361,35 @@ def test_thermal_bad_field_names_its_path(thermal: dict, field: str, fragment: s
     assert fragment in err.rule
 
 
+@pytest.mark.parametrize(("room", "field", "fragment"), [
+    ({"recirc_fractoin": 0.3}, "datacenters[0].room.recirc_fractoin", "is not a known field"),
+    ({"n_racks": 4}, "datacenters[0].room.n_racks", "is not a known field"),  # the layout's, not room's
+    ({"recirc_fraction": 1.0}, "datacenters[0].room.recirc_fraction", "must be in [0, 1)"),
+    ({"recirc_fraction": "high"}, "datacenters[0].room.recirc_fraction", "must be a finite number"),
+    ({"horizontal_decay_m": 0}, "datacenters[0].room.horizontal_decay_m", "must be > 0 and finite"),
+    ({"vertical_decay_m": float("inf")}, "datacenters[0].room.vertical_decay_m", "must be > 0 and finite"),
+    ({"row_end_boost": -0.1}, "datacenters[0].room.row_end_boost", "must be >= 0"),
+    ({"source_base": 2}, "datacenters[0].room.source_base", "must be in [0, 1]"),
+])
+def test_room_bad_field_names_its_path(room: dict, field: str, fragment: str) -> None:
+    data = small_fleet_dict()
+    data["datacenters"][0]["room"] = room
+    err = fleet_error(data)
+    assert err.field == field
+    assert fragment in err.rule
+
+
+def test_room_fields_reach_the_recirculation_geometry() -> None:
+    from hsched.thermal.datacenter import geometry_for
+
+    data = small_fleet_dict()
+    data["datacenters"][0]["room"] = {"recirc_fraction": 0.35, "horizontal_decay_m": 2.4, "rack_width_m": 0.8}
+    fleet = parse_fleet(data)
+    g = geometry_for(fleet.datacenters[0])
+    assert (g.recirc_fraction, g.horizontal_decay_m, g.rack_width_m) == (0.35, 2.4, 0.8)
+    assert geometry_for(fleet.datacenters[1]).recirc_fraction == 0.2  # unset: the default
+
+
 def test_x_keys_are_yaml_anchor_holders_not_typos() -> None:
     data = small_fleet_dict()
     data["x-anything"] = {"foo": 1}

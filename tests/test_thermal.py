@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from hsched.domain.cluster import ClusterState, GpuShare, Part
-from hsched.domain.fleet import load_fleet
+from hsched.domain.fleet import load_fleet, parse_fleet
 from hsched.domain.resources import MILLI
 from hsched.thermal import (
     RoomGeometry,
@@ -26,6 +28,7 @@ from hsched.thermal import (
 )
 from hsched.thermal.datacenter import load_arrays, room_for
 from hsched.thermal.guard import LoadDelta, RoomGuard, newly_hot, shifted
+from tests.conftest import SMALL_FLEET
 
 # A 2-server room with round numbers: m_dot * c_p = 0.05 * 1000 = 50 W/K.
 D2 = np.array([[0.010, 0.002], [0.003, 0.020]])
@@ -440,3 +443,20 @@ def test_invalid_geometry_and_room_inputs() -> None:
         room2().evaluate(np.array([25, 0]))
     with pytest.raises(ValueError, match="busy_cores"):
         room2().evaluate(np.array([1, 2, 3]))
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.2, 0.45])
+def test_the_fleet_files_recirc_fraction_sets_the_mean_inlet_rise(fraction: float) -> None:
+    """At a uniform load the mean inlet rise is recirc_fraction × P / (ṁ c_p) (the model's scale, docs/thermal.md):
+    a room parameterised in the fleet file (`room: {recirc_fraction: …}`) is served with exactly that scale."""
+    data = yaml.safe_load(Path(SMALL_FLEET).read_text())
+    data["datacenters"][0]["room"] = {"recirc_fraction": fraction}
+    dc = parse_fleet(data).datacenters[0]
+    room = room_for(dc)
+    busy = room.total_cores / 2  # every server half busy: the same power everywhere
+    state = room.evaluate(busy)
+    p = float(state.power_w[0])
+    assert np.allclose(state.power_w, p)
+    rise = state.inlet_c - room.params.t_supply_c
+    assert float(rise.mean()) == pytest.approx(fraction * p / (room.params.air_mass_flow_kg_s * room.params.cp_air),
+                                               rel=1e-9)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -132,6 +132,7 @@ class DataCenter:
     layout: RoomLayout
     pools: tuple[NodePool, ...]
     thermal: Mapping[str, Any] = field(default_factory=dict)  # ThermalParams fields (hsched.thermal)
+    room: Mapping[str, Any] = field(default_factory=dict)  # ROOM_FIELDS of RoomGeometry: the recirculation model
     split_threshold_milli: int = 0  # paper 003: CPU tasks above this are split; 0 = the largest node
     split_chunk_milli: int = 8 * MILLI  # paper 003: subtasks of <= 8 cores
 
@@ -351,31 +352,35 @@ def _load_datacenter(r: _Reader, vertices: Mapping[str, Any], pruned: tuple[str,
     thermal = r.raw("thermal", {})
     if not isinstance(thermal, Mapping):
         raise FleetError(f"{r.path}.thermal", "must be a mapping", thermal)
+    room = r.raw("room", {})
+    if not isinstance(room, Mapping):
+        raise FleetError(f"{r.path}.room", "must be a mapping", room)
     sr = r.sub("split", {})
     split_threshold = round(sr.num("threshold_cores", 0, min_=0) * MILLI)
     split_chunk = round(sr.num("chunk_cores", 8, gt=0) * MILLI)
     sr.done()
     r.done()
     dc = DataCenter(name=name, vertex=vertex, prices=prices, layout=layout, pools=pools, thermal=dict(thermal),
-                    split_threshold_milli=split_threshold, split_chunk_milli=split_chunk)
-    _check_thermal(dc, f"{r.path}.thermal")
+                    room=dict(room), split_threshold_milli=split_threshold, split_chunk_milli=split_chunk)
+    from hsched.thermal import ThermalParams  # local: the thermal package imports domain types
+    from hsched.thermal.recirculation import ROOM_FIELDS, RoomGeometry
+
+    _check_params(ThermalParams, dc.thermal, {f.name for f in fields(ThermalParams)}, f"{r.path}.thermal")
+    _check_params(RoomGeometry, dc.room, set(ROOM_FIELDS), f"{r.path}.room")
     return dc
 
 
-def _check_thermal(dc: DataCenter, path: str) -> None:
-    from dataclasses import fields
-
-    from hsched.thermal import ThermalParams  # local: the thermal package imports domain types
-
-    known = {f.name for f in fields(ThermalParams)}
-    for key, value in dc.thermal.items():
+def _check_params(cls: Any, given: Mapping[str, Any], known: set[str], path: str) -> None:
+    """`given` must be fields of `cls` among `known`, numbers (supply_mode aside) that `cls` accepts;
+    else a FleetError naming the field (cls's ValueErrors start with the name of the offending field)."""
+    for key, value in given.items():
         if key not in known:
             raise FleetError(f"{path}.{key}", "is not a known field (typo?)")
         if key != "supply_mode" and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise FleetError(f"{path}.{key}", "must be a finite number", value)
     try:
-        ThermalParams(**dc.thermal)
-    except ValueError as exc:  # ThermalParams' messages start with the name of the offending field
+        cls(**given)
+    except ValueError as exc:
         name, _, rule = str(exc).partition(" ")
         raise FleetError(f"{path}.{name}", rule) if name in known else FleetError(path, str(exc)) from None
 

@@ -41,11 +41,12 @@ def _params(dc: DataCenter) -> ThermalParams:
 
 
 def geometry_for(dc: DataCenter) -> RoomGeometry:
-    """The room geometry of `dc`'s layout (slots share a 42U rack height), with its thermal air flow."""
+    """The room geometry of `dc`'s layout (slots share a 42U rack height), with its thermal air flow and the
+    recirculation parameters its fleet entry sets (`room:`; the RoomGeometry defaults otherwise)."""
     lay, thermal = dc.layout, _params(dc)
     return RoomGeometry(n_racks=lay.racks, racks_per_row=lay.racks // lay.rows, servers_per_rack=lay.servers_per_rack,
                         slot_height_m=U_M * RACK_HEIGHT_U / lay.servers_per_rack,
-                        air_mass_flow_kg_s=thermal.air_mass_flow_kg_s, cp_air=thermal.cp_air)
+                        air_mass_flow_kg_s=thermal.air_mass_flow_kg_s, cp_air=thermal.cp_air, **dc.room)
 
 
 def room_state(room: RoomModel, cluster: ClusterState) -> ThermalState:

@@ -42,6 +42,7 @@ closed form first, then accelerated projected gradient if the constraint binds; 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -50,6 +51,12 @@ from numpy.typing import ArrayLike, NDArray
 
 DEFAULT_AIR_MASS_FLOW_KG_S = 0.03  # ~53 CFM per 1U server: a 10 K rise across it at 300 W
 CP_AIR_J_PER_KG_K = 1005.0
+
+
+# The fields a fleet file may set per data center (`room:`, hsched.domain.fleet); the rest come from its layout
+# (racks, rows, servers per rack, slot height) and thermal block (air flow, c_p).
+ROOM_FIELDS = ("rack_width_m", "row_spacing_m", "horizontal_decay_m", "vertical_decay_m", "source_base",
+               "row_end_boost", "recirc_fraction")
 
 
 @dataclass(frozen=True)
@@ -83,12 +90,12 @@ class RoomGeometry:
             "air_mass_flow_kg_s",
             "cp_air",
         ):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be > 0 and finite, got {getattr(self, name)!r}")
         if not 0.0 <= self.source_base <= 1.0:
             raise ValueError(f"source_base must be in [0, 1], got {self.source_base!r}")
-        if not self.row_end_boost >= 0:
-            raise ValueError(f"row_end_boost must be >= 0, got {self.row_end_boost!r}")
+        if not 0 <= self.row_end_boost < math.inf:
+            raise ValueError(f"row_end_boost must be >= 0 and finite, got {self.row_end_boost!r}")
         if not 0.0 <= self.recirc_fraction < 1.0:
             raise ValueError(f"recirc_fraction must be in [0, 1), got {self.recirc_fraction!r}")
 
