@@ -78,8 +78,13 @@ def test_features_have_graph_free_shapes_and_mask_exactly_the_links(make) -> Non
     env = PathEnv(graph, list(graph.vertices), reward="latency")
     assert feats.link_x.shape == (2 * links, LINK_FEATURES)
     for i, (u, v) in enumerate(zip(feats.src, feats.dst, strict=True)):
-        assert feats.edge_id[u, v] == i
-    assert (feats.edge_id >= 0).sum() == feats.edges
+        assert feats.link(int(u), int(v)) == i
+    linked = set(zip(feats.src.tolist(), feats.dst.tolist(), strict=True))
+    for u in range(n):  # every other pair has no link row
+        for v in range(n):
+            if (u, v) not in linked:
+                with pytest.raises(KeyError):
+                    feats.link(u, v)
     for u, name in enumerate(graph.vertices):
         target = graph.vertices[(u + 1) % n]
         _, info = env.reset(options={"start": name, "target": target})
@@ -92,13 +97,13 @@ def test_features_are_relative_to_the_graph_scale() -> None:
     # latencies 2, 0.5, 4, 1, 1, 3 ms: median 1.5 ms is one unit; s → a (2 ms) is 4/3 units
     assert feats.scale_ms == 1.5
     s, a = feats.index["s"], feats.index["a"]
-    row = feats.link_x[feats.edge_id[s, a]]
+    row = feats.link_x[feats.link(s, a)]
     assert row[0] == pytest.approx(2.0 / 1.5)
     assert row[1] == 0.0  # all five vertices sit at (0, 0): no great-circle length
     # Abilene: New York – Chicago is 1 147 km great-circle = 5.73 ms; its length feature is that / scale
     abilene = GraphFeatures(WanGraph(load_fleet().wan))
     ny, chi = abilene.index["New York"], abilene.index["Chicago"]
-    assert abilene.link_x[abilene.edge_id[ny, chi], 1] == pytest.approx(5.729193857549388 / abilene.scale_ms,
+    assert abilene.link_x[abilene.link(ny, chi), 1] == pytest.approx(5.729193857549388 / abilene.scale_ms,
                                                                           rel=1e-5)
 
 

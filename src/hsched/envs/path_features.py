@@ -68,9 +68,6 @@ class GraphFeatures:
         self.ptr = np.cumsum(self.ptr)
         length = (_geo_ms(coords[self.src], coords[self.dst]) / self.scale_ms).astype(np.float32)
         self.link_x = np.stack([self.w, length], axis=1).reshape(-1, LINK_FEATURES)
-        # edge_id[u, v] = the row of link u → v (-1: no link), to find a stored move's link
-        self.edge_id = np.full((n, n), -1, dtype=np.int64)
-        self.edge_id[self.src, self.dst] = np.arange(len(self.src))
 
     def refresh(self) -> bool:
         """Rebuild after a link update (graph.version moved); returns whether it did."""
@@ -86,6 +83,14 @@ class GraphFeatures:
     def neighbours(self, u: int) -> np.ndarray:
         """The vertices u links to (its legal moves), ascending."""
         return self.dst[self.ptr[u]:self.ptr[u + 1]]
+
+    def link(self, u: int, v: int) -> int:
+        """The row of link u → v (u's links are sorted by destination); KeyError if there is none."""
+        lo, hi = int(self.ptr[u]), int(self.ptr[u + 1])
+        i = lo + int(np.searchsorted(self.dst[lo:hi], v))
+        if i == hi or self.dst[i] != v:
+            raise KeyError(f"no link {u} → {v}")
+        return i
 
     def mask(self, u: int) -> np.ndarray:
         """int8 over vertices, 1 = u links there: the same mask PathEnv puts in info["action_mask"]."""

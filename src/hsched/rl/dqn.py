@@ -238,10 +238,10 @@ def plan(cost: torch.Tensor, g: GraphBatch) -> torch.Tensor:
     gradient of C(v) is the sum over the links of v's chosen way to the target."""
     n = len(g.is_target)
     target = g.is_target > 0
-    c = torch.where(target, 0.0, UNREACHED).to(cost.dtype)
+    unreached = torch.tensor(UNREACHED, dtype=cost.dtype)
+    c = torch.where(target, 0.0, unreached)
     for _ in range(max(n - 1, 1)):
-        new = torch.minimum(node_min(cost + c[g.dst], g.src, n), torch.tensor(UNREACHED, dtype=cost.dtype))
-        new = torch.where(target, 0.0, new)
+        new = torch.where(target, 0.0, torch.minimum(node_min(cost + c[g.dst], g.src, n), unreached))
         if torch.equal(new.detach(), c.detach()):
             break
         c = new
@@ -480,7 +480,7 @@ class Trainer:
         union = self.cache.batch(keys)
         where = [slot[(int(g), int(t))] for g, t, _ in obs]
         v = torch.tensor([union.offsets[i] + int(a) for i, a in zip(where, batch.actions, strict=True)])
-        link = torch.tensor([union.edge_offsets[i] + int(self.features[int(g)].edge_id[int(u), int(a)])
+        link = torch.tensor([union.edge_offsets[i] + self.features[int(g)].link(int(u), int(a))
                              for i, (g, _t, u), a in zip(where, obs, batch.actions, strict=True)])
         cost, to_go = self.q(union)
         q = 1.0 - cost[link] - to_go[v]  # to_go is 0 at the target: an arriving move is 1 − its cost
@@ -519,7 +519,7 @@ class Trainer:
         # Hindsight relabelling: the same move is a transition of the same MDP for any other target (reward
         # −w, +1 if it arrives there), so it also teaches the way to targets this episode is not heading to.
         feats = self.features[self.g]
-        w = float(feats.w[feats.edge_id[self.u, action]])
+        w = float(feats.w[feats.link(self.u, action)])
         n = feats.n
         for t in self.rng.integers(n, size=self.config.her_targets):
             t = int(t)
