@@ -345,35 +345,26 @@ def test_missing_required_field() -> None:
     assert (err.field, err.rule) == ("datacenters[1].prices.memory_gib_hour", "is required")
 
 
-@pytest.mark.parametrize(("thermal", "field", "fragment"), [
-    ({"redline_cc": 27.0}, "datacenters[2].thermal.redline_cc", "is not a known field"),
-    ({"supply_mode": "cold"}, "datacenters[2].thermal.supply_mode", "must be 'fixed' or 'redline'"),
-    ({"redline_c": float("nan")}, "datacenters[2].thermal.redline_c", "finite temperature"),
-    ({"redline_c": "hot"}, "datacenters[2].thermal.redline_c", "must be a finite number"),
-    ({"t_supply_min_c": 30.0}, "datacenters[2].thermal.t_supply_min_c", "must be <= t_supply_max_c"),
-    ({"air_mass_flow_kg_s": 0}, "datacenters[2].thermal.air_mass_flow_kg_s", "must be > 0"),
+@pytest.mark.parametrize(("block", "dc", "given", "field", "fragment"), [
+    ("thermal", 2, {"redline_cc": 27.0}, "datacenters[2].thermal.redline_cc", "is not a known field"),
+    ("thermal", 2, {"supply_mode": "cold"}, "datacenters[2].thermal.supply_mode", "must be 'fixed' or 'redline'"),
+    ("thermal", 2, {"redline_c": float("nan")}, "datacenters[2].thermal.redline_c", "finite temperature"),
+    ("thermal", 2, {"redline_c": "hot"}, "datacenters[2].thermal.redline_c", "must be a finite number"),
+    ("thermal", 2, {"t_supply_min_c": 30.0}, "datacenters[2].thermal.t_supply_min_c", "must be <= t_supply_max_c"),
+    ("thermal", 2, {"air_mass_flow_kg_s": 0}, "datacenters[2].thermal.air_mass_flow_kg_s", "must be > 0"),
+    ("room", 0, {"recirc_fractoin": 0.3}, "datacenters[0].room.recirc_fractoin", "is not a known field"),
+    ("room", 0, {"n_racks": 4}, "datacenters[0].room.n_racks", "is not a known field"),  # the layout's, not room's
+    ("room", 0, {"recirc_fraction": 1.0}, "datacenters[0].room.recirc_fraction", "must be in [0, 1)"),
+    ("room", 0, {"recirc_fraction": "high"}, "datacenters[0].room.recirc_fraction", "must be a finite number"),
+    ("room", 0, {"horizontal_decay_m": 0}, "datacenters[0].room.horizontal_decay_m", "must be > 0 and finite"),
+    ("room", 0, {"vertical_decay_m": float("inf")}, "datacenters[0].room.vertical_decay_m", "must be > 0 and finite"),
+    ("room", 0, {"row_end_boost": -0.1}, "datacenters[0].room.row_end_boost", "must be >= 0"),
+    ("room", 0, {"source_base": 2}, "datacenters[0].room.source_base", "must be in [0, 1]"),
 ])
-def test_thermal_bad_field_names_its_path(thermal: dict, field: str, fragment: str) -> None:
+def test_thermal_and_room_bad_field_names_its_path(block: str, dc: int, given: dict, field: str,
+                                                   fragment: str) -> None:
     data = small_fleet_dict()
-    data["datacenters"][2]["thermal"] = thermal
-    err = fleet_error(data)
-    assert err.field == field
-    assert fragment in err.rule
-
-
-@pytest.mark.parametrize(("room", "field", "fragment"), [
-    ({"recirc_fractoin": 0.3}, "datacenters[0].room.recirc_fractoin", "is not a known field"),
-    ({"n_racks": 4}, "datacenters[0].room.n_racks", "is not a known field"),  # the layout's, not room's
-    ({"recirc_fraction": 1.0}, "datacenters[0].room.recirc_fraction", "must be in [0, 1)"),
-    ({"recirc_fraction": "high"}, "datacenters[0].room.recirc_fraction", "must be a finite number"),
-    ({"horizontal_decay_m": 0}, "datacenters[0].room.horizontal_decay_m", "must be > 0 and finite"),
-    ({"vertical_decay_m": float("inf")}, "datacenters[0].room.vertical_decay_m", "must be > 0 and finite"),
-    ({"row_end_boost": -0.1}, "datacenters[0].room.row_end_boost", "must be >= 0"),
-    ({"source_base": 2}, "datacenters[0].room.source_base", "must be in [0, 1]"),
-])
-def test_room_bad_field_names_its_path(room: dict, field: str, fragment: str) -> None:
-    data = small_fleet_dict()
-    data["datacenters"][0]["room"] = room
+    data["datacenters"][dc][block] = given
     err = fleet_error(data)
     assert err.field == field
     assert fragment in err.rule

@@ -365,18 +365,20 @@ def _load_datacenter(r: _Reader, vertices: Mapping[str, Any], pruned: tuple[str,
     from hsched.thermal import ThermalParams  # local: the thermal package imports domain types
     from hsched.thermal.recirculation import ROOM_FIELDS, RoomGeometry
 
-    _check_params(ThermalParams, dc.thermal, {f.name for f in fields(ThermalParams)}, f"{r.path}.thermal")
+    _check_params(ThermalParams, dc.thermal, {f.name for f in fields(ThermalParams)}, f"{r.path}.thermal",
+                  text={"supply_mode"})
     _check_params(RoomGeometry, dc.room, set(ROOM_FIELDS), f"{r.path}.room")
     return dc
 
 
-def _check_params(cls: Any, given: Mapping[str, Any], known: set[str], path: str) -> None:
-    """`given` must be fields of `cls` among `known`, numbers (supply_mode aside) that `cls` accepts;
+def _check_params(cls: Any, given: Mapping[str, Any], known: set[str], path: str, text: set[str] = frozenset()
+                  ) -> None:
+    """`given` must be fields of `cls` among `known`, numbers (the `text` fields aside) that `cls` accepts;
     else a FleetError naming the field (cls's ValueErrors start with the name of the offending field)."""
     for key, value in given.items():
         if key not in known:
             raise FleetError(f"{path}.{key}", "is not a known field (typo?)")
-        if key != "supply_mode" and (isinstance(value, bool) or not isinstance(value, int | float)):
+        if key not in text and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise FleetError(f"{path}.{key}", "must be a finite number", value)
     try:
         cls(**given)
