@@ -1,5 +1,5 @@
 """`hsched eval` / `hsched train` on a fleet and trace other than the defaults (--fleet, --trace,
---cores-per-proc), run as the user runs them: the CLI in a subprocess. A fleet whose WAN is disconnected is a
+--cores-per-proc, --time-compression), run as the user runs them: the CLI in a subprocess. A fleet whose WAN is disconnected is a
 one-line error naming the cut-off vertices (exit 1), or is pruned when the file asks for it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import yaml
 
 from hsched.domain.errors import FleetError
 from hsched.domain.fleet import load_fleet, parse_fleet
-from hsched.traces.catalog import resolve_trace, trace_tasks
+from hsched.traces.catalog import resolve_trace, trace_jobs, trace_tasks
 
 HERE = Path(__file__).parent
 SMALL = HERE / "fleets" / "small.yaml"
@@ -46,6 +46,16 @@ def test_trace_files_resolve_by_content() -> None:
     assert first.resources.cpu_milli == 6000 and first.name == "swf-1"
     assert sum(t.resources.gpu_count > 0 for t in trace_tasks(openb)) > 0
     assert "3 cores per processor" in swf.label and "small.swf" in swf.label
+
+
+def test_time_compression_divides_submit_times_only() -> None:
+    plain = resolve_trace(str(SWF))
+    fast = resolve_trace(str(SWF), time_compression=4.0)
+    before, after = trace_jobs(plain, limit=2), trace_jobs(fast, limit=2)
+    assert [t for t, _ in before] == [46.0, 60.0]  # the fixture's first two submit times
+    assert [t for t, _ in after] == [11.5, 15.0]
+    assert [task for _, task in after] == [task for _, task in before]  # the same tasks, runtimes included
+    assert "submit times ÷ 4" in fast.label and "÷" not in plain.label
 
 
 def test_eval_stage1_and_gpu_on_a_small_fleet_and_trace(tmp_path: Path) -> None:
@@ -94,6 +104,12 @@ def test_bad_data_flags_are_usage_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--trace" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = hsched("eval", "stage1", "--trace", "openb", "--cores-per-proc", "4", "--out", str(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and "--cores-per-proc: applies to SWF logs only" in r.stderr
+    r = hsched("eval", "thermal", "--trace", "openb", "--time-compression", "3", "--out", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "--time-compression: applies to SWF logs only" in r.stderr
+    r = hsched("eval", "thermal", "--time-compression", "3", "--out", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "--time-compression: scales an SWF --trace" in r.stderr
+    r = hsched("eval", "thermal", "--trace", "kth", "--time-compression", "0", "--out", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "--time-compression" in r.stderr and "> 0" in r.stderr
     r = hsched("train", "per-dqn", "--trace", "thunder", "--out", str(tmp_path / "m.pt"), cwd=tmp_path)
     assert r.returncode == 2 and "--trace: does not apply to a path agent" in r.stderr
 

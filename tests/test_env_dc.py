@@ -206,6 +206,8 @@ def test_metrics_are_averaged_over_simulated_time() -> None:
     assert m["mean_overloads"] == pytest.approx((1 * 100 + 0 * 200) / 300)
     # IT power: 300 + 3 × 100 = 600 W on [0, 100), 400 W on [100, 300)
     assert m["mean_it_power_w"] == pytest.approx((600 * 100 + 400 * 200) / 300)
+    # 24 of the room's 4 × 24 cores busy on [0, 100), none on [100, 300)
+    assert m["mean_cpu_load"] == pytest.approx(0.25 * 100 / 300)
     # fixed 20 °C supply: PUE = 1 + 1/CoP(20) + 0.05, CoP(20) = 0.0068·400 + 0.0008·20 + 0.458 = 3.194
     assert m["mean_pue"] == pytest.approx(1.05 + 1 / 3.194)
     assert m["mean_reward"] == pytest.approx((0.5 + 1.0) / 2)  # A overloads its server (u = 1): 1 − 0.5

@@ -37,7 +37,10 @@ def test_quick_run_writes_table_deltas_and_pngs(tmp_path, monkeypatch) -> None:
     report = thermal.run(ctx)
 
     assert "Quick run" in report
-    assert report.count("| policy | mean reward | mean PUE | mean overloads | mean rack outlet °C |") == 2
+    assert report.count("| policy | mean reward | mean PUE | mean overloads | mean rack outlet °C | room CPU load % |") == 2
+    rr = next(line for line in report.splitlines() if line.startswith("| RR |"))  # the first table's row
+    load = float(rr.split("|")[6].split("±")[0])  # the room's time-weighted CPU load, % of its cores
+    assert 0 < load < 100
     assert report.count("| policy | ΔPUE vs RR % | ΔPUE vs Greedy % |") == 2
     for name in ("RR", "Greedy", "BestFit", "FirstFit", "Random", "Utilization", "Last", "paper: Double DQN"):
         assert f"| {name} |" in report

@@ -708,9 +708,11 @@ def _check_data(args) -> int | None:
     from hsched.traces.catalog import resolve_trace
 
     if args.trace:
-        resolve_trace(args.trace, args.cores_per_proc)
+        resolve_trace(args.trace, args.cores_per_proc, time_compression=args.time_compression)
     elif args.cores_per_proc != 1:
         raise ValidationError("--cores-per-proc", "scales an SWF --trace; give --trace too")
+    elif args.time_compression != 1:
+        raise ValidationError("--time-compression", "scales an SWF --trace; give --trace too")
     if args.fleet:
         try:
             _fleet(args.fleet)
@@ -744,6 +746,7 @@ def _run_experiment(name: str, args, console) -> None:
 
         report = run(EvalContext(seeds=list(range(args.seeds)), out_dir=out, quick=args.quick, progress=progress,
                                  fleet_path=args.fleet, trace=args.trace, cores_per_proc=args.cores_per_proc,
+                                 time_compression=args.time_compression,
                                  tasks=args.tasks))
     if (args.fleet or args.trace) and name not in DATA_AWARE:
         report = (f"Data: its own DAG workloads and clusters; --fleet / --trace apply to "
@@ -769,7 +772,7 @@ def cmd_train(args) -> int:
     figures = run(TrainArgs(seed=args.seed, steps=args.steps, out=Path(args.out) if args.out else None,
                             run_dir=run_dir, resume=args.resume, compare=args.compare, progress=not args.quiet,
                             fleet=Path(args.fleet) if args.fleet else None, trace=args.trace,
-                            cores_per_proc=args.cores_per_proc))
+                            cores_per_proc=args.cores_per_proc, time_compression=args.time_compression))
     print(json.dumps(figures, indent=2, sort_keys=True, default=str))
     if run_dir:
         print(f"hsched train: wrote {run_dir}/ (the shipped models/ are unchanged; services started with "
@@ -930,6 +933,9 @@ def data_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cores-per-proc", type=positive_int, default=1,
                    help="SWF traces: cores per processor, to bring a log of small jobs to the fleet's load "
                         "(default 1)")
+    p.add_argument("--time-compression", type=positive_float, default=1.0,
+                   help="SWF traces: divide submit times by this (runtimes unchanged), raising the offered load "
+                        "by the factor (default 1)")
 
 
 def positive_int(text: str) -> int:

@@ -224,6 +224,7 @@ class DcPlacementEnv(gym.Env):
         self.phi_u = rc.phi_u
         self._slope = self.room.added_power_w(1.0)  # W per busy core (eq.5 slope), per server
         self._inv_cap = 1.0 / np.maximum(self.table.cpu_milli, 1)
+        self._room_milli = float(self.table.cpu_milli.sum())
         self._max_cores = float(self.table.cpu_milli.max()) / MILLI
         self._t_ref = self.room.params.t_supply_c
         self._inlet_scale = 1.0 / max(self.phi_t - self._t_ref, 1e-9)
@@ -301,7 +302,7 @@ class DcPlacementEnv(gym.Env):
 
     def _reset_accumulators(self) -> None:
         self.episode_t0 = self._t_start = self._t_last = self.clock  # trace seconds at the first decision
-        self._acc = [0.0] * 6  # ∫ pue, overloads, rack outlet, IT W, cooling W, max inlet dt
+        self._acc = [0.0] * 7  # ∫ pue, overloads, rack outlet, IT W, cooling W, max inlet, room CPU load dt
         self.series: dict[str, list[float]] = {
             k: [] for k in ("time_s", "pue", "mean_rack_outlet_c", "overloads", "max_inlet_c")
         }
@@ -326,6 +327,8 @@ class DcPlacementEnv(gym.Env):
         self.state: ThermalState = self.room.state_from(self._tracker.power.copy(), self._tracker.rise())
         s = self.state
         self.overloads = int(np.count_nonzero(self.util > self.phi_u))
+        # the room's load (share of its cores busy) is what makes runs on different traces comparable
+        self.cpu_load = 1.0 - float(self.cluster.free_cpu.sum()) / self._room_milli
         if self._racks_full:
             self.mean_rack_outlet_c = float(rack_outlet_mean(s, self._spr).mean())
         else:  # a partly filled room: mean over the racks that hold servers
@@ -343,6 +346,7 @@ class DcPlacementEnv(gym.Env):
             s.it_power_w,
             s.cooling_power_w,
             s.max_inlet_c,
+            self.cpu_load,
         )
 
     def _advance_clock(self, t: float) -> None:
@@ -650,6 +654,7 @@ class DcPlacementEnv(gym.Env):
             "mean_it_power_w": avg[3],
             "mean_cooling_power_w": avg[4],
             "mean_max_inlet_c": avg[5],
+            "mean_cpu_load": avg[6],
             "sim_hours": span / 3600.0,
         }
 

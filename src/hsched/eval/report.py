@@ -21,11 +21,12 @@ class EvalContext:
     out_dir: Path  # PNGs (and the markdown report) go here
     quick: bool = False  # smaller slices for tests / smoke runs; the report says so
     progress: Callable[[str, int, int], None] = field(default=lambda label, done, total: None)
-    # `hsched eval --fleet F --trace T --cores-per-proc N --tasks K`: the data an experiment runs on
+    # `hsched eval --fleet F --trace T --cores-per-proc N --time-compression X --tasks K`: the data an experiment runs on
     # (None: its own default: the default fleet, the paper's trace); each report names what it used
     fleet_path: str | None = None
     trace: str | None = None
     cores_per_proc: int = 1
+    time_compression: float = 1.0
     tasks: int | None = None  # how many trace tasks (None: the experiment's default)
 
     def png(self, name: str) -> Path:
@@ -41,7 +42,7 @@ class EvalContext:
         """`--trace` (with `--cores-per-proc`), else the experiment's `default` catalogue trace."""
         from hsched.traces.catalog import resolve_trace
 
-        return resolve_trace(self.trace or default, self.cores_per_proc)
+        return resolve_trace(self.trace or default, self.cores_per_proc, time_compression=self.time_compression)
 
     def trace_for(self, kind: str, default: str) -> tuple[TraceRef, str]:
         """The trace of the `kind` ("swf" CPU jobs / "openb" GPU pods) an experiment needs: `--trace` when it is
@@ -49,7 +50,7 @@ class EvalContext:
         from hsched.traces.catalog import resolve_trace
 
         if self.trace:
-            ref = resolve_trace(self.trace, self.cores_per_proc)
+            ref = resolve_trace(self.trace, self.cores_per_proc, time_compression=self.time_compression)
             if ref.kind == kind:
                 return ref, ""
             return resolve_trace(default), (f"--trace {self.trace} is {'an SWF log (CPU jobs, no GPUs)' if ref.kind == 'swf' else 'an openb pod list'}; "

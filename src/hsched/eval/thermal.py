@@ -196,7 +196,8 @@ def run(ctx: EvalContext) -> str:
         f"same state). Then {evaluation} evaluation jobs: seed s plays jobs {first} + {evaluation}·s onwards. "
         f"Seeds {list(ctx.seeds)} (they also seed Random). Eq.12 reward with the `RewardConfig` defaults "
         f"{_reward_text(RewardConfig())}. Mean reward is per decision. PUE, overloads (servers with u > 0.8) "
-        "and rack outlet temperature are time-weighted over the evaluation window. Cells are mean ± std over "
+        "and rack outlet temperature are time-weighted over the evaluation window, as is the room's CPU load (the "
+        "share of its cores busy: what makes runs on two traces comparable). Cells are mean ± std over "
         "seeds. The Δ columns are per-seed differences against RR and Greedy: % for PUE and overloads, °C "
         "for the outlet." + (f" **Quick run: {warm} warm-up and {evaluation} evaluation jobs.**" if ctx.quick else ""),
     ]
@@ -208,6 +209,7 @@ def run(ctx: EvalContext) -> str:
                 [
                     name,
                     *(_cell([r[key] for r in runs], digits) for key, _, digits in METRICS),
+                    mean_std([100 * r["mean_cpu_load"] for r in runs], 1),
                     mean_std([r["placed"] for r in runs], 0),
                     mean_std([r["deferred"] for r in runs], 0),
                     mean_std([r["sim_hours"] for r in runs], 2),
@@ -218,7 +220,8 @@ def run(ctx: EvalContext) -> str:
             f"### {title}",
             "",
             markdown_table(
-                ["policy", *(label for _, label, _ in METRICS), "placed", "deferred", "hours"], rows
+                ["policy", *(label for _, label, _ in METRICS), "room CPU load %", "placed", "deferred", "hours"],
+                rows,
             ),
         ]
         delta_rows = []

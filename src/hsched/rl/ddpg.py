@@ -581,7 +581,7 @@ def with_data(cfg: Config, args: TrainArgs) -> Config:
     if args.trace:
         from hsched.traces.catalog import resolve_trace
 
-        ref = resolve_trace(args.trace, args.cores_per_proc)
+        ref = resolve_trace(args.trace, args.cores_per_proc, time_compression=args.time_compression)
         if ref.kind != "openb":
             raise ValidationError("--trace", "must be an openb pod list for a GPU placer (an SWF log has no GPUs)",
                                   args.trace)

@@ -354,7 +354,7 @@ def data_env(config: DdqnConfig, args: TrainArgs) -> DcPlacementEnv | None:
     if dc is None:
         raise ValidationError("--fleet", "has no CPU-only data center to train the thermal placer on",
                               str(args.fleet))
-    ref = resolve_trace(args.trace or "thunder", args.cores_per_proc)
+    ref = resolve_trace(args.trace or "thunder", args.cores_per_proc, time_compression=args.time_compression)
     if ref.kind != "swf":
         raise ValidationError("--trace", "must be an SWF log for the CPU-room placer", args.trace)
     warm, train, _ = PAPER_SPLIT

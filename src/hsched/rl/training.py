@@ -49,6 +49,7 @@ class TrainArgs:
     fleet: Path | None = None     # --fleet: a fleet YAML (None: the trainer's default fleet)
     trace: str | None = None      # --trace NAME|PATH (hsched.traces.catalog; None: the trainer's default)
     cores_per_proc: int = 1       # --cores-per-proc for an SWF trace
+    time_compression: float = 1.0  # --time-compression for an SWF trace
 
 
 def new_run_dir(name: str, root: Path = Path("runs")) -> Path:

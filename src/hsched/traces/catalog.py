@@ -8,10 +8,14 @@ openb header line, else SWF records), not trusted from the suffix alone.
 Scaling knob: SWF logs count processors, not cores. `cores_per_proc` (`--cores-per-proc`) makes each
 processor that many cores, which is how a log of small jobs (e.g. KTH's 1-100 single-core processors) is
 brought to a fleet of 24-core servers' load; openb pods are already in milli-cores and take no scaling.
+`time_compression` (`--time-compression`) divides an SWF log's submit times by that factor, runtimes unchanged:
+the offered load rises by the factor while the jobs' widths and lengths stay the log's (Feitelson's load scaling
+by interarrival times). The two together match a log to another's load and mean width (docs/results.md).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,36 +40,43 @@ class TraceRef:
     kind: str  # "swf" | "openb"
     path: Path
     cores_per_proc: int = 1  # SWF only: cores per processor
+    time_compression: float = 1.0  # SWF only: submit times divided by this
 
     @property
     def label(self) -> str:
         """How reports name the data: 'LLNL Thunder (pwa_swf/…swf.gz)', with the scaling when not 1."""
         scale = f", {self.cores_per_proc} cores per processor" if self.cores_per_proc != 1 else ""
+        if self.time_compression != 1:
+            scale += f", submit times ÷ {self.time_compression:g}"
         return f"{LABELS.get(self.name, self.name)} ({self.path.name}{scale})"
 
 
-def resolve_trace(spec: str, cores_per_proc: int = 1, field: str = "--trace") -> TraceRef:
-    """A catalogue name or a file path → TraceRef; ValidationError naming `field` otherwise."""
+def resolve_trace(spec: str, cores_per_proc: int = 1, field: str = "--trace",
+                  time_compression: float = 1.0) -> TraceRef:
+    """A catalogue name or a file path → TraceRef; ValidationError naming `field` (or the scaling flag) otherwise."""
     from hsched.traces import data_dir
 
     if cores_per_proc < 1:
         raise ValidationError("--cores-per-proc", "must be an integer >= 1", cores_per_proc)
+    if not (math.isfinite(time_compression) and time_compression > 0):
+        raise ValidationError("--time-compression", "must be a finite number > 0", time_compression)
     if spec in TRACES:
         path = data_dir() / TRACES[spec]
         kind = "openb" if spec.startswith("openb") else "swf"
-        if kind == "openb" and cores_per_proc != 1:
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise ValidationError(field, f"must be one of {', '.join(TRACES)} or an existing SWF / openb pod-list "
+                                         "file", spec)
+        kind = _sniff(path, field)
+    if kind == "openb":
+        if cores_per_proc != 1:
             raise ValidationError("--cores-per-proc", "applies to SWF logs only (openb pods are in milli-cores)",
                                   cores_per_proc)
-        return TraceRef(spec, kind, path, cores_per_proc)
-    path = Path(spec).expanduser()
-    if not path.is_file():
-        raise ValidationError(field, f"must be one of {', '.join(TRACES)} or an existing SWF / openb pod-list "
-                                     "file", spec)
-    kind = _sniff(path, field)
-    if kind == "openb" and cores_per_proc != 1:
-        raise ValidationError("--cores-per-proc", "applies to SWF logs only (openb pods are in milli-cores)",
-                              cores_per_proc)
-    return TraceRef(path.name, kind, path, cores_per_proc)
+        if time_compression != 1:
+            raise ValidationError("--time-compression", "applies to SWF logs only (an openb pod list's creation "
+                                  "times are not an arrival process to rescale)", time_compression)
+    return TraceRef(spec if spec in TRACES else path.name, kind, path, cores_per_proc, time_compression)
 
 
 def _sniff(path: Path, field: str) -> str:
@@ -102,5 +113,6 @@ def trace_jobs(ref: TraceRef, limit: int | None = None, skip: int = 0,
         return [(float(p.creation_s), openb_pod_to_task(p)) for p in pods]
     from hsched.traces.swf import load_swf, swf_job_to_task
 
-    return [(j.submit_s, swf_job_to_task(j, cores_per_proc=ref.cores_per_proc, tenant=tenant or ref.name))
+    return [(j.submit_s / ref.time_compression,
+             swf_job_to_task(j, cores_per_proc=ref.cores_per_proc, tenant=tenant or ref.name))
             for j in load_swf(ref.path, limit=limit, skip=skip)]
