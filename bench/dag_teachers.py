@@ -1,0 +1,145 @@
+"""Could a better DAgger teacher, or more DAgger rounds, put the learned DAG schedulers below Tetris*? (issue 15)
+
+1. `teachers`: Tetris* (`hsched.envs.dag.TetrisStar`) with two additions, on `hsched eval dag`'s settings (51-job
+   episodes, 60 s mean interarrival) at 15 and 20 executors: a per-job parallelism limit (a job holds at most
+   `limit` × N executors, Decima's lesson that spreading a stage wider draws slower waves) and executor locality
+   (+`locality` to the score of stages whose job has free executors that served it, which pay no moving delay).
+   `--eps-scale` also scales Tetris*'s own ε (its weight of shortness against packing). Printed per variant:
+   mean average JCT ÷ Tetris*'s per count and the seeds where the variant is faster.
+2. `clone`: BA3C cloned from a teacher with `--rounds` DAgger rounds (`hsched.rl.ba3c.Config.dagger_rounds`)
+   and `--episodes` RL episodes (the trainer's validation after cloning and at the end picks the weights), then
+   evaluated greedily with FIFO, SJF-CP and Tetris* on `--seeds`: paired policy − Tetris*, mean ± s.e., seeds won.
+
+    python bench/dag_teachers.py teachers [--seeds 60000:60020] [--limits none,0.3,0.4,0.5] [--locality 0,0.3]
+                                          [--eps-scale 0.01,4]
+    python bench/dag_teachers.py clone --rounds 3 [--teacher tetris|limited] [--episodes 8] [--seeds 0:20]
+                                       [--out runs/ba3c-clone.pt]
+
+Seeds: validation seeds are 40 000-40 007 (`hsched.rl.ba3c.VALIDATION_SEEDS`), `hsched eval dag`'s are 0, 1, …;
+pick a teacher on other seeds (60 000 up) before looking at the evaluation's.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a script: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import dataclasses
+
+import numpy as np
+
+from hsched.envs.dag import (
+    CF,
+    JF,
+    NF,
+    DagSchedulingEnv,
+    Fifo,
+    SjfCp,
+    TetrisStar,
+    _candidates,
+    _free,
+    run_dag_policy,
+)
+
+COUNTS = (15, 20)
+
+
+class LimitedTetris(TetrisStar):
+    """Tetris* plus a per-job executor limit (`limit` × N) and a locality bonus (see the module docstring)."""
+
+    name = "Tetris*+limit"
+
+    def __init__(self, limit: float | None = 0.4, locality: float = 0.3, eps_scale: float = 1.0) -> None:
+        self.limit, self.locality, self.eps_scale = limit, locality, eps_scale
+
+    def choose(self, obs, mask):
+        idx, slots, stages = _candidates(obs, mask)
+        free, jobs = _free(obs), obs["jobs"]
+        unassigned = obs["stages"][slots, stages, NF["unassigned_tasks"]]
+        alignment = np.minimum(unassigned, free) / free
+        work = np.maximum(jobs[slots, JF["remaining_work_s"]], 1e-9)
+        shortness = work.min() / work
+        score = alignment + self.eps_scale * alignment.mean() / shortness.mean() * shortness  # Tetris*'s, ε scaled
+        score = score + self.locality * (jobs[slots, JF["local_free_executors"]] > 0)
+        i = np.lexsort((stages, jobs[slots, JF["arrival_index"]], -score))[0]
+        count = int(min(free, unassigned[i]))
+        if self.limit is not None:
+            cap = max(1, round(self.limit * obs["cluster"][CF["executors"]]))
+            count = max(1, min(count, cap - int(jobs[slots[i], JF["executors"]])))
+        return int(idx[i]), count
+
+
+def seed_range(text: str) -> range:
+    a, b = text.split(":")
+    return range(int(a), int(b))
+
+
+def jct(make, n: int, seeds) -> np.ndarray:
+    env = DagSchedulingEnv(n, num_init_jobs=1, num_stream_jobs=50, interarrival_s=60.0)
+    return np.array([run_dag_policy(env, make(), seed=s).metrics["avg_jct_s"] for s in seeds])
+
+
+def teachers(args) -> None:
+    seeds = seed_range(args.seeds)
+    base = {n: jct(TetrisStar, n, seeds) for n in COUNTS}
+    print(f"Tetris* mean average JCT: {', '.join(f'{base[n].mean():.2f} s at {n}' for n in COUNTS)}; seeds {args.seeds}")
+    print("| limit × N | locality | ε × | " + " | ".join(f"÷ Tetris* at {n} (seeds faster)" for n in COUNTS) + " |")
+    print("|---|---|---|" + "---|" * len(COUNTS))
+    variants = [(None if v == "none" else float(v), float(loc), 1.0) for v in args.limits.split(",")
+                for loc in args.locality.split(",")]
+    variants += [(None, 0.0, float(e)) for e in args.eps_scale.split(",") if e]
+    for limit, locality, eps in variants:
+        cells = []
+        for n in COUNTS:
+            mine = jct(lambda v=(limit, locality, eps): LimitedTetris(*v), n, seeds)
+            cells.append(f"{(mine / base[n]).mean():.4f} ({int((mine < base[n]).sum())}/{len(seeds)})")
+        print(f"| {limit} | {locality} | {eps:g} | " + " | ".join(cells) + " |", flush=True)
+
+
+def clone(args) -> None:
+    from hsched.envs import dag
+    from hsched.rl import ba3c
+    from hsched.rl.training import TrainArgs
+
+    if args.teacher == "limited":
+        dag.POLICIES["limited"] = LimitedTetris  # the trainer instantiates its expert by name
+    cfg = dataclasses.replace(ba3c.Config(), expert=args.teacher, dagger_rounds=args.rounds, episodes=args.episodes)
+    out = Path(args.out)
+    figures = ba3c.train(cfg, TrainArgs(seed=0, steps=args.episodes, out=out, progress=False), "ba3c", "ba3c_dag",
+                         branching=True)
+    print({k: figures[k] for k in ("train_cpu_seconds", "selected_episode", "validation_jct_over_tetris_per_count")})
+    learned = ba3c.load_dag_policy(out)
+    seeds = seed_range(args.seeds)
+    for n in COUNTS:
+        rows = {"FIFO": Fifo, "SJF-CP": SjfCp, "clone": lambda: learned}
+        base = jct(TetrisStar, n, seeds)
+        for label, make in rows.items():
+            d = jct(make, n, seeds) - base
+            print(f"{n} executors, {label} − Tetris*: {d.mean():+.2f} ± {d.std(ddof=1) / np.sqrt(len(d)):.2f} s "
+                  f"(faster on {int((d < 0).sum())}/{len(d)} seeds; Tetris* {base.mean():.2f} s)", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    t = sub.add_parser("teachers")
+    t.add_argument("--seeds", default="60000:60020")
+    t.add_argument("--limits", default="none,0.3,0.4,0.5", help="limit × N per job; 'none' for no limit")
+    t.add_argument("--locality", default="0,0.3")
+    t.add_argument("--eps-scale", default="0.01,4", help="Tetris*'s ε scaled by these (no limit, no locality)")
+    c = sub.add_parser("clone")
+    c.add_argument("--rounds", type=int, default=3)
+    c.add_argument("--teacher", choices=("tetris", "limited"), default="tetris")
+    c.add_argument("--episodes", type=int, default=8)
+    c.add_argument("--seeds", default="0:20")
+    c.add_argument("--out", default="runs/ba3c-clone.pt")
+    args = p.parse_args()
+    teachers(args) if args.what == "teachers" else clone(args)
+
+
+if __name__ == "__main__":
+    main()
