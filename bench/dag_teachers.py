@@ -60,11 +60,8 @@ class LimitedTetris(TetrisStar):
         idx, slots, stages = _candidates(obs, mask)
         free, jobs = _free(obs), obs["jobs"]
         unassigned = obs["stages"][slots, stages, NF["unassigned_tasks"]]
-        alignment = np.minimum(unassigned, free) / free
-        work = np.maximum(jobs[slots, JF["remaining_work_s"]], 1e-9)
-        shortness = work.min() / work
-        score = alignment + self.eps_scale * alignment.mean() / shortness.mean() * shortness  # Tetris*'s, ε scaled
-        score = score + self.locality * (jobs[slots, JF["local_free_executors"]] > 0)
+        alignment, shortness = self.terms(obs, slots, unassigned, free)
+        score = alignment + self.eps_scale * shortness + self.locality * (jobs[slots, JF["local_free_executors"]] > 0)
         i = np.lexsort((stages, jobs[slots, JF["arrival_index"]], -score))[0]
         count = int(min(free, unassigned[i]))
         if self.limit is not None:

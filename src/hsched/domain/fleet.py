@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
@@ -365,16 +366,17 @@ def _load_datacenter(r: _Reader, vertices: Mapping[str, Any], pruned: tuple[str,
     from hsched.thermal import ThermalParams  # local: the thermal package imports domain types
     from hsched.thermal.recirculation import ROOM_FIELDS, RoomGeometry
 
-    _check_params(ThermalParams, dc.thermal, {f.name for f in fields(ThermalParams)}, f"{r.path}.thermal",
-                  text={"supply_mode"})
-    _check_params(RoomGeometry, dc.room, set(ROOM_FIELDS), f"{r.path}.room")
+    _check_params(ThermalParams, dc.thermal, f"{r.path}.thermal", text={"supply_mode"})
+    _check_params(RoomGeometry, dc.room, f"{r.path}.room", known=set(ROOM_FIELDS))
     return dc
 
 
-def _check_params(cls: Any, given: Mapping[str, Any], known: set[str], path: str, text: set[str] = frozenset()
-                  ) -> None:
-    """`given` must be fields of `cls` among `known`, numbers (the `text` fields aside) that `cls` accepts;
-    else a FleetError naming the field (cls's ValueErrors start with the name of the offending field)."""
+def _check_params(cls: Any, given: Mapping[str, Any], path: str, known: AbstractSet[str] | None = None,
+                  text: AbstractSet[str] = frozenset()) -> None:
+    """`given` must be fields of the dataclass `cls` (those in `known` when given), numbers (the `text` fields
+    aside) that `cls` accepts; else a FleetError naming the field (cls's ValueErrors start with its name)."""
+    if known is None:
+        known = {f.name for f in fields(cls)}
     for key, value in given.items():
         if key not in known:
             raise FleetError(f"{path}.{key}", "is not a known field (typo?)")

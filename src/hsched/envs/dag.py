@@ -556,13 +556,20 @@ class TetrisStar:
         idx, slots, stages = _candidates(obs, mask)
         free = _free(obs)
         unassigned = obs["stages"][slots, stages, NF["unassigned_tasks"]]
+        alignment, shortness = self.terms(obs, slots, unassigned, free)
+        score = alignment + shortness
+        i = np.lexsort((stages, obs["jobs"][slots, JF["arrival_index"]], -score))[0]
+        return int(idx[i]), int(min(free, unassigned[i]))
+
+    @staticmethod
+    def terms(obs: dict[str, np.ndarray], slots: np.ndarray, unassigned: np.ndarray,
+              free: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per candidate stage (its job slot, its unassigned tasks) the packing alignment and ε × the
+        shortest-remaining-work preference: the two terms of the score."""
         alignment = np.minimum(unassigned, free) / free
         work = np.maximum(obs["jobs"][slots, JF["remaining_work_s"]], 1e-9)
         shortness = work.min() / work
-        eps = alignment.mean() / shortness.mean()
-        score = alignment + eps * shortness
-        i = np.lexsort((stages, obs["jobs"][slots, JF["arrival_index"]], -score))[0]
-        return int(idx[i]), int(min(free, unassigned[i]))
+        return alignment, alignment.mean() / shortness.mean() * shortness
 
 
 class RandomDag:

@@ -39,7 +39,7 @@ class EvalContext:
         return load_fleet(self.fleet_path)
 
     def trace_ref(self, default: str) -> TraceRef:
-        """`--trace` (with `--cores-per-proc`), else the experiment's `default` catalogue trace."""
+        """`--trace` (with its scaling flags), else the experiment's `default` catalogue trace."""
         from hsched.traces.catalog import resolve_trace
 
         return resolve_trace(self.trace or default, self.cores_per_proc, time_compression=self.time_compression)
@@ -50,7 +50,7 @@ class EvalContext:
         from hsched.traces.catalog import resolve_trace
 
         if self.trace:
-            ref = resolve_trace(self.trace, self.cores_per_proc, time_compression=self.time_compression)
+            ref = self.trace_ref(default)
             if ref.kind == kind:
                 return ref, ""
             return resolve_trace(default), (f"--trace {self.trace} is {'an SWF log (CPU jobs, no GPUs)' if ref.kind == 'swf' else 'an openb pod list'}; "
