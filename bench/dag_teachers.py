@@ -8,12 +8,18 @@
    mean average JCT ÷ Tetris*'s per count and the seeds where the variant is faster.
 2. `clone`: BA3C cloned from a teacher with `--rounds` DAgger rounds (`hsched.rl.ba3c.Config.dagger_rounds`)
    and `--episodes` RL episodes (the trainer's validation after cloning and at the end picks the weights), then
-   evaluated greedily with FIFO, SJF-CP and Tetris* on `--seeds`: paired policy − Tetris*, mean ± s.e., seeds won.
+   evaluated greedily with FIFO, SJF-CP, Tetris* and Tetris*+limit on `--seeds`: paired policy − Tetris*, mean ±
+   s.e., seeds won. `evaluate` prints the same for trained models.
+3. `residual`: BA3C as a learned residual over Tetris*+limit (`hsched.rl.ba3c.Config.prior`, the heads' last layers
+   zero at the start, so episode 0's validation is the prior alone), trained by RL; prints the validation curve.
 
     python bench/dag_teachers.py teachers [--seeds 60000:60020] [--limits none,0.3,0.4,0.5] [--locality 0,0.3]
                                           [--eps-scale 0.01,4]
     python bench/dag_teachers.py clone --rounds 3 [--teacher tetris|limited] [--episodes 8] [--seeds 0:20]
                                        [--out runs/ba3c-clone.pt]
+    python bench/dag_teachers.py residual [--episodes 128] [--select-every 64] [--lr 3e-5] [--entropy 0.01]
+                                          [--stage-scale 10] [--count-scale 2] [--out runs/ba3c-residual.pt]
+    python bench/dag_teachers.py evaluate --model models/ba3c_dag.pt [--model …] [--seeds 0:20]
 
 Seeds: validation seeds are 40 000-40 007 (`hsched.rl.ba3c.VALIDATION_SEEDS`), `hsched eval dag`'s are 0, 1, …;
 pick a teacher on other seeds (60 000 up) before looking at the evaluation's.
@@ -29,45 +35,13 @@ if not __package__:  # run as a script: make `bench` importable
 
 import argparse
 import dataclasses
+import json
 
 import numpy as np
 
-from hsched.envs.dag import (
-    CF,
-    JF,
-    NF,
-    DagSchedulingEnv,
-    Fifo,
-    SjfCp,
-    TetrisStar,
-    _candidates,
-    _free,
-    run_dag_policy,
-)
+from hsched.envs.dag import DagSchedulingEnv, Fifo, SjfCp, TetrisLimited, TetrisStar, run_dag_policy
 
 COUNTS = (15, 20)
-
-
-class LimitedTetris(TetrisStar):
-    """Tetris* plus a per-job executor limit (`limit` × N) and a locality bonus (see the module docstring)."""
-
-    name = "Tetris*+limit"
-
-    def __init__(self, limit: float | None = 0.4, locality: float = 0.3, eps_scale: float = 1.0) -> None:
-        self.limit, self.locality, self.eps_scale = limit, locality, eps_scale
-
-    def choose(self, obs, mask):
-        idx, slots, stages = _candidates(obs, mask)
-        free, jobs = _free(obs), obs["jobs"]
-        unassigned = obs["stages"][slots, stages, NF["unassigned_tasks"]]
-        alignment, shortness = self.terms(obs, slots, unassigned, free)
-        score = alignment + self.eps_scale * shortness + self.locality * (jobs[slots, JF["local_free_executors"]] > 0)
-        i = np.lexsort((stages, jobs[slots, JF["arrival_index"]], -score))[0]
-        count = int(min(free, unassigned[i]))
-        if self.limit is not None:
-            cap = max(1, round(self.limit * obs["cluster"][CF["executors"]]))
-            count = max(1, min(count, cap - int(jobs[slots[i], JF["executors"]])))
-        return int(idx[i]), count
 
 
 def seed_range(text: str) -> range:
@@ -92,32 +66,57 @@ def teachers(args) -> None:
     for limit, locality, eps in variants:
         cells = []
         for n in COUNTS:
-            mine = jct(lambda v=(limit, locality, eps): LimitedTetris(*v), n, seeds)
+            mine = jct(lambda v=(limit, locality, eps): TetrisLimited(*v), n, seeds)
             cells.append(f"{(mine / base[n]).mean():.4f} ({int((mine < base[n]).sum())}/{len(seeds)})")
         print(f"| {limit} | {locality} | {eps:g} | " + " | ".join(cells) + " |", flush=True)
 
 
-def clone(args) -> None:
-    from hsched.envs import dag
-    from hsched.rl import ba3c
-    from hsched.rl.training import TrainArgs
-
-    if args.teacher == "limited":
-        dag.POLICIES["limited"] = LimitedTetris  # the trainer instantiates its expert by name
-    cfg = dataclasses.replace(ba3c.Config(), expert=args.teacher, dagger_rounds=args.rounds, episodes=args.episodes)
-    out = Path(args.out)
-    figures = ba3c.train(cfg, TrainArgs(seed=0, steps=args.episodes, out=out, progress=False), "ba3c", "ba3c_dag",
-                         branching=True)
-    print({k: figures[k] for k in ("train_cpu_seconds", "selected_episode", "validation_jct_over_tetris_per_count")})
-    learned = ba3c.load_dag_policy(out)
-    seeds = seed_range(args.seeds)
+def paired_against_tetris(learned: dict, seeds) -> None:
+    """Per count: FIFO, SJF-CP, Tetris*+limit and each of `learned` (label → DagPolicy) minus Tetris*, paired."""
     for n in COUNTS:
-        rows = {"FIFO": Fifo, "SJF-CP": SjfCp, "clone": lambda: learned}
+        rows = {"FIFO": Fifo, "SJF-CP": SjfCp, "Tetris*+limit": TetrisLimited,
+                **{label: (lambda p=p: p) for label, p in learned.items()}}
         base = jct(TetrisStar, n, seeds)
         for label, make in rows.items():
             d = jct(make, n, seeds) - base
             print(f"{n} executors, {label} − Tetris*: {d.mean():+.2f} ± {d.std(ddof=1) / np.sqrt(len(d)):.2f} s "
                   f"(faster on {int((d < 0).sum())}/{len(d)} seeds; Tetris* {base.mean():.2f} s)", flush=True)
+
+
+def clone(args) -> None:
+    from hsched.rl import ba3c
+    from hsched.rl.training import TrainArgs
+
+    cfg = dataclasses.replace(ba3c.Config(), expert={"tetris": "tetris", "limited": "tetris-limited"}[args.teacher],
+                              dagger_rounds=args.rounds, episodes=args.episodes)
+    out = Path(args.out)
+    figures = ba3c.train(cfg, TrainArgs(seed=0, steps=args.episodes, out=out, progress=False), "ba3c", "ba3c_dag",
+                         branching=True)
+    print({k: figures[k] for k in ("train_cpu_seconds", "selected_episode", "validation_jct_over_tetris_per_count")})
+    paired_against_tetris({"clone": ba3c.load_dag_policy(out)}, seed_range(args.seeds))
+
+
+def residual(args) -> None:
+    """BA3C as a learned residual over Tetris*+limit (`Config.prior`): RL from the prior, validated every
+    `--select-every` episodes; prints the validation curve (episode 0 = the prior alone)."""
+    from hsched.rl import ba3c
+    from hsched.rl.training import TrainArgs
+
+    cfg = dataclasses.replace(ba3c.Config(), prior="tetris-limited", expert="", episodes=args.episodes,
+                              entropy_decay_episodes=args.episodes, select_every=args.select_every, lr=args.lr,
+                              entropy_start=args.entropy, entropy_end=args.entropy / 10,
+                              prior_stage_scale=args.stage_scale, prior_count_scale=args.count_scale)
+    out = Path(args.out)
+    figures = ba3c.train(cfg, TrainArgs(seed=0, steps=args.episodes, out=out, progress=False), "ba3c", "ba3c_dag",
+                         branching=True)
+    print({k: figures[k] for k in ("train_cpu_seconds", "selected_episode", "validation_jct_over_tetris_per_count")})
+    print("validation (episode, mean JCT ÷ SJF-CP's):", json.loads(out.with_suffix(".json").read_text())["data"]["validation"])
+
+
+def evaluate(args) -> None:
+    from hsched.rl import ba3c
+
+    paired_against_tetris({Path(m).stem: ba3c.load_dag_policy(m) for m in args.model}, seed_range(args.seeds))
 
 
 def main() -> None:
@@ -134,8 +133,19 @@ def main() -> None:
     c.add_argument("--episodes", type=int, default=8)
     c.add_argument("--seeds", default="0:20")
     c.add_argument("--out", default="runs/ba3c-clone.pt")
+    r = sub.add_parser("residual")
+    r.add_argument("--episodes", type=int, default=128)
+    r.add_argument("--select-every", type=int, default=64)
+    r.add_argument("--lr", type=float, default=3e-5)
+    r.add_argument("--entropy", type=float, default=0.01, help="the entropy weight's start (it decays to a tenth)")
+    r.add_argument("--stage-scale", type=float, default=10.0)
+    r.add_argument("--count-scale", type=float, default=2.0)
+    r.add_argument("--out", default="runs/ba3c-residual.pt")
+    e = sub.add_parser("evaluate")
+    e.add_argument("--model", action="append", required=True, help="a ba3c / a3c checkpoint (repeatable)")
+    e.add_argument("--seeds", default="0:20")
     args = p.parse_args()
-    teachers(args) if args.what == "teachers" else clone(args)
+    {"teachers": teachers, "clone": clone, "residual": residual, "evaluate": evaluate}[args.what](args)
 
 
 if __name__ == "__main__":

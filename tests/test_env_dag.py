@@ -20,6 +20,7 @@ from hsched.envs.dag import (
     Fifo,
     RandomDag,
     SjfCp,
+    TetrisLimited,
     TetrisStar,
     capacity_bound,
     critical_path_bound,
@@ -173,6 +174,32 @@ def test_baselines_as_defined():
     assert obs["cluster"][CF["free_executors"]] == 3
 
 
+def test_tetris_limited_by_hand():
+    env = DagSchedulingEnv(3, fixed_jobs=[BIG, SMALL], num_init_jobs=2)
+    obs, info = env.reset(seed=0)
+    S = env.max_stages
+    # no executor has served a job yet (no locality bonus), so the scores are Tetris*'s: BIG 1.174, SMALL 1.493;
+    # SMALL's count is min(free 3, 1 task) = 1; BIG's min(3, 4 tasks) = 3, capped at round(0.4 · 3) = 1 per job
+    idx, score, counts = TetrisLimited().candidates(obs, info["action_mask"])
+    assert idx.tolist() == [0, S] and counts.tolist() == [1, 1]
+    assert score == pytest.approx([1 + 0.15 * 1.1594, 1 / 3 + 1.1594], abs=1e-3)
+    assert TetrisLimited().choose(obs, info["action_mask"]) == (S, 1)
+    # without the limit BIG gets every free executor it can fill, as Tetris* gives it
+    assert TetrisLimited(limit=None).candidates(obs, info["action_mask"])[2].tolist() == [3, 1]
+    # a locality bonus of 1 on BIG alone (it holds a free executor that served it) turns the choice to BIG
+    obs = {k: v.copy() for k, v in obs.items()}
+    obs["jobs"][0, JF["local_free_executors"]] = 1
+    assert TetrisLimited(locality=1.0).choose(obs, info["action_mask"]) == (0, 1)
+
+
+def test_tetris_limited_breaks_ties_as_tetris_does():
+    """Two equal jobs (same work, same alignment): the earlier arrival wins, as in Tetris*'s lexsort."""
+    env = DagSchedulingEnv(2, fixed_jobs=[SMALL, SMALL], num_init_jobs=2)
+    obs, info = env.reset(seed=0)
+    assert TetrisLimited(limit=None, locality=0.0).choose(obs, info["action_mask"]) == \
+        TetrisStar().choose(obs, info["action_mask"])
+
+
 def test_registered_and_observations_in_their_space():
     env = gymnasium.make("hsched/DagScheduling-v0", executors=4, num_stream_jobs=2, jobs=[DIAMOND, SMALL, BIG])
     obs, info = env.reset(seed=3)
@@ -218,13 +245,14 @@ def dag_jobs(draw):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jobs=st.lists(dag_jobs(), min_size=1, max_size=4), executors=st.integers(1, 5),
-       init=st.integers(0, 4), seed=st.integers(0, 2**16), policy=st.sampled_from(["random", "fifo", "sjf", "tetris"]),
+       init=st.integers(0, 4), seed=st.integers(0, 2**16), policy=st.sampled_from(["random", "fifo", "sjf", "tetris", "limited"]),
        delay=st.sampled_from([0.0, 2.0]), max_jobs=st.sampled_from([None, 1, 2]),
        durations=st.sampled_from(["waves", "mean"]))
 def test_invariants_under_any_policy(jobs, executors, init, seed, policy, delay, max_jobs, durations):
     env = DagSchedulingEnv(executors, fixed_jobs=jobs, num_init_jobs=init, interarrival_s=2.0,
                            moving_delay_s=delay, max_jobs=max_jobs, durations=durations, record=True)
-    chooser = {"random": RandomDag(seed), "fifo": Fifo(), "sjf": SjfCp(), "tetris": TetrisStar()}[policy]
+    chooser = {"random": RandomDag(seed), "fifo": Fifo(), "sjf": SjfCp(), "tetris": TetrisStar(),
+               "limited": TetrisLimited()}[policy]
     ep = run_dag_policy(env, chooser, seed=seed)
     # every job finishes, no earlier than its capacity bound, itself no lower than the critical-path bound
     assert ep.metrics["finished"] == len(jobs)
