@@ -10,15 +10,13 @@
    and `--episodes` RL episodes (the trainer's validation after cloning and at the end picks the weights), then
    evaluated greedily with FIFO, SJF-CP, Tetris* and Tetris*+limit on `--seeds`: paired policy − Tetris*, mean ±
    s.e., seeds won. `evaluate` prints the same for trained models.
-3. `residual`: BA3C as a learned residual over Tetris*+limit (`hsched.rl.ba3c.Config.prior`, the heads' last layers
-   zero at the start, so episode 0's validation is the prior alone), trained by RL; prints the validation curve.
+The residual experiment (BA3C's heads as a learned residual over Tetris*+limit) is commit bb46adf's `residual`
+subcommand, reverted after it measured worse (docs/dag_scheduling.md).
 
     python bench/dag_teachers.py teachers [--seeds 60000:60020] [--limits none,0.3,0.4,0.5] [--locality 0,0.3]
                                           [--eps-scale 0.01,4]
     python bench/dag_teachers.py clone --rounds 3 [--teacher tetris|limited] [--episodes 8] [--seeds 0:20]
                                        [--out runs/ba3c-clone.pt]
-    python bench/dag_teachers.py residual [--episodes 128] [--select-every 64] [--lr 3e-5] [--entropy 0.01]
-                                          [--stage-scale 10] [--count-scale 2] [--out runs/ba3c-residual.pt]
     python bench/dag_teachers.py evaluate --model models/ba3c_dag.pt [--model …] [--seeds 0:20]
 
 Seeds: validation seeds are 40 000-40 007 (`hsched.rl.ba3c.VALIDATION_SEEDS`), `hsched eval dag`'s are 0, 1, …;
@@ -35,7 +33,6 @@ if not __package__:  # run as a script: make `bench` importable
 
 import argparse
 import dataclasses
-import json
 
 import numpy as np
 
@@ -96,23 +93,6 @@ def clone(args) -> None:
     paired_against_tetris({"clone": ba3c.load_dag_policy(out)}, seed_range(args.seeds))
 
 
-def residual(args) -> None:
-    """BA3C as a learned residual over Tetris*+limit (`Config.prior`): RL from the prior, validated every
-    `--select-every` episodes; prints the validation curve (episode 0 = the prior alone)."""
-    from hsched.rl import ba3c
-    from hsched.rl.training import TrainArgs
-
-    cfg = dataclasses.replace(ba3c.Config(), prior="tetris-limited", expert="", episodes=args.episodes,
-                              entropy_decay_episodes=args.episodes, select_every=args.select_every, lr=args.lr,
-                              entropy_start=args.entropy, entropy_end=args.entropy / 10,
-                              prior_stage_scale=args.stage_scale, prior_count_scale=args.count_scale)
-    out = Path(args.out)
-    figures = ba3c.train(cfg, TrainArgs(seed=0, steps=args.episodes, out=out, progress=False), "ba3c", "ba3c_dag",
-                         branching=True)
-    print({k: figures[k] for k in ("train_cpu_seconds", "selected_episode", "validation_jct_over_tetris_per_count")})
-    print("validation (episode, mean JCT ÷ SJF-CP's):", json.loads(out.with_suffix(".json").read_text())["data"]["validation"])
-
-
 def evaluate(args) -> None:
     from hsched.rl import ba3c
 
@@ -133,19 +113,11 @@ def main() -> None:
     c.add_argument("--episodes", type=int, default=8)
     c.add_argument("--seeds", default="0:20")
     c.add_argument("--out", default="runs/ba3c-clone.pt")
-    r = sub.add_parser("residual")
-    r.add_argument("--episodes", type=int, default=128)
-    r.add_argument("--select-every", type=int, default=64)
-    r.add_argument("--lr", type=float, default=3e-5)
-    r.add_argument("--entropy", type=float, default=0.01, help="the entropy weight's start (it decays to a tenth)")
-    r.add_argument("--stage-scale", type=float, default=10.0)
-    r.add_argument("--count-scale", type=float, default=2.0)
-    r.add_argument("--out", default="runs/ba3c-residual.pt")
     e = sub.add_parser("evaluate")
     e.add_argument("--model", action="append", required=True, help="a ba3c / a3c checkpoint (repeatable)")
     e.add_argument("--seeds", default="0:20")
     args = p.parse_args()
-    {"teachers": teachers, "clone": clone, "residual": residual, "evaluate": evaluate}[args.what](args)
+    {"teachers": teachers, "clone": clone, "evaluate": evaluate}[args.what](args)
 
 
 if __name__ == "__main__":

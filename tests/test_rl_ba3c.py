@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hsched.envs.dag import DagSchedulingEnv, TetrisLimited, run_dag_policy
+from hsched.envs.dag import DagSchedulingEnv, run_dag_policy
 from hsched.eval.report import EvalContext
 from hsched.rl.ba3c import (
     Config,
@@ -24,7 +24,6 @@ from hsched.rl.ba3c import (
     encode,
     evaluate_model,
     load_dag_policy,
-    make_prior,
     reference_jct,
     rollout,
     selection_score,
@@ -226,33 +225,3 @@ def test_dagger_labels_the_learners_own_states_with_the_experts_actions():
             obs, _, done, _, info = env.step(np.array([mine[0], mine[1] - 1]))
     assert len(encs) == len(expected_pos) and pos == expected_pos and counts == expected_counts
     assert learner_differs  # random weights: the states are the learner's, not the expert's trajectory
-
-
-@pytest.mark.parametrize("branching", [True, False])
-def test_an_untrained_actor_with_a_prior_schedules_as_the_prior(branching):
-    """The residual heads start at zero, so the greedy actor is the heuristic it learns a residual over."""
-    cfg = dataclasses.replace(Config(), prior="tetris-limited", expert="")
-    policy = LearnedDagPolicy(DagActorCritic(branching, cfg, seed=1), "prior")
-    for n, seed in ((2, 0), (3, 1), (5, 2)):
-        env = DagSchedulingEnv(n, fixed_jobs=JOBS, num_init_jobs=1, num_stream_jobs=2, interarrival_s=2.0)
-        assert run_dag_policy(env, policy, seed=seed).jct == run_dag_policy(env, TetrisLimited(), seed=seed).jct
-    # without the prior the same seed's random heads schedule otherwise on at least one of a few episodes
-    plain = LearnedDagPolicy(DagActorCritic(branching, Config(), seed=1), "plain")
-    env = DagSchedulingEnv(5, num_init_jobs=1, num_stream_jobs=6, interarrival_s=20.0)
-    assert any(run_dag_policy(env, plain, seed=s).jct != run_dag_policy(env, TetrisLimited(), seed=s).jct
-               for s in range(3))
-
-
-def test_a_prior_must_have_a_per_candidate_view():
-    with pytest.raises(ValueError, match=r"Config.prior: 'sjf-cp' is not one of \['tetris-limited'\]"):
-        make_prior(dataclasses.replace(Config(), prior="sjf-cp"))
-    assert make_prior(Config()) is None
-
-
-def test_a_trained_prior_model_round_trips_with_its_prior(tmp_path):
-    cfg = dataclasses.replace(TINY, prior="tetris-limited", expert="", prior_stage_scale=4.0)
-    train(cfg, TrainArgs(seed=0, out=tmp_path / "p.pt", progress=False, steps=4), "ba3c", "ba3c_dag", True)
-    policy = load_dag_policy(tmp_path / "p.pt")
-    assert isinstance(policy.model.prior, TetrisLimited) and policy.model.prior_stage_scale == 4.0
-    env = DagSchedulingEnv(3, fixed_jobs=JOBS, num_init_jobs=1, interarrival_s=2.0)
-    assert run_dag_policy(env, policy, seed=0).metrics["finished"] == 3

@@ -577,7 +577,7 @@ class TetrisLimited(TetrisStar):
     a job holds at most `limit` × N executors (Decima's lesson that spreading a stage wider draws slower
     waves), and stages whose job has free executors that already served it (no moving delay) score
     +`locality`. `limit` None: no limit. 0.991 / 0.995 × Tetris*'s average JCT at 15 / 20 executors on 20
-    fresh seeds; BA3C can take it as the prior its heads learn a residual over (`hsched.rl.ba3c.Config.prior`)."""
+    fresh seeds (`bench/dag_teachers.py`); a DAgger teacher for BA3C (`hsched.rl.ba3c.Config.expert`)."""
 
     name = "Tetris*+limit"
 

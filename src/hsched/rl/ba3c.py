@@ -160,13 +160,6 @@ class Config:
     # whose weakest count is best against the strongest baseline, the target being to beat it at each count.
     # Tried once (docs/dag_scheduling.md, "worst-count selection"); not the default: not shown to help yet
     selection: str = "mean_over_sjf_cp"
-    # a heuristic the heads learn a residual over (residual policy learning, Silver et al. 2018): a name in
-    # hsched.envs.dag.POLICIES whose policy has a per-candidate view (`candidates`: "tetris-limited"); "" =
-    # none. The stage logits add prior_stage_scale × its score, the count logits −prior_count_scale × |k − its
-    # count|, and the heads' last layers start at zero: the untrained actor's greedy choice is the heuristic's
-    prior: str = ""
-    prior_stage_scale: float = 10.0
-    prior_count_scale: float = 2.0
 
 
 @dataclass
@@ -181,26 +174,10 @@ class Encoded:
     free: int
     executors: int
     node_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
-    prior_score: np.ndarray | None = None  # per candidate, with a prior (Config.prior): its score
-    prior_count: np.ndarray | None = None  # and the count it would give
 
 
-def make_prior(cfg: Config) -> Any:
-    """Config.prior's heuristic, or None."""
-    if not cfg.prior:
-        return None
-    from hsched.envs.dag import POLICIES
-
-    prior = POLICIES.get(cfg.prior)
-    if prior is None or not hasattr(prior, "candidates"):
-        usable = [name for name, cls in POLICIES.items() if hasattr(cls, "candidates")]
-        raise ValueError(f"Config.prior: {cfg.prior!r} is not one of {usable}")
-    return prior()
-
-
-def encode(obs: dict[str, np.ndarray], mask: np.ndarray, prior: Any = None) -> Encoded:
-    """The network's view of an env observation and a stage mask (flat stage indices → node rows), with the
-    `prior` heuristic's per-candidate score and count when given (`make_prior`)."""
+def encode(obs: dict[str, np.ndarray], mask: np.ndarray) -> Encoded:
+    """The network's view of an env observation and a stage mask (flat stage indices → node rows)."""
     stages, jobs, parents, cl = obs["stages"], obs["jobs"], obs["parents"], obs["cluster"]
     S = stages.shape[1]
     executors = max(int(cl[CF["executors"]]), 1)
@@ -252,12 +229,8 @@ def encode(obs: dict[str, np.ndarray], mask: np.ndarray, prior: Any = None) -> E
                                  for s in slots])[candidates]
     cluster = np.array([free / executors, executors / 50.0, len(slots) / 20.0,
                         math.log1p(float(cl[CF["time_s"]])) / 8.0], dtype=np.float32)
-    enc = Encoded(graphs, node_flat, candidates, np.maximum(unassigned, 1.0).astype(np.float32), cluster, free,
-                  executors, np.asarray(offsets, dtype=np.int64))
-    if prior is not None:  # its candidates are the mask's, in the same order as `allowed`
-        _, score, counts = prior.candidates(obs, mask)
-        enc.prior_score, enc.prior_count = score.astype(np.float32), counts.astype(np.float32)
-    return enc
+    return Encoded(graphs, node_flat, candidates, np.maximum(unassigned, 1.0).astype(np.float32), cluster, free,
+                   executors, np.asarray(offsets, dtype=np.int64))
 
 
 def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
@@ -290,15 +263,6 @@ class DagActorCritic(nn.Module):
             else:
                 self.pair_head = _mlp(stage_in + K, cfg.hidden, 1)
             self.critic = _mlp(E + C, cfg.hidden, 1)
-        self.prior = make_prior(cfg)
-        self.prior_stage_scale, self.prior_count_scale = cfg.prior_stage_scale, cfg.prior_count_scale
-        if self.prior is not None:  # the residual starts at zero: the actor starts as the prior
-            for head in (self.stage_head, self.count_head) if branching else (self.pair_head,):
-                nn.init.zeros_(head[-1].weight)
-                nn.init.zeros_(head[-1].bias)
-
-    def encode(self, obs: dict[str, np.ndarray], mask: np.ndarray) -> Encoded:
-        return encode(obs, mask, self.prior)
 
     # -- batched evaluation -------------------------------------------------------------------------------
 
@@ -311,14 +275,11 @@ class DagActorCritic(nn.Module):
         cand = np.zeros((T, C), dtype=np.int64)
         valid = np.zeros((T, C), dtype=bool)
         unassigned = np.ones((T, C), dtype=np.float32)
-        prior_score, prior_count = np.zeros((T, C), dtype=np.float32), np.ones((T, C), dtype=np.float32)
         for t, e in enumerate(encs):
             n = len(e.candidates)
             cand[t, :n] = e.candidates + starts[t]
             valid[t, :n] = True
             unassigned[t, :n] = e.unassigned
-            if self.prior is not None:
-                prior_score[t, :n], prior_count[t, :n] = e.prior_score, e.prior_count
         cand_t = torch.from_numpy(cand)
         node_dag = batch.node_dag[cand_t]
         cluster = torch.from_numpy(np.stack([e.cluster for e in encs]))
@@ -327,7 +288,6 @@ class DagActorCritic(nn.Module):
         return {"stage_in": stage_in, "valid": torch.from_numpy(valid), "node": out.node[cand_t],
                 "dag": out.dag[node_dag], "global": out.global_, "cluster": cluster,
                 "unassigned": torch.from_numpy(unassigned),
-                "prior_score": torch.from_numpy(prior_score), "prior_count": torch.from_numpy(prior_count),
                 "free": torch.tensor([float(e.free) for e in encs]),
                 "executors": torch.tensor([float(e.executors) for e in encs])}
 
@@ -337,8 +297,6 @@ class DagActorCritic(nn.Module):
     def stage_logits(self, h: dict[str, torch.Tensor]) -> torch.Tensor:
         """[T, C] masked logits of the stage head (−inf on padding)."""
         logits = self.stage_head(h["stage_in"]).squeeze(-1)
-        if self.prior is not None:
-            logits = logits + self.prior_stage_scale * h["prior_score"]
         return logits.masked_fill(~h["valid"], -math.inf)
 
     def count_logits(self, h: dict[str, torch.Tensor], chosen: torch.Tensor) -> torch.Tensor:
@@ -351,8 +309,6 @@ class DagActorCritic(nn.Module):
         kf = _count_features(k, h["free"].unsqueeze(1), h["executors"].unsqueeze(1), u)
         ctx = torch.cat([h["node"][rows, chosen], h["dag"][rows, chosen], h["global"], h["cluster"]], -1)
         logits = self.count_head(torch.cat([ctx.unsqueeze(1).expand(T, Kmax, -1), kf], -1)).squeeze(-1)
-        if self.prior is not None:
-            logits = logits - self.prior_count_scale * (k - h["prior_count"][rows, chosen].unsqueeze(1)).abs()
         return logits.masked_fill(k > h["free"].unsqueeze(1), -math.inf)
 
     def pair_logits(self, h: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -367,9 +323,6 @@ class DagActorCritic(nn.Module):
         z = (nn.functional.linear(h["stage_in"], first.weight[:, :n_stage], first.bias).unsqueeze(2)
              + nn.functional.linear(kf, first.weight[:, n_stage:]))
         logits = self.pair_head[1:](z).squeeze(-1)
-        if self.prior is not None:
-            logits = (logits + self.prior_stage_scale * h["prior_score"].unsqueeze(-1)
-                      - self.prior_count_scale * (k - h["prior_count"].unsqueeze(-1)).abs())
         allowed = h["valid"].unsqueeze(-1) & (k <= h["free"].view(T, 1, 1))
         return logits.masked_fill(~allowed, -math.inf)
 
@@ -438,7 +391,7 @@ class LearnedDagPolicy:
         self.model, self.name = model.eval(), name
 
     def choose(self, observation: dict[str, np.ndarray], mask: np.ndarray) -> tuple[int, int]:
-        enc = self.model.encode(observation, mask)
+        enc = encode(observation, mask)
         pos, count = self.model.act(enc, None)
         stage = int(enc.node_flat[enc.candidates[pos]])
         if not mask[stage]:  # cannot happen: candidates come from the mask; kept as the serving guarantee
@@ -491,7 +444,7 @@ def rollouts(model: DagActorCritic, envs: Sequence[DagSchedulingEnv], seed: int,
     state = [env.reset(seed=seed) for env in envs]
     running = list(range(len(envs)))
     while running:
-        encs = [model.encode(state[i][0], state[i][1]["action_mask"]) for i in running]
+        encs = [encode(state[i][0], state[i][1]["action_mask"]) for i in running]
         actions = model.act_batch(encs, rng)
         still = []
         for i, enc, (pos, count) in zip(running, encs, actions, strict=True):
@@ -527,7 +480,6 @@ def demonstrations(cfg: Config, make: Callable[[Config, int], DagSchedulingEnv] 
     from hsched.envs.dag import POLICIES
 
     encs, pos, counts = [], [], []
-    prior = make_prior(cfg)
     if learner is not None:
         learner.eval()
     for k in range(cfg.bc_episodes):
@@ -536,7 +488,7 @@ def demonstrations(cfg: Config, make: Callable[[Config, int], DagSchedulingEnv] 
         obs, info = env.reset(seed=seed0 + k)
         done = False
         while not done:
-            enc = encode(obs, info["action_mask"], prior)
+            enc = encode(obs, info["action_mask"])
             stage, count = expert.choose(obs, info["action_mask"])
             p = int(np.flatnonzero(enc.node_flat[enc.candidates] == stage)[0])
             encs.append(enc)
@@ -621,7 +573,7 @@ def evaluate_model(model: DagActorCritic, cfg: Config, executors: int,
     model.eval()
     while state:
         running = list(state)
-        encs = [model.encode(state[i][0], state[i][1]["action_mask"]) for i in running]
+        encs = [encode(state[i][0], state[i][1]["action_mask"]) for i in running]
         for i, enc, (pos, count) in zip(running, encs, model.act_batch(encs, None), strict=True):
             obs, _, done, _, info = envs[i].step(np.array([enc.node_flat[enc.candidates[pos]], count - 1]))
             if done:
