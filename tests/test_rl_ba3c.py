@@ -49,6 +49,9 @@ def test_encode_maps_the_mask_to_node_rows():
     assert sorted(enc.node_flat[enc.candidates].tolist()) == np.flatnonzero(info["action_mask"]).tolist()
     assert enc.graphs[0].edges == [(0, 1), (0, 2), (1, 3), (2, 3)]
     assert enc.unassigned.tolist() == [2.0, 1.0, 5.0, 2.0]  # stage 0 of jobs 1-2, stages 0 and 1 of job 3
+    # the stage's place in its job's stage order (a topological order: Spark's stage ids), 0 first, 1 last
+    assert enc.graphs[0].features[:, -1] == pytest.approx([0, 1 / 3, 2 / 3, 1])
+    assert enc.graphs[1].features[:, -1].tolist() == [0.0, 1.0]
     with pytest.raises(ValueError, match="mask"):
         encode(obs, np.zeros_like(info["action_mask"]))
 

@@ -35,7 +35,8 @@ stepped in lockstep so each round of decisions is one batched forward pass (`rol
 gradient in expectation, reproducible from the seed).
 
 Warm start (ours, not the paper's; both agents get it). Before the RL phase the actor clones an expert —
-Tetris*, the strongest baseline on our env — for `bc_epochs` passes over `bc_episodes` of its episodes
+Tetris*+limit (`hsched.envs.dag.TetrisLimited`: Tetris*, the strongest baseline on our env, with a per-job
+executor limit and executor locality; until 2026-12-06 Tetris* itself) — for `bc_epochs` passes over `bc_episodes` of its episodes
 (maximum likelihood of its stage and of its effective count min(count, unassigned)), then `dagger_rounds`
 DAgger rounds (Ross et al. 2011): the clone plays `bc_episodes` more episodes greedily, the expert labels
 every state it reaches, and the clone is fitted again on everything (a plain clone reached states the
@@ -65,8 +66,10 @@ tens of jobs; 11-job episodes rarely queue), 8 rollouts per update (lockstep: 8 
 time baseline of 8 is less noisy than of 4), lr 3e-4, 24 demonstration episodes × 10 epochs + one DAgger
 round, validation on 51-job episodes every 256 episodes; 1 280 RL episodes. On validation (8 seeds, 51 jobs)
 Tetris* scores 0.964 × SJF-CP, the DAgger clone 0.973, the weights after 256 / 768 / 1 280 RL episodes 0.965 /
-0.964 / 0.962 (the last shipped; 512 and 1 024 scored 0.977 and 0.974: RL moves it by about its own noise
-between validations, hence the selection). Results per executor count: docs/dag_scheduling.md.
+0.964 / 0.962 (the model shipped until 2026-12-06; 512 and 1 024 scored 0.977 and 0.974: RL moves it by about its
+own noise between validations, hence the selection). The shipped models since then: the DAgger clone of
+Tetris*+limit with the stage-order input, 8 RL episodes (`--steps 8`; longer RL from it, or from the heuristic as a
+prior, only made the greedy policy worse on validation). Results per executor count: docs/dag_scheduling.md.
 
 Training setting (ours; the paper's 100 batches × 20 queries × 5 000 rounds is days of CPU): episodes of
 1 + `stream_jobs` TPC-H jobs (paper 004's sizes) with Poisson arrivals, the executor count drawn per episode
@@ -78,7 +81,10 @@ selected on.
 
 Inputs (`encode`): per node the env's stage facts scaled (log for counts and work, ÷10 s for durations),
 its job's facts, and the job's rank by remaining work among the jobs in the system (a heuristic hint, ours,
-not the paper's: with a few minutes of CPU the agent starts from what SJF knows instead of rediscovering it).
+not the paper's: with a few minutes of CPU the agent starts from what SJF knows instead of rediscovering it),
+and the stage's place in its job's stage order (Spark's stage ids, a topological order: Tetris*'s tie-break
+among a job's equal stages, lowest first, is worth 7-11 % of average JCT, and without it the clones lost ~1 %
+to their teacher).
 
 Serving: `load_dag_policy(path)` → a `DagPolicy` (`choose(observation, mask) -> (stage, count)`) that
 picks the highest-probability stage among those `mask` allows — a stage outside the mask is never returned
@@ -117,7 +123,7 @@ SELECTIONS = ("worst_count_over_tetris", "mean_over_sjf_cp")  # Config.selection
 TRAIN_EXECUTOR_COUNTS = (15, 20)
 NODE_INPUTS = ("schedulable", "finished", "log_unassigned", "task_duration", "log_stage_work", "running_share",
                "critical_path", "log_job_work", "job_executor_share", "job_local_free_share", "log_job_age",
-               "job_critical_path", "job_work_rank")
+               "job_critical_path", "job_work_rank", "stage_order")
 CLUSTER_INPUTS = ("free_share", "executors", "jobs", "log_time")
 COUNT_INPUTS = ("k_share", "k_of_free", "k_fill", "k_covers")
 
@@ -131,7 +137,7 @@ class Config:
     entropy_start: float = 0.01
     entropy_end: float = 0.001
     entropy_decay_episodes: int = 1280  # β decays linearly over these (the whole default RL phase)
-    expert: str = "tetris"           # demonstrations for the warm start (hsched.envs.dag.POLICIES); "" = none
+    expert: str = "tetris-limited"   # demonstrations for the warm start (hsched.envs.dag.POLICIES); "" = none
     bc_episodes: int = 24            # expert episodes (seeds EXPERT_SEED0 + k); as many again per DAgger round
     bc_epochs: int = 10              # passes of behaviour cloning over them before the RL phase (and per round)
     dagger_rounds: int = 1           # rounds where the clone drives and the expert labels (Ross et al. 2011)
@@ -207,6 +213,7 @@ def encode(obs: dict[str, np.ndarray], mask: np.ndarray) -> Encoded:
         x[:, 10] = math.log1p(jb[JF["age_s"]]) / 6.0
         x[:, 11] = jb[JF["critical_path_s"]] / 10.0
         x[:, 12] = rank[i]
+        x[:, 13] = np.arange(n) / max(n - 1, 1)
         c, p = np.nonzero(parents[slot, :n, :n])
         graphs.append(DagGraph(x, list(zip(p.tolist(), c.tolist(), strict=True))))
         base = offsets[-1]
