@@ -584,28 +584,18 @@ class TetrisLimited(TetrisStar):
     def __init__(self, limit: float | None = 0.4, locality: float = 0.3, eps_scale: float = 1.0) -> None:
         self.limit, self.locality, self.eps_scale = limit, locality, eps_scale
 
-    def candidates(self, obs: dict[str, np.ndarray], mask: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per schedulable stage (flat index, mask order): its score, ties broken as `choose` breaks them (by
-        at most 1e-6: earlier arrival, then lower stage index, first), and the count `choose` would give it."""
+    def choose(self, obs: dict[str, np.ndarray], mask: np.ndarray) -> tuple[int, int]:
         idx, slots, stages = _candidates(obs, mask)
         free, jobs = _free(obs), obs["jobs"]
         unassigned = obs["stages"][slots, stages, NF["unassigned_tasks"]]
         alignment, shortness = self.terms(obs, slots, unassigned, free)
         score = alignment + self.eps_scale * shortness + self.locality * (jobs[slots, JF["local_free_executors"]] > 0)
-        order = np.lexsort((stages, jobs[slots, JF["arrival_index"]], -score))
-        rank = np.empty(len(idx))
-        rank[order] = np.arange(len(idx))
-        counts = np.minimum(free, unassigned).astype(np.int64)
+        i = np.lexsort((stages, jobs[slots, JF["arrival_index"]], -score))[0]
+        count = int(min(free, unassigned[i]))
         if self.limit is not None:
             cap = max(1, round(self.limit * obs["cluster"][CF["executors"]]))
-            counts = np.maximum(1, np.minimum(counts, cap - jobs[slots, JF["executors"]].astype(np.int64)))
-        return idx, score - 1e-6 * rank / len(idx), np.maximum(counts, 1)
-
-    def choose(self, obs: dict[str, np.ndarray], mask: np.ndarray) -> tuple[int, int]:
-        idx, score, counts = self.candidates(obs, mask)
-        i = int(np.argmax(score))
-        return int(idx[i]), int(counts[i])
+            count = max(1, min(count, cap - int(jobs[slots[i], JF["executors"]])))
+        return int(idx[i]), count
 
 
 class RandomDag:
