@@ -83,7 +83,7 @@ Inputs (`encode`): per node the env's stage facts scaled (log for counts and wor
 its job's facts, and the job's rank by remaining work among the jobs in the system (a heuristic hint, ours,
 not the paper's: with a few minutes of CPU the agent starts from what SJF knows instead of rediscovering it),
 and the stage's place in its job's stage order (Spark's stage ids, a topological order: Tetris*'s tie-break
-among a job's equal stages, lowest first, is worth 7-11 % of average JCT, and without it the clones lost ~1 %
+among a job's equal stages, lowest first, is worth 7-11 % of average JCT, and without it the clones lost 0.5-1 %
 to their teacher).
 
 Serving: `load_dag_policy(path)` → a `DagPolicy` (`choose(observation, mask) -> (stage, count)`) that
