@@ -95,7 +95,9 @@ def clone(args) -> None:
 
 def evaluate(args) -> None:
     from hsched.rl import ba3c
+    from hsched.rl.checkpoint import serve_on_one_thread
 
+    serve_on_one_thread()  # as the placer serves them; torch's default threads took a second core
     paired_against_tetris({Path(m).stem: ba3c.load_dag_policy(m) for m in args.model}, seed_range(args.seeds))
 
 
