@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hsched.domain.errors import ValidationError
 from hsched.domain.resources import Resources
 from hsched.domain.task import MAX_RUNTIME_S, PRIORITY_CLASSES, NetworkRequirements, TaskSpec
-from hsched.taskfile import derive_request_id, load_submit_file, task_to_mapping
+from hsched.taskfile import YamlDumper, derive_request_id, load_submit_file, task_to_mapping
 from tests.test_cli import assert_one_line_error, run_cli
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tasks.yaml"
@@ -58,11 +58,11 @@ def _unique(specs: list[TaskSpec]) -> bool:
 def write(path: Path, docs: list, shape: str) -> None:
     """The specs as one mapping, a list, a `---` stream or JSON (a list)."""
     if shape == "stream":
-        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        path.write_text(yaml.dump_all(docs, Dumper=YamlDumper, sort_keys=False))
     elif shape == "json":
         path.write_text(json.dumps(docs))
     else:
-        path.write_text(yaml.safe_dump(docs[0] if shape == "one" else docs, sort_keys=False))
+        path.write_text(yaml.dump(docs[0] if shape == "one" else docs, Dumper=YamlDumper, sort_keys=False))
 
 
 def where(shape: str, i: int, n: int) -> str:
@@ -287,3 +287,17 @@ def test_task_flags_with_a_file_are_refused_not_ignored(tmp_path):
     bad.write_text("- {resources: {cpu_milli: 100}, runtime_s: 5}\n- {resources: {cpu_milli: 1.5}, runtime_s: 5}\n")
     done = run_cli("submit", "-f", str(bad), "--gateway", "127.0.0.1:1", env={"XDG_RUNTIME_DIR": str(tmp_path)})
     assert_one_line_error(done, 2, f"{bad}: [1].resources.cpu_milli: must be an integer (got 1.5)")
+
+
+def test_printed_yaml_reads_back_strings_that_look_like_yaml12_numbers(tmp_path):
+    """`0e0` is a valid tenant; PyYAML's own dumper writes it bare (a string in YAML 1.1) and the task file reader
+    (YAML 1.2 numbers) would read a number: what the CLI prints as yaml must read back as it was."""
+    from hsched.views import dump
+
+    spec = TaskSpec(resources=Resources(cpu_milli=100), runtime_s=1.0, tenant="0e0", name="1e5")
+    text = dump(task_to_mapping(spec), "yaml")
+    assert "tenant: '0e0'" in text
+    path = tmp_path / "task.yaml"
+    path.write_text(text)
+    (loaded,) = load_submit_file(path).tasks
+    assert (loaded.spec.tenant, loaded.spec.name) == ("0e0", "1e5")

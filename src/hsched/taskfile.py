@@ -167,9 +167,15 @@ class _Loader(yaml.SafeLoader):
     `1e+20`), so numbers are read as YAML 1.2 and JSON read them."""
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
+class YamlDumper(yaml.SafeDumper):
+    """PyYAML's SafeDumper with the loader's rule: it quotes a string such as `0e0` (a valid tenant), which it would
+    write bare as YAML 1.1 text and `_Loader` would read back as a number."""
+
+
+for _cls in (_Loader, YamlDumper):
+    _cls.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
 
 
 def read_documents(path: str | Path) -> list[Any]:
