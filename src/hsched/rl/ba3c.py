@@ -49,7 +49,7 @@ Model selection (ours). The RL phase moves the clone by about as much as run-to-
 not always downwards, so the weights are validated greedily after cloning and every `select_every` episodes
 (average JCT at 15 and 20 executors on VALIDATION_SEEDS, kept per count in the metadata's
 `data.validation_jct_s`) and the best by `Config.selection` are shipped (`selected_episode`). The default
-criterion is the mean over counts of JCT ÷ SJF-CP's (`mean_over_sjf_cp`); it picked the shipped weights, 0.35 %
+criterion is the mean over counts of JCT ÷ SJF-CP's (`mean_over_sjf_cp`); it picked the weights shipped until 2026-12-06, 0.35 %
 below Tetris* at 15 and 0.04 % at 20 on validation, then below it at 15 and above it at 20 on the evaluation.
 The alternative, the worst count's JCT ÷ Tetris*'s (`worst_count_over_tetris`: beat the expert at each count),
 was tried on a rerun cut at 256 episodes and did not beat the shipped model (docs/dag_scheduling.md)
