@@ -15,7 +15,7 @@ subcommand, reverted after it measured worse (docs/dag_scheduling.md).
 
     python bench/dag_teachers.py teachers [--seeds 60000:60020] [--limits none,0.3,0.4,0.5] [--locality 0,0.3]
                                           [--eps-scale 0.01,4]
-    python bench/dag_teachers.py clone --rounds 3 [--teacher tetris|limited] [--episodes 8] [--seeds 0:20]
+    python bench/dag_teachers.py clone --rounds 3 [--teacher tetris|tetris-limited] [--episodes 8] [--seeds 0:20]
                                        [--out runs/ba3c-clone.pt]
     python bench/dag_teachers.py evaluate --model models/ba3c_dag.pt [--model …] [--seeds 0:20]
 
@@ -84,8 +84,7 @@ def clone(args) -> None:
     from hsched.rl import ba3c
     from hsched.rl.training import TrainArgs
 
-    cfg = dataclasses.replace(ba3c.Config(), expert={"tetris": "tetris", "limited": "tetris-limited"}[args.teacher],
-                              dagger_rounds=args.rounds, episodes=args.episodes)
+    cfg = dataclasses.replace(ba3c.Config(), expert=args.teacher, dagger_rounds=args.rounds, episodes=args.episodes)
     out = Path(args.out)
     figures = ba3c.train(cfg, TrainArgs(seed=0, steps=args.episodes, out=out, progress=False), "ba3c", "ba3c_dag",
                          branching=True)
@@ -111,7 +110,7 @@ def main() -> None:
     t.add_argument("--eps-scale", default="0.01,4", help="Tetris*'s ε scaled by these (no limit, no locality)")
     c = sub.add_parser("clone")
     c.add_argument("--rounds", type=int, default=3)
-    c.add_argument("--teacher", choices=("tetris", "limited"), default="tetris")
+    c.add_argument("--teacher", choices=("tetris", "tetris-limited"), default="tetris")
     c.add_argument("--episodes", type=int, default=8)
     c.add_argument("--seeds", default="0:20")
     c.add_argument("--out", default="runs/ba3c-clone.pt")

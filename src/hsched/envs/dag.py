@@ -556,10 +556,19 @@ class TetrisStar:
         idx, slots, stages = _candidates(obs, mask)
         free = _free(obs)
         unassigned = obs["stages"][slots, stages, NF["unassigned_tasks"]]
-        alignment, shortness = self.terms(obs, slots, unassigned, free)
-        score = alignment + shortness
+        score = self.score(obs, slots, unassigned, free)
+        # ties (a job's stages share its shortness) go to the earliest job, then the lowest stage id: worth 7-11 %
+        # of average JCT on TPC-H DAGs, whose stage ids are a topological order (docs/dag_scheduling.md)
         i = np.lexsort((stages, obs["jobs"][slots, JF["arrival_index"]], -score))[0]
-        return int(idx[i]), int(min(free, unassigned[i]))
+        return int(idx[i]), self.count(obs, int(slots[i]), int(min(free, unassigned[i])))
+
+    def score(self, obs: dict[str, np.ndarray], slots: np.ndarray, unassigned: np.ndarray, free: int) -> np.ndarray:
+        alignment, shortness = self.terms(obs, slots, unassigned, free)
+        return alignment + shortness
+
+    def count(self, obs: dict[str, np.ndarray], slot: int, fill: int) -> int:
+        """Executors for the chosen stage of job `slot`, given the `fill` = min(free, its unassigned tasks)."""
+        return fill
 
     @staticmethod
     def terms(obs: dict[str, np.ndarray], slots: np.ndarray, unassigned: np.ndarray,
@@ -584,18 +593,15 @@ class TetrisLimited(TetrisStar):
     def __init__(self, limit: float | None = 0.4, locality: float = 0.3, eps_scale: float = 1.0) -> None:
         self.limit, self.locality, self.eps_scale = limit, locality, eps_scale
 
-    def choose(self, obs: dict[str, np.ndarray], mask: np.ndarray) -> tuple[int, int]:
-        idx, slots, stages = _candidates(obs, mask)
-        free, jobs = _free(obs), obs["jobs"]
-        unassigned = obs["stages"][slots, stages, NF["unassigned_tasks"]]
+    def score(self, obs: dict[str, np.ndarray], slots: np.ndarray, unassigned: np.ndarray, free: int) -> np.ndarray:
         alignment, shortness = self.terms(obs, slots, unassigned, free)
-        score = alignment + self.eps_scale * shortness + self.locality * (jobs[slots, JF["local_free_executors"]] > 0)
-        i = np.lexsort((stages, jobs[slots, JF["arrival_index"]], -score))[0]
-        count = int(min(free, unassigned[i]))
-        if self.limit is not None:
-            cap = max(1, round(self.limit * obs["cluster"][CF["executors"]]))
-            count = max(1, min(count, cap - int(jobs[slots[i], JF["executors"]])))
-        return int(idx[i]), count
+        return alignment + self.eps_scale * shortness + self.locality * (obs["jobs"][slots, JF["local_free_executors"]] > 0)
+
+    def count(self, obs: dict[str, np.ndarray], slot: int, fill: int) -> int:
+        if self.limit is None:
+            return fill
+        cap = max(1, round(self.limit * obs["cluster"][CF["executors"]]))
+        return max(1, min(fill, cap - int(obs["jobs"][slot, JF["executors"]])))
 
 
 class RandomDag:

@@ -36,8 +36,8 @@ gradient in expectation, reproducible from the seed).
 
 Warm start (ours, not the paper's; both agents get it). Before the RL phase the actor clones an expert —
 Tetris*+limit (`hsched.envs.dag.TetrisLimited`: Tetris*, the strongest baseline on our env, with a per-job
-executor limit and executor locality; until 2026-12-06 Tetris* itself) — for `bc_epochs` passes over `bc_episodes` of its episodes
-(maximum likelihood of its stage and of its effective count min(count, unassigned)), then `dagger_rounds`
+executor limit and executor locality; until 2026-12-06 Tetris* itself) — for `bc_epochs` passes over
+`bc_episodes` of its episodes (maximum likelihood of its stage and of its effective count min(count, unassigned)), then `dagger_rounds`
 DAgger rounds (Ross et al. 2011): the clone plays `bc_episodes` more episodes greedily, the expert labels
 every state it reaches, and the clone is fitted again on everything (a plain clone reached states the
 expert never shows and scored ~1 % above it on validation). From random weights, 240 RL episodes (~5 min)
@@ -49,8 +49,9 @@ Model selection (ours). The RL phase moves the clone by about as much as run-to-
 not always downwards, so the weights are validated greedily after cloning and every `select_every` episodes
 (average JCT at 15 and 20 executors on VALIDATION_SEEDS, kept per count in the metadata's
 `data.validation_jct_s`) and the best by `Config.selection` are shipped (`selected_episode`). The default
-criterion is the mean over counts of JCT ÷ SJF-CP's (`mean_over_sjf_cp`); it picked the weights shipped until 2026-12-06, 0.35 %
-below Tetris* at 15 and 0.04 % at 20 on validation, then below it at 15 and above it at 20 on the evaluation.
+criterion is the mean over counts of JCT ÷ SJF-CP's (`mean_over_sjf_cp`); it picked the weights shipped until
+2026-12-06, 0.35 % below Tetris* at 15 and 0.04 % at 20 on validation, then below it at 15 and above it at 20 on
+the evaluation.
 The alternative, the worst count's JCT ÷ Tetris*'s (`worst_count_over_tetris`: beat the expert at each count),
 was tried on a rerun cut at 256 episodes and did not beat the shipped model (docs/dag_scheduling.md)
 (`validation_tetris_over_sjf_cp` is the expert's score on SJF-CP's yardstick). Validation episodes are as long as `hsched eval dag`'s (51 jobs): on 21-job episodes the
