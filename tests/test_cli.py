@@ -248,3 +248,13 @@ def test_train_writes_a_new_run_directory_and_never_the_shipped_model(tmp_path):
 def test_train_resume_needs_the_checkpoint_it_continues(tmp_path):
     done = run_cli("train", "per-dqn", "--resume", env={"XDG_RUNTIME_DIR": str(tmp_path)})
     assert_one_line_error(done, 2, "--resume", "--out is required")
+
+
+def test_train_init_is_checked_before_training(tmp_path):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    assert_one_line_error(run_cli("train", "double-dqn", "--init", "models/ba3c_dag.pt", env=env), 2, "--init",
+                          "fine-tunes only ba3c, a3c")
+    assert_one_line_error(run_cli("train", "ba3c", "--init", str(tmp_path / "none.pt"), env=env), 2, "--init",
+                          "no checkpoint at")
+    assert_one_line_error(run_cli("train", "ba3c", "--init", "models/ba3c_dag.pt", "--resume", "--out",
+                                  str(tmp_path / "x.pt"), env=env), 2, "--init", "give one of them")

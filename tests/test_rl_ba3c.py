@@ -4,6 +4,7 @@ resume, determinism) and `hsched eval dag --quick`."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hsched.domain.errors import ValidationError
 from hsched.envs.dag import DagSchedulingEnv, run_dag_policy
 from hsched.eval.report import EvalContext
 from hsched.rl.ba3c import (
@@ -129,6 +131,28 @@ def test_tiny_training_writes_model_resumes_and_is_deterministic(tmp_path):
     policy = load_dag_policy(tmp_path / "b.pt")
     env = DagSchedulingEnv(3, fixed_jobs=JOBS, num_init_jobs=1, interarrival_s=2.0)
     assert run_dag_policy(env, policy, seed=0).metrics["finished"] == 3
+
+
+def test_init_fine_tunes_a_checkpoint_without_cloning(tmp_path):
+    a = train(TINY, TrainArgs(seed=0, out=tmp_path / "a.pt", progress=False, steps=2), "ba3c", "ba3c_dag", True)
+    tuned = train(TINY, TrainArgs(seed=1, out=tmp_path / "t.pt", progress=False, steps=2, init=tmp_path / "a.pt"),
+                  "ba3c", "ba3c_dag", True)
+    meta = json.loads((tmp_path / "t.json").read_text())
+    assert meta["bc_loss_per_epoch"] == [] and tuned["episodes"] == 2
+    assert meta["init"]["sha256"] == hashlib.sha256((tmp_path / "a.pt").read_bytes()).hexdigest()
+    assert meta["command"] == f"hsched train ba3c --seed 1 --steps 2 --init {tmp_path / 'a.pt'} --out {tmp_path / 't.pt'}"
+    # episode 0 validates the weights it started from: a's selected ones
+    first = json.loads((tmp_path / "a.json").read_text())["data"]["validation_jct_s"]
+    started = dict(first)[a["selected_episode"]]
+    assert meta["data"]["validation_jct_s"][0] == [0, started]
+    # a resumed fine-tuning still says what it started from
+    train(TINY, TrainArgs(seed=1, out=tmp_path / "t.pt", progress=False, steps=4, resume=True), "ba3c", "ba3c_dag", True)
+    resumed = json.loads((tmp_path / "t.json").read_text())
+    assert resumed["init"] == meta["init"] and resumed["command"].startswith(meta["command"].split(" --steps")[0])
+    assert f"--init {tmp_path / 'a.pt'}" in resumed["command"] and resumed["data"]["expert_episode_seeds"] is None
+    with pytest.raises(ValidationError, match="--init: .* is the ba3c agent's checkpoint, not a3c's"):
+        train(TINY, TrainArgs(seed=1, out=tmp_path / "x.pt", progress=False, steps=2, init=tmp_path / "a.pt"),
+              "a3c", "a3c_dag", False)
 
 
 def test_validation_draws_no_random_numbers(tmp_path):

@@ -761,10 +761,18 @@ def cmd_train(args) -> int:
     """Train one agent from scratch (or resume it); print the figures it evaluated."""
     from pathlib import Path
 
-    from hsched.rl.training import TrainArgs, new_run_dir, trainer
+    from hsched.rl.checkpoint import model_path
+    from hsched.rl.training import FINE_TUNABLE, TrainArgs, new_run_dir, trainer
 
     if args.resume and not args.out:
         raise ValidationError("--resume", "continues the checkpoint at --out, so --out is required")
+    if args.init is not None:
+        if args.agent not in FINE_TUNABLE:
+            raise ValidationError("--init", f"fine-tunes only {', '.join(FINE_TUNABLE)}, not {args.agent}")
+        if args.resume:
+            raise ValidationError("--init", "starts a new training; --resume continues one: give one of them")
+        if not model_path(args.init).is_file():
+            raise ValidationError("--init", f"no checkpoint at {model_path(args.init)}")
     if (failed := _check_data(args)) is not None:
         return failed
     run_dir = None if args.out else new_run_dir(args.agent)
@@ -772,7 +780,8 @@ def cmd_train(args) -> int:
     figures = run(TrainArgs(seed=args.seed, steps=args.steps, out=Path(args.out) if args.out else None,
                             run_dir=run_dir, resume=args.resume, compare=args.compare, progress=not args.quiet,
                             fleet=Path(args.fleet) if args.fleet else None, trace=args.trace,
-                            cores_per_proc=args.cores_per_proc, time_compression=args.time_compression))
+                            cores_per_proc=args.cores_per_proc, time_compression=args.time_compression,
+                            init=model_path(args.init) if args.init else None))
     print(json.dumps(figures, indent=2, sort_keys=True, default=str))
     if run_dir:
         print(f"hsched train: wrote {run_dir}/ (the shipped models/ are unchanged; services started with "
@@ -1276,6 +1285,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", help="checkpoint path (default: a new runs/<agent>-<UTC time>/<agent>.pt; replacing a "
                                   "shipped model, which the stack serves, takes an explicit --out models/<model>.pt)")
     tr.add_argument("--resume", action="store_true", help="continue the training checkpoint at --out (required)")
+    tr.add_argument("--init", metavar="MODEL", help="start from this checkpoint's weights instead of from scratch "
+                                                 "(fine-tuning; ba3c, a3c: no cloning, the RL phase only)")
     tr.add_argument("--compare", action="store_true",
                     help="also train the paper's comparison runs (DQN vs PER-DQN; expert ratio 0/10/100 %%) "
                          "and plot them in one learning curve")

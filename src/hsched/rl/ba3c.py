@@ -43,7 +43,8 @@ every state it reaches, and the clone is fitted again on everything (a plain clo
 expert never shows and scored ~1 % above it on validation). From random weights, 240 RL episodes (~5 min)
 left BA3C at 1.6× SJF-CP's average JCT (mean-duration env, 15 executors), no better than at the start: the
 paper trains 5 000 rounds. The RL phase then starts from a policy that already schedules like the expert and
-has to improve on it.
+has to improve on it. `--init MODEL` (`TrainArgs.init`) skips the cloning and starts the RL phase from a
+checkpoint's weights (fine-tuning a shipped model).
 
 Model selection (ours). The RL phase moves the clone by about as much as run-to-run noise in this budget, and
 not always downwards, so the weights are validated greedily after cloning and every `select_every` episodes
@@ -95,6 +96,7 @@ whatever the weights — and the best count in 1..free.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -106,6 +108,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hsched.domain.errors import ValidationError
 from hsched.envs.dag import CF, JF, NF, DagSchedulingEnv, run_dag_policy
 from hsched.rl import checkpoint, training
 from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
@@ -622,6 +625,25 @@ def selection_score(jct: dict[int, float], cfg: Config, references: dict[str, di
     raise ValueError(f"Config.selection: {cfg.selection!r} is not one of {SELECTIONS}")
 
 
+def load_init(model: DagActorCritic, path: Path) -> dict[str, Any]:
+    """Load a ba3c / a3c checkpoint's weights into `model` (`--init`: fine-tuning skips the cloning); returns
+    what the new model's metadata says it started from. A checkpoint of the other head, or of other inputs,
+    is refused naming --init."""
+    state = checkpoint.load_state(path)
+    if state.get("branching") != model.branching:
+        raise ValidationError("--init", f"{path} is the {state.get('name')} agent's checkpoint, not "
+                                        f"{'ba3c' if model.branching else 'a3c'}'s")
+    if tuple(state.get("node_inputs", ())) != NODE_INPUTS or tuple(state.get("count_inputs", ())) != COUNT_INPUTS:
+        raise ValidationError("--init", f"{path} was trained on other inputs than this version's")
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:  # other layer sizes (Config.hidden, gcn_hidden, gcn_embed)
+        raise ValidationError("--init", f"{path} does not fit this Config's network: {str(e).splitlines()[0]}") from None
+    meta = checkpoint.load_metadata(path)
+    return {"path": str(path), "sha256": hashlib.sha256(path.with_suffix(".pt").read_bytes()).hexdigest(),
+            "command": meta.get("command"), "episodes": meta.get("episodes")}
+
+
 def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: bool) -> dict[str, Any]:
     """Train from scratch or resume `out`; write the model (.pt + .json), its learning curve; return figures."""
     from hsched.envs.dag import SjfCp
@@ -660,8 +682,10 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
             best.update(score=score, episode=episode, jct=jct,
                         model={k: v.detach().clone() for k, v in model.state_dict().items()})
 
+    # what the weights started from: --init's checkpoint (kept in the training checkpoint for a resume), or None
+    init = load_init(model, args.init) if args.init else saved.get("init") if args.resume else None
     if not args.resume:
-        curves["bc_loss"] = behaviour_cloning(model, cfg, rng) if cfg.expert else []
+        curves["bc_loss"] = behaviour_cloning(model, cfg, rng) if cfg.expert and init is None else []
         if cfg.select_every:
             select()
     elif cfg.select_every and "best" in saved:
@@ -688,7 +712,7 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
                 cpu = None if cpu_before is None else cpu_before + time.process_time() - cpu0
                 checkpoint.save_training(train_ckpt, trained, rng, {"episode": episode, "curves": curves,
                                                                     "seconds": seconds, "cpu_seconds": cpu,
-                                                                    "best": best},
+                                                                    "best": best, "init": init},
                                          {"agent": name, "model": str(out), "episode": episode})
     if best:
         model.load_state_dict(best["model"])
@@ -716,7 +740,7 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
     figures[f"avg_jct_s_{n0}_executors"] = round(float(np.mean([e["avg_jct_s"] for e in mine])), 2)
     figures[f"sjf_cp_avg_jct_s_{n0}_executors"] = round(float(np.mean([e.metrics["avg_jct_s"] for e in sjf])), 2)
     command = f"hsched train {name} --seed {args.seed}" + (f" --steps {args.steps}" if args.steps else "") + \
-        (f" --out {args.out}" if args.out else "")
+        (f" --init {init['path']}" if init else "") + (f" --out {args.out}" if args.out else "")
     state = {"model": model.state_dict(), "config": dataclasses.asdict(cfg), "branching": branching, "name": name,
              "node_inputs": NODE_INPUTS, "cluster_inputs": CLUSTER_INPUTS, "count_inputs": COUNT_INPUTS}
     meta = {"agent": name, "environment": "hsched/DagScheduling-v0 (TPC-H DAGs, paper 004 sizes 2-100 GB)",
@@ -731,10 +755,10 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
                      "validation_jct_s": curves.get("validation_jct_s", []),
                      "expert_episode_seeds": (f"{EXPERT_SEED0}.."
                                               f"{EXPERT_SEED0 + (cfg.dagger_rounds + 1) * cfg.bc_episodes - 1}"
-                                              if cfg.expert else None)},
+                                              if cfg.expert and init is None else None)},
             "bc_loss_per_epoch": [round(v, 4) for v in curves.get("bc_loss", [])],
             "inputs": {"node": list(NODE_INPUTS), "cluster": list(CLUSTER_INPUTS), "count": list(COUNT_INPUTS)},
-            "evaluation": figures, "train_seconds": figures["train_seconds"],
+            "init": init, "evaluation": figures, "train_seconds": figures["train_seconds"],
             "train_cpu_seconds": figures["train_cpu_seconds"], "torch": torch.__version__}
     checkpoint.save(out, state, meta)
     plot_curves(out.with_suffix(".png"), {f"{name}: average JCT": (curves["episode"], curves["avg_jct_s"])},

@@ -37,6 +37,10 @@ TRAINERS: dict[str, tuple[str, str]] = {
 }
 
 
+# agents whose trainer can start from a checkpoint's weights (`--init`) instead of from scratch
+FINE_TUNABLE = ("ba3c", "a3c")
+
+
 @dataclass(frozen=True)
 class TrainArgs:
     seed: int = 0
@@ -50,6 +54,7 @@ class TrainArgs:
     trace: str | None = None      # --trace NAME|PATH (hsched.traces.catalog; None: the trainer's default)
     cores_per_proc: int = 1       # --cores-per-proc for an SWF trace
     time_compression: float = 1.0  # --time-compression for an SWF trace
+    init: Path | None = None      # --init: start from this checkpoint's weights (FINE_TUNABLE agents)
 
 
 def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
