@@ -1,7 +1,7 @@
 """CPU cost of the placer's --dag-policy (hsched.policies.dagqueue), two ways:
 
 1. one decision, in isolation: `choose_stage` over a band of `--stages` queued stages of `--jobs` DAG jobs
-   (observation built from the band, the policy's `choose`), CPU ms of this process per decision, for sjf-cp and
+   (observation built from the band, the policy's `choose`), CPU ms of this process per decision, for sjf-cp, tetris and
    ba3c (the shipped models/ba3c_dag.pt, torch on one thread as the placer serves it);
 2. in the engine (real Redis ledger, no gRPC): a data center of the small fleet is held by online tasks, `--queued`
    offline DAG tasks (of `--jobs` jobs, random stages, paths and sizes) wait; releasing one node drains the
@@ -42,7 +42,7 @@ def one_decision(opts) -> None:
                               rng.uniform(5, 600), rng.uniform(10, 5000), k, rng.uniform(0, 100), rng.random() < 0.7)
                   for k in range(opts.stages)]
         bands.append(stages)
-    for name in ("sjf-cp", "ba3c"):
+    for name in ("sjf-cp", "tetris", "ba3c"):
         policy = load_dag_queue_policy(name)
         choose_stage(policy, bands[0], {}, 0)  # warm-up (first torch call)
         per = []
@@ -73,7 +73,7 @@ async def drain(opts) -> None:
     redis = connect(redis_url)
     prefix = f"bench-dagq-{secrets.token_hex(3)}"
     try:
-        for name in ("fifo", "sjf-cp", "ba3c"):
+        for name in ("fifo", "sjf-cp", "tetris", "ba3c"):
             per, placed = [], []
             for r in range(opts.rounds):
                 rng = random.Random(opts.seed + r)

@@ -577,8 +577,9 @@ def parser():
     p.add_argument("--dag-policy", default=env("HSCHED_DAG_POLICY", "fifo"), choices=list(DAG_POLICIES),
                    help="which DAG job's stage the deferred queue serves first among the offline DAG tasks of one "
                         "class/tenant/priority band (hsched.policies.dagqueue): fifo = arrival order (default, "
-                        "as without it), sjf-cp = least remaining job work then longest critical path, ba3c = "
-                        "the shipped action-branching A3C (models/ba3c_dag.pt, one torch thread)")
+                        "as without it), sjf-cp = least remaining job work then longest critical path, tetris = "
+                        "Tetris* (packing + shortest remaining work), ba3c = the shipped action-branching A3C "
+                        "(models/ba3c_dag.pt, one torch thread)")
     p.add_argument("--slice-types", default=env("HSCHED_SLICE_TYPES", ""),
                    help="pre-partition every node into container slices of the types in this YAML/JSON file "
                         "(`hsched slices fit`, paper 001) and place each task part in a free slice of the smallest "

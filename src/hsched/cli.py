@@ -1092,7 +1092,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--time-factor", type=positive_float, default=None,
                     help="run tasks time-compressed: F task seconds per wall second (a task runs runtime_s / F "
                          "seconds; default: HSCHED_TIME_FACTOR or 1 = real time)")
-    up.add_argument("--dag-policy", default="fifo", choices=["fifo", "sjf-cp", "ba3c"],
+    up.add_argument("--dag-policy", default="fifo", choices=["fifo", "sjf-cp", "tetris", "ba3c"],
                     help="the placers' order among queued DAG-job stages of one class/tenant/priority band: fifo "
                          "(arrival, default), sjf-cp (least remaining job work, then longest critical path) or "
                          "ba3c (the shipped learned scheduler); hsched.policies.dagqueue")

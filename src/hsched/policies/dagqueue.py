@@ -21,7 +21,10 @@ fitting tasks, its executors those plus the DC's running DAG tasks. Times are ta
 
 Policies: `fifo` (default) = no reordering: today's order, earliest arrival first within the band (the env's
 FIFO over job arrival); `sjf-cp` = hsched.envs.dag.SjfCp (least remaining job work, then the longest critical
-path stage); `ba3c` = the shipped action-branching A3C (hsched.rl.ba3c.load_dag_policy), one torch thread.
+path stage); `tetris` = hsched.envs.dag.TetrisStar (packing alignment + shortest remaining work; ties to the
+earliest job, then the job's earliest-queued stage), the strongest heuristic on the DAG env (its limited variant
+would order a band the same: the limit only shapes a count the queue does not use, and a band shows no executor
+locality); `ba3c` = the shipped action-branching A3C (hsched.rl.ba3c.load_dag_policy), one torch thread.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from hsched.domain.errors import ValidationError
-from hsched.envs.dag import CF, CLUSTER_FEATURES, JF, JOB_FEATURES, NF, NODE_FEATURES, DagPolicy, SjfCp
+from hsched.envs.dag import CF, CLUSTER_FEATURES, JF, JOB_FEATURES, NF, NODE_FEATURES, POLICIES, DagPolicy
 
-DAG_POLICIES = ("fifo", "sjf-cp", "ba3c")
+HEURISTICS = ("sjf-cp", "tetris")  # hsched.envs.dag.POLICIES by these names
+DAG_POLICIES = ("fifo", *HEURISTICS, "ba3c")
 BA3C_MODEL = "ba3c_dag"  # models/ba3c_dag.pt
 MAX_BAND_STAGES = 32  # stages offered to one decision (the earliest-arriving ones): bounds the serving cost
 
@@ -43,8 +47,8 @@ def load_dag_queue_policy(name: str, model: str = BA3C_MODEL) -> DagPolicy | Non
     """The DagPolicy for `--dag-policy NAME` (None for fifo: the queue's own order); ValidationError otherwise."""
     if name == "fifo":
         return None
-    if name == "sjf-cp":
-        return SjfCp()
+    if name in HEURISTICS:
+        return POLICIES[name]()
     if name == "ba3c":
         from hsched.rl.ba3c import load_dag_policy
         from hsched.rl.checkpoint import serve_on_one_thread
