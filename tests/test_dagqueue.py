@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hsched.cli import build_parser
+from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
+from hsched.domain.fleet import parse_fleet
 from hsched.domain.resources import MILLI, Resources
 from hsched.domain.task import TaskSpec, task_from_dict, task_to_dict
 from hsched.engine.placer import PlacerEngine
-from hsched.envs.dag import NF
+from hsched.envs.dag import CF, NF
 from hsched.jobs import stage_queue_hints
 from hsched.policies.dagqueue import (
     DAG_POLICIES,
@@ -35,7 +38,7 @@ from hsched.policies.heuristics import make_policy
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.v1 import common_pb2 as pb
-from tests.test_engine import cheap, running
+from tests.test_engine import SMALL_FLEET, cheap, running
 
 GIB = 1024
 
@@ -130,10 +133,34 @@ def test_stage_queue_hints_are_the_critical_path_below_and_the_work_not_upstream
     assert job_of_task("abc123.s0.7") == ("abc123", "s0") and job_of_task("plain-task") is None
 
 
-stage_st = st.builds(lambda job, stage, queued, rt, path, work, arrival, fits: QueuedStage(
-    f"j{job}", f"s{stage}", queued, rt, path, work, arrival, 0.0, fits),
+def test_copies_within_counts_the_free_resources_and_cards_by_hand():
+    room = ClusterState(cheap())  # 4 nodes of 24 cores, 96 GiB
+    five = Resources(5 * MILLI, 2 * GIB)
+    assert room.copies_within(room.free_totals(), five) == 96 // 5  # CPU binds: 19 (memory holds 192)
+    room.free_cpu[:] = [24 * MILLI, 3 * MILLI, 0, 10 * MILLI]
+    # 37 free cores hold 7 five-core tasks: an upper bound (one node at a time they are 4 + 2 = 6)
+    assert room.copies_within(room.free_totals(), five) == 7
+    gpus = ClusterState(parse_fleet(yaml.safe_load(SMALL_FLEET.read_text())).datacenter("gpu"))  # 4 × 2 T4 16 GiB
+    half = Resources(2 * MILLI, 4 * GIB, 0, 0, 1, 50, 8 * GIB)
+    assert gpus.copies_within(gpus.free_totals(), half) == 8  # one per card (a card holding two counts once)
+    gpus.gpu_free_core[0, :] = 40  # host 0's cards are too busy for a 50 % slice
+    assert gpus.copies_within(gpus.free_totals(), half) == 6
+    assert gpus.copies_within(gpus.free_totals(), Resources(2 * MILLI, 4 * GIB, 0, 0, 2, 50, 8 * GIB)) == 3
+
+
+def test_free_executors_are_the_most_tasks_of_one_fitting_stage_that_fit_now():
+    stages = [QueuedStage("a", "s0", 5, 1.0, 1.0, 5.0, 0, 0.0, True, 3),    # 5 queued, 3 fit: 3
+              QueuedStage("b", "s0", 2, 1.0, 1.0, 2.0, 1, 0.0, True, 10),   # 2 queued, 10 would fit: 2
+              QueuedStage("c", "s0", 50, 1.0, 1.0, 50.0, 2, 0.0, False, 0)]  # does not fit: not counted
+    obs, mask = dag_observation(stages, {"a": 1}, 4)
+    assert obs["cluster"][CF["free_executors"]] == 3 and obs["cluster"][CF["executors"]] == 3 + 4
+    assert mask.tolist() == [True, True, False]
+
+
+stage_st = st.builds(lambda job, stage, queued, rt, path, work, arrival, fits, fit_now: QueuedStage(
+    f"j{job}", f"s{stage}", queued, rt, path, work, arrival, 0.0, fits, fit_now if fits else 0),
     st.integers(0, 5), st.integers(0, 6), st.integers(1, 20), st.floats(0.1, 100), st.floats(0.1, 1000),
-    st.floats(0, 5000), st.integers(0, 1000), st.booleans())
+    st.floats(0, 5000), st.integers(0, 1000), st.booleans(), st.integers(1, 40))
 
 
 @pytest.fixture(scope="module", params=["ba3c", "sjf-cp", "tetris"])

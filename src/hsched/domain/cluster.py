@@ -175,6 +175,22 @@ class ClusterState:
                 ok &= self._model_mask(gpu_models)
         return ok
 
+    def free_totals(self) -> tuple[int, int, int, int]:
+        """The free CPU, memory, disk and bandwidth summed over the nodes (`copies_within`'s first argument)."""
+        return (int(self.free_cpu.sum()), int(self.free_memory.sum()), int(self.free_disk.sum()),
+                int(self.free_bandwidth.sum()))
+
+    def copies_within(self, totals: tuple[int, int, int, int], demand: Resources) -> int:
+        """How many parts `demand` the free resources hold, summed over the nodes (`totals` = `free_totals()`)
+        and, for a GPU part, the free cards one slice fits on: an upper bound of what fits one after another
+        (it ignores that a part must fit on one node), for a count of one scalar division per resource."""
+        needs = (demand.cpu_milli, demand.memory_mib, demand.disk_mib, demand.bandwidth_mbps)
+        copies = min((free // need for free, need in zip(totals, needs, strict=True) if need > 0), default=1 << 20)
+        if demand.gpu_count:
+            cards = (self.gpu_free_core >= demand.gpu_core_percent) & (self.gpu_free_memory >= demand.gpu_memory_mib)
+            copies = min(copies, int(cards.sum()) // demand.gpu_count)
+        return int(copies)
+
     def could_ever_fit(self, demand: Resources, gpu_models: tuple[str, ...] = ()) -> np.ndarray:
         """Nodes where `demand` fits on an empty node (a structural check: deferring can help)."""
         t = self.table

@@ -1094,6 +1094,7 @@ class PlacerEngine:
             return head
         stages, first = [], {}
         queued_ms = self.state.queued_ms
+        totals = self.state.free_totals()
         for key, ws in itertools.islice(groups.items(), MAX_BAND_STAGES):
             w0 = ws[0]
             spec = self.queue[w0.task_id]
@@ -1106,8 +1107,9 @@ class PlacerEngine:
                 else:
                     full.add(key)
             waited = max(0.0, (now_ms - queued_ms.get(w0.task_id, now_ms)) / 1000 * self.time_factor)
+            fit_now = self.state.copies_within(totals, spec.resources) if fits else 0
             stages.append(QueuedStage(key[0], key[1], len(ws), spec.runtime_s, spec.stage_path_s, spec.job_work_s,
-                                      w0.arrival, waited, fits))
+                                      w0.arrival, waited, fits, fit_now))
             first[key] = w0
         chosen = choose_stage(self.dag_policy, stages, running, sum(running.values()))
         if chosen is None:
