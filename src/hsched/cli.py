@@ -1094,8 +1094,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "seconds; default: HSCHED_TIME_FACTOR or 1 = real time)")
     up.add_argument("--dag-policy", default="fifo", choices=["fifo", "sjf-cp", "tetris", "ba3c"],
                     help="the placers' order among queued DAG-job stages of one class/tenant/priority band: fifo "
-                         "(arrival, default), sjf-cp (least remaining job work, then longest critical path) or "
-                         "ba3c (the shipped learned scheduler); hsched.policies.dagqueue")
+                         "(arrival, default), sjf-cp (least remaining job work, then longest critical path), tetris "
+                         "(Tetris*: packing + shortest remaining work) or ba3c (the shipped learned scheduler); "
+                         "hsched.policies.dagqueue")
     up.add_argument("--nodes-to-score", type=_nodes_to_score, default="all",
                     help="feasible nodes one placement decision scores: all (default), a count (256) or a "
                          "percentage of the feasible nodes, at least 100 (10%%); a seeded sample when more fit "
