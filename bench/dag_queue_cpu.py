@@ -36,12 +36,14 @@ def one_decision(opts) -> None:
     from hsched.policies.dagqueue import QueuedStage, choose_stage, load_dag_queue_policy
 
     rng = random.Random(opts.seed)
-    bands = []
-    for _ in range(opts.decisions):
-        stages = [QueuedStage(f"j{rng.randrange(opts.jobs)}", f"s{k}", rng.randint(1, 16), rng.uniform(1, 60),
-                              rng.uniform(5, 600), rng.uniform(10, 5000), k, rng.uniform(0, 100), rng.random() < 0.7)
-                  for k in range(opts.stages)]
-        bands.append(stages)
+
+    def queued(k: int) -> QueuedStage:
+        """Stage k of a random band: 70 % fit now, with 1-16 of its tasks room for."""
+        job, queued, runtime = f"j{rng.randrange(opts.jobs)}", rng.randint(1, 16), rng.uniform(1, 60)
+        path, work, waited, fits = rng.uniform(5, 600), rng.uniform(10, 5000), rng.uniform(0, 100), rng.random() < 0.7
+        return QueuedStage(job, f"s{k}", queued, runtime, path, work, k, waited, fits, rng.randint(1, 16) if fits else 0)
+
+    bands = [[queued(k) for k in range(opts.stages)] for _ in range(opts.decisions)]
     for name in ("sjf-cp", "tetris", "ba3c"):
         policy = load_dag_queue_policy(name)
         choose_stage(policy, bands[0], {}, 0)  # warm-up (first torch call)

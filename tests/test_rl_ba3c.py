@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hsched.domain.errors import ValidationError
 from hsched.envs.dag import DagSchedulingEnv, run_dag_policy
 from hsched.eval.report import EvalContext
+from hsched.policies.learned import ModelMismatch
 from hsched.rl.ba3c import (
     Config,
     DagActorCritic,
@@ -150,6 +151,16 @@ def test_init_fine_tunes_a_checkpoint_without_cloning(tmp_path):
     resumed = json.loads((tmp_path / "t.json").read_text())
     assert resumed["init"] == meta["init"] and resumed["command"].startswith(meta["command"].split(" --steps")[0])
     assert f"--init {tmp_path / 'a.pt'}" in resumed["command"] and resumed["data"]["expert_episode_seeds"] is None
+    # a checkpoint of other inputs (one before the stage-order input) is refused by serving and by --init alike
+    state = torch.load(tmp_path / "a.pt", weights_only=False)
+    state["node_inputs"] = state["node_inputs"][:-1]
+    torch.save(state, tmp_path / "old.pt")
+    (tmp_path / "old.json").write_text((tmp_path / "a.json").read_text())
+    with pytest.raises(ModelMismatch, match="other node inputs"):
+        load_dag_policy(tmp_path / "old.pt")
+    with pytest.raises(ValidationError, match="--init: .*old.pt was trained on other node inputs"):
+        train(TINY, TrainArgs(seed=1, out=tmp_path / "y.pt", progress=False, steps=2, init=tmp_path / "old.pt"),
+              "ba3c", "ba3c_dag", True)
     with pytest.raises(ValidationError, match="--init: .* is the ba3c agent's checkpoint, not a3c's"):
         train(TINY, TrainArgs(seed=1, out=tmp_path / "x.pt", progress=False, steps=2, init=tmp_path / "a.pt"),
               "a3c", "a3c_dag", False)

@@ -766,13 +766,14 @@ def cmd_train(args) -> int:
 
     if args.resume and not args.out:
         raise ValidationError("--resume", "continues the checkpoint at --out, so --out is required")
-    if args.init is not None:
+    init = model_path(args.init) if args.init else None
+    if init is not None:
         if args.agent not in FINE_TUNABLE:
             raise ValidationError("--init", f"fine-tunes only {', '.join(FINE_TUNABLE)}, not {args.agent}")
         if args.resume:
             raise ValidationError("--init", "starts a new training; --resume continues one: give one of them")
-        if not model_path(args.init).is_file():
-            raise ValidationError("--init", f"no checkpoint at {model_path(args.init)}")
+        if not init.is_file():
+            raise ValidationError("--init", f"no checkpoint at {init}")
     if (failed := _check_data(args)) is not None:
         return failed
     run_dir = None if args.out else new_run_dir(args.agent)
@@ -781,7 +782,7 @@ def cmd_train(args) -> int:
                             run_dir=run_dir, resume=args.resume, compare=args.compare, progress=not args.quiet,
                             fleet=Path(args.fleet) if args.fleet else None, trace=args.trace,
                             cores_per_proc=args.cores_per_proc, time_compression=args.time_compression,
-                            init=model_path(args.init) if args.init else None))
+                            init=init))
     print(json.dumps(figures, indent=2, sort_keys=True, default=str))
     if run_dir:
         print(f"hsched train: wrote {run_dir}/ (the shipped models/ are unchanged; services started with "

@@ -75,7 +75,7 @@ class QueuedStage:
     first_arrival: int     # queue position of its earliest task (lower = earlier)
     waited_s: float        # how long its earliest task has waited (task seconds)
     fits: bool             # its next task can be placed now (the mask)
-    fit_now: int = 0       # how many of its tasks the free resources hold (ClusterState.copies_within; 0 if not fits)
+    fit_now: int           # how many of its tasks the free resources hold (ClusterState.copies_within; 0 if not fits)
 
 
 def dag_observation(stages: Sequence[QueuedStage], running: Mapping[str, int], dc_running: int

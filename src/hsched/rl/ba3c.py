@@ -110,6 +110,7 @@ from torch import nn
 
 from hsched.domain.errors import ValidationError
 from hsched.envs.dag import CF, JF, NF, DagSchedulingEnv, run_dag_policy
+from hsched.policies.learned import ModelMismatch
 from hsched.rl import checkpoint, training
 from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
 from hsched.rl.training import TrainArgs, output_path, plot_curves, progress, returns_to_go, seed_everything
@@ -410,9 +411,21 @@ class LearnedDagPolicy:
         return stage, int(min(max(count, 1), enc.free))
 
 
+def read_state(path: str | Path) -> dict[str, Any]:
+    """A ba3c / a3c checkpoint's torch state; ModelMismatch when its network reads other inputs than this
+    version's (e.g. one trained before the stage-order input): it must be retrained."""
+    state = checkpoint.load_state(path)
+    for key, names in (("node_inputs", NODE_INPUTS), ("cluster_inputs", CLUSTER_INPUTS),
+                       ("count_inputs", COUNT_INPUTS)):
+        if tuple(state.get(key, ())) != names:
+            raise ModelMismatch(f"{path} was trained on other {key.replace('_', ' ')} than this version reads "
+                                f"({names}); retrain it with hsched train {state.get('name', 'ba3c')}")
+    return state
+
+
 def load_dag_policy(path: str | Path) -> LearnedDagPolicy:
     """A shipped (or any) ba3c / a3c checkpoint as a DagPolicy."""
-    state = checkpoint.load_state(checkpoint.model_path(str(path)))
+    state = read_state(checkpoint.model_path(str(path)))
     fields = {f.name for f in dataclasses.fields(Config)}
     cfg = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["config"].items() if k in fields})
     model = DagActorCritic(state["branching"], cfg)
@@ -629,12 +642,13 @@ def load_init(model: DagActorCritic, path: Path) -> dict[str, Any]:
     """Load a ba3c / a3c checkpoint's weights into `model` (`--init`: fine-tuning skips the cloning); returns
     what the new model's metadata says it started from. A checkpoint of the other head, or of other inputs,
     is refused naming --init."""
-    state = checkpoint.load_state(path)
+    try:
+        state = read_state(path)
+    except ModelMismatch as e:
+        raise ValidationError("--init", str(e)) from None
     if state.get("branching") != model.branching:
         raise ValidationError("--init", f"{path} is the {state.get('name')} agent's checkpoint, not "
                                         f"{'ba3c' if model.branching else 'a3c'}'s")
-    if tuple(state.get("node_inputs", ())) != NODE_INPUTS or tuple(state.get("count_inputs", ())) != COUNT_INPUTS:
-        raise ValidationError("--init", f"{path} was trained on other inputs than this version's")
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:  # other layer sizes (Config.hidden, gcn_hidden, gcn_embed)
