@@ -434,3 +434,23 @@ def test_node_table_mixed_pools_zero_missing_cards() -> None:
     assert t.gpu_model == ("T4", "", "", "P100")
     np.testing.assert_array_equal(t.cpu_milli, [8_000, 4_000, 4_000, 8_000])
 
+
+
+def test_a_trailing_newline_breaks_every_name_rule() -> None:
+    """`$` also matches before a final newline: the validators anchor with `\\Z`, so `acme\\n` is no tenant."""
+    from hsched.jobs import validate_job
+    from hsched.security.tokens import TokensFileError, parse_tokens
+    from hsched.state.redis import _checked_word
+    from hsched.v1 import common_pb2 as pb
+
+    for field in ("tenant", "request_id"):
+        with pytest.raises(ValidationError, match=f"^{field}: "):
+            TaskSpec(Resources(100), 1.0, **{field: "acme\n"}).validate()
+    stage = pb.StageSpec(name="s0\n", tasks=1, runtime_s=1, resources=pb.Resources(cpu_milli=100))
+    with pytest.raises(ValidationError, match=r"job\.stages\[0\]\.name"):
+        validate_job(pb.JobSpec(name="j", stages=[stage]))
+    entry = {"name": "ci\n", "tenant": "acme", "sha256": "0" * 64}
+    with pytest.raises(TokensFileError, match=r"tokens\[0\]\.name"):
+        parse_tokens({"version": 1, "tokens": [entry]})
+    with pytest.raises(ValueError, match="ACL user"):
+        _checked_word("ACL user", "hsched\n")

@@ -50,7 +50,7 @@ from hsched.v1 import selector_pb2
 log = logging.getLogger(__name__)
 
 # No dots: a task id is `<job_id>.<stage>.<i>` and must split back unambiguously.
-_STAGE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,47}[a-z0-9])?$")
+_STAGE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,47}[a-z0-9])?\Z")
 # Task states after which a task of a job never becomes SUCCEEDED: the job fails.
 _LOST = {pb.TASK_STATE_FAILED: "failed", pb.TASK_STATE_EXPIRED: "expired in the queue",
          pb.TASK_STATE_REJECTED: "was rejected", pb.TASK_STATE_RELEASED: "was released by its client"}

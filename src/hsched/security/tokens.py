@@ -40,8 +40,8 @@ TOKEN_PREFIX = "hst_"
 TOKEN_BYTES = 32
 ROLES = ("tenant", "admin")
 VERSION = 1
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")  # the rule of TaskSpec.tenant (DNS-1123)
-_HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?\Z")  # the rule of TaskSpec.tenant (DNS-1123)
+_HEX_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _ENTRY_KEYS = ("name", "tenant", "role", "sha256", "expires")
 _NAME_RULE = "must be a DNS-1123 label: lowercase alphanumerics, '-', '.', '_', 1-63 characters, starting and " \
              "ending alphanumeric"

@@ -345,7 +345,7 @@ class ServerTls:
         return RedisTls(self.ca, self.cert, self.key)
 
 
-_CONF_WORD = re.compile(r"^[A-Za-z0-9_.:@/+=-]+$")
+_CONF_WORD = re.compile(r"^[A-Za-z0-9_.:@/+=-]+\Z")
 
 
 def _conf(value: str | int) -> str:
