@@ -111,6 +111,30 @@ def test_the_placer_keeps_the_reserve_from_cpu_only_parts() -> None:
     assert plan(state, cpu_task(cores=4, gib=8), policy).parts[0].node == host
 
 
+def test_a_jobs_stage_takes_the_reserve_only_when_nothing_else_fits() -> None:
+    """A DAG job's stages are pinned to its DC: a CPU stage after its GPU parents must not wait for ever on GPU
+    hosts whose idle cards keep all their CPU. A plain task waits and is told why."""
+    from dataclasses import replace
+
+    from hsched.policies.placement import RESERVE_NOTE
+
+    state = ClusterState(load_fleet(FLEET).datacenter("gpu"))
+    policy = GpuReservePolicy(make_policy("bestfit"), StrandingConfig())
+    held = plan(state, cpu_task(), policy)
+    assert held.outcome is Outcome.NO_ROOM and "--gpu-reserve" in held.reason
+    stage = replace(cpu_task(), job_id="j1", stage="b")
+    placed = plan(state, stage, policy)
+    assert placed.outcome is Outcome.PLACED and RESERVE_NOTE in placed.notes
+    # where the reserve leaves room, the stage is placed within it, as any task (no note)
+    taken = plan(state, gpu_task(), policy)
+    state.apply("g", taken.parts)
+    within = plan(state, replace(cpu_task(cores=4, gib=8), job_id="j1", stage="b"), policy)
+    assert within.parts[0].node == taken.parts[0].node and RESERVE_NOTE not in within.notes
+    # no room even without the reserve: the usual reason
+    full = plan(state, replace(cpu_task(cores=64), job_id="j1", stage="b"), policy)
+    assert full.outcome is not Outcome.PLACED and "--gpu-reserve" not in full.reason
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 40), st.integers(0, 200), st.floats(0.0, 1.0), st.integers(0, 4))
 def test_stranded_gpus_is_bounded_and_monotone(cores: int, gib: int, share: float, taken: int) -> None:

@@ -131,13 +131,14 @@ def scores_of(policy, state: ClusterState, demand: Resources, mask: np.ndarray, 
     return np.asarray(policy.scores(state, demand, mask), dtype=np.float64)[nodes]
 
 
-def select(policy: NodePolicy, state: ClusterState, demand: Resources, mask: np.ndarray, top_k: int = 3) -> Choice | None:
+def select(policy: NodePolicy, state: ClusterState, demand: Resources, mask: np.ndarray, top_k: int = 3,
+           narrow: bool = True) -> Choice | None:
     """Best node by score among the `candidates` of `mask`; ties go to the lowest node index (deterministic). A
     policy with a `narrow_mask(state, demand, mask)` (e.g. hsched.costs.stranding.GpuReservePolicy) filters
-    further first."""
-    narrow = getattr(policy, "narrow_mask", None)
-    if narrow is not None:
-        mask = narrow(state, demand, mask)
+    further first, unless `narrow` is False."""
+    narrowing = getattr(policy, "narrow_mask", None) if narrow else None
+    if narrowing is not None:
+        mask = narrowing(state, demand, mask)
     nodes = candidates(policy, mask)
     if len(nodes) == 0:
         return None

@@ -100,6 +100,9 @@ def _cpu_watts(cpu_milli: int, cores: np.ndarray, has_cores: np.ndarray, slope: 
     return 0.0 + (slope - 0.0) * util  # server_power's p_idle + (p_full - p_idle) * util with p_idle = 0.0
 
 
+RESERVE_NOTE = "took GPU hosts' reserved CPU/memory: a job's stage runs in its job's data center"
+
+
 def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np.ndarray | None = None) -> Plan:
     """Choose nodes (and GPU cards) for every part of `task`, or say why not. Leaves `state` unchanged.
 
@@ -116,13 +119,14 @@ def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np
     notes = [f"split into {len(demands)} parts of <= {state.dc.split_chunk_milli // 1000} cores (paper 003)"] \
         if len(demands) > task.replicas else []
     sliced = getattr(state, "slice_options", None)  # a SlicedState (hsched.engine.slices): one slice per part
+    reserved = hasattr(policy, "narrow_mask")  # hsched.costs.stranding.GpuReservePolicy
     try:
         for d in demands:
             if sliced is not None and (never := state.slice_never_fits(d.demand)) is not None:
                 return Plan(Outcome.UNSCHEDULABLE, reason=f"replica {d.replica} part {d.part}: {never}", notes=notes)
             # without slices the part itself; with them, the slice sizes covering it, smallest first
             options = sliced(d.demand) if sliced is not None else [(d.demand, None)]
-            choice, too_hot = None, False
+            choice, too_hot, reserve_held = None, False, False
             for demand, free_slice in options:
                 mask = state.feasible(demand, task.gpu_models)
                 if free_slice is not None:
@@ -134,6 +138,12 @@ def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np
                     too_hot |= bool(not cool.any() and mask.any())
                     mask = cool
                 choice = select(policy, state, demand, mask)
+                if choice is None and reserved and mask.any():  # only the GPU hosts' reserve stands in the way
+                    reserve_held = True
+                    if task.job_id:  # a job's stage is pinned to its job's DC: nowhere else to go, so it may take it
+                        choice = select(policy, state, demand, mask, narrow=False)
+                        if choice is not None and RESERVE_NOTE not in notes:
+                            notes.append(RESERVE_NOTE)
                 if choice is not None:
                     break
             if choice is None:
@@ -142,6 +152,10 @@ def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np
                                 "thermal redline", notes=notes, thermal_limited=True)
                 if not state.could_ever_fit(d.demand, task.gpu_models).any():
                     return Plan(Outcome.UNSCHEDULABLE, reason=never_fits_reason(state, d.demand, task), notes=notes)
+                if reserve_held:
+                    return Plan(Outcome.NO_ROOM, reason=f"replica {d.replica} part {d.part}: only GPU hosts have room "
+                                "now, and their CPU and memory are kept for their idle GPUs (--gpu-reserve)",
+                                notes=notes)
                 if sliced is not None:
                     return Plan(Outcome.NO_ROOM, reason=f"replica {d.replica} part {d.part}: "
                                 f"{state.no_room_reason(d.demand)}", notes=notes)
