@@ -162,6 +162,22 @@ def test_bad_job_files_name_the_file_and_the_problem(tmp_path):
     assert info.value.field == "-f"
 
 
+def test_a_jobs_gpu_models_restrict_its_gpu_stages_only():
+    from hsched.jobs import _stage_spec
+
+    gpu = stage("train")
+    gpu.resources.gpu_count, gpu.resources.gpu_core_percent, gpu.resources.gpu_memory_mib = 1, 100, 4096
+    mixed = job(stage("prep"), gpu, stage("report", parents=("train",)))
+    mixed.gpu_models.append("T4")
+    validate_job(mixed)  # the CPU stages used to be refused: "gpu_models: only allowed when gpu_count > 0"
+    assert [_stage_spec(mixed, s).gpu_models for s in mixed.stages] == [(), ("T4",), ()]
+    feasibility, _ = selection_requests(mixed)
+    assert list(feasibility.gpu_models) == ["T4"]
+    cpu_only = job(stage("prep"))
+    cpu_only.gpu_models.append("T4")
+    assert field_of(cpu_only).field == "job.gpu_models"
+
+
 def test_the_cost_question_carries_the_jobs_total_resource_seconds_and_feasibility_its_largest_task():
     spec = job(stage("a", 4, cores=2, runtime_s=30), stage("b", 2, ("a",), cores=8, runtime_s=60))
     feasibility, cost = selection_requests(spec)

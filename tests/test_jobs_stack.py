@@ -106,6 +106,27 @@ def test_a_three_stage_dag_runs_its_stages_in_dependency_order_and_succeeds(stac
         f'hsched_jobs{{state="succeeded",datacenter="{job.datacenter}"}}' in scraped, scraped[-2000:]
 
 
+def test_a_cpu_stage_after_a_gpu_stage_runs_in_the_jobs_gpu_room(stack):
+    """The GPU room holds only GPU hosts, whose idle cards keep all their CPU from CPU-only tasks (--gpu-reserve);
+    a job's stages are pinned to its DC, so its CPU stage takes that CPU instead of waiting for ever."""
+    gw = stub(stack)
+    train = stage("train", 2, 5.0)
+    train.resources.gpu_count, train.resources.gpu_core_percent, train.resources.gpu_memory_mib = 1, 50, 4096
+    spec = pb.JobSpec(name="mixed", stages=[train, stage("report", 1, 5.0, ("train",))], gpu_models=["T4"])
+    reply = gw.SubmitJob(gateway_pb2.SubmitJobRequest(job=spec), timeout=30)
+    assert reply.job.datacenter == "gpu"
+    job = wait_job(gw, reply.job.job_id)
+    assert job.state == pb.JOB_STATE_SUCCEEDED, job.reason
+    check_dependency_order(job, tasks_by_stage(gw, job))
+    # a plain CPU task gets no such pass, and a Submit cannot pose as a job's task
+    with pytest.raises(grpc.RpcError) as info:
+        gw.Submit(gateway_pb2.SubmitRequest(task=pb.TaskSpec(
+            resources=pb.Resources(cpu_milli=1000, memory_mib=1024), runtime_s=1.0, job_id=job.job_id, stage="report")),
+            timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("task.job_id:"), info.value.details()
+
+
 @pytest.mark.parametrize("spec, field", [
     # either stage of the cycle is a right answer
     (pb.JobSpec(stages=[stage("a", 1, 1, ("b",)), stage("b", 1, 1, ("a",))]),

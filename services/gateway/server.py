@@ -21,6 +21,7 @@ from hsched.costs.selection import METHODS, exclusion_summary
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
+from hsched.domain.task import JOB_TASK_FIELDS
 from hsched.fleetview import datacenter_view, task_history
 from hsched.jobs import JobOrchestrator, JobPorts, job_of
 from hsched.runtime import (
@@ -168,6 +169,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if not request.HasField("task"):
             raise ValidationError("task", "is required")
         spec = task_from_pb(request.task)
+        for name in JOB_TASK_FIELDS:  # a forged job_id would join another job's events and bypass the GPU reserve
+            if getattr(spec, name):
+                raise ValidationError(f"task.{name}", "is set by the gateway for a job's tasks: submit a DAG job "
+                                      "with SubmitJob", getattr(spec, name))
         spec = replace(spec, tenant=submit_tenant(principal, spec.tenant))  # a tenant's forged field is ignored
         spec.validate()
         if spec.entry_vertex and spec.entry_vertex not in self.fleet.wan.entry_vertices:

@@ -78,14 +78,15 @@ def job_of(task_id: str) -> str | None:
 
 def _stage_spec(job: pb.JobSpec, stage: pb.StageSpec) -> TaskSpec:
     """The domain TaskSpec of one task of `stage`: the job's tenant, placement needs and priority, the stage's
-    per-task resources and runtime."""
+    per-task resources and runtime. The job's GPU models restrict its GPU stages only."""
     n = job.network
+    gpu_models = tuple(job.gpu_models) if stage.resources.gpu_count > 0 else ()
     return TaskSpec(resources=resources_from_pb(stage.resources), runtime_s=stage.runtime_s,
                     tenant=job.tenant or "default", name=f"{job.name}-{stage.name}" if job.name else stage.name,
                     request_id=job.request_id, priority=job.priority, replicas=1, data_size_mb=job.data_size_mb,
                     entry_vertex=job.entry_vertex,
                     network=NetworkRequirements(n.max_latency_ms, n.max_jitter_ms, n.max_loss_percent),
-                    gpu_models=tuple(job.gpu_models), priority_class=job.priority_class)
+                    gpu_models=gpu_models, priority_class=job.priority_class)
 
 
 def _find_cycle(names: list[str], parents: Mapping[str, list[str]]) -> list[str] | None:
@@ -122,6 +123,9 @@ def validate_job(job: pb.JobSpec) -> None:
     check_message(job, "job.")
     if not job.stages:
         raise ValidationError("job.stages", "must name at least one stage")
+    if job.gpu_models and not any(stage.resources.gpu_count > 0 for stage in job.stages):
+        raise ValidationError("job.gpu_models", "only allowed when a stage asks for GPUs (resources.gpu_count > 0)",
+                              list(job.gpu_models))
     index: dict[str, int] = {}
     total = 0
     for i, stage in enumerate(job.stages):
@@ -235,7 +239,8 @@ def selection_requests(job: pb.JobSpec) -> tuple[pb.TaskSpec, pb.TaskSpec]:
     feasibility = task_to_pb(TaskSpec(Resources(*largest), runtime_s=max(s.runtime_s for s in job.stages),
                                       tenant=base.tenant, name=base.name, data_size_mb=base.data_size_mb,
                                       entry_vertex=base.entry_vertex, network=base.network,
-                                      gpu_models=base.gpu_models, priority_class=base.priority_class))
+                                      gpu_models=tuple(job.gpu_models) if largest[4] else (),
+                                      priority_class=base.priority_class))
     cost = pb.TaskSpec()
     cost.CopyFrom(feasibility)
     cost.resources.CopyFrom(resources_to_pb(mean))

@@ -34,6 +34,10 @@ class NetworkRequirements:
             raise ValidationError(f"{prefix}.max_loss_percent", "must be <= 100", self.max_loss_percent)
 
 
+# The fields of a DAG job's task that only the gateway sets (SubmitJob); a Submit or a task file may not
+JOB_TASK_FIELDS = ("job_id", "stage", "stage_path_s", "job_work_s")
+
+
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     resources: Resources  # per replica
