@@ -194,6 +194,29 @@ def test_link_without_a_stack_or_redis_url_writes_nowhere(redis_url, prefix, tmp
     assert connect_sync("redis://127.0.0.1:6379/0").xlen(Keys(prefix).links) == 0
 
 
+def test_link_and_thermal_replay_write_under_the_running_stacks_prefix(private_runtime_dir, redis_url, prefix):
+    """`hsched up --prefix P` records P: link and thermal replay write where that stack reads (and check against
+    its fleet), as they use its Redis; an explicit --prefix still wins."""
+    from hsched.state.keys import Keys
+    from hsched.state.redis import connect_sync
+
+    localstate.write_stack({"gateway": "127.0.0.1:4711", "redis_url": redis_url, "prefix": prefix,
+                            "fleet": str(SMALL_FLEET)})
+    redis = connect_sync(redis_url)
+    assert cli.main(["link", "s", "a", "--latency-ms", "40"]) == 0  # s and a: the small fleet's vertices
+    assert redis.xlen(Keys(prefix).links) == 1
+    readings = private_runtime_dir / "r.csv"
+    readings.write_text("datacenter,sample,node,inlet_c,outlet_c,supply_c\ncheap,a,0,21,28,20\ncheap,a,1,22,30,20\n")
+    assert cli.main(["thermal", "replay", str(readings)]) == 0
+    assert redis.xlen(Keys(prefix).readings("cheap")) == 2
+    other = Keys(f"{prefix}-other")
+    try:
+        assert cli.main(["link", "s", "a", "--latency-ms", "41", "--prefix", other.prefix]) == 0
+        assert redis.xlen(other.links) == 1 and redis.xlen(Keys(prefix).links) == 1
+    finally:
+        redis.delete(other.links)
+
+
 @pytest.fixture(scope="module")
 def small_stack(redis_url):
     from tests.conftest import small_fleet_stack
@@ -217,6 +240,18 @@ def test_a_rejected_submit_exits_1_and_prints_its_state(small_stack, tmp_path):
     assert line.returncode == 0 and len(line.stdout.splitlines()) == 1 and line.stdout.split()[0] == task_id
     record = run_cli("get", task_id, "--json", *gw, env=env)
     assert json.loads(record.stdout)["task_id"] == task_id
+
+
+def test_replay_uses_the_running_stacks_fleet_and_prefix(small_stack, redis_url, private_runtime_dir, capsys):
+    """No --fleet, no --prefix: the entry vertices are drawn from the stack's fleet (the embedded default fleet's
+    are not the small fleet's: every Submit would be refused) and the utilisation read under its prefix."""
+    localstate.write_stack({"gateway": small_stack.gateway, "redis_url": redis_url,
+                            "prefix": small_stack.config.prefix, "fleet": str(SMALL_FLEET)})
+    assert cli.main(["replay", "thunder", "--limit", "5", "--duration", "1", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert not summary["errors"] and summary["first_answers"].get("placed"), summary
+    utilisation = {r["datacenter"]: r["cpu_util"] for r in summary["datacenters"] if r["datacenter"] != "-"}
+    assert set(utilisation) == {"cheap", "near", "gpu"} and None not in utilisation.values(), summary
 
 
 def test_a_reader_that_leaves_early_ends_the_output_quietly(small_stack, tmp_path):

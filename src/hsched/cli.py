@@ -30,6 +30,9 @@ def _running_stack(gateway: str | None = None) -> dict:
 
 
 FALLBACK_GATEWAY = "127.0.0.1:50051"
+PREFIX = "hsched"  # `hsched up --prefix`'s default (hsched.state.keys.Keys')
+STACK_DEFAULT = "default: the running stack's, as `hsched up` recorded it"  # the flags _from_stack resolves
+PREFIX_HELP = f"the stack's Redis key prefix ({STACK_DEFAULT}, else {PREFIX})"
 GATEWAY_HELP = ("gateway address (default: $HSCHED_GATEWAY, else the stack `hsched up` runs — the only one, or "
                 "name it when several run — else 127.0.0.1:50051)")
 LINKS_MAXLEN = 10_000  # link metric updates kept on the links stream (approximately; probes re-publish)
@@ -48,6 +51,17 @@ def _redis_url(gateway: str | None = None) -> str | None:
         if stack.get(_stack_key(name)):
             os.environ.setdefault(name, stack[_stack_key(name)])
     return stack_redis_url(stack)
+
+
+def _from_stack(args, name: str, fallback=None):
+    """`args.<name>` when the flag was given, else what `hsched up` recorded for the running stack (the one on
+    --gateway where the command has that flag, else the only one), else `fallback`. The commands that act on a
+    stack's Redis (link, replay, thermal replay) take its fleet, key prefix and time factor this way, as they take
+    its Redis URL: another value would check against another WAN, or write keys the stack never reads."""
+    value = getattr(args, name)
+    if value is None:
+        value = _running_stack(getattr(args, "gateway", None)).get(name)
+    return fallback if value is None else value
 
 
 def _stack_key(env_name: str) -> str:
@@ -305,7 +319,7 @@ def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: s
     from hsched.job_replay import replay_jobs
 
     jobs = _dag_jobs(args)
-    factor = args.time_factor or _running_stack(gateway).get("time_factor") or 1.0
+    factor = args.time_factor  # `hsched up` sets it for a DAG trace; cmd_replay takes the stack's
     tasks = sum(s.tasks for j in jobs for s in j.spec.stages)
     what = "TPC-H" if args.replay == "tpch" else "Alibaba 2018 batch"
     detail = f"sizes {args.tpch_sizes}" if args.replay == "tpch" else "one stage per trace task, instances folded"
@@ -424,6 +438,8 @@ def cmd_replay(args) -> int:
     _check_trace(args.replay)
     if args.json and args.replay in JOB_TRACES:
         raise ValidationError("--json", f"is for task traces only, not the DAG job replay {args.replay!r}")
+    args.fleet, args.prefix = _from_stack(args, "fleet"), _from_stack(args, "prefix", PREFIX)
+    args.time_factor = _from_stack(args, "time_factor", 1.0)
     fleet = _fleet(args.fleet)
     credentials = _credentials(args)
     # fail fast: without a gateway every Submit would wait out its deadline for the replay's whole duration
@@ -866,8 +882,7 @@ def cmd_link(args) -> int:
     for name in ("latency_ms", "jitter_ms", "loss_percent", "bandwidth_mbps"):
         if getattr(args, name) is not None:
             update[name] = getattr(args, name)
-    fleet = args.fleet or _running_stack().get("fleet")  # the WAN the selector runs
-    WanGraph(_fleet(fleet).wan).update_link(**update)  # ValidationError naming the field -> exit 2
+    WanGraph(_fleet(_from_stack(args, "fleet")).wan).update_link(**update)  # a ValidationError naming the field: exit 2
     url = _redis_url()
     if not url:  # never guess: a default 127.0.0.1:6379 may be somebody else's Redis
         print("hsched link: no running stack found (hsched up) and REDIS_URL is not set: nothing written",
@@ -875,7 +890,8 @@ def cmd_link(args) -> int:
         return 1
     redis = connect_sync(url)
     # bounded (docs/operations.md, Retention): the selector folds the stream, only recent updates matter
-    print(redis.xadd(Keys(args.prefix).links, {"m": json.dumps(update)}, maxlen=LINKS_MAXLEN, approximate=True).decode())
+    links = Keys(_from_stack(args, "prefix", PREFIX)).links
+    print(redis.xadd(links, {"m": json.dumps(update)}, maxlen=LINKS_MAXLEN, approximate=True).decode())
     return 0
 
 
@@ -887,7 +903,7 @@ def cmd_thermal(args) -> int:
     from hsched.thermal.published import READINGS_MAXLEN
     from hsched.thermal.readings import load_readings, write_readings
 
-    fleet = _fleet(args.fleet or _running_stack().get("fleet"))
+    fleet = _fleet(_from_stack(args, "fleet"))
     dcs = {dc.name: dc for dc in fleet.datacenters}
 
     def resolve(name: str, where: str):
@@ -906,7 +922,7 @@ def cmd_thermal(args) -> int:
         print("hsched thermal replay: no running stack found (hsched up) and REDIS_URL is not set: nothing written",
               file=sys.stderr)
         return 1
-    keys = Keys(args.prefix)
+    keys = Keys(_from_stack(args, "prefix", PREFIX))
     n = write_readings(connect_sync(url), keys.readings, readings, READINGS_MAXLEN)
     print(f"{n} readings of {len({(r.datacenter, r.sample) for r in readings})} scans written to "
           f"{', '.join(sorted({keys.readings(r.datacenter) for r in readings}))}")
@@ -1068,7 +1084,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="gateway processes on the one Redis (default 1); the first on --port, the others on free "
                          "ports, every client of the stack (CLI, replay) balancing round-robin over all of them "
                          "through one target ipv4:127.0.0.1:P1,127.0.0.1:P2 (docs/operations.md)")
-    up.add_argument("--prefix", default="hsched", help="Redis key prefix")
+    up.add_argument("--prefix", default=PREFIX, help=f"Redis key prefix (default {PREFIX})")
     up.add_argument("--traces", default="none", choices=["none", "console", "otlp"])
     up.add_argument("--log-dir", default=None, help="write the services' logs here (kept; default: a private run "
                                                      "dir removed on a clean stop)")
@@ -1147,10 +1163,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="replay a real trace through a running gateway")
     rp.add_argument("replay", help="trace: openb, openb-gpuspec33, thunder, kth, or tpch / alibaba2018 (DAG jobs)")
     rp.add_argument("--time-factor", type=positive_float, default=None,
-                    help="tpch, alibaba2018: the stack's time factor (default: the one `hsched up` recorded, else 1)")
+                    help=f"tpch, alibaba2018: the stack's time factor ({STACK_DEFAULT}, else 1)")
     rp.add_argument("--gateway", default=None, help=GATEWAY_HELP)
-    rp.add_argument("--fleet", default=None)
-    rp.add_argument("--prefix", default="hsched")
+    rp.add_argument("--fleet", default=None, help=f"fleet YAML the trace's entry vertices are drawn from ({STACK_DEFAULT}, "
+                    "else the embedded Abilene fleet)")
+    rp.add_argument("--prefix", default=None, help=PREFIX_HELP)
     rp.add_argument("--json", action="store_true",
                     help="task traces: print the summary as JSON on stdout (progress goes to stderr)")
     replay_flags(rp)
@@ -1303,9 +1320,9 @@ def build_parser() -> argparse.ArgumentParser:
     lk.add_argument("--jitter-ms", type=non_negative_float)
     lk.add_argument("--loss-percent", type=percent)
     lk.add_argument("--bandwidth-mbps", type=non_negative_float)
-    lk.add_argument("--prefix", default="hsched")
-    lk.add_argument("--fleet", default=None, help="fleet YAML whose WAN the update is checked against (default: the running "
-                    "stack's, else the embedded Abilene fleet)")
+    lk.add_argument("--prefix", default=None, help=PREFIX_HELP)
+    lk.add_argument("--fleet", default=None, help=f"fleet YAML whose WAN the update is checked against ({STACK_DEFAULT}, "
+                    "else the embedded Abilene fleet)")
     lk.set_defaults(fn=cmd_link)
 
     th = sub.add_parser("thermal", help="the thermal service's sensor telemetry (docs/thermal.md)")
@@ -1314,9 +1331,9 @@ def build_parser() -> argparse.ArgumentParser:
                                           "fleet and write it onto the readings streams, for the thermal service's "
                                           "online recalibration")
     tr_.add_argument("file")
-    tr_.add_argument("--prefix", default="hsched")
+    tr_.add_argument("--prefix", default=None, help=PREFIX_HELP)
     tr_.add_argument("--fleet", default=None, help="fleet YAML the readings' data centers and servers are checked "
-                     "against (default: the running stack's, else the embedded Abilene fleet)")
+                     f"against ({STACK_DEFAULT}, else the embedded Abilene fleet)")
     tr_.add_argument("--dry-run", action="store_true", help="validate only; write nothing")
     th.set_defaults(fn=cmd_thermal)
 
