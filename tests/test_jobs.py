@@ -271,6 +271,28 @@ async def test_stages_are_submitted_only_after_their_parents_succeeded_and_the_j
         assert [(s.name, s.succeeded) for s in final.stages] == [(s.name, s.tasks) for s in DIAMOND.stages]
 
 
+async def test_a_wide_stage_goes_out_a_bounded_number_of_submits_at_a_time(redis_url, prefix, tmp_path):
+    """A thousand Places sent at once passed their deadlines and were retried; the stage's tasks are submitted
+    at most SUBMITS_IN_FLIGHT at a time, and every one of them exactly once."""
+    async with backends(redis_url, prefix, tmp_path) as (argv, placers), \
+            servicer_on(redis_url, prefix, argv, placers) as gw:
+        gw.jobs.SUBMITS_IN_FLIGHT = 8
+        submit, in_flight, most = gw.jobs.ports.submit_task, [0], [0]
+
+        async def counted(*args):
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            try:
+                return await submit(*args)
+            finally:
+                in_flight[0] -= 1
+
+        gw.jobs.ports.submit_task = counted
+        first, _ = await gw.jobs.submit(job(stage("wide", 60)))
+        ids = await stage_submitted(gw, first.job_id, "wide", 60)
+        assert 1 < most[0] <= 8 and len(set(ids)) == 60
+
+
 async def test_a_failed_task_fails_the_job_and_releases_its_other_tasks(redis_url, prefix, tmp_path):
     async with backends(redis_url, prefix, tmp_path) as (argv, placers), \
             servicer_on(redis_url, prefix, argv, placers) as gw:

@@ -25,6 +25,7 @@ import asyncio
 import logging
 import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -389,7 +390,16 @@ class JobPorts:
 
 class JobOrchestrator:
     """Runs every job of a gateway: one `advance` at a time per job, re-run whenever one of its tasks changes
-    (`on_transition`) until `decide` has nothing more to do."""
+    (`on_transition`) until `decide` has nothing more to do.
+
+    `decide` reads every task of the job, so deciding at each of a job's ~4 transitions per task costs O(tasks²):
+    a job's worker waits PACE × the time its last `decide` took before the next one, and the transitions that
+    come meanwhile are decided together (at most 1 / (1 + PACE) of the event loop for a large job; a small job's
+    decide takes µs and is not delayed). A stage's tasks go out at most SUBMITS_IN_FLIGHT at a time, so a wide
+    stage does not send a thousand Places at once past their deadlines."""
+
+    PACE = 4.0
+    SUBMITS_IN_FLIGHT = 64
 
     def __init__(self, store: TaskStore, ports: JobPorts, retry_s: float = 1.0,
                  owners: GatewayLease | None = None) -> None:
@@ -603,7 +613,9 @@ class JobOrchestrator:
         while job_id in self._dirty:
             self._dirty.discard(job_id)
             try:
-                await self.advance(job_id)
+                decided_s = await self.advance(job_id)
+                if decided_s > 1e-3:
+                    await asyncio.sleep(min(self.PACE * decided_s, 1.0))
             except asyncio.CancelledError:
                 raise
             except Conflict:  # another gateway wrote first, or this one lost the job: catch up, decide again
@@ -620,19 +632,22 @@ class JobOrchestrator:
                 self._dirty.add(job_id)
                 await asyncio.sleep(self.retry_s)
 
-    async def advance(self, job_id: str) -> None:
-        """One step of the job's state machine (never two at once for a job: `poke` runs one worker per job)."""
+    async def advance(self, job_id: str) -> float:
+        """One step of the job's state machine (never two at once for a job: `poke` runs one worker per job).
+        Returns the seconds `decide` took (0 when it did not run)."""
         job = self.store.jobs.get(job_id)
         if job is None:
-            return
+            return 0.0
         tasks = self.store.tasks
         if job.state in JOB_TERMINAL:  # any gateway (a CancelJob on it): releases are idempotent
             await self._release(live_tasks(job, tasks))
-            return
+            return 0.0
         if not await self._mine(job_id):
-            return  # a live gateway advances it
+            return 0.0  # a live gateway advances it
         job = self.store.jobs[job_id]  # as the table holds it after the ownership check
+        started = time.perf_counter()
         d = decide(job, tasks)
+        decided_s = time.perf_counter() - started
         mine = pb.Job()
         mine.CopyFrom(job)
         fences = self.fences(job_id)
@@ -646,13 +661,19 @@ class JobOrchestrator:
             if self.owners is not None:
                 self._owned.discard(job_id)
                 await self.owners.disown(job_id)
-            return
+            return decided_s
         if d.running and job.state == pb.JOB_STATE_PENDING:
             await self.store.write(job_step("job_running", mine, "a task of the job started"), fences=fences)
         if d.submit:
-            await asyncio.gather(*(self.ports.submit_task(task_id, stage_task_spec(job, stage), job.datacenter)
-                                   for task_id, stage in d.submit))
+            slots = asyncio.Semaphore(self.SUBMITS_IN_FLIGHT)
+
+            async def submit(task_id: str, stage: pb.StageSpec) -> None:
+                async with slots:
+                    await self.ports.submit_task(task_id, stage_task_spec(job, stage), job.datacenter)
+
+            await asyncio.gather(*(submit(task_id, stage) for task_id, stage in d.submit))
             self._dirty.add(job_id)  # what they came back as (placed, rejected ...) may decide more
+        return decided_s
 
     async def _release(self, task_ids: list[str]) -> None:
         results = await asyncio.gather(*(self.ports.release_task(t) for t in task_ids), return_exceptions=True)
