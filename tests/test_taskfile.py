@@ -153,6 +153,9 @@ def test_files_that_are_neither_tasks_nor_a_job(tmp_path):
          "- {resources: {cpu_milli: 2}, runtime_s: 1, request_id: a}\n", "[1].request_id", "unique"),
         ("resources: {cpu_milli: 1}\nruntime_s: 1\ngpu_models: [T4]\n", "gpu_models", "gpu_count > 0"),
         ("resources: {cpu_milli: 1, gpu_count: 3000000000}\nruntime_s: 1\n", "resources.gpu_count", "in "),
+        ("a: " + "[" * 10_000 + "]" * 10_000 + "\n", str(f), "nests deeper than 32 levels (line 1)"),
+        ("resources: {cpu_milli: 1}\nruntime_s: 1\ntenant: 2020-13-45\n", str(f),
+         "'2020-13-45' on line 3 is not a valid timestamp (month must be in 1..12)"),
     ]:
         f.write_text(text)
         with pytest.raises(ValidationError) as info:
@@ -161,6 +164,26 @@ def test_files_that_are_neither_tasks_nor_a_job(tmp_path):
     with pytest.raises(ValidationError) as info:
         load_submit_file(tmp_path / "missing.yaml")
     assert info.value.field == "-f"
+
+
+# YAML's building blocks, with the ones PyYAML's reader failed on with a traceback: deep nesting (RecursionError),
+# values its constructors cannot make (`2020-13-45` looks like a date: ValueError; an empty `!!float`: IndexError)
+_YAML_TOKENS = st.sampled_from([
+    "[", "]", "{", "}", ": ", ", ", "- ", "\n", "  ", "---\n", "? ", "<<: ", "&a ", "*a", "'", '"', "#", "!!int ",
+    "!!float ", "!!timestamp ", "!!binary ", "!!set ", "!!omap ", "resources", "cpu_milli", "runtime_s", "name",
+    "stages", "tasks", "x", "1", "-1", "1e400", "0x1F", ".nan", "null", "true", "2020-13-45", "2001-12-14", "9" * 30])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_YAML_TOKENS, max_size=40).map("".join))
+def test_any_file_is_read_or_refused_naming_it_never_a_traceback(text):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x.yaml"
+        path.write_text(text)
+        try:
+            load_submit_file(path)
+        except ValidationError as exc:
+            assert str(exc).startswith(str(path)), str(exc)
 
 
 def test_the_example_holds_three_tasks_one_of_them_gpu_and_a_job_file_is_still_a_job():
@@ -287,6 +310,13 @@ def test_task_flags_with_a_file_are_refused_not_ignored(tmp_path):
     bad.write_text("- {resources: {cpu_milli: 100}, runtime_s: 5}\n- {resources: {cpu_milli: 1.5}, runtime_s: 5}\n")
     done = run_cli("submit", "-f", str(bad), "--gateway", "127.0.0.1:1", env={"XDG_RUNTIME_DIR": str(tmp_path)})
     assert_one_line_error(done, 2, f"{bad}: [1].resources.cpu_milli: must be an integer (got 1.5)")
+
+
+def test_a_file_too_deep_to_read_is_one_line_naming_it(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 10_000 + "]" * 10_000 + "\n")
+    done = run_cli("submit", "-f", str(deep), "--gateway", "127.0.0.1:1", env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert_one_line_error(done, 2, f"{deep}: nests deeper than 32 levels")
 
 
 def test_printed_yaml_reads_back_strings_that_look_like_yaml12_numbers(tmp_path):

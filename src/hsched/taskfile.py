@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from hsched.convert import RESOURCE_FIELDS, task_to_pb
-from hsched.domain.errors import ValidationError
+from hsched.domain.errors import ValidationError, shown
 from hsched.domain.limits import check_message
 from hsched.domain.resources import Resources
 from hsched.domain.task import NetworkRequirements, TaskSpec
@@ -162,9 +162,42 @@ def derive_request_id(path: str | Path, index: int, data: Any) -> str:
     return f"f-{digest[:32]}"
 
 
+MAX_DEPTH = 32  # nesting levels a file may have: a task file needs 4 (a list, a spec, resources, a value), a job 5
+
+
+class _Refused(yaml.YAMLError):
+    """A file the loader refuses for a rule of its own, not its YAML syntax: the message is the whole rule."""
+
+
 class _Loader(yaml.SafeLoader):
     """YAML 1.1's SafeLoader reads `1e5` and `5e-324` (no dot) as strings; JSON writers emit them (json.dumps(1e20) is
-    `1e+20`), so numbers are read as YAML 1.2 and JSON read them."""
+    `1e+20`), so numbers are read as YAML 1.2 and JSON read them.
+
+    PyYAML composes nodes recursively (10,000 `[` were a RecursionError), so nesting is capped at MAX_DEPTH; and its
+    constructors raise plain ValueError, IndexError, ... on a value they cannot make (`2020-13-45` looks like a date,
+    `!!int x`, an empty `!!float`), which become a rule naming the value and its line."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise _Refused(f"nests deeper than {MAX_DEPTH} levels (line {self.peek_event().start_mark.line + 1}): "
+                               "a task or job file needs a handful")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, AttributeError, LookupError) as exc:  # a ValueError says why; others are PyYAML's
+            why = f" ({exc})" if isinstance(exc, ValueError) else ""
+            raise _Refused(f"{shown(node.value)} on line {node.start_mark.line + 1} is not a valid "
+                           f"{node.tag.rpartition(':')[2]}{why}") from None
 
 
 class YamlDumper(yaml.SafeDumper):
@@ -186,6 +219,8 @@ def read_documents(path: str | Path) -> list[Any]:
         raise ValidationError("-f", f"cannot read the file ({getattr(exc, 'strerror', None) or exc})", str(p)) from None
     try:
         docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]  # a trailing `---` is an empty document
+    except _Refused as exc:
+        raise ValidationError(str(p), str(exc)) from None
     except yaml.YAMLError as exc:
         raise ValidationError(str(p), f"is not valid YAML/JSON: {' '.join(str(exc).split())}") from None
     if not docs:
