@@ -61,9 +61,16 @@ async def test_the_history_is_the_tasks_events_in_stream_order_from_its_creation
     assert [e.kind for e in events] == ["submitted", "dc_selected", "placed", "running", "succeeded"]
     assert [e.detail for e in events] == [f"step at {i}" for i in (0, 600, 1200, 1800, 2400)] and not truncated
     assert all(e.task_id == "tmine" for e in events) and events == sorted(events, key=lambda e: e.event_id)
-    monkeypatch.setattr(fleetview, "HISTORY_SCAN", 1300)  # stops after the third step
+    # 650 entries forward from the creation, 650 back from the end (a large job's task among its siblings')
+    monkeypatch.setattr(fleetview, "HISTORY_SCAN", 1300)
     events, truncated = await fleetview.task_history(redis, stream, mine)
-    assert [e.kind for e in events] == ["submitted", "dc_selected", "placed"] and truncated
+    assert [e.kind for e in events] == ["submitted", "dc_selected", "succeeded"] and truncated
+    monkeypatch.setattr(fleetview, "HISTORY_SCAN", 3000)  # the two scans meet: everything, nothing missed
+    events, truncated = await fleetview.task_history(redis, stream, mine)
+    assert [e.detail for e in events] == [f"step at {i}" for i in (0, 600, 1200, 1800, 2400)] and not truncated
+    # the window ends at the task's last update (+1 s): later entries are not read
+    ended = pb.Task(task_id="tmine", created_unix_ms=mine.created_unix_ms, updated_unix_ms=1)
+    assert await fleetview.task_history(redis, stream, ended) == ([], False)
     monkeypatch.setattr(fleetview, "HISTORY_EVENTS", 2)
     events, truncated = await fleetview.task_history(redis, stream, mine)
     assert [e.kind for e in events] == ["submitted", "dc_selected"] and truncated

@@ -92,25 +92,52 @@ async def datacenter_view(dc: DataCenter, stub: placer_pb2_grpc.PlacerStub | Non
 
 
 async def task_history(redis, stream: str, task: pb.Task) -> tuple[list[pb.TaskEvent], bool]:
-    """The task's events, oldest first, read from its creation on (task ids and stream ids are both ms-ordered;
-    1 s of margin for the clock): at most HISTORY_SCAN entries and HISTORY_EVENTS events. Returns (events,
-    truncated)."""
-    start, scanned, events = f"{max(task.created_unix_ms - 1000, 0)}-0", 0, []
-    while scanned < HISTORY_SCAN:
-        page = await redis.xrange(stream, min=start, max="+", count=min(1000, HISTORY_SCAN - scanned))
-        if not page:
-            return events, False
-        scanned += len(page)
-        needle = task.task_id.encode()
+    """The task's events, oldest first, read between its creation and its last update (task ids and stream ids
+    are both ms-ordered; 1 s of margin for the clock): half of HISTORY_SCAN entries forward from the creation,
+    then, if the window holds more, half backward from the last update, so a task among many others (a large
+    job's) shows its first and its last events; at most HISTORY_EVENTS events. Returns (events, truncated)."""
+    needle = task.task_id.encode()
+    budget = HISTORY_SCAN // 2
+    lo = f"{max(task.created_unix_ms - 1000, 0)}-0"
+    hi = f"{task.updated_unix_ms + 1000}" if task.updated_unix_ms else "+"
+
+    def mine(page, into: list[pb.TaskEvent]) -> None:
         for entry_id, fields in page:
-            entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
             if needle not in fields.get(b"t", b""):  # cheap: most entries are other tasks', left unparsed
                 continue
-            event = event_of(entry, fields)
-            if event.task_id == task.task_id:
-                events.append(event)
-                if len(events) == HISTORY_EVENTS:
-                    return events, True
-        ms, _, seq = entry.partition("-")
-        start = f"{ms}-{int(seq) + 1}"
-    return events, True
+            event = event_of(entry_id.decode() if isinstance(entry_id, bytes) else entry_id, fields)
+            if event.task_id == task.task_id and len(into) < HISTORY_EVENTS:
+                into.append(event)
+
+    def entry(page) -> tuple[int, int]:
+        ms, _, seq = (page[-1][0].decode() if isinstance(page[-1][0], bytes) else page[-1][0]).partition("-")
+        return int(ms), int(seq)
+
+    first: list[pb.TaskEvent] = []
+    scanned, start = 0, lo
+    while scanned < budget:
+        page = await redis.xrange(stream, min=start, max=hi, count=min(1000, budget - scanned))
+        if not page:
+            return first, False
+        scanned += len(page)
+        mine(page, first)
+        if len(first) == HISTORY_EVENTS:
+            return first, True
+        ms, seq = entry(page)
+        start = f"{ms}-{seq + 1}"
+    # more than the budget after the creation: the newest part of the window, back to where the forward scan ended
+    newest: list[pb.TaskEvent] = []
+    scanned, end = 0, hi
+    while scanned < budget:
+        page = await redis.xrevrange(stream, max=end, min=start, count=min(1000, budget - scanned))
+        if not page:
+            return first + newest[::-1], False
+        scanned += len(page)
+        mine(page, newest)
+        if len(first) + len(newest) >= HISTORY_EVENTS:
+            break
+        ms, seq = entry(page)
+        if seq == 0 and ms == 0:
+            break
+        end = f"{ms}-{seq - 1}" if seq else f"{ms - 1}-18446744073709551615"
+    return (first + newest[::-1])[:HISTORY_EVENTS], True

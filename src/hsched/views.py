@@ -206,7 +206,7 @@ def describe_text(d: gateway_pb2.TaskDescription) -> str:
     if ex.notes:
         lines.append("Notes:")
         lines += [f"  {n}" for n in ex.notes]
-    lines.append("Events:" + ("  (the oldest shown; more exist)" if d.events_truncated else ""))
+    lines.append("Events:" + ("  (the first and the last read; others not shown)" if d.events_truncated else ""))
     lines += ["  " + row for row in table(("TIME", "KIND", "STATE", "DC", "DETAIL"),
                                           [[_when(e.unix_ms), e.kind, state_name(e.state), e.datacenter or "-",
                                             e.detail] for e in d.events]).splitlines()]
