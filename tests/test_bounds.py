@@ -344,3 +344,13 @@ def test_garbage_bytes_get_invalid_argument_on_every_method_of_every_service(red
                 assert "Traceback" not in log and "Exception deserializing" not in log, name
     finally:
         delete_prefix(redis_url, prefix)
+
+
+def test_servers_take_their_clients_keepalive_pings():
+    """A server whose accepted ping interval is longer than its clients' keepalive answers their pings on an
+    idle connection with GOAWAY "too_many_pings" (an error line in every service's log, a reconnect)."""
+    from hsched.rpc import CHANNEL_OPTIONS, SERVER_OPTIONS
+
+    client, server = dict(CHANNEL_OPTIONS), dict(SERVER_OPTIONS)
+    assert server["grpc.http2.min_ping_interval_without_data_ms"] <= client["grpc.keepalive_time_ms"]
+    assert server["grpc.keepalive_permit_without_calls"] == 1 and server["grpc.so_reuseport"] == 0

@@ -41,6 +41,15 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.max_receive_message_length", 32 * 1024 * 1024),
 ]
+# A server takes its clients' 30 s keepalive pings: by default it expects >= 5 min between pings on a connection
+# without data and sends GOAWAY "too_many_pings" (logged as an error) to an idle peer's channel after two
+SERVER_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # no SO_REUSEPORT (gRPC's default on Linux): a second server on a taken port must fail, not share its calls
+    ("grpc.so_reuseport", 0),
+]
 
 
 class MethodAwareReflection(ReflectionServicer):
@@ -91,8 +100,7 @@ async def start_server(register: Callable[[grpc.aio.Server], None], service_name
     With `tls`, the port serves TLS with that leaf (reloaded on change, `hsched.security.tls`); with
     client_auth "require" every caller needs a certificate of the CA and every method is authorized by the
     caller's identity (`hsched.security.authz.POLICY`), checked in the same registration wrapper."""
-    # no SO_REUSEPORT (gRPC's default on Linux): a second server on a taken port must fail, not share its calls
-    server = grpc.aio.server(options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     authorize = authz.guard_for if tls is not None and client_auth == "require" else None
     # checked (garbage and over-limit requests answered INVALID_ARGUMENT), traced and timed: wrapped at registration
     register(checked(instrumented(server, metrics=metrics), authorize))
