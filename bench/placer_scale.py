@@ -189,7 +189,8 @@ def quality_thermal(names, nodes_to_score: str, seeds) -> list[tuple]:
                     diffs[key].append(_pct(part[key], full[key]))
                     fulls[key].append(full[key])
             if diffs["placed"]:
-                rows.append((f"thermal {mode}", name, *(float(np.mean(v)) for v in diffs.values()),
+                rows.append((f"thermal {mode}", name, diffs["placed"], float(np.mean(diffs["mean_overloads"])),
+                             float(np.mean(diffs["mean_pue"])),
                              " / ".join(f"{np.mean(fulls[k]):.{d}f}" for k, d in
                                         (("placed", 0), ("mean_overloads", 1), ("mean_pue", 4)))))
     return rows
@@ -221,9 +222,17 @@ def quality_gpu(names, nodes_to_score: str, seeds, n_tasks: int) -> list[tuple]:
             diffs.append(_pct(part, full))
             fulls.append(full)
         if diffs:
-            rows.append(("gpu 340 hosts", name, float(np.mean(diffs)), float("nan"), float("nan"),
+            rows.append(("gpu 340 hosts", name, diffs, None, None,
                          f"{np.mean(fulls):.1f} deployed of {n_tasks}"))
     return rows
+
+
+def _mean_se(values: list[float]) -> str:
+    """mean ± standard error over the seeds (the mean alone for one seed)."""
+    m = float(np.mean(values))
+    if len(values) < 2:
+        return f"{m:+.2f}"
+    return f"{m:+.2f} ± {float(np.std(values, ddof=1)) / math.sqrt(len(values)):.2f}"
 
 
 def _pct(x: float, ref: float) -> float:
@@ -285,14 +294,15 @@ def main(argv: list[str] | None = None) -> None:
     if not opts.skip_quality and opts.seeds:
         seeds = range(opts.seeds)
         print(f"\nquality, nodes to score {nts} vs all feasible nodes, mean over seeds {list(seeds)} "
-              "((bounded − full) / full, %):")
+              "((bounded − full) / full, %; placed/deployed: mean ± s.e. over the seeds):")
         print(f"{'eval':<18}{'policy':<13}{'placed/deployed':>16}{'overloads':>11}{'PUE':>9}   full: placed / "
               "overloads / PUE")
         cpu = [n for n in CPU_POLICIES if not only or n in only]
         gpu = [n for n in GPU_POLICIES if not only or n in only]
         t0 = time.perf_counter()
         for row in [*quality_thermal(cpu, nts, seeds), *quality_gpu(gpu, nts, seeds, opts.gpu_tasks)]:
-            print(f"{row[0]:<18}{row[1]:<13}{row[2]:>+16.2f}{row[3]:>+11.2f}{row[4]:>+9.3f}   {row[5]}", flush=True)
+            overloads, pue = ("-", "-") if row[3] is None else (f"{row[3]:+.2f}", f"{row[4]:+.3f}")
+            print(f"{row[0]:<18}{row[1]:<13}{_mean_se(row[2]):>16}{overloads:>11}{pue:>9}   {row[5]}", flush=True)
         print(f"(quality part: {time.perf_counter() - t0:.0f} s)")
 
 

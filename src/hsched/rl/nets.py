@@ -170,14 +170,14 @@ class AttentionNumpy:
         if self.folded:
             self.in_w[:, :e] /= self.scale  # in_w is a transposed copy of the weights: ours to change
             self.in_b[:e] /= self.scale
-        # C-contiguous copies of the [N, E] × [E, ·] weights: those products take ~35 % less time at 65 rows and
-        # give the transposed layout's sums bit for bit there (OpenBLAS packs either layout for the same gemm
-        # kernel; compared at 19-800 rows on the scale bench's machine), but below ~20 rows OpenBLAS takes
+        # C-contiguous copies of the [N, E] × [E, ·] weights: those products take ~35 % less time at 65 rows (a
+        # decision 115 → 92 µs at 33) and give the transposed layout's sums bit for bit there (OpenBLAS packs
+        # either layout for the same gemm kernel; compared at 19-800 rows), but below 19 rows OpenBLAS takes
         # small-matrix kernels whose sums differ in the last bit: fewer rows than CONTIGUOUS_ROWS keep torch's.
         c = np.ascontiguousarray
         self._contiguous = (c(self.in_w), c(self.out_w), [(c(w), b) for w, b in self.layers])
 
-    CONTIGUOUS_ROWS = 64  # a sampled decision: 64 candidates + the wait item
+    CONTIGUOUS_ROWS = 24  # both layouts sum alike from 19 rows here: a margin over it
 
     def __call__(self, items: np.ndarray, task: np.ndarray) -> np.ndarray:
         # in place where the formula allows: the same operations on the same operands in the same order as
