@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hsched import cli, localstate
 
@@ -102,10 +105,39 @@ def assert_one_line_error(done: subprocess.CompletedProcess, code: int, *words: 
     (["replay", "nosuchtrace"], ["trace", "openb"]),
     (["replay", "openb", "--concurrency", "0"], ["--concurrency", "1.."]),
     (["replay", "openb", "--fleet", "/nonexistent/fleet.yaml"], ["--fleet", "cannot read"]),
+    # amounts whose millicores / MiB overflow their int64 field (protobuf's "Value out of range" traceback)
+    (["submit", "--cpu", "1e17"], ["--cpu", "0..9.223e+15", "millicores"]),
+    (["submit", "--memory-gib", "1e20"], ["--memory-gib", "0..9.007e+15", "MiB"]),
+    (["submit", "--disk-gib", "1e20"], ["--disk-gib", "0..9.007e+15"]),
+    (["submit", "--gpus", "1", "--gpu-memory-gib", "1e20"], ["--gpu-memory-gib", "0..9.007e+15"]),
+    (["replay", "tpch", "--tpch-sizes", "2g,bogus"], ["--tpch-sizes", "'bogus'", "2g, 5g, 10g, 20g, 50g, 80g, 100g"]),
+    (["up", "--replay", "tpch", "--tpch-sizes", "bogus"], ["--tpch-sizes", "'bogus'", "100g"]),
+    (["up", "--port", "99999"], ["--port", "0..65535"]),
+    (["up", "--port", "-1"], ["--port", "0..65535"]),
+    (["up", "--supervisor-metrics-port", "65536"], ["--supervisor-metrics-port", "0..65535"]),
+    (["up", "--prometheus", "--prometheus-port", "99999"], ["--prometheus-port", "0..65535"]),
 ])
 def test_bad_arguments_are_one_line_usage_errors(argv, words, tmp_path):
-    gateway = [] if argv[0] == "eval" else ["--gateway", UNREACHABLE]
+    gateway = [] if argv[0] in ("eval", "up") else ["--gateway", UNREACHABLE]
     assert_one_line_error(run_cli(*argv, *gateway, env={"XDG_RUNTIME_DIR": str(tmp_path)}), 2, *words)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.floats(min_value=0, allow_nan=False, allow_infinity=False), st.floats(9e15, 1e16)),
+       st.sampled_from([(cli.cores, 1000), (cli.gib, 1024)]))
+def test_an_amount_the_cli_takes_fits_its_int64_field(amount, flag):
+    """--cpu (sent as millicores) and the --*-gib flags (as MiB): what the flag takes, protobuf takes; the rest is
+    refused naming the range (whose bound is itself taken)."""
+    from hsched.v1 import common_pb2 as pb
+
+    parse, unit = flag
+    try:
+        value = parse(repr(amount))
+    except argparse.ArgumentTypeError as exc:
+        bound = str(exc).split("0..")[1].split()[0]
+        assert amount > float(bound) and parse(bound) == float(bound), str(exc)
+    else:
+        pb.Resources(cpu_milli=round(value * unit), memory_mib=round(value * unit))
 
 
 def test_a_bad_fleet_file_is_the_loaders_one_line_message(tmp_path):
@@ -116,9 +148,10 @@ def test_a_bad_fleet_file_is_the_loaders_one_line_message(tmp_path):
         assert_one_line_error(run_cli(*argv, env=env), 2, "--fleet", str(bad), "is required")
 
 
-def test_up_on_a_busy_port_is_one_line_and_starts_nothing(tmp_path):
+def test_up_on_a_busy_port_is_one_line_and_starts_nothing(private_runtime_dir):
     import socket
 
+    tmp_path = private_runtime_dir  # the runtime dir read_stacks reads below, not one where others run stacks
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

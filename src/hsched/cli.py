@@ -299,7 +299,7 @@ def _dag_jobs(args):
         return alibaba_jobs(limit=limit, interval_s=args.tpch_interval_s, seed=args.seed,
                             max_tasks_per_stage=args.tpch_max_tasks, min_tasks=args.alibaba_min_tasks,
                             max_instances=args.alibaba_max_instances or None)
-    return tpch_jobs(sizes=args.tpch_sizes.split(","), limit=args.limit or 0,
+    return tpch_jobs(sizes=list(args.tpch_sizes), limit=args.limit or 0,
                      interval_s=args.tpch_interval_s, seed=args.seed, max_tasks_per_stage=args.tpch_max_tasks)
 
 
@@ -322,7 +322,7 @@ def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: s
     factor = args.time_factor  # `hsched up` sets it for a DAG trace; cmd_replay takes the stack's
     tasks = sum(s.tasks for j in jobs for s in j.spec.stages)
     what = "TPC-H" if args.replay == "tpch" else "Alibaba 2018 batch"
-    detail = f"sizes {args.tpch_sizes}" if args.replay == "tpch" else "one stage per trace task, instances folded"
+    detail = f"sizes {','.join(args.tpch_sizes)}" if args.replay == "tpch" else "one stage per trace task, instances folded"
     console.print(f"replaying {len(jobs)} {what} DAG jobs ({tasks} tasks, {detail}) arriving over "
                   f"{max(j.arrival_s for j in jobs):.0f} trace seconds, time factor {factor:g} (the placers' clock)")
     with Progress(TextColumn("jobs finished"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -932,6 +932,7 @@ def cmd_thermal(args) -> int:
 # -- argument validators: argparse `type=`s, so a bad value is a one-line usage error (exit 2) naming the flag ---
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1  # protobuf int32 fields
+INT64_MAX = 2 ** 63 - 1  # protobuf int64 fields
 
 
 def _int(text: str) -> int:
@@ -1018,6 +1019,38 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def _scaled(text: str, unit: int, what: str) -> float:
+    """A non-negative amount sent as round(amount × unit) `what` in an int64 field: at most what that holds."""
+    value = non_negative_float(text)
+    if value * unit > INT64_MAX:  # float against int: compared exactly (and inf, which round() cannot take)
+        raise argparse.ArgumentTypeError(f"must be in 0..{INT64_MAX / unit:.4g} (as {what}: int64), got {text!r}")
+    return value
+
+
+def cores(text: str) -> float:
+    return _scaled(text, 1000, "millicores")
+
+
+def gib(text: str) -> float:
+    return _scaled(text, 1024, "MiB")
+
+
+def port(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port in 0..65535 (0: a free one), got {text!r}")
+    return value
+
+
+def tpch_sizes(text: str) -> tuple[str, ...]:
+    from hsched.traces.decima import tpch_size
+
+    try:
+        return tuple(tpch_size(size) for size in text.split(","))
+    except ValueError as exc:  # it names the size and the known ones
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def percent(text: str) -> float:
     value = non_negative_float(text)
     if value > 100:
@@ -1047,7 +1080,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--concurrency", type=positive_int, default=64, help="gRPC calls in flight at most")
         sp.add_argument("--seed", type=int, default=0, help="seed for the entry vertices drawn per task (tpch: the "
                         "job order and arrivals)")
-        sp.add_argument("--tpch-sizes", default="2g", help="tpch: input sizes, comma-separated (2g,5g,...,100g)")
+        sp.add_argument("--tpch-sizes", type=tpch_sizes, default="2g",
+                        help="tpch: input sizes, comma-separated (2g,5g,...,100g)")
         sp.add_argument("--tpch-interval-s", "--job-interval-s", type=positive_float, default=30.0,
                         help="tpch, alibaba2018: mean gap between job arrivals, trace seconds (Poisson)")
         sp.add_argument("--tpch-max-tasks", "--job-max-tasks", type=non_negative_int, default=16,
@@ -1079,7 +1113,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="simulated room sensors: the thermal service writes scans of its model at the ledgers' load "
                          "plus noise onto the readings streams, which it recalibrates from (docs/thermal.md); real "
                          "readings: `hsched thermal replay FILE`")
-    up.add_argument("--port", type=int, default=50051, help="gateway port (the first gateway's with --gateways)")
+    up.add_argument("--port", type=port, default=50051,
+                    help="gateway port (the first gateway's with --gateways; 0: a free one)")
     up.add_argument("--gateways", type=positive_int, default=1,
                     help="gateway processes on the one Redis (default 1); the first on --port, the others on free "
                          "ports, every client of the stack (CLI, replay) balancing round-robin over all of them "
@@ -1131,14 +1166,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="do not restart dead or hung services (default: restart them with back-off)")
     up.add_argument("--unhealthy-restart-s", type=positive_float, default=60.0,
                     help="restart a service whose gRPC health is NOT_SERVING or unanswered this long (seconds)")
-    up.add_argument("--supervisor-metrics-port", type=int, default=0,
+    up.add_argument("--supervisor-metrics-port", type=port, default=0,
                     help="port of the supervisor's Prometheus /metrics (0: a free port, shown in the table)")
     up.add_argument("--tls", action="store_true",
                     help="mutual TLS on every gRPC hop: a CA and per-service certificates in <state dir>/tls")
     up.add_argument("--prometheus", action="store_true",
                     help="also run a real Prometheus (the `prometheus` binary: Debian's package, or HSCHED_PROMETHEUS_BIN) "
                          "scraping every service; config generated from the stack, TSDB in <state dir>/prometheus")
-    up.add_argument("--prometheus-port", type=non_negative_int, default=None,
+    up.add_argument("--prometheus-port", type=port, default=None,
                     help="Prometheus' port on 127.0.0.1 (default: 9090 if free, else a free port; 0: a free port)")
     replay_flags(up)
     up.set_defaults(fn=cmd_up)
@@ -1194,14 +1229,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = gw(sub.add_parser("submit", help="submit one task, or a DAG job with -f job.yaml"))
     s.add_argument("-f", "--file", default="", help="task specs (TaskSpec fields: one, a list, or a --- stream; see "
                    "examples/tasks.yaml) or a DAG job (a `stages` key; examples/job.yaml) as YAML/JSON")
-    s.add_argument("--cpu", type=non_negative_float, default=1.0, help="cores per replica")
-    s.add_argument("--memory-gib", type=non_negative_float, default=1.0)
-    s.add_argument("--disk-gib", type=non_negative_float, default=0.0)
+    s.add_argument("--cpu", type=cores, default=1.0, help="cores per replica")
+    s.add_argument("--memory-gib", type=gib, default=1.0)
+    s.add_argument("--disk-gib", type=gib, default=0.0)
     s.add_argument("--bandwidth-mbps", type=non_negative_int, default=0)
     s.add_argument("--gpus", type=non_negative_int, default=0, help="GPU slices per replica")
     s.add_argument("--gpu-core-percent", type=core_percent, default=None,
                    help="%% of one GPU's cores per slice (default 100; needs --gpus)")
-    s.add_argument("--gpu-memory-gib", type=non_negative_float, default=None, help="GPU memory per slice (needs --gpus)")
+    s.add_argument("--gpu-memory-gib", type=gib, default=None, help="GPU memory per slice (needs --gpus)")
     s.add_argument("--gpu-model", action="append", help="allowed GPU model (repeatable)")
     s.add_argument("--replicas", type=positive_int, default=1)
     s.add_argument("--runtime-s", type=non_negative_float, default=3600.0, help="task seconds (0: runs until released)")

@@ -277,7 +277,8 @@ def _load_all(path: str, _mtime_ns: int) -> dict[str, DagJob]:
     return {key: _job(key, value) for key, value in raw.items()}
 
 
-def _size(size: str | int) -> str:
+def tpch_size(size: str | int) -> str:
+    """A TPC-H input size as TPCH_SIZES spells it ("2G", 2 -> "2g"); ValueError naming the sizes if unknown."""
     name = f"{size}g" if isinstance(size, int) else str(size).lower()
     if name not in TPCH_SIZES:
         raise ValueError(f"unknown TPC-H size {size!r}; expected one of {', '.join(TPCH_SIZES)}")
@@ -293,7 +294,7 @@ def load_tpch_dags(path: str | Path | None = None, queries: Iterable[int] | None
     raises ValueError. The parsed file is cached per path (and modification time); the jobs are immutable.
     """
     file = Path(path) if path is not None else data_dir() / DEFAULT_FILE
-    wanted_sizes = [_size(s) for s in (TPCH_SIZES if sizes is None else sizes)]
+    wanted_sizes = [tpch_size(s) for s in (TPCH_SIZES if sizes is None else sizes)]
     wanted_queries = list(TPCH_QUERIES if queries is None else queries)
     for q in wanted_queries:
         if isinstance(q, bool) or not isinstance(q, int) or q not in TPCH_QUERIES:
