@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 
 from hsched.domain.errors import ValidationError
 from hsched.domain.limits import STAGE_MAX_TASKS
-from hsched.jobs import decide, load_job_file, selection_requests, task_id_of, validate_job
+from hsched.jobs import decide, selection_requests, task_id_of, validate_job
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.state.tasks import TaskStore, now_ms, step
+from hsched.taskfile import load_submit_file
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import placer_pb2_grpc, selector_pb2_grpc
 from services.gateway.server import GatewayServicer
@@ -54,7 +55,7 @@ def field_of(spec: pb.JobSpec) -> ValidationError:
 
 def test_a_valid_dag_passes_and_the_example_file_is_one():
     validate_job(job(stage("a", 3), stage("b", 2, ("a",)), stage("c", 1, ("a", "b"))))
-    example = load_job_file(EXAMPLE)
+    example = load_submit_file(EXAMPLE).job
     validate_job(example)
     assert [s.name for s in example.stages] == ["extract", "transform", "report"]
 
@@ -147,19 +148,29 @@ def test_random_dags_are_accepted_exactly_when_valid_and_refused_with_a_named_fi
         assert oracle_valid(spec)
 
 
-def test_bad_job_files_name_the_file_and_the_problem(tmp_path):
+def test_bad_job_files_name_the_file_the_field_and_the_rule(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: x\nstages:\n  - name: a\n    taks: 2\n")
-    with pytest.raises(ValidationError) as info:
-        load_job_file(bad)
-    assert info.value.field == str(bad) and "taks" in info.value.rule
-    bad.write_text("- just\n- a list\n")
-    with pytest.raises(ValidationError) as info:
-        load_job_file(bad)
-    assert info.value.field == str(bad)
-    with pytest.raises(ValidationError) as info:
-        load_job_file(tmp_path / "missing.yaml")
-    assert info.value.field == "-f"
+
+    def refusal(text: str) -> ValidationError:
+        bad.write_text(text)
+        with pytest.raises(ValidationError) as info:
+            load_submit_file(bad)
+        assert str(info.value).startswith(f"{bad}: ")
+        return info.value
+
+    assert refusal("name: x\nstages:\n  - name: a\n    taks: 2\n").field == "stages[0].taks"
+    # typed as a task file is: what protobuf's JSON parser took (a string, a float, hex) is refused
+    for value in ('"4"', "1e1", "4.0", "true"):
+        error = refusal(f"stages:\n  - name: a\n    tasks: {value}\n")
+        assert error.field == "stages[0].tasks" and error.rule.startswith("must be an integer")
+    assert refusal("stages:\n  - {name: a, tasks: 1, resources: {cpu_milli: 1000.0}}\n").field == \
+        "stages[0].resources.cpu_milli"
+    assert refusal("stages:\n  - {name: a, tasks: 1, runtime_s: '5'}\n").rule == "must be a number"
+    assert refusal("stages: x\n").rule == "must be a list"
+    assert refusal("stages: []\ngpu_models: T4\n").field == "gpu_models"
+    assert refusal("stages:\n  - {name: a, parents: [3]}\n").field == "stages[0].parents[0]"
+    example = load_submit_file(EXAMPLE).job  # what is refused above is not what a good file is read as
+    assert example.stages[0].tasks == 4 and example.stages[0].resources.cpu_milli == 2000
 
 
 def test_a_jobs_gpu_models_restrict_its_gpu_stages_only():

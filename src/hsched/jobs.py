@@ -28,11 +28,9 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 
 from hsched.cancel import cancel_and_wait
 from hsched.convert import resources_from_pb, resources_to_pb, task_to_pb
@@ -184,29 +182,60 @@ def normalized(job: pb.JobSpec) -> pb.JobSpec:
 # -- job files (hsched submit -f job.yaml) -----------------------------------------------------------------------
 
 
-def job_from_dict(data: Any, where: str = "job") -> pb.JobSpec:
-    """A JobSpec from a YAML/JSON document whose keys are JobSpec's field names (see examples/job.yaml).
-    A document that is not such a mapping raises ValidationError naming the file and what is wrong."""
+_INT_RANGES = {FieldDescriptor.TYPE_INT32: (-2**31, 2**31 - 1), FieldDescriptor.TYPE_INT64: (-2**63, 2**63 - 1),
+               FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1), FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1)}
+_NUMBERS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
+
+
+def _fill(message: Any, data: Any, where: str) -> None:
+    """Set `message`'s fields from a mapping of its snake_case field names, each value of its field's type as a task
+    file's (an integer field takes integers only: not "4", 1e1, 4.0 or true; a number field ints or floats; a
+    string field strings), or raise ValidationError naming the path (`job.stages[0].tasks`) and the rule."""
+    fields = message.DESCRIPTOR.fields_by_name
+    if not isinstance(data, dict):
+        raise ValidationError(where, f"must be a mapping of {message.DESCRIPTOR.name} fields "
+                              f"({', '.join(fields)})", type(data).__name__)
+    for key, value in data.items():
+        f = fields.get(key) if isinstance(key, str) else None
+        at = f"{where}.{key}" if where else str(key)
+        if f is None:
+            raise ValidationError(at, f"is not a {message.DESCRIPTOR.name} field (one of: {', '.join(fields)})")
+        repeated = f.is_repeated
+        if repeated and not isinstance(value, list):
+            raise ValidationError(at, "must be a list", type(value).__name__)
+        for i, item in enumerate(value if repeated else [value]):
+            item_at = f"{at}[{i}]" if repeated else at
+            if f.type == FieldDescriptor.TYPE_MESSAGE:
+                _fill(getattr(message, key).add() if repeated else getattr(message, key), item, item_at)
+                continue
+            if f.type == FieldDescriptor.TYPE_STRING:
+                ok = isinstance(item, str)
+                rule = "must be a string"
+            elif f.type in _INT_RANGES:
+                lo, hi = _INT_RANGES[f.type]
+                ok = isinstance(item, int) and not isinstance(item, bool) and lo <= item <= hi
+                rule = f"must be an integer in {lo}..{hi}"
+            elif f.type in _NUMBERS:
+                ok = isinstance(item, (int, float)) and not isinstance(item, bool)
+                rule = "must be a number"
+            else:  # not in JobSpec today: refuse rather than guess
+                ok, rule = False, "cannot be set from a file"
+            if not ok:
+                raise ValidationError(item_at, rule, item)
+            if repeated:
+                getattr(message, key).append(item)
+            else:
+                setattr(message, key, item)
+
+
+def job_from_dict(data: Any, where: str = "") -> pb.JobSpec:
+    """A JobSpec from a YAML/JSON document whose keys are JobSpec's field names (see examples/job.yaml), typed as a
+    task file is; a bad field raises ValidationError naming its path in the document (`stages[0].tasks`)."""
     if not isinstance(data, dict):
         raise ValidationError(where, "must be a mapping of JobSpec fields (name, stages, ...)", type(data).__name__)
-    try:
-        return json_format.ParseDict(data, pb.JobSpec())
-    except (json_format.ParseError, TypeError, ValueError) as exc:
-        raise ValidationError(where, f"is not a valid job: {exc}") from None
-
-
-def load_job_file(path: str | Path) -> pb.JobSpec:
-    """Read a job from a YAML or JSON file (JSON is YAML); not validated here (the gateway validates)."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ValidationError("-f", f"cannot read the job file ({exc.strerror})", str(p)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValidationError(str(p), f"is not valid YAML/JSON: {exc}") from None
-    return job_from_dict(data, str(p))
+    job = pb.JobSpec()
+    _fill(job, data, where)
+    return job
 
 
 # -- choosing the job's data center -------------------------------------------------------------------------------

@@ -247,7 +247,10 @@ def load_submit_file(path: str | Path) -> SubmitFile:
     file = str(path)
     docs = read_documents(path)
     if len(docs) == 1 and isinstance(docs[0], dict) and "stages" in docs[0]:
-        return SubmitFile(job=job_from_dict(docs[0], file), tasks=())
+        try:
+            return SubmitFile(job=job_from_dict(docs[0]), tasks=())
+        except ValidationError as exc:
+            raise SpecFileError(file, exc.field, exc.rule, exc.value) from None
     tasks: list[FileTask] = []
     seen: dict[tuple[str, str], str] = {}
     for index, (where, data) in enumerate(_entries(docs)):
