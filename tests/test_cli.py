@@ -55,9 +55,10 @@ def test_several_stacks_need_a_choice_and_dead_ones_are_forgotten(private_runtim
 
 
 def test_the_final_states_are_the_task_stores():
-    from hsched.state.tasks import TERMINAL
+    from hsched.state.tasks import JOB_STATE_OF_KIND, JOB_TERMINAL, TERMINAL
 
     assert sorted(cli.FINAL) == sorted(TERMINAL)
+    assert cli.JOB_FINAL == {kind: s for kind, s in JOB_STATE_OF_KIND.items() if s in JOB_TERMINAL}
 
 
 def test_unknown_experiment_and_bad_submit_are_refused(capsys):
@@ -285,6 +286,34 @@ def test_replay_uses_the_running_stacks_fleet_and_prefix(small_stack, redis_url,
     assert not summary["errors"] and summary["first_answers"].get("placed"), summary
     utilisation = {r["datacenter"]: r["cpu_util"] for r in summary["datacenters"] if r["datacenter"] != "-"}
     assert set(utilisation) == {"cheap", "near", "gpu"} and None not in utilisation.values(), summary
+
+
+def test_job_watch_ends_at_the_jobs_final_state(small_stack, tmp_path):
+    """As `hsched watch TASK`: the job's events until its final one (cancelled here), then exit 0; a job already
+    final prints its line and exits at once."""
+    import select
+
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    gw = ["--gateway", small_stack.gateway]
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("name: watched\nstages:\n  - {name: a, tasks: 1, runtime_s: 3600, resources: {cpu_milli: 100}}\n")
+    submitted = run_cli("submit", "-f", str(job_file), *gw, env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.split()[0]
+    watch = subprocess.Popen([sys.executable, "-m", "hsched.cli", "job", "watch", job_id, *gw], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    try:
+        assert select.select([watch.stdout], [], [], 120)[0], "the watch printed nothing"  # a hang guard only
+        first = watch.stdout.readline()
+        assert "job_submitted" in first, first  # streaming: the job was not final when the watch began
+        assert run_cli("job", "cancel", job_id, *gw, env=env).returncode == 0
+        out, err = watch.communicate(timeout=120)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0 and "Traceback" not in err, err
+    assert "job_cancelled" in out.strip().splitlines()[-1], out
+    again = run_cli("job", "watch", job_id, *gw, env=env)
+    assert again.returncode == 0 and again.stdout.split()[:2] == [job_id, "CANCELLED"], again.stdout + again.stderr
 
 
 def test_a_reader_that_leaves_early_ends_the_output_quietly(small_stack, tmp_path):

@@ -126,6 +126,10 @@ JOB_STATES = _names(pb.JobState, "JOB_STATE_")
 # does not load the ledger and numpy
 FINAL = (pb.TASK_STATE_REJECTED, pb.TASK_STATE_RELEASED, pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED,
          pb.TASK_STATE_EXPIRED)
+# a job's final states by the kind of its event that records them (a job event carries no state):
+# hsched.state.tasks.JOB_TERMINAL and JOB_STATE_OF_KIND (test_cli checks), not imported for the same reason
+JOB_FINAL = {"job_succeeded": pb.JOB_STATE_SUCCEEDED, "job_failed": pb.JOB_STATE_FAILED,
+             "job_cancelled": pb.JOB_STATE_CANCELLED}
 
 
 def _state_name(state: int) -> str:
@@ -524,11 +528,17 @@ def cmd_job(args) -> int:
         reply = stub.ListJobs(gateway_pb2.ListJobsRequest(tenant=args.tenant, state=state, limit=args.limit,
                                                           page_token=args.page_token), timeout=10)
         _print_page(args, reply, reply.jobs, _job_line)
-    else:
-        try:
-            for ev in stub.Watch(gateway_pb2.WatchRequest(job_id=args.job_id, after_event_id=args.after)):
+    else:  # as cmd_watch of one task: ends at the job's final state, at once if it is there already
+        job = stub.GetJob(gateway_pb2.GetJobRequest(job_id=args.job_id), timeout=10)
+        if job.state in JOB_FINAL.values():
+            _event(args, job, lambda: _job_line(job))
+            return 0
+        try:  # from "0" at least: it may finish between the GetJob and the Watch
+            for ev in stub.Watch(gateway_pb2.WatchRequest(job_id=args.job_id, after_event_id=args.after or "0")):
                 _event(args, ev, lambda ev=ev: f"{ev.event_id}  {ev.task_id or ev.job_id}  {ev.kind:<13} "
                                                f"{ev.datacenter}  {ev.detail}")
+                if ev.kind in JOB_FINAL:  # the job's own event (a task's kinds have no job_ prefix)
+                    return 0
         except KeyboardInterrupt:
             pass
     return 0
@@ -1274,7 +1284,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--after", default="", help="event id to resume after; 0 = from the start")
     w.set_defaults(fn=cmd_watch)
 
-    jb = gw(sub.add_parser("job", help="DAG jobs: get, list, cancel or watch (submit with `hsched submit -f`)"))
+    jb = gw(sub.add_parser("job", help="DAG jobs: get, list, cancel or watch (until it reaches a final state; "
+                                       "submit with `hsched submit -f`)"))
     jb.add_argument("action", choices=["get", "list", "cancel", "watch"])
     jb.add_argument("job_id", nargs="?", default="")
     jb.add_argument("--tenant", default="")
