@@ -158,17 +158,21 @@ def test_bad_job_files_name_the_file_the_field_and_the_rule(tmp_path):
         assert str(info.value).startswith(f"{bad}: ")
         return info.value
 
-    assert refusal("name: x\nstages:\n  - name: a\n    taks: 2\n").field == "stages[0].taks"
+    assert refusal("name: x\nstages:\n  - name: a\n    taks: 2\n").field == "job.stages[0].taks"
     # typed as a task file is: what protobuf's JSON parser took (a string, a float, hex) is refused
     for value in ('"4"', "1e1", "4.0", "true"):
         error = refusal(f"stages:\n  - name: a\n    tasks: {value}\n")
-        assert error.field == "stages[0].tasks" and error.rule.startswith("must be an integer")
+        assert error.field == "job.stages[0].tasks" and error.rule.startswith("must be an integer")
     assert refusal("stages:\n  - {name: a, tasks: 1, resources: {cpu_milli: 1000.0}}\n").field == \
-        "stages[0].resources.cpu_milli"
+        "job.stages[0].resources.cpu_milli"
     assert refusal("stages:\n  - {name: a, tasks: 1, runtime_s: '5'}\n").rule == "must be a number"
     assert refusal("stages: x\n").rule == "must be a list"
-    assert refusal("stages: []\ngpu_models: T4\n").field == "gpu_models"
-    assert refusal("stages:\n  - {name: a, parents: [3]}\n").field == "stages[0].parents[0]"
+    assert refusal("stages: []\ngpu_models: T4\n").field == "job.gpu_models"
+    assert refusal("stages:\n  - {name: a, parents: [3]}\n").field == "job.stages[0].parents[0]"
+    # and checked by the gateway's rules before anything is sent, as a task file is
+    assert refusal("stages:\n  - {name: a, tasks: 0, runtime_s: 1}\n").field == "job.stages[0].tasks"
+    assert refusal("stages:\n  - {name: a, tasks: 1, runtime_s: 1, resources: {cpu_milli: 1000, memory_mib: 64}, "
+                   "parents: [b]}\n").field == "job.stages[0].parents[0]"
     example = load_submit_file(EXAMPLE).job  # what is refused above is not what a good file is read as
     assert example.stages[0].tasks == 4 and example.stages[0].resources.cpu_milli == 2000
 

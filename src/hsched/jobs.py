@@ -228,9 +228,9 @@ def _fill(message: Any, data: Any, where: str) -> None:
                 setattr(message, key, item)
 
 
-def job_from_dict(data: Any, where: str = "") -> pb.JobSpec:
+def job_from_dict(data: Any, where: str = "job") -> pb.JobSpec:
     """A JobSpec from a YAML/JSON document whose keys are JobSpec's field names (see examples/job.yaml), typed as a
-    task file is; a bad field raises ValidationError naming its path in the document (`stages[0].tasks`)."""
+    task file is; a bad field raises ValidationError naming its path as the gateway does (`job.stages[0].tasks`)."""
     if not isinstance(data, dict):
         raise ValidationError(where, "must be a mapping of JobSpec fields (name, stages, ...)", type(data).__name__)
     job = pb.JobSpec()

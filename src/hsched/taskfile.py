@@ -240,15 +240,17 @@ def _entries(docs: list[Any]) -> list[tuple[str, Any]]:
 
 
 def load_submit_file(path: str | Path) -> SubmitFile:
-    """The file's DAG job (not validated here: the gateway does, as before) or ALL its task specs, each checked
-    by the gateway's rules; the first bad one raises SpecFileError naming its path, so nothing is sent."""
-    from hsched.jobs import job_from_dict
+    """The file's DAG job or ALL its task specs, checked by the gateway's rules (hsched.jobs.validate_job, TaskSpec's);
+    the first bad one raises SpecFileError naming its path, so nothing is sent."""
+    from hsched.jobs import job_from_dict, validate_job
 
     file = str(path)
     docs = read_documents(path)
     if len(docs) == 1 and isinstance(docs[0], dict) and "stages" in docs[0]:
         try:
-            return SubmitFile(job=job_from_dict(docs[0]), tasks=())
+            job = job_from_dict(docs[0])
+            validate_job(job)
+            return SubmitFile(job=job, tasks=())
         except ValidationError as exc:
             raise SpecFileError(file, exc.field, exc.rule, exc.value) from None
     tasks: list[FileTask] = []
