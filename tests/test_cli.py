@@ -102,6 +102,8 @@ def assert_one_line_error(done: subprocess.CompletedProcess, code: int, *words: 
     (["list", "--state", "bogus"], ["--state", "invalid choice"]),
     (["job", "list", "--state", "bogus"], ["--state", "invalid choice"]),
     (["list", "--limit", "-1"], ["--limit", "1.."]),
+    (["list", "--limit", "100000"], ["--limit", "1..1000"]),  # the gateway's page bound, not a refusal from it
+    (["job", "list", "--limit", "1001"], ["--limit", "1..1000"]),
     (["eval", "stage1", "--seeds", "0"], ["--seeds", "1.."]),
     (["replay", "nosuchtrace"], ["trace", "openb"]),
     (["replay", "openb", "--concurrency", "0"], ["--concurrency", "1.."]),

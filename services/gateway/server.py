@@ -21,6 +21,7 @@ from hsched.costs.selection import METHODS, exclusion_summary
 from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
+from hsched.domain.limits import LIST_DEFAULT, LIST_MAX
 from hsched.domain.task import JOB_TASK_FIELDS
 from hsched.fleetview import datacenter_view, task_history
 from hsched.jobs import JobOrchestrator, JobPorts, job_of
@@ -60,7 +61,6 @@ from hsched.v1 import (
 
 log = logging.getLogger("hsched.gateway")
 T = TypeVar("T")
-LIST_DEFAULT, LIST_MAX = 100, 1000
 
 
 def _track(job: asyncio.Task, running: set[asyncio.Task]) -> asyncio.Task:

@@ -15,6 +15,7 @@ import threading
 import grpc
 
 from hsched.domain.errors import ValidationError
+from hsched.domain.limits import LIST_DEFAULT, LIST_MAX
 from hsched.security.client import ClientCredentials, client_credentials
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
@@ -982,6 +983,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def page_limit(text: str) -> int:
+    """--limit of list and job list: the gateway's page size range."""
+    value = _int(text)
+    if not 1 <= value <= LIST_MAX:
+        raise argparse.ArgumentTypeError(f"must be in 1..{LIST_MAX} (per page; --page-token for more), got {text!r}")
+    return value
+
+
 def q_or_auto(text: str) -> int | None:
     """A number of slice types, or None for "auto"."""
     if text == "auto":
@@ -1274,7 +1283,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--tenant", default="")
     ls.add_argument("--state", default="", choices=["", *STATES], metavar="STATE", help=" ".join(STATES))
     ls.add_argument("--datacenter", default="")
-    ls.add_argument("--limit", type=positive_int, default=100)
+    ls.add_argument("--limit", type=page_limit, default=LIST_DEFAULT)
     ls.add_argument("--page-token", default="")
     ls.set_defaults(fn=cmd_list)
 
@@ -1290,7 +1299,7 @@ def build_parser() -> argparse.ArgumentParser:
     jb.add_argument("job_id", nargs="?", default="")
     jb.add_argument("--tenant", default="")
     jb.add_argument("--state", default="", choices=["", *JOB_STATES], metavar="STATE", help=" ".join(JOB_STATES))
-    jb.add_argument("--limit", type=positive_int, default=100)
+    jb.add_argument("--limit", type=page_limit, default=LIST_DEFAULT)
     jb.add_argument("--page-token", default="")
     jb.add_argument("--after", default="0", help="watch: event id to resume after (default 0: from the start)")
     jb.set_defaults(fn=cmd_job)

@@ -51,6 +51,9 @@ REPEATED_LIMITS: dict[str, int] = {
 # request's. TPC-H's largest stage has 593 tasks and its largest job 3717.
 STAGE_MAX_TASKS = 1000
 JOB_MAX_TASKS = 10_000
+# tasks or jobs per List/ListJobs page: a request's 0 asks for the default, more than the most is refused (the
+# gateway checks; the CLI's --limit takes this range)
+LIST_DEFAULT, LIST_MAX = 100, 1000
 DEFAULT_STRING_LIMIT = 256
 DEFAULT_REPEATED_LIMIT = 1024
 # a batch's calls are checked one by one (hsched.batching.serve_batch), so one bad call fails only itself
