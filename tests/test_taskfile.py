@@ -312,11 +312,31 @@ def test_task_flags_with_a_file_are_refused_not_ignored(tmp_path):
     assert_one_line_error(done, 2, f"{bad}: [1].resources.cpu_milli: must be an integer (got 1.5)")
 
 
-def test_a_file_too_deep_to_read_is_one_line_naming_it(tmp_path):
-    deep = tmp_path / "deep.yaml"
-    deep.write_text("a: " + "[" * 10_000 + "]" * 10_000 + "\n")
-    done = run_cli("submit", "-f", str(deep), "--gateway", "127.0.0.1:1", env={"XDG_RUNTIME_DIR": str(tmp_path)})
-    assert_one_line_error(done, 2, f"{deep}: nests deeper than 32 levels")
+@pytest.mark.parametrize("text, words", [
+    ("a: " + "[" * 10_000 + "]" * 10_000 + "\n", "nests deeper than 32 levels"),
+    ("name: x\nname: y\nresources: {cpu_milli: 1}\nruntime_s: 1\n", "duplicate key 'name' on line 2 (first on line 1)"),
+])
+def test_a_file_the_reader_refuses_is_one_line_naming_it(text, words, tmp_path):
+    f = tmp_path / "x.yaml"
+    f.write_text(text)
+    done = run_cli("submit", "-f", str(f), "--gateway", "127.0.0.1:1", env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert_one_line_error(done, 2, f"{f}: {words}")
+
+
+def test_a_repeated_key_is_refused_where_a_merge_may_override_one(tmp_path):
+    """PyYAML keeps the last of a mapping's repeated keys silently; a `<<` merge's keys are meant to be overridden."""
+    f = tmp_path / "x.yaml"
+    for text, line, first in [
+        ("resources: {cpu_milli: 1}\nruntime_s: 1\nresources:\n  cpu_milli: 2\n", 3, 1),
+        ('- {name: a, "name": b, resources: {cpu_milli: 1}, runtime_s: 1}\n', 1, 1),  # quoted or not, one key
+        ("name: j\nstages:\n  - {name: a, tasks: 1, runtime_s: 1, resources: {cpu_milli: 1, cpu_milli: 2}}\n", 3, 3),
+    ]:
+        f.write_text(text)
+        with pytest.raises(ValidationError) as info:
+            load_submit_file(f)
+        assert info.value.field == str(f) and f"on line {line} (first on line {first})" in info.value.rule, text
+    f.write_text("- &t {name: a, resources: {cpu_milli: 1}, runtime_s: 1}\n- {<<: *t, name: b}\n")
+    assert [t.spec.name for t in load_submit_file(f).tasks] == ["a", "b"]
 
 
 def test_printed_yaml_reads_back_strings_that_look_like_yaml12_numbers(tmp_path):

@@ -173,9 +173,10 @@ class _Loader(yaml.SafeLoader):
     """YAML 1.1's SafeLoader reads `1e5` and `5e-324` (no dot) as strings; JSON writers emit them (json.dumps(1e20) is
     `1e+20`), so numbers are read as YAML 1.2 and JSON read them.
 
-    PyYAML composes nodes recursively (10,000 `[` were a RecursionError), so nesting is capped at MAX_DEPTH; and its
+    PyYAML composes nodes recursively (10,000 `[` were a RecursionError), so nesting is capped at MAX_DEPTH; its
     constructors raise plain ValueError, IndexError, ... on a value they cannot make (`2020-13-45` looks like a date,
-    `!!int x`, an empty `!!float`), which become a rule naming the value and its line."""
+    `!!int x`, an empty `!!float`), which become a rule naming the value and its line; and it keeps the last of a
+    mapping's repeated keys silently (`name: x` then `name: y` is y), so a repeated key is refused."""
 
     def __init__(self, stream) -> None:
         super().__init__(stream)
@@ -190,6 +191,18 @@ class _Loader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1
+
+    def compose_mapping_node(self, anchor):
+        node = super().compose_mapping_node(anchor)
+        lines: dict[tuple[str, str], int] = {}
+        for key, _ in node.value:  # as written, before `<<` merges (whose keys a mapping may override) are applied
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                line = key.start_mark.line + 1
+                if (key.tag, key.value) in lines:
+                    raise _Refused(f"duplicate key {shown(key.value)} on line {line} (first on line "
+                                   f"{lines[key.tag, key.value]}): a mapping's keys must be unique")
+                lines[key.tag, key.value] = line
+        return node
 
     def construct_object(self, node, deep=False):
         try:
