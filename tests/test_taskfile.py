@@ -98,7 +98,11 @@ INVALID = [
     ("resources.memory_mib", st.floats(allow_nan=False).filter(lambda x: x != int(x) if math.isfinite(x) else True),
      "must be an integer"),
     ("resources.gpu_count", st.text(max_size=5), "must be an integer"),
-    ("replicas", st.one_of(st.integers(max_value=0), st.integers(257, 2**31 - 1)), "must be in 1..256"),
+    ("replicas", st.one_of(st.just(0), st.integers(257, 2**32 - 1)), "must be in 1..256"),
+    # past the wire type's range (replicas is a uint32, memory_mib an int64): the type's bounds, both right
+    ("replicas", st.one_of(st.integers(max_value=-1), st.integers(min_value=2**32)), "must be in 0..4294967295"),
+    ("resources.memory_mib", st.one_of(st.integers(max_value=-2**63 - 1), st.integers(min_value=2**63)),
+     "must be in -9223372036854775808..9223372036854775807"),
     ("priority", st.integers(1001, 2**31 - 1), "must be in -1000..1000"),
     ("runtime_s", st.one_of(st.floats(max_value=-1e-9), st.just(math.nan), st.just(math.inf),
                             st.floats(min_value=MAX_RUNTIME_S + 1, allow_infinity=False)), "finite number >= 0"),
@@ -152,7 +156,8 @@ def test_files_that_are_neither_tasks_nor_a_job(tmp_path):
         ("- {resources: {cpu_milli: 1}, runtime_s: 1, request_id: a}\n"
          "- {resources: {cpu_milli: 2}, runtime_s: 1, request_id: a}\n", "[1].request_id", "unique"),
         ("resources: {cpu_milli: 1}\nruntime_s: 1\ngpu_models: [T4]\n", "gpu_models", "gpu_count > 0"),
-        ("resources: {cpu_milli: 1, gpu_count: 3000000000}\nruntime_s: 1\n", "resources.gpu_count", "in "),
+        ("resources: {cpu_milli: 1, gpu_count: 3000000000}\nruntime_s: 1\n", "resources.gpu_count",
+         "must be in -2147483648..2147483647"),
         ("a: " + "[" * 10_000 + "]" * 10_000 + "\n", str(f), "nests deeper than 32 levels (line 1)"),
         ("resources: {cpu_milli: 1}\nruntime_s: 1\ntenant: 2020-13-45\n", str(f),
          "'2020-13-45' on line 3 is not a valid timestamp (month must be in 1..12)"),

@@ -43,6 +43,7 @@ from hsched.domain.task import NetworkRequirements, TaskSpec
 from hsched.rpc import Unavailable
 from hsched.state.gateways import GatewayLease
 from hsched.state.tasks import JOB_TERMINAL, Conflict, TaskStore, job_step, now_ms
+from hsched.taskfile import INT_RANGES
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import selector_pb2
 
@@ -182,8 +183,6 @@ def normalized(job: pb.JobSpec) -> pb.JobSpec:
 # -- job files (hsched submit -f job.yaml) -----------------------------------------------------------------------
 
 
-_INT_RANGES = {FieldDescriptor.TYPE_INT32: (-2**31, 2**31 - 1), FieldDescriptor.TYPE_INT64: (-2**63, 2**63 - 1),
-               FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1), FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1)}
 _NUMBERS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
 
 
@@ -211,8 +210,8 @@ def _fill(message: Any, data: Any, where: str) -> None:
             if f.type == FieldDescriptor.TYPE_STRING:
                 ok = isinstance(item, str)
                 rule = "must be a string"
-            elif f.type in _INT_RANGES:
-                lo, hi = _INT_RANGES[f.type]
+            elif f.type in INT_RANGES:
+                lo, hi = INT_RANGES[f.type]
                 ok = isinstance(item, int) and not isinstance(item, bool) and lo <= item <= hi
                 rule = f"must be an integer in {lo}..{hi}"
             elif f.type in _NUMBERS:

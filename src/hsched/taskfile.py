@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from google.protobuf.descriptor import FieldDescriptor
 
 from hsched.convert import RESOURCE_FIELDS, task_to_pb
 from hsched.domain.errors import ValidationError, shown
@@ -45,8 +46,9 @@ _FLOATS = ("runtime_s", "data_size_mb", "queue_timeout_s")
 _NETWORK = ("max_latency_ms", "max_jitter_ms", "max_loss_percent")
 _GATEWAY_SET = ("job_id", "stage", "stage_path_s", "job_work_s")
 TASK_FIELDS = (*_STRINGS, *_INTS, *_FLOATS, "resources", "network", "gpu_models")
-_INT32, _INT64 = 2**31 - 1, 2**63 - 1
-_RES_INT32 = ("gpu_count", "gpu_core_percent")  # int32 on the wire; the other Resources fields are int64
+# what a protobuf integer field of each type carries (YAML has no int32 or uint32); job files too (hsched.jobs)
+INT_RANGES = {FieldDescriptor.TYPE_INT32: (-2**31, 2**31 - 1), FieldDescriptor.TYPE_INT64: (-2**63, 2**63 - 1),
+              FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1), FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1)}
 
 
 class SpecFileError(ValidationError):
@@ -77,9 +79,11 @@ def _join(where: str, field: str) -> str:
     return f"{where}.{field}" if where and not field.startswith("[") else f"{where}{field}"
 
 
-def _int(where: str, value: Any, lo: int, hi: int) -> int:
+def _int(where: str, value: Any, message, name: str) -> int:
+    """`value` for the integer field `name` of the protobuf `message` (its type's range)."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValidationError(where, "must be an integer", value)
+    lo, hi = INT_RANGES[message.DESCRIPTOR.fields_by_name[name].type]
     if not lo <= value <= hi:
         raise ValidationError(where, f"must be in {lo}..{hi}", value)
     return value
@@ -117,9 +121,8 @@ def task_from_mapping(data: Any) -> TaskSpec:
     if "resources" not in d:
         raise ValidationError("resources", "is required (cpu_milli, memory_mib, ...: per replica)")
     r = _mapping("resources", d["resources"], RESOURCE_FIELDS, "Resources")
-    # the proto's int32/int64 ranges: what the gateway would get; the domain rules (>= 0, 1..100) come after
-    resources = Resources(**{f: _int(f"resources.{f}", r[f], -_INT32 - 1, _INT32 if f in _RES_INT32 else _INT64)
-                             for f in r})
+    # the wire type's range: what the gateway would get; the domain rules (>= 0, 1..100) come after
+    resources = Resources(**{f: _int(f"resources.{f}", r[f], pb.Resources, f) for f in r})
     n = _mapping("network", d.get("network", {}), _NETWORK, "NetworkRequirements")
     network = NetworkRequirements(**{f: _float(f"network.{f}", n[f]) for f in n})
     models = d.get("gpu_models", [])
@@ -131,7 +134,7 @@ def task_from_mapping(data: Any) -> TaskSpec:
         resources=resources, runtime_s=_float("runtime_s", d["runtime_s"]),
         network=network, gpu_models=tuple(_str(f"gpu_models[{i}]", m) for i, m in enumerate(models)),
         **{f: _str(f, d[f]) for f in _STRINGS if f in d},
-        **{f: _int(f, d[f], -_INT32 - 1, _INT32) for f in _INTS if f in d},
+        **{f: _int(f, d[f], pb.TaskSpec, f) for f in _INTS if f in d},
         **{f: _float(f, d[f]) for f in _FLOATS if f in d and f != "runtime_s"})
     if spec.tenant == "":  # the wire's "" = default, as the gateway reads it (convert.task_from_pb)
         spec = _replace(spec, tenant="default")
