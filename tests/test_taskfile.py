@@ -152,7 +152,9 @@ def test_files_that_are_neither_tasks_nor_a_job(tmp_path):
         ("- 3\n", "[0]", "mapping of TaskSpec"),
         ("runtime_s: 1\n", "resources", "is required"),
         ("resources: {cpu_milli: 1}\n", "runtime_s", "is required"),
-        ("resources: {cpu_milli: 1}\nruntime_s: 1\n---\nname: j\nstages: []\n", "[1].stages", "only document"),
+        ("resources: {cpu_milli: 1}\nruntime_s: 1\n---\nname: j\nstages: []\n", "[1].stages",
+         "a DAG job must be the whole file: its one top-level mapping, not an item of a list nor one of several"),
+        ("- name: j\n  stages: []\n", "[0].stages", "its one top-level mapping, not an item of a list"),
         ("- {resources: {cpu_milli: 1}, runtime_s: 1, request_id: a}\n"
          "- {resources: {cpu_milli: 2}, runtime_s: 1, request_id: a}\n", "[1].request_id", "unique"),
         ("resources: {cpu_milli: 1}\nruntime_s: 1\ngpu_models: [T4]\n", "gpu_models", "gpu_count > 0"),

@@ -273,7 +273,8 @@ def load_submit_file(path: str | Path) -> SubmitFile:
     seen: dict[tuple[str, str], str] = {}
     for index, (where, data) in enumerate(_entries(docs)):
         if isinstance(data, dict) and "stages" in data:
-            raise SpecFileError(file, _join(where, "stages"), "a DAG job must be the file's only document")
+            raise SpecFileError(file, _join(where, "stages"), "a DAG job must be the whole file: its one top-level "
+                                "mapping, not an item of a list nor one of several --- documents")
         try:
             spec = task_from_mapping(data)
         except ValidationError as exc:
