@@ -327,8 +327,8 @@ def test_cli_submit_f_job_get_list_cancel(stack, tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nstages:\n  - {name: a, tasks: 1, runtime_s: 1, resources: {cpu_milli: 1000}, "
                    "parents: [b]}\n  - {name: b, tasks: 1, runtime_s: 1, resources: {cpu_milli: 1000}, parents: [a]}\n")
-    assert cli.main(["submit", "-f", str(bad), *gw]) == 1
-    assert "job.stages[" in capsys.readouterr().err
+    assert cli.main(["submit", "-f", str(bad), *gw]) == 2  # the cycle is refused before the job is sent
+    assert f"{bad}: job.stages[" in capsys.readouterr().err
     bad.write_text("name: [\n")
     assert cli.main(["submit", "-f", str(bad), *gw]) == 2
     assert str(bad) in capsys.readouterr().err
