@@ -165,6 +165,27 @@ def test_up_on_a_busy_port_is_one_line_and_starts_nothing(private_runtime_dir):
     assert not (tmp_path / "state").exists() and not localstate.read_stacks()
 
 
+def test_a_second_up_on_a_running_stacks_state_dir_is_refused_in_one_line(private_runtime_dir):
+    """Two stacks on one state dir (same --prefix, another --port) each started a redis-server on the same AOF and
+    a placer per DC: two ledgers per DC, then a state no restart could load. The second is refused; once the
+    first has stopped, the same command starts (the lock dies with its holder)."""
+    from hsched.stack import Stack, StackConfig
+
+    state = private_runtime_dir / "state"
+    first = StackConfig(fleet_path=str(SMALL_FLEET), state_dir=str(state), gateway_port=0, thermal=False,
+                        prefix="lock-test")
+    env = {"XDG_RUNTIME_DIR": str(private_runtime_dir), "REDIS_URL": ""}
+    with Stack(first):
+        aof = sorted(p.name for p in (state / "redis").rglob("*"))
+        up = ["up", "--fleet", str(SMALL_FLEET), "--no-thermal", "--port", "0", "--state-dir", str(state),
+              "--prefix", "lock-test", "--replay", "openb", "--limit", "1"]
+        done = run_cli(*up, env=env)
+        assert_one_line_error(done, 1, "state dir", str(state), "in use", str(os.getpid()))
+        assert sorted(p.name for p in (state / "redis").rglob("*")) == aof  # nothing of a second Redis
+    done = run_cli(*up, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 async def test_a_service_refuses_a_port_a_server_already_listens_on(redis_url, prefix):
     """gRPC servers set SO_REUSEPORT by default, so a second one on a taken port would silently share its calls;
     ours refuse it, in one line naming --listen."""

@@ -23,6 +23,7 @@ is private (0700) and removed by a clean stop unless `keep_logs`; a failed start
 from __future__ import annotations
 
 import datetime
+import fcntl
 import logging
 import os
 import shutil
@@ -218,6 +219,7 @@ class Stack:
         self.redis_url = config.redis_url or ""
         self.epoch = ""
         self.state_dir = Path(config.state_dir).expanduser() if config.state_dir else None
+        self._state_lock: int | None = None  # the flock on <state_dir>/.lock, held from start() to stop()
         self.services: dict[str, Service] = {}
         self.run_dir = Path(tempfile.mkdtemp(prefix="hsched-stack-"))  # 0700 (mkdtemp)
         self.log_dir = Path(config.log_dir) if config.log_dir else self.run_dir
@@ -262,11 +264,40 @@ class Stack:
         """With `tls`: the CA and certificates (hsched.security.pki layout), in <state_dir>/tls or the run dir."""
         return (self.state_dir or self.run_dir) / "tls" if self.config.tls else None
 
+    STATE_LOCK = ".lock"
+
+    def _lock_state_dir(self) -> None:
+        """Hold an exclusive flock on <state_dir>/.lock while the stack runs: a second stack on the same state
+        (another --port, same --prefix) would start a second redis-server appending to the same AOF, and two
+        placers per DC writing two ledgers — a split brain that corrupts the state for good. The kernel drops the
+        lock when this process dies (kill -9 too), so it never goes stale; it is not inherited by the children."""
+        if not self.state_dir:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.state_dir / self.STATE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RuntimeError(f"state dir {self.state_dir} is in use by another `hsched up` (pid {holder}): stop it, "
+                               "or give this stack another --prefix or --state-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._state_lock = fd
+
+    def _unlock_state_dir(self) -> None:
+        if self._state_lock is not None:
+            os.close(self._state_lock)  # closing the descriptor releases the flock
+            self._state_lock = None
+
     def _prepare_state_dir(self) -> None:
-        """<state_dir> (0700), wiped first by a `fresh` start: before anything is kept in it."""
+        """<state_dir> (0700), its contents wiped first by a `fresh` start (the lock held meanwhile stays)."""
         if self.state_dir:
-            if self.config.fresh and self.state_dir.exists():
-                shutil.rmtree(self.state_dir)
+            if self.config.fresh:
+                for entry in self.state_dir.iterdir():
+                    if entry.name != self.STATE_LOCK:
+                        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
             self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     def _prepare_tls(self) -> None:
@@ -355,6 +386,7 @@ class Stack:
                 raise RuntimeError(f"--port {port}: 127.0.0.1:{port} is already in use (another `hsched up`?); "
                                    "stop what listens there or choose another --port")
             prometheus = self._prometheus_plan() if self.config.prometheus else None
+            self._lock_state_dir()
         except RuntimeError:
             if self.log_dir != self.run_dir:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -605,6 +637,7 @@ class Stack:
             if self._supervisor:
                 self._supervisor.join(30)
         self._tidy_run_dir()
+        self._unlock_state_dir()
 
     def _stop_children(self) -> None:
         with self._lock:
