@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from hsched.domain.errors import ValidationError
 from hsched.domain.resources import Resources
 from hsched.domain.task import MAX_RUNTIME_S, PRIORITY_CLASSES, NetworkRequirements, TaskSpec
-from hsched.taskfile import YamlDumper, derive_request_id, load_submit_file, task_to_mapping
+from hsched.taskfile import derive_request_id, load_submit_file, task_to_mapping
+from hsched.yamlfile import YamlDumper
 from tests.test_cli import assert_one_line_error, run_cli
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tasks.yaml"

@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from google.protobuf.descriptor import FieldDescriptor
 
+from hsched import yamlfile
 from hsched.convert import RESOURCE_FIELDS, task_to_pb
-from hsched.domain.errors import ValidationError, shown
+from hsched.domain.errors import ValidationError
 from hsched.domain.limits import check_message
 from hsched.domain.resources import Resources
 from hsched.domain.task import NetworkRequirements, TaskSpec
@@ -165,80 +164,13 @@ def derive_request_id(path: str | Path, index: int, data: Any) -> str:
     return f"f-{digest[:32]}"
 
 
-MAX_DEPTH = 32  # nesting levels a file may have: a task file needs 4 (a list, a spec, resources, a value), a job 5
-
-
-class _Refused(yaml.YAMLError):
-    """A file the loader refuses for a rule of its own, not its YAML syntax: the message is the whole rule."""
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1's SafeLoader reads `1e5` and `5e-324` (no dot) as strings; JSON writers emit them (json.dumps(1e20) is
-    `1e+20`), so numbers are read as YAML 1.2 and JSON read them.
-
-    PyYAML composes nodes recursively (10,000 `[` were a RecursionError), so nesting is capped at MAX_DEPTH; its
-    constructors raise plain ValueError, IndexError, ... on a value they cannot make (`2020-13-45` looks like a date,
-    `!!int x`, an empty `!!float`), which become a rule naming the value and its line; and it keeps the last of a
-    mapping's repeated keys silently (`name: x` then `name: y` is y), so a repeated key is refused."""
-
-    def __init__(self, stream) -> None:
-        super().__init__(stream)
-        self.depth = 0
-
-    def compose_node(self, parent, index):
-        self.depth += 1
-        try:
-            if self.depth > MAX_DEPTH:
-                raise _Refused(f"nests deeper than {MAX_DEPTH} levels (line {self.peek_event().start_mark.line + 1}): "
-                               "a task or job file needs a handful")
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-    def compose_mapping_node(self, anchor):
-        node = super().compose_mapping_node(anchor)
-        lines: dict[tuple[str, str], int] = {}
-        for key, _ in node.value:  # as written, before `<<` merges (whose keys a mapping may override) are applied
-            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                line = key.start_mark.line + 1
-                if (key.tag, key.value) in lines:
-                    raise _Refused(f"duplicate key {shown(key.value)} on line {line} (first on line "
-                                   f"{lines[key.tag, key.value]}): a mapping's keys must be unique")
-                lines[key.tag, key.value] = line
-        return node
-
-    def construct_object(self, node, deep=False):
-        try:
-            return super().construct_object(node, deep)
-        except (ValueError, TypeError, AttributeError, LookupError) as exc:  # a ValueError says why; others are PyYAML's
-            why = f" ({exc})" if isinstance(exc, ValueError) else ""
-            raise _Refused(f"{shown(node.value)} on line {node.start_mark.line + 1} is not a valid "
-                           f"{node.tag.rpartition(':')[2]}{why}") from None
-
-
-class YamlDumper(yaml.SafeDumper):
-    """PyYAML's SafeDumper with the loader's rule: it quotes a string such as `0e0` (a valid tenant), which it would
-    write bare as YAML 1.1 text and `_Loader` would read back as a number."""
-
-
-for _cls in (_Loader, YamlDumper):
-    _cls.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
-
-
 def read_documents(path: str | Path) -> list[Any]:
     p = Path(path)
     try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValidationError("-f", f"cannot read the file ({getattr(exc, 'strerror', None) or exc})", str(p)) from None
-    try:
-        docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]  # a trailing `---` is an empty document
-    except _Refused as exc:
-        raise ValidationError(str(p), str(exc)) from None
-    except yaml.YAMLError as exc:
-        raise ValidationError(str(p), f"is not valid YAML/JSON: {' '.join(str(exc).split())}") from None
+        text = yamlfile.read_text(p)
+    except OSError as exc:
+        raise ValidationError("-f", f"cannot read the file ({exc.strerror or exc})", str(p)) from None
+    docs = [d for d in yamlfile.documents(text, str(p)) if d is not None]  # a trailing `---` is an empty document
     if not docs:
         raise ValidationError(str(p), "holds no task spec or job")
     return docs

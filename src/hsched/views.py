@@ -28,7 +28,7 @@ def dump(document, fmt: str) -> str:
     if fmt == "yaml":
         import yaml
 
-        from hsched.taskfile import YamlDumper  # what `submit -f` reads back as it was printed
+        from hsched.yamlfile import YamlDumper  # what `submit -f` reads back as it was printed
 
         return yaml.dump(document, Dumper=YamlDumper, sort_keys=False, allow_unicode=True).rstrip("\n")
     return json.dumps(document, indent=2, ensure_ascii=False)
