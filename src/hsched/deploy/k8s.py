@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from hsched import yamlfile
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet
 from hsched.policies.heuristics import POLICY_NAMES
@@ -131,7 +132,7 @@ def _check_fleet(fleet: Fleet, fleet_text: str, label: str) -> None:
             raise ValidationError(f"{label}: datacenters[{i}].name", "must make placer-<name> a Kubernetes Service "
                                   "name: lowercase letters, digits and '-', ending with a letter or digit, at "
                                   "most 56 characters", dc.name)
-    graphml = ((yaml.safe_load(fleet_text) or {}).get("wan") or {}).get("graphml")
+    graphml = ((yamlfile.document(fleet_text, label) or {}).get("wan") or {}).get("graphml")  # as load_fleet reads it
     if graphml:  # inside a pod the fleet file stands alone: its graph must be one the image ships
         from hsched.traces import data_dir
 

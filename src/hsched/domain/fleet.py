@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from hsched import yamlfile
 from hsched.domain.errors import FleetError
 from hsched.domain.resources import MIB_PER_GIB, MILLI, Resources
 
@@ -513,9 +513,9 @@ def load_fleet(path: str | Path | None = None) -> Fleet:
     """Load and validate a fleet YAML; None loads the embedded default fleet."""
     p = Path(path) if path else default_fleet_path()
     try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise FleetError("<yaml>", f"is not valid YAML: {exc}") from None
+        data = yamlfile.document(yamlfile.read_text(p), str(p))
+    except yamlfile.YamlFileError as exc:  # the field is the file's YAML; callers name the file (--fleet PATH)
+        raise FleetError("<yaml>", exc.rule) from None
     return parse_fleet(data, p.parent)
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from hsched import yamlfile
 from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import DataCenter, NodeTable
@@ -91,7 +92,7 @@ class SliceCatalog:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         text = json.dumps(self.to_dict(), indent=1) if path.suffix == ".json" else \
-            yaml.safe_dump(self.to_dict(), sort_keys=False, width=120)
+            yaml.dump(self.to_dict(), Dumper=yamlfile.YamlDumper, sort_keys=False, width=120)  # load() reads it back
         tmp.write_text(text)
         tmp.replace(path)
 
@@ -133,15 +134,13 @@ class SliceCatalog:
 
     @staticmethod
     def load(path: str | Path) -> SliceCatalog:
-        """Read a slice-types file (YAML or JSON); ValidationError names the file and the field."""
+        """Read a slice-types file (YAML or JSON; numbers as JSON reads them, so the share save() writes as `1e-06` in
+        JSON is a number); ValidationError names the file and the field (the file alone when it is not YAML)."""
         try:
-            text = Path(path).read_text()
+            text = yamlfile.read_text(path)
         except OSError as exc:
             raise ValidationError("--slice-types", f"cannot read {path}: {exc.strerror or exc}") from None
-        try:
-            data = yaml.safe_load(text)  # JSON is YAML
-        except yaml.YAMLError as exc:
-            raise ValidationError("--slice-types", f"{path} is not YAML/JSON ({str(exc).splitlines()[0]})") from None
+        data = yamlfile.document(text, str(path))
         try:
             return SliceCatalog.from_dict(data)
         except ValidationError as exc:

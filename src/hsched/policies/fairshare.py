@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import yaml
 
+from hsched import yamlfile
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import NodeTable
 from hsched.domain.resources import Resources
@@ -77,11 +77,12 @@ class TenantWeights:
         if not text:
             return TenantWeights()
         if os.path.exists(text):
-            try:
-                with open(text) as f:
-                    raw = yaml.safe_load(f)
-            except (OSError, yaml.YAMLError) as exc:
+            try:  # YAML 1.1 numbers: a tenant key such as `1e5` stays a name; a weight is read with float() anyway
+                raw = yamlfile.document(yamlfile.read_text(text), text, json_numbers=False)
+            except OSError as exc:
                 raise ValidationError(what, f"cannot read the weights file: {exc}", text) from None
+            except yamlfile.YamlFileError as exc:
+                raise ValidationError(f"{what} {text}", exc.rule) from None
             if raw is None:
                 return TenantWeights()
             if not isinstance(raw, dict):

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from hsched import yamlfile
 from hsched.domain.errors import ValidationError
 from hsched.security.files import write_private
 
@@ -159,17 +160,12 @@ def parse_tokens(document: object) -> list[TokenEntry]:
 def load_tokens(path: str | os.PathLike) -> list[TokenEntry]:
     """Read and validate a tokens file; TokensFileError (naming the file and the field) if it is unusable."""
     try:
-        text = Path(path).read_text()
+        # YAML 1.1 numbers: every value is a string, and _write's safe_dump leaves a name such as `1e5` unquoted
+        document = yamlfile.document(yamlfile.read_text(path), str(path), json_numbers=False)
     except OSError as exc:
         raise TokensFileError(str(path), f"cannot read the tokens file ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise TokensFileError(str(path), f"is not UTF-8 text (byte {exc.start})") from None
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise TokensFileError(str(path), f"is not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+    except yamlfile.YamlFileError as exc:
+        raise TokensFileError(str(path), exc.rule) from None
     try:
         return parse_tokens(document)
     except TokensFileError as exc:
