@@ -18,7 +18,7 @@ from hsched.domain.fleet import load_fleet
 from hsched.state.epoch import EpochGuard, StateLost, claim_sync
 from hsched.state.keys import Keys
 from hsched.state.ledger import AppendNotReplicated, Fenced, Ledger, replay
-from hsched.state.redis import EmbeddedRedis, NotReplicated, ReplicaSet, connect, connect_sync
+from hsched.state.redis import EmbeddedRedis, NotReplicated, ReplicaSet, connect, connect_sync, port_is_free
 from hsched.state.tasks import TaskStore
 from hsched.v1 import common_pb2 as pb
 from tests.conftest import SMALL_FLEET
@@ -175,6 +175,22 @@ def test_bad_settings_are_named():
         EmbeddedRedis(appendfsync="no")
     with pytest.raises(ValueError, match="replicas must be >= 1"):
         ReplicaSet(0)
+
+
+@given(st.integers(max_value=-1) | st.integers(min_value=65536))
+def test_port_is_free_names_a_port_outside_0_65535(port):
+    with pytest.raises(ValueError, match=rf"^port {port} is not a TCP port \(0\.\.65535\)$"):  # not OverflowError
+        port_is_free(port)
+
+
+def test_port_is_free_for_port_0_and_not_for_a_listening_port():
+    import socket
+
+    assert port_is_free(0)  # any free port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert not port_is_free(taken.getsockname()[1])
 
 
 @given(st.text(min_size=1, max_size=20))

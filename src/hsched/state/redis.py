@@ -285,7 +285,10 @@ def free_port() -> int:
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether a server could listen on host:port now (SO_REUSEADDR, as servers set it: a port held only by
-    closed connections in TIME_WAIT counts as free)."""
+    closed connections in TIME_WAIT counts as free). ValueError for a port outside 0..65535 (bind's OverflowError
+    would not name it)."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} is not a TCP port (0..65535)")
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
