@@ -352,6 +352,10 @@ def test_missing_required_field() -> None:
     ("thermal", 2, {"redline_c": "hot"}, "datacenters[2].thermal.redline_c", "must be a finite number"),
     ("thermal", 2, {"t_supply_min_c": 30.0}, "datacenters[2].thermal.t_supply_min_c", "must be <= t_supply_max_c"),
     ("thermal", 2, {"air_mass_flow_kg_s": 0}, "datacenters[2].thermal.air_mass_flow_kg_s", "must be > 0"),
+    # supply air at or above the redline: every inlet past it, the DC served and bounced every Submit
+    ("thermal", 0, {"t_supply_c": 30.0}, "datacenters[0].thermal.t_supply_c", "must be below redline_c"),
+    ("thermal", 2, {"supply_mode": "redline", "t_supply_min_c": 27.0}, "datacenters[2].thermal.t_supply_min_c",
+     "must be below redline_c"),
     ("room", 0, {"recirc_fractoin": 0.3}, "datacenters[0].room.recirc_fractoin", "is not a known field"),
     ("room", 0, {"n_racks": 4}, "datacenters[0].room.n_racks", "is not a known field"),  # the layout's, not room's
     ("room", 0, {"recirc_fraction": 1.0}, "datacenters[0].room.recirc_fraction", "must be in [0, 1)"),
@@ -368,6 +372,17 @@ def test_thermal_and_room_bad_field_names_its_path(block: str, dc: int, given: d
     err = fleet_error(data)
     assert err.field == field
     assert fragment in err.rule
+
+
+@pytest.mark.parametrize(("where", "key", "value", "rule"), [
+    ("vertices", "lat", 200.0, "must be <= 90"), ("vertices", "lat", -90.5, "must be >= -90"),
+    ("vertices", "lon", 181.0, "must be <= 180"), ("links", "loss_percent", 150.0, "must be <= 100"),
+])
+def test_wan_values_out_of_their_physical_range_are_named(where: str, key: str, value: float, rule: str) -> None:
+    data = small_fleet_dict()
+    data["wan"][where][0][key] = value
+    err = fleet_error(data)
+    assert (err.field, err.rule) == (f"wan.{where}[0].{key}", rule)
 
 
 def test_room_fields_reach_the_recirculation_geometry() -> None:

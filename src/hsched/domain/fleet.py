@@ -255,12 +255,15 @@ class _Reader:
             raise FleetError(self._p(key), "must be a non-empty string", value)
         return value
 
-    def num(self, key: str, default: Any = ..., *, min_: float | None = None, gt: float | None = None) -> float:
+    def num(self, key: str, default: Any = ..., *, min_: float | None = None, gt: float | None = None,
+            max_: float | None = None) -> float:
         value = self.raw(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise FleetError(self._p(key), "must be a finite number", value)
         if min_ is not None and value < min_:
             raise FleetError(self._p(key), f"must be >= {min_}", value)
+        if max_ is not None and value > max_:
+            raise FleetError(self._p(key), f"must be <= {max_}", value)
         if gt is not None and value <= gt:
             raise FleetError(self._p(key), f"must be > {gt}", value)
         return float(value)
@@ -410,7 +413,7 @@ def _load_wan(r: _Reader, base: Path) -> Wan:
         vname = vr.str("name")
         if vname in vertices:
             raise FleetError(f"{vr.path}.name", "duplicates another vertex", vname)
-        vertices[vname] = (vr.num("lat"), vr.num("lon"))
+        vertices[vname] = (vr.num("lat", min_=-90, max_=90), vr.num("lon", min_=-180, max_=180))
         vr.done()
     for i, link in enumerate(r.list("links", [])):
         lr = _Reader(link, f"{r.path}.links[{i}]")
@@ -430,7 +433,7 @@ def _load_wan(r: _Reader, base: Path) -> Wan:
                           latency_ms=lr.num("latency_ms", max(dist * FIBRE_MS_PER_KM, 0.05), gt=0),
                           bandwidth_mbps=lr.num("bandwidth_mbps", 0.0, min_=0),
                           jitter_ms=lr.num("jitter_ms", 0.0, min_=0),
-                          loss_percent=lr.num("loss_percent", 0.0, min_=0)))
+                          loss_percent=lr.num("loss_percent", 0.0, min_=0, max_=100)))
         lr.done()
     if not vertices:
         raise FleetError(f"{r.path}.vertices", "the WAN needs vertices (inline or from graphml)")

@@ -55,6 +55,12 @@ class ThermalParams:
             raise ValueError(
                 f"t_supply_min_c must be <= t_supply_max_c, got {self.t_supply_min_c} > {self.t_supply_max_c}"
             )
+        # supply air at or above the redline puts every inlet past it: the room could take no load at all
+        coolest = ("t_supply_c", self.t_supply_c) if self.supply_mode == "fixed" else ("t_supply_min_c",
+                                                                                        self.t_supply_min_c)
+        if coolest[1] >= self.redline_c:
+            raise ValueError(f"{coolest[0]} must be below redline_c ({self.redline_c}) in {self.supply_mode} supply "
+                             f"mode: every inlet would pass the redline, got {coolest[1]}")
         for name in ("air_mass_flow_kg_s", "cp_air"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
