@@ -186,6 +186,36 @@ def test_a_second_up_on_a_running_stacks_state_dir_is_refused_in_one_line(privat
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def test_up_records_the_time_factor_it_took_from_the_environment(private_runtime_dir, redis_url, prefix):
+    """HSCHED_TIME_FACTOR without --time-factor: the stack file records it, so `hsched replay` paces at the clock the
+    placers run (it read none and fell back to 1)."""
+    import signal
+    import time
+
+    tmp_path = private_runtime_dir
+    env = {**os.environ, "HSCHED_TIME_FACTOR": "7", "REDIS_URL": redis_url, "XDG_RUNTIME_DIR": str(tmp_path)}
+    with open(tmp_path / "up.out", "wb") as out:
+        up = subprocess.Popen([sys.executable, "-m", "hsched.cli", "up", "--fleet", str(SMALL_FLEET), "--port", "0",
+                               "--no-thermal", "--prefix", prefix, "--state-dir", str(tmp_path / "state")],
+                              stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120  # a deadline against a hang, not a timing assertion
+        while not localstate.read_stacks():
+            assert up.poll() is None and time.monotonic() < deadline, (tmp_path / "up.out").read_text()
+            time.sleep(0.2)
+        assert cli._from_stack(argparse.Namespace(time_factor=None, gateway=None), "time_factor", 1.0) == 7.0
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(60)
+
+
+def test_up_refuses_a_bad_time_factor_from_the_environment_before_starting(private_runtime_dir):
+    done = run_cli("up", "--state-dir", str(private_runtime_dir / "state"),
+                   env={"HSCHED_TIME_FACTOR": "fast", "XDG_RUNTIME_DIR": str(private_runtime_dir), "REDIS_URL": ""})
+    assert_one_line_error(done, 2, "HSCHED_TIME_FACTOR", "must be a number", "'fast'")
+    assert not (private_runtime_dir / "state").exists() and not localstate.read_stacks()
+
+
 async def test_a_service_refuses_a_port_a_server_already_listens_on(redis_url, prefix):
     """gRPC servers set SO_REUSEPORT by default, so a second one on a taken port would silently share its calls;
     ours refuse it, in one line naming --listen."""

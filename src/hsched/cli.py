@@ -171,6 +171,8 @@ def cmd_up(args) -> int:
     console = Console(width=max(Console().width, 112))  # the summary table needs ~110 columns
     if args.replay in JOB_TRACES and args.time_factor is None:
         args.time_factor = _dag_time_factor(args)  # the placers' clock must run at the replay's pace
+    if args.time_factor is None:  # the placers' own default, resolved here so the stack file records it for replay
+        args.time_factor = _env_time_factor()
     config = StackConfig(fleet_path=args.fleet, redis_url=os.environ.get("REDIS_URL") or None, prefix=args.prefix,
                          policy=args.policy, gpu_policy=args.gpu_policy, path_finder=args.path_finder,
                          thermal=not args.no_thermal, sensor_readings=args.sensor_readings, traces=args.traces,
@@ -306,6 +308,16 @@ def _dag_jobs(args):
                             max_instances=args.alibaba_max_instances or None)
     return tpch_jobs(sizes=list(args.tpch_sizes), limit=args.limit or 0,
                      interval_s=args.tpch_interval_s, seed=args.seed, max_tasks_per_stage=args.tpch_max_tasks)
+
+
+def _env_time_factor() -> float:
+    """HSCHED_TIME_FACTOR, `hsched up`'s time factor without --time-factor (unset or empty: 1, real time), checked
+    as the flag is."""
+    text = os.environ.get("HSCHED_TIME_FACTOR", "")
+    try:
+        return positive_float(text) if text else 1.0
+    except argparse.ArgumentTypeError as exc:
+        raise ValidationError("HSCHED_TIME_FACTOR", str(exc)) from None
 
 
 def _dag_time_factor(args) -> float:
