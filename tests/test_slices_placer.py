@@ -108,6 +108,8 @@ def test_a_file_round_trips_as_yaml_and_json(tmp_path) -> None:
     ({"types": [{"cpu_milli": 10, "memory_mib": 10}, {"cpu_milli": 10, "memory_mib": 10}]}, "types[1]"),
     ({"format": "other/9", "types": [{"cpu_milli": 10, "memory_mib": 10}]}, "format"),
     (["not", "a", "mapping"], "slice types"),
+    ({"types": [{"cpu_milli": 10, "memory_mib": 10, "gpu": 1}]}, "types[0].gpu"),  # was ignored: a typo lost
+    ({"typs": [{"cpu_milli": 10, "memory_mib": 10}]}, "typs"),
 ])
 def test_a_bad_file_names_the_field(tmp_path, data, field) -> None:
     path = tmp_path / "bad.yaml"

@@ -101,6 +101,9 @@ class SliceCatalog:
         """Validate a parsed file; ValidationError names the field and the rule."""
         if not isinstance(data, dict):
             raise ValidationError("slice types", "must be a mapping with a 'types' list")
+        for key in data:
+            if key not in ("format", "types", "source"):
+                raise ValidationError(str(key), "is not a slice-types field (one of: format, types, source)")
         if data.get("format", FORMAT) != FORMAT:
             raise ValidationError("format", f"must be {FORMAT!r}", data.get("format"))
         types = data.get("types")
@@ -110,6 +113,10 @@ class SliceCatalog:
         for i, t in enumerate(types):
             if not isinstance(t, dict):
                 raise ValidationError(f"types[{i}]", "must be a mapping {cpu_milli, memory_mib, share}", t)
+            for key in t:
+                if key not in ("cpu_milli", "memory_mib", "share"):
+                    raise ValidationError(f"types[{i}].{key}", "is not a slice type field (one of: cpu_milli, "
+                                          "memory_mib, share)")
             for name, out in (("cpu_milli", cpu), ("memory_mib", mem)):
                 v = t.get(name)
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
