@@ -35,7 +35,7 @@ from hsched.convert import RESOURCE_FIELDS, task_to_pb
 from hsched.domain.errors import ValidationError
 from hsched.domain.limits import check_message
 from hsched.domain.resources import Resources
-from hsched.domain.task import NetworkRequirements, TaskSpec
+from hsched.domain.task import JOB_TASK_FIELDS, NetworkRequirements, TaskSpec
 from hsched.v1 import common_pb2 as pb
 
 # the TaskSpec fields a file may set, by kind; job_id, stage, stage_path_s and job_work_s are the gateway's
@@ -43,7 +43,6 @@ _STRINGS = ("request_id", "tenant", "name", "entry_vertex", "priority_class")
 _INTS = ("priority", "replicas")
 _FLOATS = ("runtime_s", "data_size_mb", "queue_timeout_s")
 _NETWORK = ("max_latency_ms", "max_jitter_ms", "max_loss_percent")
-_GATEWAY_SET = ("job_id", "stage", "stage_path_s", "job_work_s")
 TASK_FIELDS = (*_STRINGS, *_INTS, *_FLOATS, "resources", "network", "gpu_models")
 # what a protobuf integer field of each type carries (YAML has no int32 or uint32); job files too (hsched.jobs)
 INT_RANGES = {FieldDescriptor.TYPE_INT32: (-2**31, 2**31 - 1), FieldDescriptor.TYPE_INT64: (-2**63, 2**63 - 1),
@@ -105,7 +104,7 @@ def _mapping(where: str, value: Any, fields: tuple[str, ...], what: str) -> dict
         raise ValidationError(where, f"must be a mapping of {what} fields", type(value).__name__)
     for key in value:
         if key not in fields:
-            if key in _GATEWAY_SET:
+            if key in JOB_TASK_FIELDS:
                 raise ValidationError(_join(where, str(key)), "is set by the gateway on a DAG job's tasks (write a "
                                       "job file with stages instead)")
             raise ValidationError(_join(where, str(key)), f"is not a {what} field (one of: {', '.join(fields)})")
