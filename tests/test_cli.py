@@ -216,6 +216,18 @@ def test_up_refuses_a_bad_time_factor_from_the_environment_before_starting(priva
     assert not (private_runtime_dir / "state").exists() and not localstate.read_stacks()
 
 
+@pytest.mark.parametrize("service", ["gateway", "selector", "placer", "thermal"])
+def test_a_service_given_a_bad_fleet_file_exits_2_with_one_line(tmp_path, redis_url, prefix, service):
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text("version: 1\nname: x\n")
+    extra = ["--datacenter", "cheap"] if service == "placer" else []
+    done = subprocess.run([sys.executable, "-m", f"services.{service}", "--fleet", str(bad), "--redis-url", redis_url,
+                           "--prefix", prefix, *extra], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-1500:]
+    assert f"--fleet {bad}: wan: is required" in done.stderr
+
+
 async def test_a_service_refuses_a_port_a_server_already_listens_on(redis_url, prefix):
     """gRPC servers set SO_REUSEPORT by default, so a second one on a taken port would silently share its calls;
     ours refuse it, in one line naming --listen."""

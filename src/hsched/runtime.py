@@ -14,6 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hsched.cancel import cancel_and_wait
+from hsched.domain.errors import FleetError
 from hsched.security.pki import PkiError
 from hsched.security.tls import TlsFiles
 from hsched.state.epoch import EXIT_STATE_LOST, EpochGuard, StateLost
@@ -114,6 +115,9 @@ def run(service_name: str, args: argparse.Namespace, serve: Callable[[asyncio.Ev
     except (AuthenticationError, NoPermissionError, RedisConnectionError, RedisTimeoutError) as exc:
         logging.getLogger("hsched").error("%s", describe_redis_error(args.redis_url, exc))
         raise SystemExit(1) from None
+    except FleetError as exc:  # a bad --fleet file: one line naming it, as the CLI does (a restart cannot fix it)
+        logging.getLogger("hsched").error("--fleet %s: %s", getattr(args, "fleet", None) or "(the default fleet)", exc)
+        raise SystemExit(2) from None
 
 
 async def serve_until_stopped(stop: asyncio.Event, server, port: int | str, args: argparse.Namespace, *,
