@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hsched.domain.errors import ValidationError
 from hsched.domain.resources import Resources
 from hsched.envs.gpu import GpuClusterEnv, MultiClusterState, cluster_totals, host_hints, paper000_datacenters
 from hsched.metrics import reward_eq17, utilisation_matrix
@@ -191,6 +192,16 @@ def test_resume_continues_identically(tmp_path):
         torch.testing.assert_close(a["actor"][key], b["actor"][key], rtol=0, atol=0)
     ta, tb = checkpoint.load_state(training_path(straight)), checkpoint.load_state(training_path(halves))
     assert ta["step"] == tb["step"] and ta["curves"] == tb["curves"]
+
+
+def test_a_budget_that_ends_before_the_first_update_is_refused(tmp_path):
+    # EADE-DDPG's updates on the expert's demonstrations alone would not make it a trained agent
+    for name in ("ddpg", "eade-ddpg"):
+        with pytest.raises(ValidationError, match=r"^--steps: ends before the first gradient update, at env step "
+                                                  r"200 \(learning_starts 200, train_every 2\): give --steps >= 200 "
+                                                  r"\(got 199\)$"):
+            train(TINY, TrainArgs(seed=0, steps=199, out=tmp_path / "m.pt", progress=False), name, "m")
+    assert not list(tmp_path.iterdir())
 
 
 def _save_untrained(path: Path, name: str = "eade-ddpg", **override) -> Path:

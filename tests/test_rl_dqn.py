@@ -233,15 +233,25 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path) -> None:
     train(config, TrainArgs(seed=3, steps=250, out=tmp_path / "resumed.pt", progress=False))  # mid-episode
     half = checkpoint.load_state(tmp_path / "resumed.pt")
     assert half["step"] == 250
+    assert checkpoint.load_metadata(tmp_path / "resumed.pt")["hyperparameters"]["steps"] == 250  # as run
     train(config, TrainArgs(seed=3, steps=600, out=tmp_path / "resumed.pt", resume=True, progress=False))
     a, b = checkpoint.load_state(tmp_path / "straight.pt"), checkpoint.load_state(tmp_path / "resumed.pt")
     assert a["step"] == b["step"] == 600
+    assert checkpoint.load_metadata(tmp_path / "resumed.pt")["hyperparameters"]["steps"] == 600
     for key in ("q", "target"):
         for name, tensor in a[key].items():
             assert torch.equal(tensor, b[key][name]), (key, name)
     for field in ("obs", "actions", "rewards", "tree"):
         np.testing.assert_array_equal(a["buffer"][field], b["buffer"][field])
     assert a["curve"] == b["curve"] and a["evals"] == b["evals"] and a["envs"] == b["envs"]
+
+
+def test_a_budget_that_ends_before_the_first_update_is_refused(tmp_path) -> None:
+    config = small_config(learning_starts=300, train_every=1)
+    with pytest.raises(ValidationError, match=r"^--steps: ends before the first gradient update, at env step 300 "
+                                              r"\(learning_starts 300, train_every 1\): give --steps >= 300 \(got 299\)$"):
+        train(config, TrainArgs(seed=0, steps=299, out=tmp_path / "m.pt", progress=False))
+    assert not list(tmp_path.iterdir())
 
 
 def test_training_writes_model_metadata_and_curve(tmp_path) -> None:

@@ -113,7 +113,7 @@ from hsched.rl.buffers import DualReplayBuffer, ReplayBuffer
 from hsched.rl.checkpoint import runs_dir, training_path
 from hsched.rl.nets import AttentionNumpy, SelfAttentionScorer
 from hsched.rl.schedules import LinearSchedule, soft_update
-from hsched.rl.training import TrainArgs, output_path, plot_curves, progress, seed_everything
+from hsched.rl.training import TrainArgs, check_budget, output_path, plot_curves, progress, seed_everything
 
 # host, its cluster's free shares, the heuristic hints, "is wait" flag
 ITEM_FEATURES = len(HOST_FEATURES) + len(RESOURCES) + len(HINT_FEATURES) + 1
@@ -660,6 +660,7 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
     out = output_path(args, model)
     steps = args.steps or cfg.steps
     cfg = with_data(dataclasses.replace(cfg, steps=steps), args)
+    check_budget(steps, cfg.learning_starts, cfg.train_every)  # EADE's updates on expert demos alone do not count
     rng = seed_everything(args.seed)
     envs = training_envs(cfg)
     # one vector layout for all envs: padded to the largest fleet when there are several (Codec)

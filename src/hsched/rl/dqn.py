@@ -71,6 +71,7 @@ from hsched.rl.buffers import Batch, PrioritizedReplayBuffer, ReplayBuffer
 from hsched.rl.schedules import ExponentialSchedule, LinearSchedule, hard_update, soft_update
 from hsched.rl.training import (
     TrainArgs,
+    check_budget,
     output_path,
     plot_curves,
     progress,
@@ -655,6 +656,8 @@ def train(config: DqnConfig, args: TrainArgs) -> dict[str, Any]:
     torch.set_num_threads(1)
     out = output_path(args, MODEL_NAME if config.prioritized else "dqn_path")
     steps = args.steps or config.steps
+    config = replace(config, steps=steps)  # the budget as run, in the metadata
+    check_budget(steps, config.learning_starts, config.train_every)
     trainer = Trainer(config, args.seed)
     if args.resume and out.exists():
         if checkpoint.load_metadata(out).get("architecture") != ARCHITECTURE:

@@ -83,6 +83,19 @@ def trainer(agent: str) -> Callable[[TrainArgs], dict[str, Any]]:
     return getattr(importlib.import_module(module), func)
 
 
+def check_budget(steps: int, learning_starts: int, train_every: int) -> None:
+    """Refuse a budget of `steps` env steps that ends before the first gradient update on the agent's own
+    experience (the first step >= `learning_starts` that is a multiple of `train_every`): such a run would save
+    an untrained model. A usage error naming --steps (exit 2), as the CLI's other bad flag values are."""
+    from hsched.domain.errors import ValidationError
+
+    first = -(-max(learning_starts, 1) // train_every) * train_every
+    if steps < first:
+        raise ValidationError("--steps", f"ends before the first gradient update, at env step {first} "
+                              f"(learning_starts {learning_starts}, train_every {train_every}): give --steps "
+                              f">= {first}", steps)
+
+
 def seed_everything(seed: int) -> np.random.Generator:
     """Seed Python, NumPy and torch and make torch deterministic on the CPU (one thread: results then do
     not depend on the machine's core count, and two trainers on a 2-core machine don't fight)."""
