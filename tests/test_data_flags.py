@@ -4,6 +4,7 @@ one-line error naming the cut-off vertices (exit 1), or is pruned when the file 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -115,15 +116,23 @@ def test_bad_data_flags_are_usage_errors(tmp_path: Path) -> None:
 
 
 def test_train_on_a_small_fleet_and_trace(tmp_path: Path) -> None:
+    # a budget that ends before the first gradient update would save an untrained model: refused, one line
     r = hsched("train", "per-dqn", "--fleet", str(SMALL), "--steps", "200", "--out", str(tmp_path / "p.pt"),
+               "--quiet", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "hsched: --steps: ends before the first gradient update, at env step 500 (learning_starts 500, "
+        "train_every 1): give --steps >= 500 (got 200)"]
+    r = hsched("train", "per-dqn", "--fleet", str(SMALL), "--steps", "500", "--out", str(tmp_path / "p.pt"),
                "--quiet", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert '"pairs": 12' in r.stdout  # the small WAN's 4 entry vertices × 3 other targets
-    r = hsched("train", "double-dqn", "--fleet", str(SMALL), "--trace", str(SWF), "--steps", "200",
+    assert json.loads((tmp_path / "p.json").read_text())["hyperparameters"]["steps"] == 500
+    r = hsched("train", "double-dqn", "--fleet", str(SMALL), "--trace", str(SWF), "--steps", "2000",
                "--out", str(tmp_path / "d.pt"), "--quiet", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    meta = (tmp_path / "d.json").read_text()
-    assert "cheap" in meta  # the small fleet's first CPU-only room
+    meta = json.loads((tmp_path / "d.json").read_text())
+    assert meta["dc"] == meta["hyperparameters"]["dc"] == "cheap"  # the small fleet's first CPU-only room
+    assert (meta["data"]["trace"], meta["data"]["fleet"]) == (str(SWF.resolve()), str(SMALL))
 
 
 def test_stage1_reports_dcs_the_example_task_cannot_reach_instead_of_crashing(tmp_path: Path) -> None:

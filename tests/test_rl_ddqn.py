@@ -1,14 +1,17 @@
 """hsched.rl.ddqn: the Double-DQN target by hand (mask included), masked actions never chosen (acting, the
 target's argmax, serving), the validation slice is disjoint from the training and eval jobs, the reward
-selection rule, a short training run on a tiny room improves, resume continues identically,
+selection rule, a short training run on a tiny room improves, resume continues identically, a run's
+metadata names the fleet, trace, room, jobs and budget it ran on, a budget short of the first update is refused,
 load_policy refuses a checkpoint whose features do not fit, the placer falls back without a model, and the
 stack serves `--policy double-dqn` end to end over gRPC."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -18,8 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hsched.domain.cluster import ClusterState
+from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import load_fleet
-from hsched.envs.dc import Job, run_policy, thunder_jobs
+from hsched.envs.dc import THUNDER, Job, run_policy, same_trace, thunder_jobs
 from hsched.policies.base import select
 from hsched.policies.heuristics import make_policy
 from hsched.policies.learned import Fallback, ModelMismatch, learned_policy
@@ -34,6 +38,7 @@ from hsched.rl.ddqn import (
     double_dqn_target,
     load_policy,
     make_env,
+    paper_data,
     placer_mask,
     reward_selection_record,
     selection_key,
@@ -41,6 +46,8 @@ from hsched.rl.ddqn import (
     validation_env,
 )
 from hsched.rl.training import TrainArgs
+from hsched.traces import data_dir
+from hsched.traces.catalog import TRACES, resolve_trace
 from tests.conftest import SMALL_FLEET, delete_prefix
 from tests.test_env_dc import spec, tiny_dc
 
@@ -54,6 +61,14 @@ TINY = replace(DdqnConfig(), learning_starts=200, eps_steps=1000, target_every=1
 
 def tiny_env():
     return make_env(TINY, TINY_DC, jobs=TINY_JOBS)
+
+
+def kth_slice(path: Path, count: int, skip: int = 0) -> Path:
+    """Write KTH SP2's jobs skip..skip + count - 1 (its SWF records, comments dropped) to `path`."""
+    with gzip.open(data_dir() / TRACES["kth"], "rt") as fh:
+        records = [line for line in fh if line.strip() and not line.startswith(";")]
+    path.write_text("".join(records[skip:skip + count]))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +177,40 @@ def test_resume_continues_identically(tmp_path) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
     curve = checkpoint.load_state(tmp_path / "two_resume.pt")["curve"]
     assert curve == checkpoint.load_state(tmp_path / "one_resume.pt")["curve"]
+
+
+def test_a_data_runs_metadata_names_the_fleet_trace_room_jobs_and_budget_it_ran_on(tmp_path) -> None:
+    trace = kth_slice(tmp_path / "kth300.swf", 300)
+    out = tmp_path / "ddqn.pt"
+    train_double_dqn(TrainArgs(seed=0, steps=300, out=out, progress=False, fleet=Path(SMALL_FLEET),
+                               trace=str(trace)), TINY)
+    meta = checkpoint.load_metadata(out)
+    data = meta["data"]
+    assert data["trace"] == str(trace.resolve()) and data["fleet"] == SMALL_FLEET
+    assert same_trace(data, resolve_trace(str(trace))) and not same_trace(data, resolve_trace("kth"))
+    # 300 jobs, fewer than the paper's 5 000: warm-up and training jobs in its 2 000 : 3 000 proportion
+    assert data["warmup_jobs"] == [0, 120] and data["train_jobs"] == [120, 300]
+    assert data["validation_jobs"] is None and data["eval_jobs"] is None  # not scored: no held-out jobs claimed
+    assert meta["dc"] == meta["hyperparameters"]["dc"] == "cheap"  # the small fleet's first CPU-only room
+    assert meta["hyperparameters"]["steps"] == 300 <= meta["steps"]  # whole episodes: it may run past
+    assert meta["hyperparameters"]["episode_jobs"] == 180 and data["episodes"].endswith(" windows of 180 train jobs")
+
+
+def test_the_paper_rooms_data_is_the_shipped_models_thunder_split() -> None:
+    data = paper_data(DdqnConfig())
+    assert data["trace"] == THUNDER and (data["cores_per_proc"], data["time_compression"]) == (1, 1.0)
+    assert (data["warmup_jobs"], data["train_jobs"], data["validation_jobs"], data["eval_jobs"]) == (
+        [0, 2000], [2000, 4500], [4500, 5000], [5000, 5500])
+    shipped = json.loads((Path(__file__).parents[1] / "models" / "double_dqn_dc.json").read_text())["data"]
+    assert same_trace(shipped, resolve_trace("thunder"))  # written before the scaling keys: unscaled
+
+
+def test_a_budget_that_ends_before_the_first_update_is_refused(tmp_path) -> None:
+    config = replace(TINY, learning_starts=201, train_every=4)  # first update at env step 204
+    with pytest.raises(ValidationError, match=r"^--steps: ends before the first gradient update, at env step 204 "
+                                              r"\(learning_starts 201, train_every 4\): give --steps >= 204 \(got 203\)$"):
+        train_double_dqn(TrainArgs(seed=0, steps=203, out=tmp_path / "m.pt", progress=False), config, tiny_env())
+    assert not list(tmp_path.iterdir())
 
 
 # -- validation slice and reward selection ---------------------------------------------------------------

@@ -702,6 +702,26 @@ def eval_env(mode: str, seed: int, split: tuple[int, int, int] = PAPER_SPLIT, dc
     )
 
 
+def trace_record(ref: TraceRef) -> dict[str, Any]:
+    """How a model's metadata names the SWF log its DC env's jobs came from, so a report can tell whether the
+    model saw its own trace: the file relative to the data dir when it is there (THUNDER's form), else its
+    absolute path, with the scaling flags."""
+    from hsched.traces import data_dir
+
+    path = ref.path.resolve()
+    try:
+        name = path.relative_to(data_dir().resolve()).as_posix()
+    except ValueError:
+        name = str(path)
+    return {"trace": name, "cores_per_proc": ref.cores_per_proc, "time_compression": ref.time_compression}
+
+
+def same_trace(data: dict[str, Any], ref: TraceRef) -> bool:
+    """Whether metadata `data` (`trace_record`'s keys; no scaling keys = unscaled) names the trace `ref`."""
+    unscaled = {"cores_per_proc": 1, "time_compression": 1.0}
+    return all(data.get(key, unscaled.get(key)) == value for key, value in trace_record(ref).items())
+
+
 def delta_values(runs: list[dict[str, float]], refs: list[dict[str, float]], key: str, unit: str) -> list[float]:
     """Per-seed differences of metric `key` against the reference policy's runs on the same jobs: in % of the
     reference when `unit` is "%", else absolute."""

@@ -61,12 +61,12 @@ from hsched.envs.dc import (
     METRICS,
     MODES,
     PAPER_SPLIT,
-    THUNDER,
     DcPlacementEnv,
     RewardConfig,
     delta_values,
     eval_env,
     run_policy,
+    trace_record,
 )
 from hsched.policies.heuristics import make_policy
 from hsched.policies.learned import ModelMismatch
@@ -76,6 +76,7 @@ from hsched.rl.nets import PooledNumpy, PooledScorer
 from hsched.rl.schedules import LinearSchedule, epsilon_greedy, hard_update
 from hsched.rl.training import (
     TrainArgs,
+    check_budget,
     output_path,
     plot_curves,
     progress,
@@ -339,10 +340,25 @@ def make_env(config: DdqnConfig, dc: DataCenter | None = None, **kwargs: Any) ->
                           **kwargs)
 
 
-def data_env(config: DdqnConfig, args: TrainArgs) -> DcPlacementEnv | None:
+def paper_data(config: DdqnConfig) -> dict[str, Any]:
+    """The metadata's `data` of the paper room (`make_env`): Thunder's train phase minus the validation slice,
+    and the held-out eval jobs `evaluate` scores."""
+    from hsched.traces.catalog import resolve_trace
+
+    warm, train, val = train_split(config)
+    first_eval, evaluation = sum(PAPER_SPLIT[:2]), PAPER_SPLIT[2]
+    return {**trace_record(resolve_trace("thunder")), "fleet": "the default fleet",
+            "warmup_jobs": [0, warm], "train_jobs": [warm, warm + train],
+            "validation_jobs": [warm + train, warm + train + val], "eval_jobs": [first_eval, first_eval + evaluation],
+            "eval_seeds": {str(s): [first_eval + evaluation * s, first_eval + evaluation * (s + 1)]
+                           for s in config.eval_seeds}}
+
+
+def data_env(config: DdqnConfig, args: TrainArgs) -> tuple[DcPlacementEnv, dict[str, Any]] | None:
     """`hsched train double-dqn --fleet F --trace T`: the first CPU-only DC of F, trained on T's jobs split as
-    the paper splits Thunder (2 000 warm-up, 3 000 train) when T has them, else in those proportions. None
-    without --fleet/--trace (the paper room and its held-out evaluation)."""
+    the paper splits Thunder (2 000 warm-up, 3 000 train) when T has them, else in those proportions; with the
+    metadata's `data` naming them (no validation or eval jobs: such a run is not scored). None without
+    --fleet/--trace (the paper room and its held-out evaluation)."""
     if not args.fleet and not args.trace:
         return None
     from hsched.domain.errors import ValidationError
@@ -363,9 +379,11 @@ def data_env(config: DdqnConfig, args: TrainArgs) -> DcPlacementEnv | None:
         warm = max(1, len(jobs) * warm // (warm + train))
     if len(jobs) - warm < 1:
         raise ValidationError("--trace", "needs at least 2 jobs", args.trace)
-    return DcPlacementEnv(dc, jobs=jobs[warm:], warmup_jobs=jobs[:warm],
-                          episode_jobs=min(config.episode_jobs, len(jobs) - warm),
-                          supply_mode=config.supply_mode, reward=config.reward)
+    env = DcPlacementEnv(dc, jobs=jobs[warm:], warmup_jobs=jobs[:warm], episode_jobs=config.episode_jobs,
+                         supply_mode=config.supply_mode, reward=config.reward)
+    return env, {**trace_record(ref), "fleet": str(args.fleet) if args.fleet else "the default fleet",
+                 "warmup_jobs": [0, warm], "train_jobs": [warm, len(jobs)], "validation_jobs": None,
+                 "eval_jobs": None}
 
 
 def validation_env(config: DdqnConfig, mode: str, seed: int = 0) -> DcPlacementEnv:
@@ -383,12 +401,21 @@ class Curve:
 
 
 class Trainer:
-    """One training run over whole episodes; `state()` / `load()` are the resumable checkpoint."""
+    """One training run over whole episodes; `state()` / `load()` are the resumable checkpoint. `data`: what
+    the metadata says `env` plays (default: the paper room's `paper_data`; a given env without it: its job
+    counts only)."""
 
-    def __init__(self, config: DdqnConfig, seed: int, env: DcPlacementEnv | None = None) -> None:
-        self.config, self.seed = config, seed
+    def __init__(self, config: DdqnConfig, seed: int, env: DcPlacementEnv | None = None,
+                 data: dict[str, Any] | None = None) -> None:
+        self.seed = seed
         self.rng = seed_everything(seed)
         self.env = env or make_env(config)
+        # the hyper-parameters as run: the env's DC and episode length, which a given env decides
+        self.config = config = replace(config, dc=self.env.dc.name, episode_jobs=self.env.episode_jobs)
+        warm = len(self.env._warm_jobs)
+        self.data = data or (paper_data(config) if env is None else
+                             {"trace": None, "jobs": "given by the caller", "warmup_jobs": [0, warm],
+                              "train_jobs": [warm, warm + len(self.env._phase_jobs)]})
         self.n = self.env.n
         self.room = RoomFeatures.of(self.env.room)
         self.q = PlacementQ(config.embed, config.hidden)
@@ -501,16 +528,9 @@ class Trainer:
         self.train_cpu_seconds = state.get("train_cpu_seconds", 0.0)
 
     def metadata(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        warm, train, val = train_split(self.config)
-        first_eval, evaluation = sum(PAPER_SPLIT[:2]), PAPER_SPLIT[2]
         return {
             "agent": POLICY_NAME, "env": ENV_ID, "seed": self.seed, "dc": self.env.dc.name,
-            "data": {"trace": THUNDER, "warmup_jobs": [0, warm], "train_jobs": [warm, warm + train],
-                     "validation_jobs": [warm + train, warm + train + val],
-                     "eval_jobs": [first_eval, first_eval + evaluation],
-                     "eval_seeds": {str(s): [first_eval + evaluation * s, first_eval + evaluation * (s + 1)]
-                                    for s in self.config.eval_seeds},
-                     "episodes": f"{self.episodes} windows of {self.config.episode_jobs} train jobs"},
+            "data": {**self.data, "episodes": f"{self.episodes} windows of {self.config.episode_jobs} train jobs"},
             "hyperparameters": asdict(self.config),
             "features": {"item": list(ITEM_FEATURES), "task": list(TASK_FEATURES)},
             "input_shape": {"item_features": len(ITEM_FEATURES), "task_features": len(TASK_FEATURES)},
@@ -635,14 +655,17 @@ def train_double_dqn(args: TrainArgs, config: DdqnConfig | None = None,
     """Train (or resume) to `args.steps`, save the model at `args.out`, plot its curve, evaluate it on the
     held-out jobs against RR and Greedy. `config` / `env` override the defaults (tests: a tiny room)."""
     config = config or DdqnConfig()
-    if env is None:
-        env = data_env(config, args)
+    config = replace(config, steps=args.steps or config.steps)  # the budget as run, in the metadata
+    check_budget(config.steps, config.learning_starts, config.train_every)
+    data = None
+    if env is None and (on_data := data_env(config, args)) is not None:
+        env, data = on_data
     out = output_path(args, MODEL_NAME)
     resume = out.with_name(out.stem + "_resume.pt")
-    trainer = Trainer(config, args.seed, env)
+    trainer = Trainer(config, args.seed, env, data)
     if args.resume and resume.exists():
         trainer.load(checkpoint.load_state(resume))
-    trainer.run(args.steps or config.steps, args.progress)
+    trainer.run(config.steps, args.progress)
     checkpoint.save(resume, trainer.state(), trainer.metadata())
     extra: dict[str, Any] = {}
     if env is None:  # the paper room: score it on the validation slice and the held-out jobs
