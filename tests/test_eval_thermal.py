@@ -1,17 +1,25 @@
 """hsched.eval.thermal (paper 003 table 5 / fig.9): the quick run writes the tables and the PNGs, a row
-added through the POLICY_FACTORIES hook shows up, and every policy's gap to the exact optimum of the small
-instances is stated."""
+added through the POLICY_FACTORIES hook shows up, every policy's gap to the exact optimum of the small
+instances is stated, and the report names the data it ran on: the room's supply air and redline, and what the
+Double DQN model's own metadata says it was trained on."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from hsched.envs.dc import percent_change
 from hsched.eval import EXPERIMENTS, thermal
 from hsched.eval.report import EvalContext
+from hsched.rl.ddqn import train_double_dqn
+from hsched.rl.training import TrainArgs
+from hsched.traces.catalog import resolve_trace
+from tests.conftest import SMALL_FLEET
+from tests.test_rl_ddqn import TINY, kth_slice
 
 
 def test_pct_and_resample() -> None:
@@ -119,3 +127,59 @@ def test_small_instances_are_exact_and_no_policy_is_cooler_than_the_optimum() ->
             got = thermal._measure(inst.room, placed)
             assert got["rise"] >= opt["rise"] - 1e-9, name
         assert all((a == b).all() for a, b in zip(before, state.snapshot(), strict=True))  # untouched
+
+
+def _hot_fleet(tmp_path: Path) -> Path:
+    """The small fleet with its first CPU room ("cheap") at 30 °C supply air and a 35 °C redline."""
+    data = yaml.safe_load(Path(SMALL_FLEET).read_text())
+    data["datacenters"][0]["thermal"] = {"t_supply_c": 30, "redline_c": 35}
+    path = tmp_path / "hot.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_the_report_names_the_supply_air_and_redline_the_room_ran_with(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(thermal, "POLICY_FACTORIES", {k: thermal.POLICY_FACTORIES[k] for k in ("RR", "Greedy")})
+    report = thermal.run(EvalContext(seeds=[0], out_dir=tmp_path, quick=True, fleet_path=str(_hot_fleet(tmp_path))))
+    assert "Room `cheap`" in report
+    assert "\n### Fixed 30 °C supply air\n" in report
+    assert "\n### CRAC holding the hottest inlet at the 35 °C redline\n" in report
+    assert "Here PUE = 1 + 1/CoP(30 °C) + 5 % other" in report
+    assert "thermal parameters (fixed 30 °C supply air)" in report  # the small exact instances' room
+    assert "20 °C" not in report and "27 °C" not in report  # the default room's, which did not run
+
+
+def test_the_double_dqn_note_says_what_its_model_was_trained_on(tmp_path, monkeypatch) -> None:
+    trace = kth_slice(tmp_path / "kth300.swf", 300)
+    other = kth_slice(tmp_path / "other.swf", 300, skip=300)
+    models = tmp_path / "models"
+    train_double_dqn(TrainArgs(seed=0, steps=300, out=models / "double_dqn_dc.pt", progress=False,
+                               fleet=Path(SMALL_FLEET), trace=str(trace)), TINY)
+    monkeypatch.setenv("HSCHED_MODELS_DIR", str(models))
+    monkeypatch.setattr(thermal, "POLICY_FACTORIES", {"RR": thermal.POLICY_FACTORIES["RR"],
+                                                      "Greedy": thermal.POLICY_FACTORIES["Greedy"],
+                                                      "Double DQN": thermal._double_dqn})
+
+    def note(on: Path) -> str:
+        report = thermal.run(EvalContext(seeds=[0], out_dir=tmp_path / on.stem, quick=True, fleet_path=SMALL_FLEET,
+                                         trace=str(on)))
+        assert "| Double DQN |" in report and "500-job" not in report
+        return next(line for line in report.splitlines() if line.startswith("Double DQN: "))
+
+    # its metadata's trace and jobs (the trainer's 2 : 3 split of 300 jobs), which this run's evaluation jobs
+    # (the eval's own split of the same 300) fall among: not held out
+    same = note(trace)
+    assert f"/double_dqn_dc.pt` (`hsched.rl.ddqn`), trained on `{trace.resolve()}`, jobs 120-299: this run's trace, " \
+           "and those jobs overlap these evaluation jobs (" in same
+    assert "never" not in same and "validation" not in same  # no claim its metadata does not make
+    elsewhere = note(other)
+    assert f"trained on `{trace.resolve()}`, jobs 120-299: another trace than this run's, other.swf" in elsewhere
+    assert "never" not in elsewhere
+
+    # the shipped model (Thunder jobs 2000-4499, its reward chosen on 4500-4999) on Thunder's quick windows
+    monkeypatch.setenv("HSCHED_MODELS_DIR", str(Path(__file__).parents[1] / "models"))
+    thunder = resolve_trace("thunder")
+    held_out = thermal._double_dqn_note(thunder, [(500, 550), (550, 600)])
+    assert ("trained on `pwa_swf/LLNL-Thunder-2007-1.1-cln.swf.gz`, jobs 2000-4499, with eq.12's constants chosen on "
+            "its validation jobs 4500-4999: this run's trace, never on these evaluation jobs (500-599).") in held_out
+    assert "not held out" in thermal._double_dqn_note(thunder, [(4900, 5000)])

@@ -681,10 +681,7 @@ def run_policy(
 
 # The held-out evaluation protocol, shared by `hsched eval thermal` and the Double DQN trainer's own figures
 # (here rather than in either, so the trainer never imports the evaluation report).
-MODES = {
-    "fixed": "Fixed 20 °C supply air (paper 003 setup)",
-    "redline": "CRAC holding the hottest inlet at the 27 °C redline",
-}
+MODES = ("fixed", "redline")  # the CRAC modes every policy is scored in (a report names each from its room's params)
 METRICS = (  # (key of run_policy's result, label, digits)
     ("mean_reward", "mean reward", 3),
     ("mean_pue", "mean PUE", 4),

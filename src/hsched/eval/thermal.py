@@ -11,9 +11,10 @@ Setup (the same for every policy and seed)
   time to follow the warm-up. Seed s plays the jobs 5000 + 500·s … 5499 + 500·s, so seed 0 is exactly the
   paper's split (2 000 warm-up, 3 000 training, 500 evaluation). The seed also seeds the Random policy.
   `ctx.quick`: 200 warm-up jobs and 50 evaluation jobs (seed s: jobs 500 + 50·s …).
-* Two CRAC modes. "fixed": 20 °C supply air, as in the paper. In this mode PUE cannot depend on the placement:
-  cooling power is P_IT / CoP(20 °C). "redline": the CRAC runs the warmest supply that keeps the hottest inlet
-  at 27 °C, so hot spots cost cooling power. This is the only way PUE moves in our model.
+* Two CRAC modes. "fixed": the room's supply air (chicago: 20 °C, as in the paper). In this mode PUE cannot
+  depend on the placement: cooling power is P_IT / CoP(T_supply). "redline": the CRAC runs the warmest supply
+  that keeps the hottest inlet at the room's redline (27 °C), so hot spots cost cooling power. This is the only
+  way PUE moves in our model. The report names both from the room's parameters as run.
 * Metrics. Mean reward is per decision (eq.12, `RewardConfig` defaults). PUE, overloads (servers with
   u > 0.8) and mean rack outlet temperature are time-weighted over the evaluation window, from the first to
   the last decision. Each cell is the mean ± std over seeds. The Δ columns are per-seed differences against
@@ -23,8 +24,8 @@ Gap to the optimum on small instances
 -------------------------------------
 The 500-job online episodes have no tractable exact optimum, so the report adds small offline instances of the
 same DC-placement problem, one per seed, solved exactly by `hsched.optimum.min_peak_inlet` (HiGHS):
-* Room: `OPT_ROOM` racks × servers of the paper room's server type (24 cores, 100 W / 300 W) and thermal
-  parameters (fixed 20 °C supply), its own recirculation matrix from the shrunk geometry (`room_for`).
+* Room: `OPT_ROOM` racks × servers of the evaluated room's server type (chicago: 24 cores, 100 W / 300 W) and
+  thermal parameters, its own recirculation matrix from the shrunk geometry (`room_for`).
 * Pre-load: the Thunder jobs just before the seed's first evaluation job, walking back, each taken if it keeps
   the busy cores within `OPT_PRELOAD` of the room; placed in trace order by round robin (as the warm-up).
 * Batch: the seed's evaluation jobs in trace order (split by `split_task`), each taken if the batch stays
@@ -36,9 +37,10 @@ same DC-placement problem, one per seed, solved exactly by `hsched.optimum.min_p
   rise, then the overloaded servers at that peak. A policy that leaves a job of the batch unplaced has no
   cell for that seed (the count of complete placements is shown).
 
-Double DQN (paper 003 §3.2.3) is the shipped model `models/double_dqn_dc.pt` (hsched.rl.ddqn, trained on the
-"train" jobs 2000-4499, its reward constants chosen on jobs 4500-4999: nothing here was used to choose them),
-served through `plan()`/`select()` like the heuristics; without the file the row is
+Double DQN (paper 003 §3.2.3) is the model `double_dqn_dc` of the models dir (hsched.rl.ddqn; shipped: trained
+on Thunder's "train" jobs 2000-4499, its reward constants chosen on jobs 4500-4999), served through
+`plan()`/`select()` like the heuristics; the report says what its metadata says it was trained on, and calls
+these evaluation jobs held out only when that is this run's trace and none of them. Without the file the row is
 left out and the report says so. The optimum row of the 500-job episodes would plug into `POLICY_FACTORIES`.
 """
 
@@ -67,14 +69,15 @@ from hsched.envs.dc import (
     delta_values,
     eval_env,
     run_policy,
+    same_trace,
     thunder_jobs,
 )
 from hsched.eval.report import EvalContext, markdown_table, mean_std, plot_lines
 from hsched.optimum import OVERLOAD_DEN, OVERLOAD_NUM, OptimumResult, gap_percent, min_peak_inlet
 from hsched.policies.heuristics import make_policy
 from hsched.policies.placement import Outcome, plan, split_task
-from hsched.rl.checkpoint import model_path
-from hsched.thermal import RoomModel
+from hsched.rl.checkpoint import load_metadata, model_path
+from hsched.thermal import RoomModel, ThermalParams
 from hsched.thermal.datacenter import room_for, room_state
 from hsched.traces.catalog import TraceRef
 
@@ -171,11 +174,13 @@ def run(ctx: EvalContext) -> str:
     series: dict[str, dict[str, list[tuple[np.ndarray, dict[str, np.ndarray]]]]] = {
         m: {p: [] for p in POLICY_FACTORIES} for m in MODES
     }
+    params: dict[str, ThermalParams] = {}  # each mode's room as run (its supply air, redline)
     total, done = len(MODES) * len(ctx.seeds) * len(POLICY_FACTORIES) + len(ctx.seeds), 0
     ctx.progress("thermal", 0, total)
     for mode in MODES:
         for seed in ctx.seeds:
             env = eval_env(mode, seed, split, dc, trace_ref)
+            params[mode] = env.room.params
             for name, factory in POLICY_FACTORIES.items():
                 policy = _double_dqn(seed, dc) if name == "Double DQN" and ctx.fleet_path else factory(seed)
                 results[mode][name].append(run_policy(env, policy, seed=seed))
@@ -201,7 +206,7 @@ def run(ctx: EvalContext) -> str:
         "seeds. The Δ columns are per-seed differences against RR and Greedy: % for PUE and overloads, °C "
         "for the outlet." + (f" **Quick run: {warm} warm-up and {evaluation} evaluation jobs.**" if ctx.quick else ""),
     ]
-    for mode, title in MODES.items():
+    for mode in MODES:
         res = results[mode]
         rows = []
         for name, runs in res.items():
@@ -217,7 +222,7 @@ def run(ctx: EvalContext) -> str:
             )
         lines += [
             "",
-            f"### {title}",
+            f"### {_crac(params[mode], heading=True)}",
             "",
             markdown_table(
                 ["policy", *(label for _, label, _ in METRICS), "room CPU load %", "placed", "deferred", "hours"],
@@ -252,11 +257,12 @@ def run(ctx: EvalContext) -> str:
         if mode == "fixed":
             pues = {round(r["mean_pue"], 9) for runs in res.values() for r in runs}
             if len(pues) == 1:
+                p = params[mode]
                 lines += [
                     "",
                     f"With a fixed supply temperature every policy has the same PUE ({pues.pop():.4f}). "
-                    "Here PUE = 1 + 1/CoP(20 °C) + 5 % other, whatever the placement. "
-                    "The redline mode below is where placement changes PUE.",
+                    f"Here PUE = 1 + 1/CoP({p.t_supply_c:g} °C) + {100 * p.p_other_fraction:g} % other, "
+                    "whatever the placement. The redline mode below is where placement changes PUE.",
                 ]
 
     optimum_lines, done = _optimum_section(ctx, first, evaluation, done, total, dc, trace_ref)
@@ -268,7 +274,7 @@ def run(ctx: EvalContext) -> str:
             series["fixed"],
             "mean_rack_outlet_c",
             "thermal_outlet.png",
-            "Mean rack outlet temperature, fixed 20 °C supply (paper 003 fig.9)",
+            f"Mean rack outlet temperature, {_crac(params['fixed'])} (paper 003 fig.9)",
             "°C",
         ),
         _plot(
@@ -276,7 +282,7 @@ def run(ctx: EvalContext) -> str:
             series["redline"],
             "pue",
             "thermal_pue.png",
-            "PUE over time, CRAC at the 27 °C redline",
+            f"PUE over time, {_crac(params['redline'])}",
             "PUE",
         ),
         _plot(
@@ -284,15 +290,15 @@ def run(ctx: EvalContext) -> str:
             series["redline"],
             "mean_rack_outlet_c",
             "thermal_outlet_redline.png",
-            "Mean rack outlet temperature, CRAC at the 27 °C redline",
+            f"Mean rack outlet temperature, {_crac(params['redline'])}",
             "°C",
         ),
     ]
     lines += [
         "",
-        _double_dqn_note(),
-        "The exact optimum is stated on the small instances above: the 500-job online episodes have no "
-        "tractable one.",
+        _double_dqn_note(trace_ref, [(first + evaluation * s, first + evaluation * (s + 1)) for s in ctx.seeds]),
+        f"The exact optimum is stated on the small instances above: the {evaluation}-job online episodes have "
+        "no tractable one.",
         "",
         "PNG files:",
         *(f"- {p}" for p in pngs),
@@ -300,14 +306,46 @@ def run(ctx: EvalContext) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _double_dqn_note() -> str:
+def _crac(params: ThermalParams, heading: bool = False) -> str:
+    """How the report names a room's CRAC setting, from the parameters it ran with."""
+    if params.supply_mode == "fixed":
+        return f"{'F' if heading else 'f'}ixed {params.t_supply_c:g} °C supply air"
+    return f"CRAC holding the hottest inlet at the {params.redline_c:g} °C redline"
+
+
+def _jobs(span: list[int]) -> str:
+    return f"{span[0]}-{span[1] - 1}"
+
+
+def _double_dqn_note(trace: TraceRef, windows: list[tuple[int, int]]) -> str:
+    """The Double DQN row's model as its own metadata describes it: the trace and jobs it was trained on (and
+    the validation jobs its reward was chosen on); "never on these evaluation jobs" only when that trace is
+    this run's `trace` and none of those jobs is in this run's evaluation `windows` ([first, end) per seed)."""
+    path = model_path(DOUBLE_DQN_MODEL)
     if "Double DQN" not in POLICY_FACTORIES:
-        return (f"Double DQN: no row, `{model_path(DOUBLE_DQN_MODEL)}` is missing (`hsched train double-dqn` "
-                "writes it). ")
+        return f"Double DQN: no row, `{path}` is missing (`hsched train double-dqn` writes it). "
+    meta = load_metadata(path)
+    data = meta.get("data", {})
+    seen = [span for span in (data.get("train_jobs"), data.get("validation_jobs")) if span]
+    chosen = data.get("validation_jobs") if meta.get("reward_selection") else None
+    trained = f"trained on `{data['trace']}`" if data.get("trace") else "trained on jobs its metadata does not name"
+    for flag in ("cores_per_proc", "time_compression"):
+        if data.get(flag, 1) != 1:
+            trained += f" at --{flag.replace('_', '-')} {data[flag]:g}"
+    if data.get("train_jobs"):
+        trained += f", jobs {_jobs(data['train_jobs'])}"
+    if chosen:
+        trained += f", with eq.12's constants chosen on its validation jobs {_jobs(chosen)}"
+    evaluated = f"{windows[0][0]}-{windows[-1][1] - 1}"
+    if not same_trace(data, trace):
+        held_out = f"another trace than this run's, {trace.label}"
+    elif any(a < end and start < b for a, b in seen for start, end in windows):
+        held_out = f"this run's trace, and those jobs overlap these evaluation jobs ({evaluated}): not held out"
+    else:
+        held_out = f"this run's trace, never on these evaluation jobs ({evaluated})"
     return (
-        "Double DQN: the shipped model (`hsched.rl.ddqn`), trained on jobs 2000-4499 of the same log with "
-        "eq.12's constants chosen on the validation jobs 4500-4999 (never on these evaluation jobs), served "
-        "through `plan()`/`select()`. Its features are the servers' utilisation, recirculation rise over the "
+        f"Double DQN: the model `{path}` (`hsched.rl.ddqn`), {trained}: {held_out}. Served through "
+        "`plan()`/`select()`. Its features are the servers' utilisation, recirculation rise over the "
         "supply air and heat influence, the same in both CRAC modes. In the redline mode a lower PUE goes with "
         "a warmer outlet: the CRAC lets the supply air warm up as far as the hottest inlet allows. "
     )
@@ -534,8 +572,8 @@ def _optimum_section(
         "The exact optimum of the whole episode is out of reach, so each seed also gets a small offline "
         "instance of the same problem, solved exactly by `hsched.optimum.min_peak_inlet` (HiGHS MILP, time "
         f"limit {OPT_TIME_LIMIT_S[quick]:g} s): a room of {racks} rack(s) × {spr} servers "
-        f"({dc.capacity_total().cpu_milli // MILLI} cores) of the paper's server type and thermal parameters "
-        "(fixed 20 °C supply), with its own recirculation matrix. Pre-load: the trace jobs just before the "
+        f"({dc.capacity_total().cpu_milli // MILLI} cores) of the room's server type and thermal parameters "
+        f"({_crac(params)}), with its own recirculation matrix. Pre-load: the trace jobs just before the "
         f"seed's first evaluation job, walking back, while they keep at most {OPT_PRELOAD:.0%} of the cores "
         "busy, placed by round robin. Batch: the seed's evaluation jobs in trace order while they stay "
         f"within {OPT_BATCH_PARTS[quick]} parts (`split_task`) and {OPT_BATCH_FILL:.0%} of the free "
