@@ -21,7 +21,8 @@ from pathlib import Path
 
 from hsched.domain.errors import ValidationError
 from hsched.domain.task import TaskSpec
-from hsched.traces._io import open_text
+from hsched.traces._io import TraceFileError, text_lines
+from hsched.traces.openb import POD_COLUMNS as OPENB_COLUMNS
 
 TRACES: dict[str, str] = {
     "openb": "alibaba_openb_gpu_2023/openb_pod_list_default.csv.gz",
@@ -31,7 +32,6 @@ TRACES: dict[str, str] = {
 }
 LABELS = {"openb": "Alibaba openb (default pod list)", "openb-gpuspec33": "Alibaba openb (gpuspec33 pod list)",
           "thunder": "LLNL Thunder", "kth": "KTH SP2"}
-OPENB_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def resolve_trace(spec: str, cores_per_proc: int = 1, field: str = "--trace",
         if not path.is_file():
             raise ValidationError(field, f"must be one of {', '.join(TRACES)} or an existing SWF / openb pod-list "
                                          "file", spec)
-        kind = _sniff(path, field)
+        kind = _sniff(path)
     if kind == "openb":
         if cores_per_proc != 1:
             raise ValidationError("--cores-per-proc", "applies to SWF logs only (openb pods are in milli-cores)",
@@ -79,23 +79,19 @@ def resolve_trace(spec: str, cores_per_proc: int = 1, field: str = "--trace",
     return TraceRef(spec if spec in TRACES else path.name, kind, path, cores_per_proc, time_compression)
 
 
-def _sniff(path: Path, field: str) -> str:
-    try:
-        with open_text(path) as fh:
-            for line in fh:
-                text = line.strip()
-                if not text or text.startswith(";"):
-                    continue
-                cols = [c.strip() for c in text.split(",")]
-                if all(c in cols for c in OPENB_COLUMNS):
-                    return "openb"
-                if len(text.split()) >= 18:
-                    return "swf"
-                break
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise ValidationError(field, f"cannot be read: {exc}", str(path)) from None
-    raise ValidationError(field, "is neither an SWF log (18-field records) nor an openb pod list (a header with "
-                                 f"{','.join(OPENB_COLUMNS)})", str(path))
+def _sniff(path: Path) -> str:
+    for line in text_lines(path):  # TraceFileError naming the file if it cannot be read
+        text = line.strip()
+        if not text or text.startswith(";"):
+            continue
+        cols = [c.strip() for c in text.split(",")]
+        if all(c in cols for c in OPENB_COLUMNS):
+            return "openb"
+        if len(text.split()) >= 18:
+            return "swf"
+        break
+    raise TraceFileError(path, "is neither an SWF log (18-field records) nor an openb pod list (a header with "
+                               f"{','.join(OPENB_COLUMNS)})")
 
 
 def trace_tasks(ref: TraceRef, limit: int | None = None, skip: int = 0, tenant: str = "") -> list[TaskSpec]:

@@ -10,9 +10,10 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsched.domain.errors import ValidationError
 from hsched.domain.resources import MIB_PER_GIB, Resources
 from hsched.domain.task import TaskSpec
-from hsched.traces._io import open_text
+from hsched.traces._io import INT32_MAX, INT64_MAX, TraceFileError, open_text, text_lines
 
 # openb has no GPU-memory column. A pod is assumed to use GPU memory in proportion to its core share of a card
 # of this size (16 GiB: the V100M16/P100-class cards that dominate the cluster's older models).
@@ -25,6 +26,7 @@ MIN_RUNTIME_S = 1.0  # deletion == scheduled happens; a TaskSpec needs runtime_s
 # then best-effort (BE). Unknown/missing QoS counts as best-effort.
 QOS_PRIORITY: dict[str, int] = {"LS": 100, "Guaranteed": 100, "Burstable": 50, "BE": 0}
 TENANT = "openb"
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")  # the columns every pod list has
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +53,15 @@ class OpenbPod:
     scheduled_s: int | None = None  # None for Pending pods
 
 
-def _int(value: str | None) -> int | None:
-    return int(value) if value not in (None, "") else None
+def _int(text: str | None, column: str, most: int = INT64_MAX) -> int:
+    """A count or amount of a pod list: a whole number in 0..`most` (ValidationError naming `column`)."""
+    if not (text and text.isascii() and text.isdigit() and len(text) <= 19 and int(text) <= most):
+        raise ValidationError(column, f"must be a whole number in 0..{most}", text)
+    return int(text)
+
+
+def _optional_int(text: str | None, column: str) -> int | None:
+    return None if text in (None, "") else _int(text, column)
 
 
 def load_openb_nodes(path: str | Path) -> list[OpenbNode]:
@@ -66,26 +75,43 @@ def load_openb_pods(path: str | Path, limit: int | None = None) -> list[OpenbPod
     """Read an openb pod list (`.csv` or `.csv.gz`), at most `limit` pods.
 
     Handles the 11-column files and the 5-column multigpu variants (`name,cpu_milli,memory_mib,num_gpu,
-    gpu_milli`), whose missing columns take the `OpenbPod` defaults.
+    gpu_milli`), whose missing columns take the `OpenbPod` defaults. TraceFileError naming the file, the line and the
+    column for a file that cannot be read, a count that is not a whole number in range, a pod that is not a valid
+    task (`TaskSpec.validate`), or a file without pods.
     """
     pods: list[OpenbPod] = []
-    with open_text(path) as fh:
-        for r in csv.DictReader(fh):
+    rows = csv.DictReader(text_lines(path))
+    try:
+        if missing := [c for c in POD_COLUMNS if c not in (rows.fieldnames or ())]:
+            raise ValidationError("header", f"must name the columns {','.join(POD_COLUMNS)} (missing "
+                                            f"{','.join(missing)})")
+        for r in rows:
             if limit is not None and len(pods) >= limit:
                 break
-            pods.append(OpenbPod(
-                name=r["name"],
-                cpu_milli=int(r["cpu_milli"]),
-                memory_mib=int(r["memory_mib"]),
-                num_gpu=int(r["num_gpu"]),
-                gpu_milli=int(r["gpu_milli"]),
+            pod = OpenbPod(
+                name=r["name"] or "",
+                cpu_milli=_int(r["cpu_milli"], "cpu_milli"),
+                memory_mib=_int(r["memory_mib"], "memory_mib"),
+                num_gpu=_int(r["num_gpu"], "num_gpu", INT32_MAX),
+                gpu_milli=_int(r["gpu_milli"], "gpu_milli", 1000),  # per card
                 gpu_spec=tuple(dict.fromkeys(m for m in (r.get("gpu_spec") or "").split("|") if m)),
                 qos=r.get("qos") or "",
                 phase=r.get("pod_phase") or "",
-                creation_s=_int(r.get("creation_time")) or 0,
-                deletion_s=_int(r.get("deletion_time")),
-                scheduled_s=_int(r.get("scheduled_time")),
-            ))
+                creation_s=_optional_int(r.get("creation_time"), "creation_time") or 0,
+                deletion_s=_optional_int(r.get("deletion_time"), "deletion_time"),
+                scheduled_s=_optional_int(r.get("scheduled_time"), "scheduled_time"),
+            )
+            openb_pod_to_task(pod).validate()  # the task rules every pod must meet (hsched.domain.task)
+            pods.append(pod)
+        else:
+            if not pods:
+                raise TraceFileError(path, "holds no pods (a header line only)")
+    except TraceFileError:
+        raise  # the file cannot be read (text_lines)
+    except ValidationError as exc:
+        raise TraceFileError(path, exc.rule, rows.reader.line_num or None, exc.field, exc.value) from None
+    except csv.Error as exc:
+        raise TraceFileError(path, f"must be CSV ({exc})", rows.reader.line_num or None) from None
     return pods
 
 

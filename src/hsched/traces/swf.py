@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsched.domain.errors import ValidationError
 from hsched.domain.resources import MILLI, Resources
 from hsched.domain.task import MAX_RUNTIME_S, TaskSpec
-from hsched.traces._io import open_text
+from hsched.traces._io import INT64_MAX, TraceFileError, text_lines
 
 # Thunder and KTH record no memory at all, so a task gets this much RAM per CPU core unless its job states
 # a memory request. 1 GiB/core is a deliberately modest HPC figure: it keeps CPU the binding resource, as
@@ -23,6 +24,9 @@ DEFAULT_MEMORY_MIB_PER_CORE = 1024
 MIN_RUNTIME_S = 1.0  # SWF has 0 s runtimes; a TaskSpec needs runtime_s > 0
 
 _HEADER_RE = re.compile(r"^;\s*([A-Za-z][A-Za-z0-9_]*):\s*(.*?)\s*$")
+FIELDS = ("job number", "submit time", "wait time", "run time", "allocated processors", "average CPU time",
+          "used memory", "requested processors", "requested time", "requested memory", "status", "user id",
+          "group id", "executable number", "queue number", "partition number", "preceding job", "think time")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +53,27 @@ def _known_int(value: float) -> int | None:
     return None if value < 0 else int(value)
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
 def _parse(fields: list[str]) -> SwfJob | None:
-    """Convert one record; None for placeholder rows (submit < 0, runtime < 0 or no processor count)."""
-    f = [float(x) for x in fields[:18]]
+    """Convert one record; None for placeholder rows (submit < 0, runtime < 0 or no processor count). ValidationError
+    naming the field for a record that is not 18 numbers."""
+    if len(fields) < len(FIELDS):
+        raise ValidationError("", f"has {len(fields)} fields, an SWF record {len(FIELDS)}", " ".join(fields))
+    try:
+        f = [float(x) for x in fields[:len(FIELDS)]]
+    except ValueError:
+        f = [math.nan]
+    if not all(map(math.isfinite, f)):
+        i = next(i for i, x in enumerate(fields) if not math.isfinite(_number(x)))
+        raise ValidationError(f"field {i + 1} ({FIELDS[i]})", "must be a number (-1 = unknown)", fields[i])
+    if not (f[0].is_integer() and 0 <= f[0] <= INT64_MAX):  # it names the job's task: swf-<job number>
+        raise ValidationError(f"field 1 ({FIELDS[0]})", f"must be a whole number in 0..{INT64_MAX}", fields[0])
     procs = int(f[7]) if f[7] > 0 else int(f[4])
     if f[1] < 0 or f[3] < 0 or procs <= 0:
         return None
@@ -69,25 +91,30 @@ def load_swf(path: str | Path, limit: int | None = None, skip: int = 0) -> Itera
 
     Placeholder rows are dropped (submit < 0, runtime < 0, or neither a requested nor an allocated processor
     count): in LLNL-Thunder these are 1190 all-`-1` rows such as job 299, plus 1058 jobs that never ran
-    (runtime 0, no processor count). `skip` kept jobs are skipped, then at most `limit` are yielded.
+    (runtime 0, no processor count). `skip` kept jobs are skipped, then at most `limit` are yielded. TraceFileError
+    naming the file, the line and the field for a file that cannot be read, a record that is not 18 numbers, or a
+    file without jobs.
     """
     kept = 0
-    with open_text(path) as fh:
-        for line in fh:
-            fields = line.split()
-            if not fields or fields[0].startswith(";"):
-                continue
-            if len(fields) < 18:
-                raise ValueError(f"{path}: SWF record with {len(fields)} fields (need 18): {line.strip()!r}")
+    for line, text in enumerate(text_lines(path), 1):
+        fields = text.split()
+        if not fields or fields[0].startswith(";"):
+            continue
+        try:
             job = _parse(fields)
-            if job is None:
-                continue
-            kept += 1
-            if kept <= skip:
-                continue
-            if limit is not None and kept - skip > limit:
-                return
-            yield job
+        except ValidationError as exc:
+            raise TraceFileError(path, exc.rule, line, exc.field, exc.value) from None
+        if job is None:
+            continue
+        kept += 1
+        if kept <= skip:
+            continue
+        if limit is not None and kept - skip > limit:
+            return
+        yield job
+    if not kept:
+        raise TraceFileError(path, "holds no jobs: an SWF log needs a record with a submit time, a runtime and a "
+                                   "processor count")
 
 
 def swf_header(path: str | Path) -> dict[str, int | str | list[int | str]]:
@@ -96,23 +123,22 @@ def swf_header(path: str | Path) -> dict[str, int | str | list[int | str]]:
     Keys that repeat (Partition, Queue, Note) map to the list of their values in file order.
     """
     header: dict[str, int | str | list[int | str]] = {}
-    with open_text(path) as fh:
-        for line in fh:
-            if not line.startswith(";"):
-                if line.strip():
-                    break
-                continue
-            m = _HEADER_RE.match(line)
-            if not m:
-                continue  # continuation lines of a multi-line note
-            key, raw = m.groups()
-            value: int | str = int(raw) if re.fullmatch(r"-?\d+", raw) else raw
-            if key not in header:
-                header[key] = value
-            elif isinstance(prev := header[key], list):
-                prev.append(value)
-            else:
-                header[key] = [prev, value]
+    for line in text_lines(path):
+        if not line.startswith(";"):
+            if line.strip():
+                break
+            continue
+        m = _HEADER_RE.match(line)
+        if not m:
+            continue  # continuation lines of a multi-line note
+        key, raw = m.groups()
+        value: int | str = int(raw) if re.fullmatch(r"-?\d+", raw) else raw
+        if key not in header:
+            header[key] = value
+        elif isinstance(prev := header[key], list):
+            prev.append(value)
+        else:
+            header[key] = [prev, value]
     return header
 
 
