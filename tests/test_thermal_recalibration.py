@@ -182,6 +182,54 @@ def test_replay_cli_dry_run_validates_names_and_writes_nothing(tmp_path, capsys,
     assert "r.csv:2.node: is not a server of this data center" in capsys.readouterr().err
 
 
+HEADER = b"datacenter,sample,node,inlet_c,outlet_c,supply_c\n"
+
+
+@pytest.mark.parametrize(("name", "content", "expected"), [
+    ("bin.jsonl", b"\xff\xfe\x00garbage", "bin.jsonl:1: is not UTF-8 text (byte 0)"),
+    ("late.csv", HEADER + b"cheap,a,0,21,28,20\ncheap,\xe9,1,21,28,20\n", "late.csv:3: is not UTF-8 text (byte 74)"),
+    ("deep.jsonl", b"[" * 100_000 + b"\n", "deep.jsonl:1: must be one JSON object per line (it nests too deep)"),
+    ("long.jsonl", json.dumps(GOOD).encode() + b"\n" + b"1" * 5000 + b"\n",
+     "long.jsonl:2: must be one JSON object per line (a number of more than 4300 digits)"),
+    ("big.csv", HEADER + b"cheap,a,0,21,28,20\ncheap," + b"x" * 200_000 + b",1,21,28,20\n",
+     "big.csv:3: must be CSV (field larger than field limit (131072))"),
+    ("wide.csv", HEADER.replace(b"\n", b",colour\n") + b"cheap,a,0,21,28,20,red,extra\n",
+     "wide.csv:2: has 8 fields, the header 7"),
+    ("blank.csv", HEADER + b"\n\ncheap,a,0,21,10,20\n", "blank.csv:4.outlet_c: must be >= inlet_c"),
+])
+def test_replay_cli_refuses_a_file_it_cannot_read_in_one_line_naming_it(tmp_path, capsys, private_runtime_dir, name,
+                                                                        content, expected) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert cli_main(["thermal", "replay", str(path), "--fleet", SMALL_FLEET, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hsched: {expected}") and len(err.splitlines()) == 1, err
+
+
+READINGS = {"r.jsonl": "".join(json.dumps({**GOOD, "node": i}) + "\n" for i in range(4)).encode(),
+            "r.csv": HEADER + b"".join(b"cheap,a,%d,21,28,20\n" % i for i in range(4))}
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.sampled_from(sorted(READINGS)),
+       edits=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 8),
+                                st.one_of(st.binary(max_size=4), st.text(',:"{}[]0123456789.-e\n ', max_size=6).map(
+                                    str.encode))), min_size=1, max_size=4))
+def test_a_corrupted_file_of_readings_loads_or_is_one_line_naming_it(tmp_path_factory, name, edits) -> None:
+    data = READINGS[name]
+    for at, cut, insert in edits:
+        at %= len(data) + 1
+        data = data[:at] + insert + data[at + cut:]
+    path = tmp_path_factory.mktemp("r") / name
+    path.write_bytes(data)
+    try:
+        readings = load_readings(path)
+    except ValidationError as exc:
+        assert str(exc).startswith(name) and "\n" not in str(exc) and "\r" not in str(exc), str(exc)
+        return
+    assert readings and all(0 <= r.node and r.inlet_c <= r.outlet_c for r in readings)
+
+
 # -- readings → scans: exactly once ----------------------------------------------------------------------------
 
 async def _write(redis, keys: Keys, readings: list[Reading]) -> None:

@@ -11,10 +11,12 @@ flow per server, unless the reading carries a metered ``power_w``.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,19 +151,14 @@ def load_readings(path: str | Path, resolve: Any = None) -> list[Reading]:
     fleet (None: unchecked). The first bad line raises ValidationError naming it and the field."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
+        text = data.decode("utf-8")
     except OSError as exc:
         raise ValidationError("file", f"cannot be read ({exc.strerror})", str(path)) from None
-    rows: Iterable[tuple[int, Any]]
-    if path.suffix.lower() == ".csv":
-        reader = csv.DictReader(text.splitlines())
-        missing = [f for f in REQUIRED if f not in (reader.fieldnames or [])]
-        if missing:
-            raise ValidationError(f"{path.name}: header", "must name the columns " + ", ".join(REQUIRED)
-                                  + f" (missing {', '.join(missing)})")
-        rows = ((i + 2, {k: v for k, v in row.items() if v not in (None, "")}) for i, row in enumerate(reader))
-    else:
-        rows = _json_lines(text, path.name)
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValidationError(f"{path.name}:{line}", f"is not UTF-8 text (byte {exc.start})") from None
+    rows = _csv_rows(text, path.name) if path.suffix.lower() == ".csv" else _json_lines(text, path.name)
     out = []
     for line, raw in rows:
         where = f"{path.name}:{line}"
@@ -174,14 +171,33 @@ def load_readings(path: str | Path, resolve: Any = None) -> list[Reading]:
     return out
 
 
+def _csv_rows(text: str, name: str) -> Iterator[tuple[int, Any]]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        missing = [f for f in REQUIRED if f not in (reader.fieldnames or [])]
+        if missing:
+            raise ValidationError(f"{name}: header", "must name the columns " + ", ".join(REQUIRED)
+                                  + f" (missing {', '.join(missing)})")
+        for row in reader:
+            if None in row:  # DictReader's key for the fields beyond the header's
+                raise ValidationError(f"{name}:{reader.line_num}", f"has {len(reader.fieldnames) + len(row[None])} "
+                                      f"fields, the header {len(reader.fieldnames)}")
+            yield reader.line_num, {k: v for k, v in row.items() if v not in (None, "")}
+    except csv.Error as exc:
+        raise ValidationError(f"{name}:{reader.reader.line_num}", f"must be CSV ({exc})") from None
+
+
 def _json_lines(text: str, name: str) -> Iterator[tuple[int, Any]]:
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            yield i, json.loads(line)
-        except ValueError as exc:
-            raise ValidationError(f"{name}:{i}", f"must be one JSON object per line ({exc.msg})") from None
+            raw = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else "it nests too deep" if isinstance(
+                exc, RecursionError) else f"a number of more than {sys.get_int_max_str_digits()} digits"
+            raise ValidationError(f"{name}:{i}", f"must be one JSON object per line ({why})") from None
+        yield i, raw
 
 
 def write_readings(redis, stream_of: Any, readings: Sequence[Reading], maxlen: int, chunk: int = 1000) -> int:
