@@ -46,7 +46,8 @@ def test_trace_files_resolve_by_content() -> None:
     first = trace_tasks(swf, limit=1)[0]  # job 1: 2 processors × 3 cores
     assert first.resources.cpu_milli == 6000 and first.name == "swf-1"
     assert sum(t.resources.gpu_count > 0 for t in trace_tasks(openb)) > 0
-    assert "3 cores per processor" in swf.label and "small.swf" in swf.label
+    assert swf.label == f"{SWF} (3 cores per processor)" and openb.label == str(OPENB)  # the file, named once
+    assert resolve_trace("thunder").label == "LLNL Thunder (LLNL-Thunder-2007-1.1-cln.swf.gz)"
 
 
 def test_time_compression_divides_submit_times_only() -> None:
@@ -72,7 +73,7 @@ def test_eval_stage1_and_gpu_on_a_small_fleet_and_trace(tmp_path: Path) -> None:
                "--out", str(out), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     report = (out / "gpu" / "report.md").read_text()
-    assert "GPU DCs of fleet `small`" in report and "15 tasks of small_openb.csv" in report
+    assert "GPU DCs of fleet `small`" in report and f"15 tasks of {OPENB}" in report
 
 
 def test_a_disconnected_fleet_is_one_line_naming_the_vertices(tmp_path: Path) -> None:

@@ -173,7 +173,7 @@ def test_the_double_dqn_note_says_what_its_model_was_trained_on(tmp_path, monkey
            "and those jobs overlap these evaluation jobs (" in same
     assert "never" not in same and "validation" not in same  # no claim its metadata does not make
     elsewhere = note(other)
-    assert f"trained on `{trace.resolve()}`, jobs 120-299: another trace than this run's, other.swf" in elsewhere
+    assert f"trained on `{trace.resolve()}`, jobs 120-299: another trace than this run's, {other}" in elsewhere
     assert "never" not in elsewhere
 
     # the shipped model (Thunder jobs 2000-4499, its reward chosen on 4500-4999) on Thunder's quick windows

@@ -44,11 +44,14 @@ class TraceRef:
 
     @property
     def label(self) -> str:
-        """How reports name the data: 'LLNL Thunder (pwa_swf/…swf.gz)', with the scaling when not 1."""
+        """How reports name the data: 'LLNL Thunder (LLNL-Thunder-2007-1.1-cln.swf.gz)' for a catalogue trace, a
+        file's path for a file (it was 'kth300.swf (kth300.swf)'), with the scaling when not 1."""
         scale = f", {self.cores_per_proc} cores per processor" if self.cores_per_proc != 1 else ""
         if self.time_compression != 1:
             scale += f", submit times ÷ {self.time_compression:g}"
-        return f"{LABELS.get(self.name, self.name)} ({self.path.name}{scale})"
+        if self.name in LABELS:
+            return f"{LABELS[self.name]} ({self.path.name}{scale})"
+        return f"{self.path} ({scale[2:]})" if scale else str(self.path)
 
 
 def resolve_trace(spec: str, cores_per_proc: int = 1, field: str = "--trace",
