@@ -398,7 +398,7 @@ def test_a_reader_that_leaves_early_ends_the_output_quietly(small_stack, tmp_pat
 def test_train_writes_a_new_run_directory_and_never_the_shipped_model(tmp_path):
     shipped = Path(__file__).resolve().parents[1] / "models" / "per_dqn_path.pt"
     before = shipped.read_bytes()
-    done = subprocess.run([sys.executable, "-m", "hsched.cli", "train", "per-dqn", "--steps", "200", "--quiet"],
+    done = subprocess.run([sys.executable, "-m", "hsched.cli", "train", "per-dqn", "--steps", "500", "--quiet"],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     [run] = (tmp_path / "runs").iterdir()
