@@ -1367,7 +1367,10 @@ def build_parser() -> argparse.ArgumentParser:
                         description="agents: " + "; ".join(f"{k}: {h}" for k, (_, h) in TRAINERS.items()))
     tr.add_argument("agent", choices=list(TRAINERS))
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--steps", type=positive_int, help="environment steps (default: the budget the shipped model used)")
+    tr.add_argument("--steps", type=positive_int,
+                    help="environment steps (default: the budget the shipped model used; the DQN and DDPG agents "
+                         "refuse one that ends before their first gradient update); episodes for ba3c "
+                         "and a3c, training iterations for jobfusion and decima-colocation")
     tr.add_argument("--out", help="checkpoint path (default: a new runs/<agent>-<UTC time>/<agent>.pt; replacing a "
                                   "shipped model, which the stack serves, takes an explicit --out models/<model>.pt)")
     tr.add_argument("--resume", action="store_true", help="continue the training checkpoint at --out (required)")
