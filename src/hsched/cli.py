@@ -15,7 +15,7 @@ import threading
 import grpc
 
 from hsched.domain.errors import ValidationError
-from hsched.domain.limits import LIST_DEFAULT, LIST_MAX
+from hsched.domain.limits import INT32_MAX, INT32_MIN, INT64_MAX, LIST_DEFAULT, LIST_MAX
 from hsched.security.client import ClientCredentials, client_credentials
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
@@ -954,8 +954,6 @@ def cmd_thermal(args) -> int:
 
 # -- argument validators: argparse `type=`s, so a bad value is a one-line usage error (exit 2) naming the flag ---
 
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1  # protobuf int32 fields
-INT64_MAX = 2 ** 63 - 1  # protobuf int64 fields
 
 
 def _int(text: str) -> int:

@@ -1,4 +1,4 @@
-"""DAG jobs (issue 15; papers 001 and 004): validation, job files, the job state as a fold of the task stream,
+"""DAG jobs (issue 15; papers 001 and 004): validation, the job state as a fold of the task stream,
 and the orchestrator that submits each stage's tasks once its parents succeeded.
 
 A job is stages of identical parallel tasks; a stage is runnable when every parent stage has succeeded. Stage 1
@@ -30,8 +30,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf.descriptor import FieldDescriptor
-
 from hsched.cancel import cancel_and_wait
 from hsched.convert import resources_from_pb, resources_to_pb, task_to_pb
 from hsched.costs.selection import exclusion_summary
@@ -43,7 +41,6 @@ from hsched.domain.task import NetworkRequirements, TaskSpec
 from hsched.rpc import Unavailable
 from hsched.state.gateways import GatewayLease
 from hsched.state.tasks import JOB_TERMINAL, Conflict, TaskStore, job_step, now_ms
-from hsched.taskfile import INT_RANGES
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import selector_pb2
 
@@ -178,63 +175,6 @@ def normalized(job: pb.JobSpec) -> pb.JobSpec:
     out.tenant = job.tenant or "default"
     out.priority_class = job.priority_class or "offline"
     return out
-
-
-# -- job files (hsched submit -f job.yaml) -----------------------------------------------------------------------
-
-
-_NUMBERS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
-
-
-def _fill(message: Any, data: Any, where: str) -> None:
-    """Set `message`'s fields from a mapping of its snake_case field names, each value of its field's type as a task
-    file's (an integer field takes integers only: not "4", 1e1, 4.0 or true; a number field ints or floats; a
-    string field strings), or raise ValidationError naming the path (`job.stages[0].tasks`) and the rule."""
-    fields = message.DESCRIPTOR.fields_by_name
-    if not isinstance(data, dict):
-        raise ValidationError(where, f"must be a mapping of {message.DESCRIPTOR.name} fields "
-                              f"({', '.join(fields)})", type(data).__name__)
-    for key, value in data.items():
-        f = fields.get(key) if isinstance(key, str) else None
-        at = f"{where}.{key}" if where else str(key)
-        if f is None:
-            raise ValidationError(at, f"is not a {message.DESCRIPTOR.name} field (one of: {', '.join(fields)})")
-        repeated = f.is_repeated
-        if repeated and not isinstance(value, list):
-            raise ValidationError(at, "must be a list", type(value).__name__)
-        for i, item in enumerate(value if repeated else [value]):
-            item_at = f"{at}[{i}]" if repeated else at
-            if f.type == FieldDescriptor.TYPE_MESSAGE:
-                _fill(getattr(message, key).add() if repeated else getattr(message, key), item, item_at)
-                continue
-            if f.type == FieldDescriptor.TYPE_STRING:
-                ok = isinstance(item, str)
-                rule = "must be a string"
-            elif f.type in INT_RANGES:
-                lo, hi = INT_RANGES[f.type]
-                ok = isinstance(item, int) and not isinstance(item, bool) and lo <= item <= hi
-                rule = f"must be an integer in {lo}..{hi}"
-            elif f.type in _NUMBERS:
-                ok = isinstance(item, (int, float)) and not isinstance(item, bool)
-                rule = "must be a number"
-            else:  # not in JobSpec today: refuse rather than guess
-                ok, rule = False, "cannot be set from a file"
-            if not ok:
-                raise ValidationError(item_at, rule, item)
-            if repeated:
-                getattr(message, key).append(item)
-            else:
-                setattr(message, key, item)
-
-
-def job_from_dict(data: Any, where: str = "job") -> pb.JobSpec:
-    """A JobSpec from a YAML/JSON document whose keys are JobSpec's field names (see examples/job.yaml), typed as a
-    task file is; a bad field raises ValidationError naming its path as the gateway does (`job.stages[0].tasks`)."""
-    if not isinstance(data, dict):
-        raise ValidationError(where, "must be a mapping of JobSpec fields (name, stages, ...)", type(data).__name__)
-    job = pb.JobSpec()
-    _fill(job, data, where)
-    return job
 
 
 # -- choosing the job's data center -------------------------------------------------------------------------------

@@ -28,12 +28,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.descriptor import FieldDescriptor
-
 from hsched import yamlfile
 from hsched.convert import RESOURCE_FIELDS, task_to_pb
 from hsched.domain.errors import ValidationError
-from hsched.domain.limits import check_message
+from hsched.domain.limits import INT_RANGES, check_message
 from hsched.domain.resources import Resources
 from hsched.domain.task import JOB_TASK_FIELDS, NetworkRequirements, TaskSpec
 from hsched.v1 import common_pb2 as pb
@@ -44,9 +42,6 @@ _INTS = ("priority", "replicas")
 _FLOATS = ("runtime_s", "data_size_mb", "queue_timeout_s")
 _NETWORK = ("max_latency_ms", "max_jitter_ms", "max_loss_percent")
 TASK_FIELDS = (*_STRINGS, *_INTS, *_FLOATS, "resources", "network", "gpu_models")
-# what a protobuf integer field of each type carries (YAML has no int32 or uint32); job files too (hsched.jobs)
-INT_RANGES = {FieldDescriptor.TYPE_INT32: (-2**31, 2**31 - 1), FieldDescriptor.TYPE_INT64: (-2**63, 2**63 - 1),
-              FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1), FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1)}
 
 
 class SpecFileError(ValidationError):
@@ -109,6 +104,48 @@ def _mapping(where: str, value: Any, fields: tuple[str, ...], what: str) -> dict
                                       "job file with stages instead)")
             raise ValidationError(_join(where, str(key)), f"is not a {what} field (one of: {', '.join(fields)})")
     return value
+
+
+def job_from_dict(data: Any, where: str = "job") -> pb.JobSpec:
+    """A JobSpec from a YAML/JSON document whose keys are JobSpec's field names (see examples/job.yaml), each value
+    checked as a task file's are (an integer field takes integers in its wire type's range only: not "4", 1e1, 4.0
+    or true); a bad one raises ValidationError naming its path as the gateway does (`job.stages[0].tasks`)."""
+    if not isinstance(data, dict):
+        raise ValidationError(where, "must be a mapping of JobSpec fields (name, stages, ...)", type(data).__name__)
+    job = pb.JobSpec()
+    _fill(job, data, where)
+    return job
+
+
+def _fill(message: Any, data: Any, where: str) -> None:
+    fields = message.DESCRIPTOR.fields_by_name
+    if not isinstance(data, dict):
+        raise ValidationError(where, f"must be a mapping of {message.DESCRIPTOR.name} fields "
+                              f"({', '.join(fields)})", type(data).__name__)
+    for key, value in data.items():
+        f = fields.get(key) if isinstance(key, str) else None
+        at = _join(where, str(key))
+        if f is None:
+            raise ValidationError(at, f"is not a {message.DESCRIPTOR.name} field (one of: {', '.join(fields)})")
+        if f.is_repeated and not isinstance(value, list):
+            raise ValidationError(at, "must be a list", type(value).__name__)
+        for i, item in enumerate(value if f.is_repeated else [value]):
+            item_at = f"{at}[{i}]" if f.is_repeated else at
+            if f.message_type is not None:
+                _fill(getattr(message, key).add() if f.is_repeated else getattr(message, key), item, item_at)
+                continue
+            if f.type == f.TYPE_STRING:
+                item = _str(item_at, item)
+            elif f.type in INT_RANGES:
+                item = _int(item_at, item, message, key)
+            elif f.type in (f.TYPE_DOUBLE, f.TYPE_FLOAT):
+                item = _float(item_at, item)
+            else:  # no such field in JobSpec today: refuse rather than guess
+                raise ValidationError(item_at, "cannot be set from a file", item)
+            if f.is_repeated:
+                getattr(message, key).append(item)
+            else:
+                setattr(message, key, item)
 
 
 def task_from_mapping(data: Any) -> TaskSpec:
@@ -189,7 +226,7 @@ def _entries(docs: list[Any]) -> list[tuple[str, Any]]:
 def load_submit_file(path: str | Path) -> SubmitFile:
     """The file's DAG job or ALL its task specs, checked by the gateway's rules (hsched.jobs.validate_job, TaskSpec's);
     the first bad one raises SpecFileError naming its path, so nothing is sent."""
-    from hsched.jobs import job_from_dict, validate_job
+    from hsched.jobs import validate_job
 
     file = str(path)
     docs = read_documents(path)

@@ -54,6 +54,11 @@ JOB_MAX_TASKS = 10_000
 # tasks or jobs per List/ListJobs page: a request's 0 asks for the default, more than the most is refused (the
 # gateway checks; the CLI's --limit takes this range)
 LIST_DEFAULT, LIST_MAX = 100, 1000
+# What a protobuf integer field carries, by its wire type (Python ints, YAML and CSV have no such bounds)
+INT32_MIN, INT32_MAX, INT64_MAX = -2**31, 2**31 - 1, 2**63 - 1
+INT_RANGES = {FieldDescriptor.TYPE_INT32: (INT32_MIN, INT32_MAX),
+              FieldDescriptor.TYPE_INT64: (-INT64_MAX - 1, INT64_MAX),
+              FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1), FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1)}
 DEFAULT_STRING_LIMIT = 256
 DEFAULT_REPEATED_LIMIT = 1024
 # a batch's calls are checked one by one (hsched.batching.serve_batch), so one bad call fails only itself

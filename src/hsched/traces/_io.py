@@ -10,8 +10,6 @@ from typing import TextIO
 
 from hsched.domain.errors import ValidationError
 
-INT64_MAX, INT32_MAX = 2**63 - 1, 2**31 - 1  # a task's amounts are int64, its gpu_count int32 (hsched.v1 Resources)
-
 
 class TraceFileError(ValidationError):
     """A trace file that cannot be read, or one of its records that breaks a rule: the message starts with the file

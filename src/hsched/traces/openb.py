@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsched.domain.errors import ValidationError
+from hsched.domain.limits import INT32_MAX, INT64_MAX  # a task's amounts are int64, its gpu_count int32
 from hsched.domain.resources import MIB_PER_GIB, Resources
 from hsched.domain.task import TaskSpec
-from hsched.traces._io import INT32_MAX, INT64_MAX, TraceFileError, open_text, text_lines
+from hsched.traces._io import TraceFileError, open_text, text_lines
 
 # openb has no GPU-memory column. A pod is assumed to use GPU memory in proportion to its core share of a card
 # of this size (16 GiB: the V100M16/P100-class cards that dominate the cluster's older models).

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsched.domain.errors import ValidationError
+from hsched.domain.limits import INT64_MAX
 from hsched.domain.resources import MILLI, Resources
 from hsched.domain.task import MAX_RUNTIME_S, TaskSpec
-from hsched.traces._io import INT64_MAX, TraceFileError, text_lines
+from hsched.traces._io import TraceFileError, text_lines
 
 # Thunder and KTH record no memory at all, so a task gets this much RAM per CPU core unless its job states
 # a memory request. 1 GiB/core is a deliberately modest HPC figure: it keeps CPU the binding resource, as
