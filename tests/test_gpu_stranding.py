@@ -86,7 +86,7 @@ def test_the_selector_reads_the_split_from_summaries() -> None:
     for name in ("cpu", "gpu"):
         sel.update_summary({"datacenter": name, "fencing_token": 1,
                             **({"gpu_hosts": free_of(busy).as_dict()} if name == "gpu" else {})})
-    ranked, _ = sel.select(cpu_task())
+    ranked, _, _ = sel.select(cpu_task())
     assert ranked[0].datacenter == "gpu" and ranked[0].stranding == 0.0
     sel.update_summary({"datacenter": "gpu", "fencing_token": 1,
                         "gpu_hosts": free_of(ClusterState(fleet.datacenter("gpu"))).as_dict()})

@@ -20,13 +20,14 @@ from hypothesis import strategies as st
 
 from hsched.domain.errors import ValidationError
 from hsched.domain.limits import STAGE_MAX_TASKS
-from hsched.jobs import decide, selection_requests, task_id_of, validate_job
+from hsched.jobs import choose_datacenter, decide, selection_requests, task_id_of, validate_job
+from hsched.rpc import Unavailable
 from hsched.state.keys import Keys
 from hsched.state.redis import connect
 from hsched.state.tasks import TaskStore, now_ms, step
 from hsched.taskfile import load_submit_file
 from hsched.v1 import common_pb2 as pb
-from hsched.v1 import placer_pb2_grpc, selector_pb2_grpc
+from hsched.v1 import placer_pb2_grpc, selector_pb2, selector_pb2_grpc
 from services.gateway.server import GatewayServicer
 from tests.conftest import ROOT, SMALL_FLEET
 from tests.test_gateway_failures import backends
@@ -200,6 +201,22 @@ def test_the_cost_question_carries_the_jobs_total_resource_seconds_and_feasibili
     total_core_s = 4 * 2 * 30 + 2 * 8 * 60
     assert cost.resources.cpu_milli / 1000 * cost.runtime_s == pytest.approx(total_core_s, rel=1e-3)
     assert cost.resources.memory_mib * cost.runtime_s == pytest.approx(1024 * (4 * 30 + 2 * 60), rel=1e-3)
+
+
+def test_a_job_only_a_dc_without_a_serving_placer_could_hold_is_unavailable_not_failed():
+    def answer(*candidates: str, excluded=()) -> selector_pb2.SelectResponse:
+        return selector_pb2.SelectResponse(
+            candidates=[pb.DcCandidate(datacenter=d, total_cost=1.0) for d in candidates],
+            excluded=[pb.Exclusion(datacenter=d, reason=r, unavailable=u) for d, r, u in excluded])
+
+    too_big = ("near", "the task needs 40 cores in all, the DC has 24 cores", False)
+    assert choose_datacenter(answer("cheap"), answer("cheap")) == (
+        "cheap", "cheap: cheapest of 1 data centers able to hold the largest task, at a total job cost of 1.0000")
+    dc, why = choose_datacenter(answer(excluded=[too_big]), answer(excluded=[too_big]))
+    assert dc == "" and "near" in why  # a verdict: the job fails, naming why
+    down = ("gpu", "its placer's last summary is 20 s old", True)
+    with pytest.raises(Unavailable, match="gpu could hold it once its placer serves again"):
+        choose_datacenter(answer(excluded=[too_big, down]), answer(excluded=[too_big, down]))
 
 
 # -- the fold and the orchestrator, on the real services ---------------------------------------------------------

@@ -532,10 +532,16 @@ def test_a_dc_whose_summaries_stopped_is_excluded_with_a_reason(fleet):
     for dc in fleet.datacenters:
         sel.update_summary(summary(dc.name, 1))
     sel.update_summary(summary("cheap", 1), age_s=10.0)  # the last one cheap's placer published, 10 s ago
-    ranked, excluded = sel.select(TaskSpec(Resources(1000, 512), runtime_s=60))
+    ranked, excluded, unserved = sel.select(TaskSpec(Resources(1000, 512), runtime_s=60))
     assert "cheap" not in {c.datacenter for c in ranked} and {"near", "gpu"} <= {c.datacenter for c in ranked}
     reason = dict(excluded)["cheap"]
     assert reason.startswith("its placer's last summary is 10 s old") and "fenced" in reason
+    assert unserved == {"cheap"}  # not a verdict on the task: the gateway answers UNAVAILABLE if nothing else can
+    # a task cheap could never hold is excluded for that, whatever its placer does
+    gpu_task = TaskSpec(Resources(1000, 512, gpu_count=1, gpu_core_percent=100, gpu_memory_mib=1024), runtime_s=60)
+    ranked, excluded, unserved = sel.select(gpu_task)
+    assert [c.datacenter for c in ranked] == ["gpu"] and unserved == set()
+    assert "its placer" not in dict(excluded)["cheap"]
 
 
 async def test_follow_summaries_keeps_the_current_placers_summaries(redis_url, prefix, fleet):
@@ -584,7 +590,7 @@ async def test_a_selector_started_after_a_placer_died_leaves_its_dc_out_at_once(
         async with asyncio.timeout(30):
             while len(sel.summaries) < 3:
                 await asyncio.sleep(0.02)
-        ranked, excluded = sel.select(TaskSpec(Resources(1000, 512), runtime_s=60))
+        ranked, excluded, _ = sel.select(TaskSpec(Resources(1000, 512), runtime_s=60))
         assert {c.datacenter for c in ranked} == {"cheap", "gpu"}
         assert dict(excluded)["near"].startswith("its placer's last summary is 60 s old")
     finally:

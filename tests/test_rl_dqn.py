@@ -310,7 +310,7 @@ def test_the_selector_serves_the_model_on_another_wan_behind_the_guard(small_mod
     selector = DcSelector(fleet, graph=graph, path_finder=finder)
     for dc in fleet.datacenters:
         selector.update_summary({"datacenter": dc.name})
-    ranked, _ = selector.select(one_core_task())
+    ranked, _, _ = selector.select(one_core_task())
     assert ranked and selector.path_checks == len(ranked)
     for c in ranked:  # whatever the agent walked, what the selector uses is valid and as short as Dijkstra's
         best = graph.path_metrics(graph.dijkstra.path(fleet.wan.scheduler_vertex, c.vertex)).latency_ms
@@ -341,7 +341,7 @@ def test_the_selector_checks_every_agent_path_and_counts_agreement() -> None:
     selector = DcSelector(fleet, graph=graph, path_finder=Direct(graph))
     for dc in fleet.datacenters:
         selector.update_summary({"datacenter": dc.name})
-    ranked, _ = selector.select(one_core_task())
+    ranked, _, _ = selector.select(one_core_task())
     source = {c.datacenter: c.path_source for c in ranked}
     # s → b and s → a: the direct links are the shortest paths; s → c direct (2.5 ms) is longer than s-a-b-c
     assert source == {"cheap": "direct", "near": "direct", "gpu": "dijkstra"}

@@ -274,6 +274,50 @@ def test_full_fleet_defers_and_places_after_a_release(gw, stack):
         release(gw, h.task_id)
 
 
+def test_a_task_only_a_stopped_placers_dc_can_hold_is_unavailable_and_a_retry_places_it_once(gw, stack):
+    """Kubernetes leaves such a pod Pending; here nothing is kept and the client retries: a placer that is down
+    (first its Place fails, then the selector leaves its DC out) is no verdict on the task."""
+    spec = task(cores=1, gpus=1, gpu_pct=100, gpu_mem_gib=4, tenant="gpu-down", request_id="only-the-gpu-dc")
+    held = placer(stack, "gpu").GetState(placer_pb2.PlacerStateRequest(), timeout=10).summary.running_tasks
+    stack.stop_service("placer-gpu")
+
+    def unavailable(spec: pb.TaskSpec) -> str:
+        with pytest.raises(grpc.RpcError) as failed:
+            submit(gw, spec)
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE, failed.value.details()
+        return failed.value.details()
+
+    try:
+        first = unavailable(spec)
+        assert first.startswith("the placer of gpu did not answer") and "retry" in first, first
+        # its retries wait for that attempt's unanswered Place to be released at gpu: UNAVAILABLE while gpu is down
+        assert "previous attempt of request_id 'only-the-gpu-dc'" in unavailable(spec)
+        probe = pb.TaskSpec()
+        probe.CopyFrom(spec)
+        probe.request_id = ""
+        for _ in range(60):  # until the selector has left gpu out (three missed summaries)
+            if "gpu could hold it once its placer serves again" in (detail := unavailable(probe)):
+                break
+            time.sleep(1)
+        assert "gpu could hold it once its placer serves again" in detail, detail
+        assert not gw.List(gateway_pb2.ListRequest(tenant="gpu-down"), timeout=10).tasks  # nothing kept
+    finally:
+        stack.restart("placer-gpu")
+    for _ in range(60):  # as a client retries: gpu confirms the releases and the selector hears from it again
+        try:
+            reply = submit(gw, spec)
+            break
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc.details()
+            time.sleep(1)
+    assert reply.task.state == pb.TASK_STATE_PLACED and reply.task.datacenter == "gpu" and not reply.duplicate
+    assert [t.task_id for t in gw.List(gateway_pb2.ListRequest(tenant="gpu-down"), timeout=10).tasks] == \
+        [reply.task.task_id]
+    gpu = placer(stack, "gpu").GetState(placer_pb2.PlacerStateRequest(), timeout=10).summary
+    assert gpu.running_tasks == held + 1  # the failed attempts placed nothing there
+    release(gw, reply.task.task_id)
+
+
 def test_killed_placer_rebuilds_the_same_ledger_and_places_nothing_twice(gw, stack):
     tasks = [submit(gw, task(cores=c, mem_gib=2)).task for c in (3, 5, 7)]
     assert {t.datacenter for t in tasks} == {"cheap"}, [list(t.explanation.notes) for t in tasks]

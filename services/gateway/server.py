@@ -71,9 +71,10 @@ def _track(job: asyncio.Task, running: set[asyncio.Task]) -> asyncio.Task:
 
 
 async def retry_with_backoff(attempt: Callable[[], Awaitable[T]], retry_on: type[BaseException] | tuple,
-                             describe: Callable[[Any, float], str], first_retry_s: float = 0.5) -> T:
-    """`attempt()` until it returns, retrying on `retry_on` after 0.5 s, 1 s, 2 s ... (at most 30 s), each
-    failure logged as `describe(exc, delay)`: for what must eventually happen (a release, a record)."""
+                             describe: Callable[[Any, float], str], first_retry_s: float = 0.5,
+                             max_delay_s: float = 30.0) -> T:
+    """`attempt()` until it returns, retrying on `retry_on` after 0.5 s, 1 s, 2 s ... (at most `max_delay_s`),
+    each failure logged as `describe(exc, delay)`: for what must eventually happen (a release, a record)."""
     delay = first_retry_s
     while True:
         try:
@@ -81,7 +82,15 @@ async def retry_with_backoff(attempt: Callable[[], Awaitable[T]], retry_on: type
         except retry_on as exc:
             log.warning("%s", describe(exc, delay))
         await asyncio.sleep(delay)
-        delay = min(2 * delay, 30.0)
+        delay = min(2 * delay, max_delay_s)
+
+
+class PlacersUnavailable(Exception):
+    """No DC placed or queued a task and the placers of `datacenters`, which might have, did not answer."""
+
+    def __init__(self, datacenters: list[str], reason: str) -> None:
+        super().__init__(reason)
+        self.datacenters, self.reason = datacenters, reason
 
 
 def new_task_id(gateway_id: str = "000000") -> str:
@@ -300,9 +309,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         ex.selector_method = selection.method
         ex.ranking.extend(selection.candidates)
         ex.excluded.extend(selection.excluded)
+        unserved = [e.datacenter for e in selection.excluded if e.unavailable]
         if not selection.candidates:
             task.reason = "no data center can hold this task: " + exclusion_summary(
                 (e.datacenter, e.reason) for e in selection.excluded)
+            if unserved:
+                raise rpc.Unavailable(f"{task.reason}; {', '.join(unserved)} could hold it once its placer serves "
+                                      "again: nothing was kept, retry (with the same request_id)")
             records.append(step("rejected", task, task.reason))
             await self._commit(task, records, fences, claim)
             return task
@@ -311,43 +324,53 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         records.append(step("dc_selected", task, f"{best.datacenter} at total cost {best.total_cost:.4f}"))
         self._scheduling.add(task.task_id)  # a late `reconcile` pass leaves what this gateway is placing alone
         try:
-            await self._place(task, selection.candidates, records)
+            try:
+                await self._place(task, selection.candidates, records, unserved)
+            except PlacersUnavailable as exc:
+                self._give_up(task, claim, exc.reason)
+                raise rpc.Unavailable(f"the placer of {', '.join(exc.datacenters)} did not answer and no other data "
+                                      f"center could take the task ({exc.reason}); nothing was kept: retry (with "
+                                      "the same request_id)") from None
             await self._commit(task, records, fences, claim)
         finally:
             self._scheduling.discard(task.task_id)
         return task
 
     async def _commit(self, task: pb.Task, records: list[Record], fences=(), claim: str = "") -> None:
-        """Make the Submit's records durable. If the task stream does not take them, nothing of the task is kept:
-        release what it holds at a placer, write `abandoned` for it in the background (the write may have
-        reached Redis without its reply), and answer UNAVAILABLE; a retry with the same request_id starts afresh
-        once that release is confirmed."""
+        """Make the Submit's records durable. If the task stream does not take them, nothing of the task is kept
+        (`_give_up`) and the client gets UNAVAILABLE."""
         try:  # the request's claim: held while the records are written, dropped with them (no round trip)
             await self.store.write(*records, fences=fences, drop=((claim, task.task_id),) if claim else ())
         except Exception as exc:
-            if task.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED):
-                self._abandon(task.task_id, task.datacenter)
-            releases = self._releasing.get(task.task_id)
-            if releases and task.spec.request_id:
-                key = (task.spec.tenant, task.spec.request_id)
-                waiter = self._failed[key] = asyncio.ensure_future(asyncio.wait(set(releases)))
-                waiter.add_done_callback(lambda w: self._failed.pop(key, None) if self._failed.get(key) is w else None)
-                if claim:  # other gateways' retries wait until the failed attempt's placement is released
-                    waiter.add_done_callback(lambda _: self._unclaim(claim, task.task_id))
             reason = f"the task stream did not take its record ({type(exc).__name__}: {exc})"
-            abandoned = step(ABANDONED, task, reason)
-
-            async def record() -> Record:
-                return abandoned
-
-            self._durably(record, f"abandoned record of {task.task_id}")
-            log.warning("Submit of %s failed: %s; released wherever it was placed", task.task_id, reason)
+            self._give_up(task, claim, reason)
             if isinstance(exc, Conflict):
                 raise rpc.Unavailable(f"this gateway lost its lease or the claim of the request while scheduling "
                                       f"it ({exc}); nothing was kept and any placement is released: retry (with "
                                       "the same request_id)") from exc
             raise rpc.Unavailable(f"the task store could not record the task ({type(exc).__name__}: {exc}); nothing "
                                   "was kept and any placement is released: retry (with the same request_id)") from exc
+
+    def _give_up(self, task: pb.Task, claim: str, reason: str) -> None:
+        """End a Submit without keeping anything of it: release what it holds at a placer, write `abandoned` for it
+        in the background (a failed write may have reached Redis without its reply); a retry with the same
+        request_id starts afresh once those releases are confirmed."""
+        if task.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED):
+            self._abandon(task.task_id, task.datacenter)
+        releases = self._releasing.get(task.task_id)
+        if releases and task.spec.request_id:
+            key = (task.spec.tenant, task.spec.request_id)
+            waiter = self._failed[key] = asyncio.ensure_future(asyncio.wait(set(releases)))
+            waiter.add_done_callback(lambda w: self._failed.pop(key, None) if self._failed.get(key) is w else None)
+            if claim:  # other gateways' retries wait until the failed attempt's placement is released
+                waiter.add_done_callback(lambda _: self._unclaim(claim, task.task_id))
+        abandoned = step(ABANDONED, task, reason)
+
+        async def record() -> Record:
+            return abandoned
+
+        self._durably(record, f"abandoned record of {task.task_id}")
+        log.warning("Submit of %s failed: %s; released wherever it was placed", task.task_id, reason)
 
     def _durably(self, make: Callable[[], Awaitable[Record | None]], what: str, first_retry_s: float = 0.5
                  ) -> asyncio.Task:
@@ -363,43 +386,51 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
         return _track(asyncio.create_task(write(), name=what), self._abandoned)
 
-    async def _place(self, task: pb.Task, candidates, writes: list[Record]) -> None:
-        """Try the DCs in rank order; if all are full now, queue at the best one that could hold it."""
+    async def _place(self, task: pb.Task, candidates, writes: list[Record], unserved: list[str]) -> None:
+        """Try the DCs in rank order; if all are full now, queue at the best one that could hold it (or the next
+        that answers). REJECTED only when every DC that could hold the task answered that it cannot: if a placer
+        that might have taken it did not answer, or is not serving (`unserved`, left out by the selector), raises
+        `PlacersUnavailable` and records nothing."""
         notes = task.explanation.notes
         full: list[str] = []
+        unanswered: list[str] = []
         for candidate in candidates:
             dc = candidate.datacenter
             reply = await self._call_place(task, dc, allow_defer=False, notes=notes)
             if reply is None:
-                continue
-            if reply.outcome == placer_pb2.PLACE_OUTCOME_PLACED:
+                unanswered.append(dc)
+            elif reply.outcome == placer_pb2.PLACE_OUTCOME_PLACED:
                 self._placed(task, dc, reply, writes)
                 return
-            if reply.outcome == placer_pb2.PLACE_OUTCOME_NO_ROOM:
+            elif reply.outcome == placer_pb2.PLACE_OUTCOME_NO_ROOM:
                 full.append(dc)
                 notes.append(f"{dc}: no room now ({reply.reason}); trying the next data center")
             else:
                 notes.append(f"{dc}: cannot ever hold it ({reply.reason})")
-        if full:
+        if full:  # one more Place per Submit at most: `submit_bound_s` counts on it
             dc = full[0]
             reply = await self._call_place(task, dc, allow_defer=True, notes=notes)
-            if reply is not None and reply.outcome == placer_pb2.PLACE_OUTCOME_PLACED:
+            if reply is None:
+                unanswered.append(dc)
+            elif reply.outcome == placer_pb2.PLACE_OUTCOME_PLACED:
                 self._placed(task, dc, reply, writes)
                 return
-            if reply is not None and reply.outcome == placer_pb2.PLACE_OUTCOME_DEFERRED:
+            elif reply.outcome == placer_pb2.PLACE_OUTCOME_DEFERRED:
                 task.datacenter, task.reason = dc, reply.reason
                 self._explain(task, reply)
                 writes.append(step("deferred", task, f"queued at {dc}: {reply.reason}"))
                 return
         task.datacenter = ""
         task.reason = "no data center could place it: " + "; ".join(notes)
+        if unanswered or unserved:  # a placer restarting or stalled is no verdict on the task: the client retries
+            raise PlacersUnavailable([*unanswered, *unserved], task.reason)
         writes.append(step("rejected", task, task.reason))
 
     async def _call_place(self, task: pb.Task, dc: str, allow_defer: bool, notes) -> placer_pb2.PlaceResponse | None:
         placer = self.place.get(dc)
-        if placer is None:
-            notes.append(f"{dc}: no placer address configured")
-            return None
+        if placer is None:  # this gateway's configuration, not a placer's state: a verdict like UNSCHEDULABLE
+            return placer_pb2.PlaceResponse(outcome=placer_pb2.PLACE_OUTCOME_UNSCHEDULABLE,
+                                            reason="no placer address configured at this gateway")
         try:
             return await placer.call(placer_pb2.PlaceRequest(task_id=task.task_id, task=task.spec,
                                                              allow_defer=allow_defer), self.place_timeout_s)
@@ -520,7 +551,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             lambda: self.release[dc].call(placer_pb2.PlacerReleaseRequest(task_id=task_id), self.place_timeout_s),
             grpc.aio.AioRpcError, lambda exc, delay: (
                 f"placer {dc}: cannot yet release the unanswered placement of {task_id} ({exc.code().name}); "
-                f"retrying in {delay:g} s"), first_retry_s)
+                f"retrying in {delay:g} s"), first_retry_s,
+            # each call already waits up to place_timeout_s for the placer (wait_for_ready): retry soon after, so a
+            # retry of the request waiting for this release goes on within seconds of the placer's return
+            max_delay_s=2.0)
         if reply.released:
             log.warning("placer %s had placed %s before the gateway gave up on it; released there", dc, task_id)
 

@@ -56,10 +56,10 @@ class SelectorServicer(selector_pb2_grpc.SelectorServicer):
     async def _select(self, request: selector_pb2.SelectRequest) -> selector_pb2.SelectResponse:
         task = task_from_pb(request.task)
         task.validate()
-        ranked, excluded = self.selector.select(task, request.method)
+        ranked, excluded, unserved = self.selector.select(task, request.method)
         return selector_pb2.SelectResponse(
             method=request.method or "min-cost", candidates=[candidate_to_pb(c) for c in ranked],
-            excluded=[common_pb2.Exclusion(datacenter=d, reason=r) for d, r in excluded])
+            excluded=[common_pb2.Exclusion(datacenter=d, reason=r, unavailable=d in unserved) for d, r in excluded])
 
 
 async def load_summaries(redis, keys: Keys, selector: DcSelector) -> dict[str, str]:

@@ -220,14 +220,19 @@ def selection_requests(job: pb.JobSpec) -> tuple[pb.TaskSpec, pb.TaskSpec]:
 def choose_datacenter(feasible: selector_pb2.SelectResponse, by_cost: selector_pb2.SelectResponse
                       ) -> tuple[str, str]:
     """(DC, why) from the two answers of `selection_requests`: the cheapest by total among those that can hold
-    the largest task; ("", why not) if none can."""
+    the largest task; ("", why not) if none can. Raises Unavailable if none can now but one whose placer is not
+    serving could: that is no verdict on the job."""
     can = {c.datacenter for c in feasible.candidates}
     for c in by_cost.candidates:
         if c.datacenter in can:
             return c.datacenter, (f"{c.datacenter}: cheapest of {len(can)} data centers able to hold the largest "
                                   f"task, at a total job cost of {c.total_cost:.4f}")
     excluded = {e.datacenter: e.reason for e in [*feasible.excluded, *by_cost.excluded]}
-    return "", "no data center can hold this job: " + (exclusion_summary(excluded.items()) or "no data center answered")
+    why = "no data center can hold this job: " + (exclusion_summary(excluded.items()) or "no data center answered")
+    if unserved := sorted({e.datacenter for e in [*feasible.excluded, *by_cost.excluded] if e.unavailable}):
+        raise Unavailable(f"{why}; {', '.join(unserved)} could hold it once its placer serves again: nothing was "
+                          "kept, retry (with the same request_id)")
+    return "", why
 
 
 # -- the job's state, a fold of the task table ---------------------------------------------------------------------

@@ -116,7 +116,9 @@ class DcSelector:
                 out[dc.name] = cached[1] or free_of(self._empty[dc.name])
         return out
 
-    def select(self, task: TaskSpec, method: str = "") -> tuple[list[Candidate], list[tuple[str, str]]]:
+    def select(self, task: TaskSpec, method: str = "") -> tuple[list[Candidate], list[tuple[str, str]], set[str]]:
+        """The DCs that can take `task` in rank order; the others as (name, reason); and which of those could hold
+        it but have no serving placer now (`unserved`: a transient exclusion, not a verdict on the task)."""
         method = method or "min-cost"
         if method not in METHODS:
             raise ValidationError("method", f"must be one of {', '.join(METHODS)}", method)
@@ -127,20 +129,25 @@ class DcSelector:
         eligible: list[DataCenter] = []
         now = time.monotonic()
         fits = self._fits_of(task)
+        unserved: set[str] = set()
         for dc in self.fleet.datacenters:
-            if dc.name not in self.summaries:
-                excluded.append((dc.name, "no capacity summary from its placer yet (placer not running?)"))
-            elif (age := now - self.summary_seen[dc.name]) > self.stale_after_s:
-                excluded.append((dc.name, f"its placer's last summary is {age:.0f} s old (over {self.stale_after_s:g} "
-                                          "s): the placer is down, fenced or a standby"))
-            elif reason := self._misfit(fits, task, dc):
+            if reason := self._misfit(fits, task, dc):
                 excluded.append((dc.name, reason))
+                continue
+            if dc.name not in self.summaries:
+                reason = "no capacity summary from its placer yet (placer not running?)"
+            elif (age := now - self.summary_seen[dc.name]) > self.stale_after_s:
+                reason = (f"its placer's last summary is {age:.0f} s old (over {self.stale_after_s:g} s): the placer "
+                          "is down, fenced or a standby")
             else:
                 eligible.append(dc)
+                continue
+            excluded.append((dc.name, reason))
+            unserved.add(dc.name)
         ranked, far = rank_datacenters(task, eligible, self.graph, self.fleet.network_price_per_gb_ms, entry, method,
                                        path_finder=self.path_finder, random_path_finder=self.random_paths,
                                        gpu_hosts=self.gpu_hosts(eligible), stranding=self.stranding)
         if self.path_finder is not None and method != "crf":
             self.path_checks += len(ranked)
             self.path_agreed += sum(c.path_source == self.path_finder.name for c in ranked)
-        return ranked, excluded + far
+        return ranked, excluded + far, unserved

@@ -111,7 +111,7 @@ def replay(fleet: Fleet, jobs: Sequence[tuple[float, TaskSpec]], stranding: Stra
             out.gpu_tasks += 1
         else:
             out.cpu_tasks += 1
-        ranked, _ = selector.select(task)
+        ranked, _, _ = selector.select(task)
         placed = None
         for cand in ranked:
             p = plan(states[cand.datacenter], task, policies[cand.datacenter])

@@ -200,12 +200,14 @@ class BatchItemError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Exclusion(_message.Message):
-    __slots__ = ("datacenter", "reason")
+    __slots__ = ("datacenter", "reason", "unavailable")
     DATACENTER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     datacenter: str
     reason: str
-    def __init__(self, datacenter: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    unavailable: bool
+    def __init__(self, datacenter: _Optional[str] = ..., reason: _Optional[str] = ..., unavailable: _Optional[bool] = ...) -> None: ...
 
 class ThermalEffect(_message.Message):
     __slots__ = ("max_inlet_before_c", "max_inlet_after_c", "pue_before", "pue_after", "t_supply_c", "redline_c", "model_version")
