@@ -18,6 +18,7 @@ from hsched.domain.errors import FleetError
 from hsched.security.pki import PkiError
 from hsched.security.tls import TlsFiles
 from hsched.state.epoch import EXIT_STATE_LOST, EpochGuard, StateLost
+from hsched.state.ledger import LayoutConflict
 from hsched.state.redis import describe_redis_error
 from hsched.telemetry import MetricsServer, setup_tracing
 
@@ -115,7 +116,9 @@ def run(service_name: str, args: argparse.Namespace, serve: Callable[[asyncio.Ev
     except (AuthenticationError, NoPermissionError, RedisConnectionError, RedisTimeoutError) as exc:
         logging.getLogger("hsched").error("%s", describe_redis_error(args.redis_url, exc))
         raise SystemExit(1) from None
-    except FleetError as exc:  # a bad --fleet file: one line naming it, as the CLI does (a restart cannot fix it)
+    # a bad --fleet file, or one that moves live tasks' nodes (nothing written): one line naming it, as the CLI
+    # does (a restart cannot fix it)
+    except (FleetError, LayoutConflict) as exc:
         logging.getLogger("hsched").error("--fleet %s: %s", getattr(args, "fleet", None) or "(the default fleet)", exc)
         raise SystemExit(2) from None
 

@@ -106,10 +106,13 @@ from hsched.state.ledger import (
     INDETERMINATE,
     UNQUEUING,
     Fenced,
+    LayoutConflict,
     LeaseHeld,
     Ledger,
     Retention,
     fold_event,
+    node_layout,
+    recorded_layout,
     replay,
     snapshot_and_trim,
 )
@@ -378,9 +381,18 @@ class PlacerEngine:
             if self.ledger.pending_undo:  # cancellations owed for appends of unknown outcome: into the fold too
                 await self.ledger.settle()
             state, queue = self._new_state(self.dc, self.state.table), OrderedDict()
-            last_id = await replay(self.redis, self.ledger.stream, state, queue)
+            try:
+                last_id = await replay(self.redis, self.ledger.stream, state, queue)
+            except LayoutConflict:  # this fleet file cannot serve the ledger: leave the DC to one that can
+                self._keeper.drop()
+                await self.ledger.release_lease()
+                raise
             if self._keeper.token != token:  # lost again while folding; _keep_lease tries again
                 return False
+            if await recorded_layout(self.redis, self.ledger.stream) != node_layout(state.table):
+                # before any append: the entries after a snapshot are read in its node layout (a fleet change,
+                # carried over by the fold above, or a ledger that has none recorded yet)
+                await snapshot_and_trim(self.ledger, state, queue, last_id, self.retention.trim_margin_s)
             self._adopt(state, queue, last_id)
             self._refold_due = False
             self.holding, self.held_before, self.holder, self.lost_at = True, True, self.ledger.owner, None

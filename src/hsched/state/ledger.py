@@ -35,6 +35,12 @@ ledger id it covers) to `{prefix}:dc:{dc}:snapshot` and trims the stream below i
 fenced script, so the ledger stays bounded while the fold — every live task's state — is never lost.
 `replay` starts from the snapshot; a reader whose cursor is older than the snapshot may have missed trimmed
 entries and reloads (`trimmed_past`). Entries younger than a safety margin are never trimmed.
+
+Node and card indices are positions in the DC's node table (its pools in fleet-file order, each node named by
+its rack and slot). Every snapshot records that table (`node_layout`), and a placer snapshots as it takes the
+lease, so the entries after a snapshot always refer to the snapshot's layout. When the fleet file changed, a
+fold reads the ledger in the recorded layout and carries every live allocation over to the same positions of
+the new one (`carry_over`), or raises LayoutConflict naming the tasks whose nodes no longer hold them.
 """
 
 from __future__ import annotations
@@ -45,14 +51,16 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from hsched.domain.cluster import ClusterState, Part, TaskClock
+from hsched.domain.cluster import ClusterState, OverAllocation, Part, TaskClock
+from hsched.domain.fleet import NodePool, NodeTable
 from hsched.domain.task import TaskSpec, task_from_dict, task_to_dict
 from hsched.state.keys import Keys
 from hsched.state.redis import NotReplicated, run_replicated
@@ -323,10 +331,71 @@ def snapshot_key(stream: str) -> str:
     return stream.removesuffix(":ledger") + ":snapshot"
 
 
+class LayoutConflict(RuntimeError):
+    """The fleet file changed the nodes that live allocations of the ledger are on."""
+
+
+def node_layout(table: NodeTable) -> list[list]:
+    """The nodes by position as runs of equal nodes, [count, cpu_milli, memory_mib, disk_mib, bandwidth_mbps,
+    gpu_count, gpu_model, gpu_memory_mib per card]: what the ledger's node and card indices refer to."""
+    n = len(table)
+    if n == 0:
+        return []
+    card_mib = table.gpu_memory_mib.max(axis=1) if table.gpu_memory_mib.size else np.zeros(n, np.int64)
+    cols = np.stack([table.cpu_milli, table.memory_mib, table.disk_mib, table.bandwidth_mbps, table.gpu_count,
+                     card_mib], axis=1)
+    models = np.array(table.gpu_model)
+    starts = np.flatnonzero(np.r_[True, np.any(cols[1:] != cols[:-1], axis=1) | (models[1:] != models[:-1])])
+    counts = np.diff(np.r_[starts, n])
+    return [[int(c), *(int(v) for v in cols[i, :5]), str(models[i]), int(cols[i, 5])]
+            for c, i in zip(counts, starts, strict=True)]
+
+
+def _in_layout(state: ClusterState, recorded: list[list] | None) -> ClusterState:
+    """`state` if the ledger's `recorded` layout is its own (or none was recorded: a ledger from before layouts
+    were recorded is read in the current one), else an empty state of the recorded layout to fold into."""
+    if recorded is None or recorded == node_layout(state.table):
+        return state
+    pools = tuple(NodePool(f"recorded-{i}", count, cpu, memory, disk, bandwidth, gpus, model, card_mib)
+                  for i, (count, cpu, memory, disk, bandwidth, gpus, model, card_mib) in enumerate(recorded))
+    return ClusterState(replace(state.dc, pools=pools))
+
+
+def carry_over(old: ClusterState, new: ClusterState, where: str) -> None:
+    """Put `old`'s allocations (and the clocks, specs and queue times) on the same node and card positions of
+    `new`, a state of the changed fleet; LayoutConflict naming every task whose nodes no longer hold it (gone,
+    smaller, or another GPU model under its cards)."""
+    conflicts: list[str] = []
+    for task, parts in old.allocations.items():
+        try:
+            if any(p.gpus and p.node < new.n and new.table.gpu_model[p.node] != old.table.gpu_model[p.node]
+                   for p in parts):
+                raise OverAllocation("its cards' GPU model changed")
+            new.apply(task, parts, old.clocks.get(task), old.specs.get(task))
+        except OverAllocation:
+            nodes = sorted({p.node for p in parts})
+            conflicts.append(f"{task} on {', '.join(old.table.names[i] for i in nodes)}")
+    if conflicts:
+        shown = "; ".join(conflicts[:5]) + (f"; and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
+        raise LayoutConflict(
+            f"{where}: the fleet file changed nodes that {len(conflicts)} live task(s) hold ({shown}). Nodes are "
+            "known by position (their rack and slot), in node-pool order: add pools after the existing ones, or "
+            "start with the previous fleet file and release or let finish those tasks before the change")
+    new.queued_ms.update(old.queued_ms)
+    new.ready_ms.update(old.ready_ms)
+
+
+async def recorded_layout(redis: aioredis.Redis, stream: str) -> list[list] | None:
+    """The node layout the ledger's latest snapshot records (None: no snapshot, or one from before layouts)."""
+    snap = await redis.hget(snapshot_key(stream), "s")
+    return json.loads(snap).get("nodes") if snap is not None else None
+
+
 def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
-    """The fold as JSON: allocations, the running tasks' clocks and the deferred queue in its order (with
-    when each was queued)."""
-    return json.dumps({"alloc": {t: [p.to_json() for p in parts] for t, parts in state.allocations.items()},
+    """The fold as JSON: allocations, the running tasks' clocks, the deferred queue in its order (with when each
+    was queued) and the node layout its indices refer to."""
+    return json.dumps({"nodes": node_layout(state.table),
+                       "alloc": {t: [p.to_json() for p in parts] for t, parts in state.allocations.items()},
                        "clocks": {t: c.to_json() for t, c in state.clocks.items()},
                        "specs": state.specs,
                        "queue": [[t, task_to_dict(spec), state.queued_ms.get(t, 0), state.ready_ms.get(t, 0)]
@@ -334,9 +403,15 @@ def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
                       separators=(",", ":"))
 
 
-def load_snapshot(data: bytes | str, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
-    """Fold a `snapshot_of` into an empty state/queue (one written before the execution clock has no clocks)."""
-    snap = json.loads(data)
+def load_snapshot(data: bytes | str | dict, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
+    """Fold a `snapshot_of` into an empty state/queue (one written before the execution clock has no clocks), on
+    the same positions if the fleet's nodes changed since (`carry_over`)."""
+    snap = json.loads(data) if isinstance(data, (bytes, str)) else data
+    target = _in_layout(state, snap.get("nodes"))
+    if target is not state:
+        load_snapshot({**snap, "nodes": None}, target, queue)
+        carry_over(target, state, f"ledger snapshot of {state.dc.name}")
+        return
     clocks, specs = snap.get("clocks", {}), snap.get("specs", {})
     for task, parts in snap["alloc"].items():
         clock, spec = clocks.get(task), specs.get(task)
@@ -413,13 +488,16 @@ async def replay(redis: aioredis.Redis, stream: str, state: ClusterState, queue:
     last = "0-0" if after == "-" else after
     start = after if after == "-" else f"({after}"
     entries = None
+    fold = state  # the entries after a snapshot are in its node layout: folded there, then carried over
     if after == "-":
         async with redis.pipeline(transaction=True) as pipe:
             pipe.hmget(snapshot_key(stream), "id", "s")
             pipe.xrange(stream, min="-", max="+", count=batch)
             (snap_id, snap), entries = await pipe.execute()
         if snap_id is not None:
-            load_snapshot(snap, state, queue)
+            parsed = json.loads(snap)
+            fold = _in_layout(state, parsed.get("nodes"))
+            load_snapshot({**parsed, "nodes": None}, fold, queue)
             last = snap_id.decode()
     covered = _id(last)  # entries up to here are in the snapshot (the trim keeps a margin of them)
     while True:
@@ -429,9 +507,11 @@ async def replay(redis: aioredis.Redis, stream: str, state: ClusterState, queue:
             entry = entry_id.decode()
             if _id(entry) <= covered:
                 continue
-            fold_event(json.loads(fields[b"e"]), state, queue)
+            fold_event(json.loads(fields[b"e"]), fold, queue)
             last = entry
         if len(entries) < batch:
+            if fold is not state:
+                carry_over(fold, state, f"ledger {stream}")
             return last
         start = f"({entries[-1][0].decode()}"
         entries = None
