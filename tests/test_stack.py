@@ -4,6 +4,7 @@ cheap (4 × 24 cores, vertex b), near (4 × 24 cores, vertex a), gpu (4 × 32 co
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -316,6 +317,34 @@ def test_a_task_only_a_stopped_placers_dc_can_hold_is_unavailable_and_a_retry_pl
     gpu = placer(stack, "gpu").GetState(placer_pb2.PlacerStateRequest(), timeout=10).summary
     assert gpu.running_tasks == held + 1  # the failed attempts placed nothing there
     release(gw, reply.task.task_id)
+
+
+def test_a_replay_rides_out_a_placer_restart_and_submits_each_task_once(gw, stack):
+    """`hsched replay` retries UNAVAILABLE as a client would, with a request_id per task: a placer that is down
+    for a while costs retries, not errors or second tasks."""
+    from hsched.domain.resources import Resources
+    from hsched.domain.task import TaskSpec
+    from hsched.replay import TraceTask, replay
+
+    gpu_task = TaskSpec(Resources(1000, 1024, gpu_count=1, gpu_core_percent=50, gpu_memory_mib=1024),
+                        runtime_s=3600, tenant="replay-gpu-down")
+    tasks = [TraceTask(gpu_task, arrival_s=i * 0.1, runtime_s=3600) for i in range(4)]
+    stack.stop_service("placer-gpu")
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(
+        stats=asyncio.run(replay(stack.gateway, tasks, duration_s=0.3, concurrency=4, release=False))))
+    try:
+        thread.start()
+        time.sleep(3)  # every Submit has failed at least once by now
+    finally:
+        stack.restart("placer-gpu")
+    thread.join(120)
+    stats = result["stats"]
+    assert not stats.errors and stats.retried > 0 and stats.outcomes == {"placed": 4}, (stats.errors, stats.outcomes)
+    listed = gw.List(gateway_pb2.ListRequest(tenant="replay-gpu-down"), timeout=10).tasks
+    assert sorted(t.task_id for t in listed) == sorted(stats.final) and len(listed) == 4
+    for t in listed:
+        release(gw, t.task_id)
 
 
 def test_killed_placer_rebuilds_the_same_ledger_and_places_nothing_twice(gw, stack):

@@ -399,6 +399,7 @@ def run_replay(console, gateway: str, fleet, args, redis_url: str | None, prefix
     console.print(f"{stats.submitted} submitted in {stats.elapsed_s:.1f} s: "
                   + ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items()))
                   + f"; {stats.released} released; Submit latency p50 {p(0.5):.1f} ms, p99 {p(0.99):.1f} ms"
+                  + (f"; {stats.retried} calls retried after UNAVAILABLE/DEADLINE_EXCEEDED" if stats.retried else "")
                   + (f"; errors {dict(stats.errors)}" if stats.errors else ""))
     summaries = asyncio.run(dc_summaries(redis_url, prefix, fleet)) if redis_url else {}
     rows = summary_rows(stats, summaries)

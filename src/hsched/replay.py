@@ -11,6 +11,7 @@ import asyncio
 import heapq
 import json
 import random
+import secrets
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
@@ -63,10 +64,17 @@ def with_locations(tasks: list[TraceTask], fleet: Fleet, seed: int = 0) -> list[
             for t in tasks]
 
 
+# A call that fails UNAVAILABLE or DEADLINE_EXCEEDED (a restarting gateway or placer) is sent again, as a client
+# would, for up to this long: each Submit carries a request_id, so a retry gets the first answer, never a second task.
+RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+RETRY_BUDGET_S = 60.0
+
+
 @dataclass
 class ReplayStats:
     submitted: int = 0
     outcomes: Counter = field(default_factory=Counter)  # first answer: placed / deferred / rejected / error
+    retried: int = 0  # calls sent again after UNAVAILABLE / DEADLINE_EXCEEDED
     released: int = 0
     latencies_s: list[float] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)
@@ -90,15 +98,30 @@ async def replay(gateway: str, tasks: list[TraceTask], duration_s: float = 30.0,
     heapq.heapify(events)
     task_ids: dict[int, str] = {}
     gate = asyncio.Semaphore(concurrency)
+    run = secrets.token_hex(4)  # this replay's request ids: another run against the same stack submits anew
     async with credentials.aio_channel(gateway, options=CHANNEL_OPTIONS) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
+
+        async def retrying(call):
+            delay, deadline = 0.2, time.monotonic() + RETRY_BUDGET_S
+            while True:
+                try:
+                    return await call()
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in RETRY or time.monotonic() + delay > deadline:
+                        raise
+                stats.retried += 1
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 2.0)
 
         async def submit(i: int) -> None:
             async with gate:
                 start = time.perf_counter()
+                spec = task_to_pb(tasks[i].spec)
+                spec.request_id = f"replay-{run}-{i}"
                 try:
-                    reply = await stub.Submit(gateway_pb2.SubmitRequest(task=task_to_pb(tasks[i].spec)), timeout=30,
-                                              metadata=md)
+                    reply = await retrying(lambda: stub.Submit(gateway_pb2.SubmitRequest(task=spec), timeout=30,
+                                                               metadata=md))
                 except grpc.aio.AioRpcError as exc:
                     stats.errors[exc.code().name] += 1
                     stats.outcomes["error"] += 1
@@ -120,7 +143,8 @@ async def replay(gateway: str, tasks: list[TraceTask], duration_s: float = 30.0,
         async def release_one(i: int) -> None:
             async with gate:
                 try:
-                    await stub.Release(gateway_pb2.ReleaseRequest(task_id=task_ids[i]), timeout=30, metadata=md)
+                    await retrying(lambda: stub.Release(gateway_pb2.ReleaseRequest(task_id=task_ids[i]), timeout=30,
+                                                        metadata=md))
                     stats.released += 1
                 except grpc.aio.AioRpcError as exc:
                     stats.errors[f"release {exc.code().name}"] += 1
@@ -197,5 +221,5 @@ def summary_document(trace: str, stats: ReplayStats, rows: list[dict]) -> dict:
     """The summary as JSON (`hsched replay --json`): the Submit outcomes and the per-DC rows of `summary_rows`."""
     lat = sorted(stats.latencies_s)
     return {"trace": trace, "submitted": stats.submitted, "first_answers": dict(stats.outcomes),
-            "released_by_replay": stats.released, "errors": dict(stats.errors), "elapsed_s": stats.elapsed_s,
+            "released_by_replay": stats.released, "retried": stats.retried, "errors": dict(stats.errors), "elapsed_s": stats.elapsed_s,
             "submit_latency_p50_ms": lat[len(lat) // 2] * 1000 if lat else None, "datacenters": rows}
