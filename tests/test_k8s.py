@@ -403,6 +403,10 @@ def test_an_external_redis_url_comes_from_the_secret_as_a_file():
 # -- bad input -----------------------------------------------------------------------------------------------
 
 
+# the cluster's own namespaces: a default-deny policy there would cut CoreDNS or other workloads off
+SHARED_NAMESPACES = ["default", "kube-system", "kube-public", "kube-node-lease", "kube-flannel"]
+
+
 def run_cli(argv, capsys) -> tuple[int, str, str]:
     code = cli.main(["k8s", "render", *argv])
     out, err = capsys.readouterr()
@@ -413,6 +417,7 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     (["--namespace", "Sched_Prod"], "--namespace"),
     (["--namespace=-hsched"], "--namespace"),
     (["--namespace", "a" * 64], "--namespace"),
+    *((["--namespace", shared], "--namespace") for shared in SHARED_NAMESPACES),
     (["--fleet", "/nonexistent/fleet.yaml"], "--fleet"),
     (["--redis-url-secret", "Redis URL"], "--redis-url-secret"),
     (["--redis-storage", "lots"], "--redis-storage"),
@@ -462,8 +467,18 @@ def test_a_policy_no_placer_knows_is_refused_by_the_library_too():
     assert args == {"cheap": "fgd", "near": "fgd", "gpu": "eade-ddpg"}  # as `hsched up --gpu-policy` does
 
 
-@given(st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z"))
-def test_every_rfc1123_label_is_accepted_as_a_namespace(name):
+def test_a_shared_or_system_namespace_is_refused():
+    for name in SHARED_NAMESPACES:
+        with pytest.raises(ValidationError, match=r"^--namespace: must be a namespace of hsched's own, not "
+                                                  r"default or kube-\*"):
+            k8s.Options(namespace=name).check()
+    for name in ("defaults", "my-default", "kube", "kubernetes", "hsched-kube-system"):  # only default, kube-*
+        k8s.Options(namespace=name).check()
+
+
+@given(st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z").filter(
+    lambda s: s != "default" and not s.startswith("kube-")))
+def test_every_other_rfc1123_label_is_accepted_as_a_namespace(name):
     k8s.Options(namespace=name).check()
 
 

@@ -93,6 +93,10 @@ class Options:
         if len(self.namespace) > 63 or not RFC1123_LABEL.match(self.namespace):
             raise ValidationError("--namespace", "must be an RFC 1123 label: at most 63 lowercase letters, digits "
                                   "and '-', starting and ending with a letter or digit", self.namespace)
+        if self.namespace == "default" or self.namespace.startswith("kube-"):
+            raise ValidationError("--namespace", "must be a namespace of hsched's own, not default or kube-*: it "
+                                  "gets Pod Security 'restricted' and a NetworkPolicy denying every pod in it all "
+                                  "traffic", self.namespace)
         if not self.image or any(c.isspace() for c in self.image):
             raise ValidationError("--image", "must be a non-empty image reference without spaces", self.image)
         if self.redis_url_secret is not None and (len(self.redis_url_secret) > 253
