@@ -13,6 +13,7 @@ import asyncio
 import json
 import uuid
 from collections import OrderedDict
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -171,6 +172,44 @@ async def test_the_victim_waits_out_the_overhead_then_runs_again_and_succeeds(re
         assert defer["after"] == on_alloc["at"] + 2000 <= again["at"]
         assert on_done["t"] == "done" and done["ok"] is True and again["spec"]["runtime_s"] == 60
         assert len(preempts(await ledger_events(redis, prefix))) == 1
+
+
+async def test_the_victim_runs_at_its_ready_time_even_when_the_timer_fires_early(redis, prefix, monkeypatch) -> None:
+    """uvloop's timers may fire up to a millisecond before the wall clock reaches their time; here the placer's
+    clock lags the loop's by 50 ms. The online task is released before the victim is ready: the victim must
+    still be placed at its ready time, not left waiting for an unrelated release."""
+    from hsched.engine import placer as placer_module
+
+    real = placer_module._now_ms
+    monkeypatch.setattr(placer_module, "_now_ms", lambda: real() - 50)
+    async with running(engine(redis, prefix, executor(preempt_s="60"))) as e:  # ready a wall second later
+        await fill(e, redis, prefix, ["a", "b", "c", "victim"])
+        assert (await e.place("on", task(24, "online"))).outcome == "placed"
+        assert (await e.release("on")).released  # before the victim is ready: nothing placed from the queue yet
+        assert "victim" in e.queue
+        await until(lambda: _placed_again(redis, prefix), "the victim is placed again at its ready time")
+        history = await events_of(redis, prefix, "victim")
+        assert kinds(history)[2:5] == ["preempt", "defer", "alloc"] and history[4][1]["at"] >= history[3][1]["after"]
+
+
+async def _placed_again(redis, prefix: str) -> bool:
+    return kinds(await events_of(redis, prefix, "victim")).count("alloc") == 2
+
+
+async def test_a_requeued_victims_queue_timeout_counts_from_when_it_may_run_again(redis, prefix) -> None:
+    """The preemption overhead (2 wall s) is longer than the victim's queue_timeout_s (1 wall s): it expires a
+    queue timeout after it could run again, not before it ever could."""
+    async with running(engine(redis, prefix, executor(preempt_s="120"))) as e:
+        await fill(e, redis, prefix, ["a", "b", "c"])
+        victim = replace(task(24), queue_timeout_s=60.0)  # task s: 1 wall s
+        assert (await e.place("victim", victim)).outcome == "placed"
+        await started(redis, prefix, "victim")
+        assert (await e.place("on", task(24, "online"))).outcome == "placed"  # holds the node until released
+        await until(lambda: _has(redis, prefix, "victim", "expire"), "the victim expires")
+        history = await events_of(redis, prefix, "victim")
+        assert kinds(history) == ["alloc", "run", "preempt", "defer", "expire"]
+        defer, expire = history[3][1], history[4][1]
+        assert expire["at"] >= defer["after"] + 1000 > defer["at"] + 1000
 
 
 async def test_a_restarted_placer_keeps_the_requeued_victim_waiting(redis, prefix) -> None:

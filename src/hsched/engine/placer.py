@@ -1191,6 +1191,9 @@ class PlacerEngine:
 
         def fire() -> None:
             self._ready_timers.pop(at_ms, None)
+            if _now_ms() < at_ms:  # uvloop's timers may fire up to a millisecond early by the wall clock
+                self._drain_when_ready(task)  # the drain would find the task not ready yet and nothing re-arm it
+                return
             self._on_report(Report("drain", "", 0, at_ms))
 
         self._ready_timers[at_ms] = asyncio.get_running_loop().call_later(at_ms / 1000 - time.time(), fire)
@@ -1200,7 +1203,8 @@ class PlacerEngine:
         self._cancel_expiry(task)
         if spec is None or not spec.queue_timeout_s or not queued_ms:
             return
-        due_ms = queued_ms + round(spec.queue_timeout_s * 1000 / self.time_factor)
+        # a requeued victim waits out its preemption overhead first: that is not time it could have run
+        due_ms = max(queued_ms, self.state.ready_ms.get(task, 0)) + round(spec.queue_timeout_s * 1000 / self.time_factor)
         report = Report("expire", task, queued_ms, due_ms)
         self._expiries[task] = asyncio.get_running_loop().call_later(
             max(0.0, due_ms / 1000 - time.time()), self._on_report, report)
