@@ -128,11 +128,16 @@ def test_one_placer_deployment_per_dc_with_an_active_and_a_standby_replica(fleet
         assert c["startupProbe"]["grpc"] == {"port": PLACER_PORT, "service": rpc.LIVENESS}
 
 
-def test_gateway_and_selector_run_two_replicas_and_thermal_one(default_objects):
+def test_gateway_and_selector_run_two_rolling_replicas_and_thermal_one_recreated(default_objects):
     deployments = by_kind(default_objects, "Deployment")
     assert deployments["gateway"]["spec"]["replicas"] >= 2
     assert deployments["selector"]["spec"]["replicas"] >= 2
     assert deployments["thermal"]["spec"]["replicas"] == 1
+    # thermal is the single telemetry writer: a rollout must stop the old pod before it starts the new one
+    assert deployments["thermal"]["spec"]["strategy"] == {"type": "Recreate"}
+    for name in ("gateway", "selector"):  # interchangeable replicas roll one at a time, never below 2
+        assert deployments[name]["spec"]["strategy"] == {
+            "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     pdbs = by_kind(default_objects, "PodDisruptionBudget")
     assert set(pdbs) == {"gateway", "selector"}  # a placer's PDB would block drains: its standby is never ready
     for name, pdb in pdbs.items():

@@ -324,8 +324,9 @@ class _Builder:
                "securityContext": self.pod_security(HSCHED_UID, HSCHED_UID), "terminationGracePeriodSeconds": 30,
                "affinity": self.spread(select), "containers": [container], "volumes": volumes}
         # Recreate for placers: a new replica is a standby (never ready) while an old one holds the lease, so a
-        # rolling update could never finish; the old holder's clean stop releases the lease at once instead
-        strategy = {"type": "Recreate"} if placer else \
+        # rolling update could never finish; the old holder's clean stop releases the lease at once instead.
+        # Recreate for thermal: it must run as a single instance (the one telemetry writer), a surge would add a second
+        strategy = {"type": "Recreate"} if component in ("placer", "thermal") else \
             {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
         replicas = PLACER_REPLICAS if placer else REPLICAS[component]
         deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": self.meta(name, component, extra),
