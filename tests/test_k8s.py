@@ -426,6 +426,7 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     (["--fleet", "/nonexistent/fleet.yaml"], "--fleet"),
     (["--redis-url-secret", "Redis URL"], "--redis-url-secret"),
     (["--redis-storage", "lots"], "--redis-storage"),
+    *((["--redis-storage", zero], "--redis-storage") for zero in ("0", "0Gi", "0.0Mi")),  # the API refuses 0
     (["--redis-port", "70000", "--redis-url-secret", "r"], "--redis-port"),
     (["--image", ""], "--image"),
 ])
@@ -435,6 +436,15 @@ def test_bad_input_is_one_line_naming_the_flag_exit_2_nothing_written(argv, flag
     assert code == 2
     assert out == "" and len(err.strip().splitlines()) == 1 and flag_named in err, err
     assert "Traceback" not in err and not out_dir.exists()
+
+
+def test_redis_storage_is_a_positive_quantity():
+    assert [k8s.quantity(q) for q in ("1Gi", "500Mi", "1.5G", "10", "0", "1e3", "1 Gi", "Gi")] == [
+        1073741824, 524288000, 1500000000, 10, 0, None, None, None]
+    with pytest.raises(ValidationError, match=r"^--redis-storage: must be a positive Kubernetes quantity"):
+        k8s.Options(redis_storage="0").check()
+    sts = by_kind(rendered(redis_storage="0.5Gi"), "StatefulSet")["redis"]
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"] == {"storage": "0.5Gi"}
 
 
 def test_a_dc_name_kubernetes_cannot_use_is_one_line_naming_the_fleet(capsys, tmp_path):
