@@ -212,13 +212,22 @@ def test_redis_runs_composes_command_line_with_its_aof_on_a_volume(default_objec
     sts = by_kind(default_objects, "StatefulSet")["redis"]
     c = container(sts)
     expected = [a.replace("${HSCHED_REDIS_APPENDFSYNC:-everysec}", "everysec") for a in compose]
-    assert c["args"] == expected
+    assert c["args"] == [*expected, "--maxmemory", "1536mb", "--maxmemory-policy", "noeviction"]  # 3/4 of 2Gi
+    assert c["resources"]["limits"]["memory"] == "2Gi"
     assert c["image"] == yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["redis"]["image"]
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]} == {claim["metadata"]["name"]: "/data"}
     assert by_kind(default_objects, "Service")["redis"]["spec"]["clusterIP"] == "None"  # headless
     always = container(by_kind(rendered(redis_appendfsync="always"), "StatefulSet")["redis"])["args"]
     assert flag(always, "--appendfsync") == "always"
+
+
+def test_redis_refuses_writes_below_its_memory_limit_instead_of_being_oom_killed(monkeypatch):
+    monkeypatch.setitem(k8s.RESOURCES, "redis", (k8s.RESOURCES["redis"][0], {"cpu": "1", "memory": "1G"}))
+    c = container(by_kind(rendered(), "StatefulSet")["redis"])
+    assert c["resources"]["limits"]["memory"] == "1G"
+    assert flag(c["args"], "--maxmemory") == "715mb"  # 0.75 * 10**9 bytes = 715.3 MiB (Redis' mb is 2**20)
+    assert flag(c["args"], "--maxmemory-policy") == "noeviction"  # hsched's state must never be evicted
 
 
 def test_every_command_line_is_accepted_by_the_service_parser(monkeypatch, tmp_path):

@@ -67,6 +67,11 @@ RESOURCES = {  # requests: what the default fleet needs; limits: room for learne
     "redis": ({"cpu": "250m", "memory": "512Mi"}, {"cpu": "1", "memory": "2Gi"}),
 }
 
+# Redis refuses writes at this share of its memory limit instead of being OOM-killed at the limit (maxmemory-policy
+# noeviction: hsched's state must never be evicted); the rest is for the AOF rewrite's copy-on-write, the client
+# buffers and fragmentation, which maxmemory does not count
+REDIS_MAXMEMORY_SHARE = Decimal("0.75")
+
 # apply order: the namespace, then the policies (no pod ever runs unprotected), config, Services, workloads
 KIND_ORDER = ["Namespace", "NetworkPolicy", "ConfigMap", "Service", "StatefulSet", "Deployment",
               "PodDisruptionBudget"]
@@ -361,15 +366,17 @@ class _Builder:
         return self.service_objects("placer", self.placer_args(dc), placer_name(dc.name), {LABEL_DATACENTER: dc.name})
 
     def redis(self) -> list[dict[str, Any]]:
-        """The in-cluster Redis (none with an external one): compose's command line, its AOF on a volume."""
+        """The in-cluster Redis (none with an external one): compose's command line with a maxmemory below its
+        memory limit, its AOF on a volume."""
         if self.o.redis_url_secret:
             return []
         select = self.select("redis", "redis")
+        maxmemory_mb = int(quantity(RESOURCES["redis"][1]["memory"]) * REDIS_MAXMEMORY_SHARE) // 2**20
         ping = {"exec": {"command": ["redis-cli", "ping"]}, "timeoutSeconds": 3}
         container = {
             "name": "redis", "image": REDIS_IMAGE, "imagePullPolicy": "IfNotPresent",
             "args": ["redis-server", "--save", "", "--appendonly", "yes", "--appendfsync", self.o.redis_appendfsync,
-                     "--dir", "/data"],
+                     "--dir", "/data", "--maxmemory", f"{maxmemory_mb}mb", "--maxmemory-policy", "noeviction"],
             "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
             "startupProbe": {**ping, "periodSeconds": 2, "failureThreshold": 150},  # loading a long AOF
             "livenessProbe": {**ping, "periodSeconds": 10, "failureThreshold": 6},
