@@ -437,6 +437,7 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     (["--redis-storage", "lots"], "--redis-storage"),
     *((["--redis-storage", zero], "--redis-storage") for zero in ("0", "0Gi", "0.0Mi")),  # the API refuses 0
     (["--redis-port", "70000", "--redis-url-secret", "r"], "--redis-port"),
+    (["--redis-port", "6380"], "--redis-port"),  # the external Redis' port, without an external Redis
     (["--image", ""], "--image"),
 ])
 def test_bad_input_is_one_line_naming_the_flag_exit_2_nothing_written(argv, flag_named, capsys, tmp_path):
@@ -445,6 +446,14 @@ def test_bad_input_is_one_line_naming_the_flag_exit_2_nothing_written(argv, flag
     assert code == 2
     assert out == "" and len(err.strip().splitlines()) == 1 and flag_named in err, err
     assert "Traceback" not in err and not out_dir.exists()
+
+
+def test_a_redis_port_needs_an_external_redis():
+    with pytest.raises(ValidationError, match=r"^--redis-port: is the external Redis' port and needs "
+                                              r"--redis-url-secret \(the in-cluster Redis listens on 6379\)"):
+        k8s.Options(redis_port=6380).check()
+    k8s.Options(redis_port=6379).check()  # what the in-cluster Redis listens on anyway
+    k8s.Options(redis_port=6380, redis_url_secret="hsched-redis").check()
 
 
 def test_redis_storage_is_a_positive_quantity():

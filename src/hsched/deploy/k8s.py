@@ -90,7 +90,7 @@ class Options:
     namespace: str = "hsched"
     image: str = "hsched:latest"
     redis_url_secret: str | None = None  # a Secret with key `redis-url`: an external Redis, no StatefulSet
-    redis_port: int = REDIS_PORT  # the external Redis' port, which the egress policy opens to any address
+    redis_port: int = REDIS_PORT  # with redis_url_secret: its port, which the egress policy opens to any address
     redis_storage: str = "1Gi"  # the in-cluster Redis' volume
     redis_appendfsync: str = "everysec"  # or "always", as compose's HSCHED_REDIS_APPENDFSYNC
     policy: str = "bestfit"
@@ -113,6 +113,9 @@ class Options:
                                   "letters, digits, '-' and '.')", self.redis_url_secret)
         if not 0 < self.redis_port < 65536:
             raise ValidationError("--redis-port", "must be a TCP port in 1..65535", self.redis_port)
+        if self.redis_port != REDIS_PORT and not self.redis_url_secret:  # a forgotten secret? refused, not ignored
+            raise ValidationError("--redis-port", "is the external Redis' port and needs --redis-url-secret (the "
+                                  f"in-cluster Redis listens on {REDIS_PORT})", self.redis_port)
         if not quantity(self.redis_storage):  # the API server refuses a claim of 0
             raise ValidationError("--redis-storage", "must be a positive Kubernetes quantity such as 1Gi or 500Mi",
                                   self.redis_storage)
