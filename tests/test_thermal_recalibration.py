@@ -147,7 +147,57 @@ def test_any_mapping_is_a_valid_reading_or_a_validation_error_naming_a_field(raw
         assert exc.field.startswith("x.") and exc.field[2:] in {*raw, "datacenter", "sample", "node", "inlet_c",
                                                                  "outlet_c", "supply_c"}
         return
-    assert 0 <= r.node < 4 and -20 <= r.inlet_c <= r.outlet_c <= 100 and math.isfinite(r.supply_c)
+    assert 0 <= r.node < 4 and -20 <= r.supply_c <= r.inlet_c <= r.outlet_c <= 100
+    assert isinstance(r.node, int) and isinstance(r.unix_ms, int) and 0 < r.unix_ms <= 253_402_300_799_999
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    # integer fields are typed as a task file's (hsched.taskfile): an int, or its text in a CSV; never 1.0 or 1e30
+    ({"node": 1.0}, "node: must be an integer (got 1.0)"),
+    ({"node": "1.0"}, "node: must be a server index (an integer >= 0) (got '1.0')"),
+    ({"node": True}, "node: must be an integer (got True)"),
+    ({"node": -1}, "node: must be in 0..4294967295 (got -1)"),  # LoadDelta.node_index: uint32
+    ({"node": "²"}, "node: must be a server index (an integer >= 0) (got '²')"),  # str.isdigit() says it is one
+    ({"unix_ms": 1e30}, "unix_ms: must be an integer (got 1e+30)"),
+    ({"unix_ms": 1.7e12}, "unix_ms: must be an integer (got 1700000000000.0)"),
+    ({"unix_ms": "1.7e12"}, "unix_ms: must be an integer (got '1.7e12')"),
+    ({"unix_ms": 10**30}, "unix_ms: must be in -9223372036854775808..9223372036854775807 (got "
+                          "1000000000000000000000000000000)"),  # int64, as TaskEvent.unix_ms
+    ({"unix_ms": 253_402_300_800_000}, "unix_ms: must be a unix time in ms, in 1..253402300799999 (1970 to the "
+                                       "year 9999) (got 253402300800000)"),  # 10000-01-01T00:00:00Z
+    ({"unix_ms": "0"}, "unix_ms: must be a unix time in ms, in 1..253402300799999 (1970 to the year 9999) "
+                       "(got '0')"),
+    ({"unix_ms": "9" * 5000}, "unix_ms: must be an integer of at most 4300 digits (got '999999999"),
+    # the inlet is the supply plus recirculated exhaust: never below the supply
+    ({"supply_c": 21.6}, "supply_c: must be <= inlet_c (21.5 °C): the inlet air is the supply air plus "
+                         "recirculated exhaust (got 21.6)"),
+    ({"supply_c": "30", "outlet_c": 40}, "supply_c: must be <= inlet_c (21.5 °C)"),
+])
+def test_a_reading_refuses_non_integers_absurd_times_and_a_supply_above_the_inlet(change: dict, message) -> None:
+    with pytest.raises(ValidationError) as exc:
+        parse_reading({**GOOD, **change}, "f.jsonl:3", n=4)
+    assert str(exc.value).startswith(f"f.jsonl:3.{message}"), str(exc.value)
+
+
+@pytest.mark.parametrize(("change", "got"), [
+    ({"node": "3"}, {"node": 3}), ({"node": " +3 "}, {"node": 3}),  # a CSV's text
+    ({"unix_ms": "1700000000001"}, {"unix_ms": 1_700_000_000_001}), ({"unix_ms": 1}, {"unix_ms": 1}),
+    ({"unix_ms": 253_402_300_799_999}, {"unix_ms": 253_402_300_799_999}),  # 9999-12-31T23:59:59.999Z
+    ({"supply_c": 21.5}, {"supply_c": 21.5})])  # no recirculation at all: the inlet is the supply
+def test_a_reading_takes_integers_as_text_and_the_edges_of_its_rules(change: dict, got: dict) -> None:
+    r = parse_reading({**GOOD, **change}, n=4)
+    assert {k: getattr(r, k) for k in got} == got
+
+
+def test_synthetic_readings_are_valid_readings_even_where_noise_crosses_the_supply() -> None:
+    """The simulated sensors' scans go through parse_reading on the stream: noise must not make an inlet read
+    below the supply (no recirculation: inlet = supply, and half the noisy inlets would)."""
+    rng = np.random.default_rng(3)
+    readings = synthetic_readings(DC, "s", 20.0, np.full(64, 20.0), np.full(64, 200.0), 0.01, 0.5, rng,
+                                  unix_ms=1_700_000_000_000)
+    assert min(r.inlet_c for r in readings) == readings[0].supply_c  # the noise did cross it, and was clipped
+    for r in readings:
+        assert parse_reading(json.loads(r.to_stream()["r"]), datacenter=DC, n=64) == r
 
 
 def test_a_file_of_readings_is_validated_line_by_line(tmp_path) -> None:
@@ -180,6 +230,31 @@ def test_replay_cli_dry_run_validates_names_and_writes_nothing(tmp_path, capsys,
     good.write_text("datacenter,sample,node,inlet_c,outlet_c,supply_c\ncheap,a,cheap-r09-s00,21,28,20\n")
     assert cli_main(["thermal", "replay", str(good), "--fleet", SMALL_FLEET, "--dry-run"]) == 2
     assert "r.csv:2.node: is not a server of this data center" in capsys.readouterr().err
+
+
+def _keys_under(redis_url: str, prefix: str) -> list[bytes]:
+    import redis as syncredis
+
+    return sorted(syncredis.Redis.from_url(redis_url).scan_iter(match=f"{prefix}:*", count=1000))
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ({"node": 3, "unix_ms": 1e30}, "r.jsonl:4.unix_ms: must be an integer (got 1e+30)"),
+    ({"node": 3.0}, "r.jsonl:4.node: must be an integer (got 3.0)"),
+    ({"node": 3, "supply_c": 22.0}, "r.jsonl:4.supply_c: must be <= inlet_c (21.5 °C)"),
+])
+def test_replay_cli_refuses_a_bad_last_line_in_one_line_and_writes_nothing_of_the_file(
+        tmp_path, capsys, private_runtime_dir, monkeypatch, redis_url, prefix, line, expected) -> None:
+    import redis as syncredis
+
+    syncredis.Redis.from_url(redis_url).set(Keys(prefix).epoch, "e")
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({**GOOD, "node": i}) + "\n" for i in range(3)) + json.dumps({**GOOD, **line}))
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    assert cli_main(["thermal", "replay", str(path), "--fleet", SMALL_FLEET, "--prefix", prefix]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hsched: {expected}") and len(err.splitlines()) == 1, err
+    assert _keys_under(redis_url, prefix) == [Keys(prefix).epoch.encode()]
 
 
 HEADER = b"datacenter,sample,node,inlet_c,outlet_c,supply_c\n"

@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,8 +25,14 @@ from typing import Any
 import numpy as np
 
 from hsched.domain.errors import ValidationError
+from hsched.taskfile import _int
+from hsched.v1 import common_pb2, thermal_pb2
 
 TEMP_MIN_C, TEMP_MAX_C = -20.0, 100.0  # a sensor value outside this is a broken sensor, not a room
+# 9999-12-31T23:59:59.999Z, the last millisecond a four-digit year (and Python's datetime) names: a reading's
+# time is a unix time in ms, and an int64 on the wire as every hsched time is (TaskEvent.unix_ms)
+UNIX_MS_MAX = 253_402_300_799_999
+_INT_TEXT = re.compile(r"[+-]?[0-9]+\Z")  # an integer as CSV (text only) writes it; ASCII digits only
 SAMPLE_MAX_LEN = 128
 FIELDS = ("datacenter", "sample", "node", "inlet_c", "outlet_c", "supply_c", "unix_ms", "power_w")
 REQUIRED = ("datacenter", "sample", "node", "inlet_c", "outlet_c", "supply_c")
@@ -92,17 +99,17 @@ def parse_reading(raw: Mapping[str, Any], where: str = "", datacenter: str | Non
     if outlet < inlet:
         raise ValidationError(_where(where, "outlet_c"), f"must be >= inlet_c ({inlet:g} °C): a server heats its air",
                               raw["outlet_c"])
+    if supply > inlet:
+        raise ValidationError(_where(where, "supply_c"), f"must be <= inlet_c ({inlet:g} °C): the inlet air is the "
+                              "supply air plus recirculated exhaust", raw["supply_c"])
     unix_ms = raw.get("unix_ms")
     if unix_ms in (None, ""):
         unix_ms = int(time.time() * 1000)
     else:
-        try:
-            ok = float(unix_ms) == int(float(unix_ms)) and int(float(unix_ms)) > 0
-        except (TypeError, ValueError, OverflowError):
-            ok = False
-        if not ok or isinstance(unix_ms, bool):
-            raise ValidationError(_where(where, "unix_ms"), "must be a positive whole number of ms since 1970", unix_ms)
-        unix_ms = int(float(unix_ms))
+        unix_ms = _integer(unix_ms, _where(where, "unix_ms"), common_pb2.TaskEvent, "unix_ms")
+        if not 0 < unix_ms <= UNIX_MS_MAX:
+            raise ValidationError(_where(where, "unix_ms"), f"must be a unix time in ms, in 1..{UNIX_MS_MAX} "
+                                  "(1970 to the year 9999)", raw["unix_ms"])
     power = raw.get("power_w")
     if power in (None, ""):
         power = None
@@ -116,20 +123,27 @@ def parse_reading(raw: Mapping[str, Any], where: str = "", datacenter: str | Non
     return Reading(dc, str(sample), node, inlet, outlet, supply, unix_ms, power)
 
 
+def _integer(value: Any, where: str, message: Any, name: str) -> int:
+    """An integer field, typed as a task file types its own (hsched.taskfile._int, with the range of the protobuf
+    field `name` of `message`: the like of it on the wire): an int, never 4.0, 1e3 or true; or, since CSV has
+    only text, the text of one ("4", not "4.0")."""
+    if isinstance(value, str) and _INT_TEXT.match(value.strip()):
+        try:
+            value = int(value.strip())
+        except ValueError:  # more digits than int() reads (sys.get_int_max_str_digits): no field's range
+            raise ValidationError(where, f"must be an integer of at most {sys.get_int_max_str_digits()} digits",
+                                  value) from None
+    return _int(where, value, message, name)
+
+
 def _node(value: Any, where: str, nodes: Mapping[str, int] | None, n: int | None) -> int:
-    if isinstance(value, str) and not value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and not _INT_TEXT.match(value.strip()):
         if nodes is None:
-            raise ValidationError(where, "must be a server index (a whole number >= 0)", value)
+            raise ValidationError(where, "must be a server index (an integer >= 0)", value)
         if value not in nodes:
             raise ValidationError(where, "is not a server of this data center", value)
         return nodes[value]
-    try:
-        idx = int(value)
-        ok = not isinstance(value, bool) and float(value) == idx
-    except (TypeError, ValueError):
-        ok = False
-    if not ok or idx < 0:
-        raise ValidationError(where, "must be a server index (a whole number >= 0) or a server name", value)
+    idx = _integer(value, where, thermal_pb2.LoadDelta, "node_index")  # a server index on the thermal wire
     if n is not None and idx >= n:
         raise ValidationError(where, f"must be < {n}, the data center's server count", value)
     return idx
@@ -214,12 +228,13 @@ def synthetic_readings(datacenter: str, sample: str, supply_c: float, inlet_c: n
                        k_per_w: float, noise_k: float, rng: np.random.Generator, unix_ms: int | None = None
                        ) -> list[Reading]:
     """A scan of a room the model describes: ``inlet_c`` and ``power_w`` per server, with Gaussian sensor noise
-    of ``noise_k`` on every temperature (the outlet never reads below the inlet)."""
+    of ``noise_k`` on every temperature (the inlet never reads below the supply, the outlet never below the
+    inlet: what parse_reading takes)."""
     n = len(inlet_c)
     unix_ms = unix_ms or int(time.time() * 1000)
     inlet = inlet_c + rng.normal(0.0, noise_k, n)
     outlet = np.maximum(inlet_c + power_w * k_per_w + rng.normal(0.0, noise_k, n), inlet)
-    inlet = np.clip(inlet, TEMP_MIN_C, TEMP_MAX_C)
-    outlet = np.clip(outlet, inlet, TEMP_MAX_C)
     supply = float(np.clip(supply_c + rng.normal(0.0, noise_k), TEMP_MIN_C, TEMP_MAX_C))
+    inlet = np.clip(inlet, supply, TEMP_MAX_C)
+    outlet = np.clip(outlet, inlet, TEMP_MAX_C)
     return [Reading(datacenter, sample, i, float(inlet[i]), float(outlet[i]), supply, unix_ms) for i in range(n)]
