@@ -302,6 +302,7 @@ def test_link_and_thermal_replay_write_under_the_running_stacks_prefix(private_r
     localstate.write_stack({"gateway": "127.0.0.1:4711", "redis_url": redis_url, "prefix": prefix,
                             "fleet": str(SMALL_FLEET)})
     redis = connect_sync(redis_url)
+    redis.set(Keys(prefix).epoch, "e")  # the deployment's marker: thermal replay writes only where one is
     assert cli.main(["link", "s", "a", "--latency-ms", "40"]) == 0  # s and a: the small fleet's vertices
     assert redis.xlen(Keys(prefix).links) == 1
     readings = private_runtime_dir / "r.csv"

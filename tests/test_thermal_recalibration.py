@@ -238,6 +238,28 @@ def _keys_under(redis_url: str, prefix: str) -> list[bytes]:
     return sorted(syncredis.Redis.from_url(redis_url).scan_iter(match=f"{prefix}:*", count=1000))
 
 
+def test_replay_cli_refuses_a_prefix_holding_no_deployment_and_writes_nothing(
+        tmp_path, capsys, private_runtime_dir, monkeypatch, redis_url, prefix) -> None:
+    """A mistyped --prefix wrote "4 readings ... written to <typo>:dc:cheap:readings", exit 0: streams nobody
+    reads. Every deployment has its epoch marker (hsched.state.epoch); without it the replay writes nothing."""
+    import redis as syncredis
+
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({**GOOD, "node": i}) + "\n" for i in range(4)))
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    typo = f"{prefix}:typo"  # under the fixture's prefix, so that a write the test catches is deleted with it
+    assert cli_main(["thermal", "replay", str(path), "--fleet", SMALL_FLEET, "--prefix", typo]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"hsched: --prefix: must name an hsched deployment: Redis at {redis_url} holds no {typo}:epoch "
+                   f"(`hsched up` or a deployment's first service writes it); nothing written (got '{typo}')\n"), err
+    assert _keys_under(redis_url, prefix) == []
+
+    syncredis.Redis.from_url(redis_url).set(Keys(prefix).epoch, "e")  # a deployment's marker
+    assert cli_main(["thermal", "replay", str(path), "--fleet", SMALL_FLEET, "--prefix", prefix]) == 0
+    assert f"4 readings of 1 scans written to {prefix}:dc:{DC}:readings" in capsys.readouterr().out
+    assert syncredis.Redis.from_url(redis_url).xlen(Keys(prefix).readings(DC)) == 4
+
+
 @pytest.mark.parametrize(("line", "expected"), [
     ({"node": 3, "unix_ms": 1e30}, "r.jsonl:4.unix_ms: must be an integer (got 1e+30)"),
     ({"node": 3.0}, "r.jsonl:4.node: must be an integer (got 3.0)"),
@@ -255,6 +277,17 @@ def test_replay_cli_refuses_a_bad_last_line_in_one_line_and_writes_nothing_of_th
     err = capsys.readouterr().err
     assert err.startswith(f"hsched: {expected}") and len(err.splitlines()) == 1, err
     assert _keys_under(redis_url, prefix) == [Keys(prefix).epoch.encode()]
+
+
+def test_replay_cli_without_an_answering_redis_is_one_line_exit_1(tmp_path, capsys, private_runtime_dir,
+                                                                  monkeypatch) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n")
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens on port 1
+    assert cli_main(["thermal", "replay", str(path), "--fleet", SMALL_FLEET]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hsched thermal replay: Redis at redis://127.0.0.1:1/0: ") and len(err.splitlines()) == 1
+    assert err.endswith("Connection refused; nothing written\n"), err
 
 
 HEADER = b"datacenter,sample,node,inlet_c,outlet_c,supply_c\n"

@@ -921,9 +921,12 @@ def cmd_link(args) -> int:
 
 def cmd_thermal(args) -> int:
     """Replay a file of sensor readings (docs/thermal.md, "Sensor telemetry") onto the DCs' readings streams,
-    validated first against the fleet: a bad line is exit 2 naming the line and the field, and nothing is written."""
+    validated first against the fleet: a bad line is exit 2 naming the line and the field, and nothing is written;
+    so is a --prefix under which Redis holds no deployment (a mistyped one would write streams nobody reads)."""
+    from redis.exceptions import RedisError
+
     from hsched.state.keys import Keys
-    from hsched.state.redis import connect_sync
+    from hsched.state.redis import connect_sync, describe_redis_error, redact_url
     from hsched.thermal.published import READINGS_MAXLEN
     from hsched.thermal.readings import load_readings, write_readings
 
@@ -947,7 +950,17 @@ def cmd_thermal(args) -> int:
               file=sys.stderr)
         return 1
     keys = Keys(_from_stack(args, "prefix", PREFIX))
-    n = write_readings(connect_sync(url), keys.readings, readings, READINGS_MAXLEN)
+    redis = connect_sync(url)
+    try:
+        deployed = redis.exists(keys.epoch)
+    except RedisError as exc:
+        print(f"hsched thermal replay: {describe_redis_error(url, exc).rstrip('.')}; nothing written", file=sys.stderr)
+        return 1
+    if not deployed:  # every deployment has its epoch marker from its start on (hsched.state.epoch)
+        raise ValidationError("--prefix", f"must name an hsched deployment: Redis at {redact_url(url)} holds no "
+                              f"{keys.epoch} (`hsched up` or a deployment's first service writes it); nothing "
+                              "written", keys.prefix)
+    n = write_readings(redis, keys.readings, readings, READINGS_MAXLEN)
     print(f"{n} readings of {len({(r.datacenter, r.sample) for r in readings})} scans written to "
           f"{', '.join(sorted({keys.readings(r.datacenter) for r in readings}))}")
     return 0
