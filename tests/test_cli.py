@@ -92,7 +92,11 @@ def assert_one_line_error(done: subprocess.CompletedProcess, code: int, *words: 
     (["submit", "--replicas", "-3"], ["--replicas", "1.."]),
     (["submit", "--replicas", "0"], ["--replicas", "1.."]),
     (["submit", "--replicas", "1000"], ["replicas", "1..256"]),
-    (["submit", "--priority", "99999999999"], ["--priority", "int32"]),
+    # the gateway's rule (TaskSpec.validate), not the int32 wire range: the same words as the gateway's refusal
+    (["submit", "--priority", "99999999999"], ["--priority", "must be in -1000..1000", "'99999999999'"]),
+    (["submit", "--priority", "1001"], ["--priority", "must be in -1000..1000", "'1001'"]),
+    (["submit", "--priority", "-1001"], ["--priority", "must be in -1000..1000", "'-1001'"]),
+    (["submit", "--priority", "1.5"], ["--priority", "whole number", "'1.5'"]),
     (["submit", "--cpu", "nan"], ["--cpu", "finite"]),
     (["submit", "--cpu", "inf"], ["--cpu", "finite"]),
     (["submit", "--cpu", "-1"], ["--cpu", ">= 0"]),
@@ -123,6 +127,27 @@ def assert_one_line_error(done: subprocess.CompletedProcess, code: int, *words: 
 def test_bad_arguments_are_one_line_usage_errors(argv, words, tmp_path):
     gateway = [] if argv[0] in ("eval", "up") else ["--gateway", UNREACHABLE]
     assert_one_line_error(run_cli(*argv, *gateway, env={"XDG_RUNTIME_DIR": str(tmp_path)}), 2, *words)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.integers(-1002, 1002), st.integers(-2**64, 2**64)))
+def test_priority_takes_what_the_gateway_takes_and_refuses_the_rest_in_its_words(value):
+    """--priority said 'must be in -2147483648..2147483647 (int32)' where the gateway's rule is -1000..1000: the
+    flag now checks the gateway's own rule (TaskSpec.validate), so both refusals read the same."""
+    from hsched.domain.errors import ValidationError
+    from hsched.domain.resources import Resources
+    from hsched.domain.task import TaskSpec
+
+    try:
+        TaskSpec(Resources(cpu_milli=1000), runtime_s=60.0, priority=value).validate()  # what the gateway runs
+        gateway = None
+    except ValidationError as exc:
+        gateway = exc.rule
+    try:
+        assert cli.priority(str(value)) == value and gateway is None
+    except argparse.ArgumentTypeError as exc:
+        assert gateway == "must be in -1000..1000" and str(exc) == f"{gateway}, got '{value}'"
+    assert (gateway is None) == (-1000 <= value <= 1000)
 
 
 @settings(max_examples=300, deadline=None)

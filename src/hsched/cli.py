@@ -15,7 +15,7 @@ import threading
 import grpc
 
 from hsched.domain.errors import ValidationError
-from hsched.domain.limits import INT32_MAX, INT32_MIN, INT64_MAX, LIST_DEFAULT, LIST_MAX
+from hsched.domain.limits import INT32_MAX, INT64_MAX, LIST_DEFAULT, LIST_MAX
 from hsched.security.client import ClientCredentials, client_credentials
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import gateway_pb2, gateway_pb2_grpc
@@ -1032,10 +1032,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def int32(text: str) -> int:
+def priority(text: str) -> int:
+    """--priority: the gateway's own rule, checked where it is written (TaskSpec.validate) on a spec that breaks
+    no other, so the flag's message is the gateway's ('must be in -1000..1000')."""
+    from hsched.domain.resources import Resources
+    from hsched.domain.task import TaskSpec
+
     value = _int(text)
-    if not INT32_MIN <= value <= INT32_MAX:
-        raise argparse.ArgumentTypeError(f"must be in {INT32_MIN}..{INT32_MAX} (int32), got {text!r}")
+    try:
+        TaskSpec(Resources(cpu_milli=1), runtime_s=0.0, priority=value).validate()
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(f"{exc.rule}, got {text!r}") from None
     return value
 
 
@@ -1290,7 +1297,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-loss-percent", type=percent, default=0.0)
     s.add_argument("--tenant", default="default")
     s.add_argument("--name", default="")
-    s.add_argument("--priority", type=int32, default=0)
+    s.add_argument("--priority", type=priority, default=0, help="order within the priority class, higher first "
+                   "(-1000..1000; default 0)")
     s.add_argument("--request-id", default="", help="idempotency key")
     s.add_argument("--method", default="", help="selector method: min-cost (default), crf, spf")
     # the flags that describe the task: with -f the file does, so they are refused there rather than ignored
