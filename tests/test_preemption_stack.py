@@ -163,3 +163,42 @@ def test_a_waiting_online_task_preempts_once_the_state_lets_it_exactly_once_acro
         release(t.task_id)
     wait_for(lambda: get(urgent.task_id).state == pb.TASK_STATE_SUCCEEDED, "the online task succeeded")
     assert preempted() == [*before, (batch.task_id, urgent.task_id)]  # exactly once, kills and all
+
+
+def cpu_task(priority_class: str = "") -> pb.TaskSpec:
+    """A whole node of cheap or near (24 cores), held until released."""
+    return pb.TaskSpec(resources=pb.Resources(cpu_milli=24_000, memory_mib=4096), runtime_s=0,
+                       priority_class=priority_class, tenant="colo-room")
+
+
+def test_an_online_task_goes_where_there_is_room_and_preempts_only_when_no_dc_has_any(stack):
+    gw = gateway_pb2_grpc.GatewayStub(grpc.insecure_channel(stack.gateway))
+
+    def submit(spec: pb.TaskSpec) -> pb.Task:
+        return gw.Submit(gateway_pb2.SubmitRequest(task=spec), timeout=30).task
+
+    dcs = ("cheap", "near", "gpu")
+    seen = {dc: len(ledger(stack, dc)) for dc in dcs}  # the module's earlier tests preempted in gpu
+
+    def preempts() -> list[tuple[str, str]]:
+        return [(dc, e["by"]) for dc in dcs for e in ledger(stack, dc)[seen[dc]:] if e["t"] == "preempt"]
+
+    try:
+        filled = [submit(cpu_task()) for _ in range(4)]
+        best = filled[0].datacenter  # the first-ranked DC for these tasks, now full
+        assert {(t.state, t.datacenter) for t in filled} == {(pb.TASK_STATE_PLACED, best)}
+        online = submit(cpu_task("online"))
+        assert online.state == pb.TASK_STATE_PLACED and online.datacenter != best
+        assert not preempts()  # the room elsewhere first
+        for _ in range(20):  # offline tasks until no DC has room for one
+            if submit(cpu_task()).state == pb.TASK_STATE_DEFERRED:
+                break
+        else:
+            pytest.fail("the fleet never filled up")
+        # now no DC has room: the next online task preempts, at the first-ranked DC
+        urgent = submit(cpu_task("online"))
+        assert urgent.state == pb.TASK_STATE_PLACED and urgent.datacenter == best, list(urgent.explanation.notes)
+        assert preempts() == [(best, urgent.task_id)]
+    finally:
+        for t in gw.List(gateway_pb2.ListRequest(tenant="colo-room"), timeout=10).tasks:
+            gw.Release(gateway_pb2.ReleaseRequest(task_id=t.task_id), timeout=30)

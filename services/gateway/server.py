@@ -22,7 +22,7 @@ from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.domain.limits import LIST_DEFAULT, LIST_MAX
-from hsched.domain.task import JOB_TASK_FIELDS
+from hsched.domain.task import JOB_TASK_FIELDS, ONLINE
 from hsched.fleetview import datacenter_view, task_history
 from hsched.jobs import JobOrchestrator, JobPorts, job_of
 from hsched.runtime import (
@@ -148,9 +148,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                         for dc, stub in placers.items()}
         self.select_timeout_s = select_timeout_s
         self.place_timeout_s = place_timeout_s
-        # the longest a Submit can take (select, a Place per DC, the deferred Place, the write): how long a
-        # retry waits for another gateway's attempt before answering UNAVAILABLE
-        self.submit_bound_s = select_timeout_s + (len(placers) + 1) * place_timeout_s + 5.0
+        # the longest a Submit can take (select, a Place per DC, an online task's preempting Place per full DC,
+        # the deferred Place, the write): how long a retry waits for another gateway's attempt before answering
+        # UNAVAILABLE
+        self.submit_bound_s = select_timeout_s + (2 * len(placers) + 1) * place_timeout_s + 5.0
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
         self._jobs: set[asyncio.Task] = set()  # Submits and Releases under way (_start)
         self._abandoned: set[asyncio.Task] = set()  # background releases and record writes (_abandon, _durably)
@@ -394,9 +395,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         notes = task.explanation.notes
         full: list[str] = []
         unanswered: list[str] = []
+        # an online task evicts offline work only where no DC has room for it (Volcano's preempt action runs
+        # after allocate): first every DC without preemption, then the full ones with it, in rank order
+        online = task.spec.priority_class == ONLINE
         for candidate in candidates:
             dc = candidate.datacenter
-            reply = await self._call_place(task, dc, allow_defer=False, notes=notes)
+            reply = await self._call_place(task, dc, allow_defer=False, notes=notes, no_preemption=online)
             if reply is None:
                 unanswered.append(dc)
             elif reply.outcome == placer_pb2.PLACE_OUTCOME_PLACED:
@@ -407,6 +411,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 notes.append(f"{dc}: no room now ({reply.reason}); trying the next data center")
             else:
                 notes.append(f"{dc}: cannot ever hold it ({reply.reason})")
+        for dc in full if online else ():
+            reply = await self._call_place(task, dc, allow_defer=False, notes=notes)
+            if reply is None:
+                unanswered.append(dc)
+            elif reply.outcome == placer_pb2.PLACE_OUTCOME_PLACED:
+                self._placed(task, dc, reply, writes)
+                return
+            else:
+                notes.append(f"{dc}: no offline task to preempt for it ({reply.reason})")
         if full:  # one more Place per Submit at most: `submit_bound_s` counts on it
             dc = full[0]
             reply = await self._call_place(task, dc, allow_defer=True, notes=notes)
@@ -426,14 +439,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             raise PlacersUnavailable([*unanswered, *unserved], task.reason)
         writes.append(step("rejected", task, task.reason))
 
-    async def _call_place(self, task: pb.Task, dc: str, allow_defer: bool, notes) -> placer_pb2.PlaceResponse | None:
+    async def _call_place(self, task: pb.Task, dc: str, allow_defer: bool, notes, no_preemption: bool = False
+                          ) -> placer_pb2.PlaceResponse | None:
         placer = self.place.get(dc)
         if placer is None:  # this gateway's configuration, not a placer's state: a verdict like UNSCHEDULABLE
             return placer_pb2.PlaceResponse(outcome=placer_pb2.PLACE_OUTCOME_UNSCHEDULABLE,
                                             reason="no placer address configured at this gateway")
         try:
             return await placer.call(placer_pb2.PlaceRequest(task_id=task.task_id, task=task.spec,
-                                                             allow_defer=allow_defer), self.place_timeout_s)
+                                                             allow_defer=allow_defer, no_preemption=no_preemption),
+                                     self.place_timeout_s)
         except grpc.aio.AioRpcError as exc:
             notes.append(f"{dc}: placer unavailable ({exc.code().name}: {exc.details()})")
             self._abandon(task.task_id, dc)

@@ -146,7 +146,8 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
         spec = task_from_pb(request.task)
         spec.validate()
         not_after = request.not_after_unix_ms / 1000 if request.not_after_unix_ms else None
-        result = await self._engine_call(self.engine.place(request.task_id, spec, request.allow_defer, not_after))
+        result = await self._engine_call(self.engine.place(request.task_id, spec, request.allow_defer, not_after,
+                                                           preempt=not request.no_preemption))
         if result.outcome == "expired":
             raise rpc.DeadlinePassed(result.reason)
         return self._place_reply(result)

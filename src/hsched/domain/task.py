@@ -12,7 +12,8 @@ from hsched.domain.resources import Resources
 
 MAX_REPLICAS = 256
 MAX_RUNTIME_S = 366 * 24 * 3600
-PRIORITY_CLASSES = ("", "online", "offline")
+ONLINE, OFFLINE = "online", "offline"  # online (latency-critical) tasks may preempt offline ones
+PRIORITY_CLASSES = ("", ONLINE, OFFLINE)
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?\Z")
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
 

@@ -82,14 +82,13 @@ from hsched.costs.stranding import free_of
 from hsched.domain.cluster import ClusterState, Part, usage_vector
 from hsched.domain.fleet import DataCenter
 from hsched.domain.resources import Resources
-from hsched.domain.task import TaskSpec, task_to_dict
+from hsched.domain.task import ONLINE, TaskSpec, task_to_dict
 from hsched.engine.executor import Executor, Report
 from hsched.engine.slices import SliceCatalog, SlicedState, state_factory
 from hsched.envs.dag import DagPolicy
 from hsched.policies.base import NodePolicy
 from hsched.policies.dagqueue import MAX_BAND_STAGES, QueuedStage, choose_stage, job_of_task
 from hsched.policies.fairshare import (
-    ONLINE,
     FairQueue,
     TenantWeights,
     Waiting,
@@ -176,6 +175,7 @@ class _Op:
     spec: TaskSpec | None = None
     allow_defer: bool = False
     not_after: float | None = None  # Unix time after which the caller has given up (place only)
+    preempt: bool = True  # an online task that does not fit may evict offline ones (place only)
     future: asyncio.Future = None  # type: ignore[assignment]
     result: PlaceResult | ReleaseResult | None = None
     events: list[dict] = field(default_factory=list)
@@ -467,10 +467,12 @@ class PlacerEngine:
     # -- API -------------------------------------------------------------------------------------------------
 
     async def place(self, task_id: str, spec: TaskSpec, allow_defer: bool = True,
-                    not_after: float | None = None) -> PlaceResult:
+                    not_after: float | None = None, preempt: bool = True) -> PlaceResult:
         """Place (or queue) `task_id`; nothing is committed for it once Unix time `not_after` has passed: a
-        caller that gave up may have placed the task elsewhere (outcome "expired")."""
-        return await self._submit(_Op("place", task_id, spec, allow_defer, not_after))  # type: ignore[return-value]
+        caller that gave up may have placed the task elsewhere (outcome "expired"). `preempt=False`: an online
+        task that does not fit gets NO_ROOM (or is queued) without evicting anything."""
+        return await self._submit(_Op("place", task_id, spec, allow_defer, not_after,  # type: ignore[return-value]
+                                      preempt=preempt))
 
     async def release(self, task_id: str) -> ReleaseResult:
         return await self._submit(_Op("release", task_id))  # type: ignore[return-value]
@@ -798,7 +800,7 @@ class PlacerEngine:
             self._alloc(op, op.task_id, op.spec, decision.parts, headroom, decision.part_power_w)
             return PlaceResult("placed", decision.parts, decision.alternatives, notes=decision.notes)
         thermal_limited = decision.thermal_limited
-        if decision.outcome is Outcome.NO_ROOM and op.spec.effective_class == ONLINE:
+        if decision.outcome is Outcome.NO_ROOM and op.spec.effective_class == ONLINE and op.preempt:
             inexact = headroom is not None and not self._headroom_exact
             if not (inexact and thermal_limited):  # else: first decided again on exact numbers (_decide_batch)
                 preempted = self._preempt_for(op, op.task_id, op.spec, headroom)

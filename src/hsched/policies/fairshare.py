@@ -35,12 +35,12 @@ from hsched import yamlfile
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import NodeTable
 from hsched.domain.resources import Resources
+from hsched.domain.task import ONLINE
 
 # What a share is measured on: CPU, memory and GPU (core percent summed over cards; 100 = one whole card),
 # in the order of hsched.domain.cluster.usage_vector (what the DC's fold keeps per tenant).
 DIMENSIONS = ("cpu_milli", "memory_mib", "gpu_core_percent")
 _EPS = 1e-9
-ONLINE, OFFLINE = "online", "offline"
 
 
 def demand_vector(r: Resources, replicas: int = 1) -> np.ndarray:

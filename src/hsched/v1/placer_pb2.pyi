@@ -22,7 +22,7 @@ PLACE_OUTCOME_NO_ROOM: PlaceOutcome
 PLACE_OUTCOME_UNSCHEDULABLE: PlaceOutcome
 
 class PlaceRequest(_message.Message):
-    __slots__ = ("task_id", "task", "allow_defer", "trace_context", "not_after_unix_ms")
+    __slots__ = ("task_id", "task", "allow_defer", "trace_context", "not_after_unix_ms", "no_preemption")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -35,12 +35,14 @@ class PlaceRequest(_message.Message):
     ALLOW_DEFER_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     NOT_AFTER_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    NO_PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     task: _common_pb2.TaskSpec
     allow_defer: bool
     trace_context: _containers.ScalarMap[str, str]
     not_after_unix_ms: int
-    def __init__(self, task_id: _Optional[str] = ..., task: _Optional[_Union[_common_pb2.TaskSpec, _Mapping]] = ..., allow_defer: _Optional[bool] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., not_after_unix_ms: _Optional[int] = ...) -> None: ...
+    no_preemption: bool
+    def __init__(self, task_id: _Optional[str] = ..., task: _Optional[_Union[_common_pb2.TaskSpec, _Mapping]] = ..., allow_defer: _Optional[bool] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., not_after_unix_ms: _Optional[int] = ..., no_preemption: _Optional[bool] = ...) -> None: ...
 
 class PlaceBatchRequest(_message.Message):
     __slots__ = ("calls",)
