@@ -149,6 +149,9 @@ def test_the_new_families_say_what_happened(loaded):
     assert value(gpu, "ClusterGPUCorePercentage", datacenter="gpu") == pytest.approx(100 * 0.30 / 8)
     # the rejected task: datacenter="none", never ""
     assert value(gateway, "hsched_tasks", state="rejected", datacenter=m.NO_DATACENTER) == 1.0
+    # a state no task is in reads 0 rather than vanishing (an alert on it would see "no data")
+    assert value(gateway, "hsched_tasks", state="failed", datacenter="near") == 0.0
+    assert value(gateway, "hsched_jobs", state="cancelled", datacenter="gpu") == 0.0
     assert value(gateway, "hsched_gateway_watches", tenant=m.ALL_TENANTS) == 1.0
     assert value(scrapes["selector"], "hsched_selector_path_finder_info", finder="dijkstra",
                  requested="dijkstra") == 1.0

@@ -918,19 +918,23 @@ def parse_placers(spec: str) -> dict[str, str]:
 
 
 def register_metrics(metrics: MetricsServer, store: TaskStore, servicer: GatewayServicer) -> None:
-    def count_by_state(records, state_name):
+    datacenters = [*(dc.name for dc in servicer.fleet.datacenters), m.NO_DATACENTER]
+
+    def count_by_state(records, states):
+        """Every (state, DC) pair, 0 included: a series that vanished at zero would read as "no data" (as
+        kube-state-metrics exports every pod phase)."""
+        names = {number: name.split("_STATE_", 1)[1].lower() for name, number in states if number}
+
         def collect():
-            counts: dict[tuple[str, str], int] = {}
+            counts = dict.fromkeys(((name, dc) for name in names.values() for dc in datacenters), 0)
             for r in list(records.values()):  # scraped on the metrics thread: iterate a copy
-                key = (state_name(r.state), r.datacenter or m.NO_DATACENTER)
+                key = (names[r.state], r.datacenter or m.NO_DATACENTER)
                 counts[key] = counts.get(key, 0) + 1
             return [(k, float(v)) for k, v in counts.items()]
         return collect
 
-    metrics.register_gauge_family(*m.HSCHED_TASKS, count_by_state(
-        store.tasks, lambda s: pb.TaskState.Name(s).removeprefix("TASK_STATE_").lower()))
-    metrics.register_gauge_family(*m.HSCHED_JOBS, count_by_state(
-        store.jobs, lambda s: pb.JobState.Name(s).removeprefix("JOB_STATE_").lower()))
+    metrics.register_gauge_family(*m.HSCHED_TASKS, count_by_state(store.tasks, pb.TaskState.items()))
+    metrics.register_gauge_family(*m.HSCHED_JOBS, count_by_state(store.jobs, pb.JobState.items()))
     if servicer.feed is not None:
         feed = servicer.feed
         metrics.register_gauge_family(*m.HSCHED_GATEWAY_WATCHES, lambda: [
