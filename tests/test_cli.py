@@ -97,6 +97,9 @@ def assert_one_line_error(done: subprocess.CompletedProcess, code: int, *words: 
     (["submit", "--priority", "1001"], ["--priority", "must be in -1000..1000", "'1001'"]),
     (["submit", "--priority", "-1001"], ["--priority", "must be in -1000..1000", "'-1001'"]),
     (["submit", "--priority", "1.5"], ["--priority", "whole number", "'1.5'"]),
+    (["submit", "--priority-class", "urgent"], ["--priority-class", "invalid choice", "'urgent'", "'online', 'offline'"]),
+    (["submit", "--priority-class", ""], ["--priority-class", "invalid choice", "'online', 'offline'"]),
+    (["submit", "-f", "tasks.yaml", "--priority-class", "online"], ["-f", "cannot be combined with --priority-class"]),
     (["submit", "--cpu", "nan"], ["--cpu", "finite"]),
     (["submit", "--cpu", "inf"], ["--cpu", "finite"]),
     (["submit", "--cpu", "-1"], ["--cpu", ">= 0"]),
@@ -365,6 +368,21 @@ def test_a_rejected_submit_exits_1_and_prints_its_state(small_stack, tmp_path):
     assert line.returncode == 0 and len(line.stdout.splitlines()) == 1 and line.stdout.split()[0] == task_id
     record = run_cli("get", task_id, "--json", *gw, env=env)
     assert json.loads(record.stdout)["task_id"] == task_id
+
+
+def test_submit_priority_class_reaches_the_gateway(small_stack, tmp_path):
+    """--priority-class: an online task without -f FILE; the flag's value is the spec's field as the gateway keeps
+    it (offline without the flag: the wire's "")."""
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    gw = ["--gateway", small_stack.gateway, "--json"]
+    for argv, expected in ([["--priority-class", "online", "--priority", "7"], ("online", 7)],
+                           [["--priority-class", "offline"], ("offline", 0)], [[], ("", 0)]):
+        done = run_cli("submit", "--cpu", "1", "--runtime-s", "0", *argv, *gw, env=env)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+        task_id = json.loads(done.stdout)["task"]["task_id"]
+        spec = json.loads(run_cli("get", task_id, *gw, env=env).stdout)["spec"]
+        assert (spec.get("priority_class", ""), spec.get("priority", 0)) == expected, spec
+        assert run_cli("release", task_id, *gw, env=env).returncode == 0
 
 
 def test_replay_uses_the_running_stacks_fleet_and_prefix(small_stack, redis_url, private_runtime_dir, capsys):

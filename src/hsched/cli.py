@@ -570,6 +570,7 @@ def cmd_submit(args) -> int:
         return cmd_submit_file(args)
     spec = pb.TaskSpec(
         request_id=args.request_id, tenant=args.tenant, name=args.name, priority=args.priority,
+        priority_class=args.priority_class,
         resources=pb.Resources(cpu_milli=round(args.cpu * 1000), memory_mib=round(args.memory_gib * 1024),
                                disk_mib=round(args.disk_gib * 1024), bandwidth_mbps=args.bandwidth_mbps,
                                gpu_count=args.gpus,
@@ -1116,6 +1117,8 @@ def core_percent(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hsched.domain.task import PRIORITY_CLASSES
+
     p = argparse.ArgumentParser(prog="hsched", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -1297,6 +1300,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-loss-percent", type=percent, default=0.0)
     s.add_argument("--tenant", default="default")
     s.add_argument("--name", default="")
+    s.add_argument("--priority-class", default="", choices=[c for c in PRIORITY_CLASSES if c],
+                   help="online: may evict offline tasks when it finds no room, and is served first from the "
+                        "queue; offline (the default, as the wire's \"\")")
     s.add_argument("--priority", type=priority, default=0, help="order within the priority class, higher first "
                    "(-1000..1000; default 0)")
     s.add_argument("--request-id", default="", help="idempotency key")
