@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import graphlib
 import itertools
+import json
 import re
 from collections import Counter
 from contextlib import asynccontextmanager
@@ -346,6 +347,27 @@ async def test_cancel_releases_the_jobs_tasks(redis_url, prefix, tmp_path):
         assert cancelled.state == pb.JOB_STATE_CANCELLED
         await until(lambda: all(gw.store.tasks[i].state == pb.TASK_STATE_RELEASED for i in ids), "releases")
         assert (await gw.jobs.cancel(first.job_id)).state == pb.JOB_STATE_CANCELLED  # again: as it is
+
+
+async def test_cancel_drops_the_queued_tasks_before_freeing_room_they_would_take(redis_url, prefix, tmp_path):
+    """A stage of six 20-core tasks in a DC of four nodes: four placed, two queued. Cancelled, the queued two
+    are dropped first: the room the others free is never allocated to a task of the cancelled job."""
+    async with backends(redis_url, prefix, tmp_path) as (argv, placers), \
+            servicer_on(redis_url, prefix, argv, placers) as gw:
+        first, _ = await gw.jobs.submit(job(stage("wide", 6, cores=20, runtime_s=3600)))
+        ids = await stage_submitted(gw, first.job_id, "wide", 6)
+        queued_or_on = (pb.TASK_STATE_DEFERRED, pb.TASK_STATE_PLACED, pb.TASK_STATE_RUNNING)
+        await until(lambda: [gw.store.tasks[i].state for i in ids].count(pb.TASK_STATE_DEFERRED) == 2
+                    and all(gw.store.tasks[i].state in queued_or_on for i in ids), "four placed, two queued")
+        queued = [i for i in ids if gw.store.tasks[i].state == pb.TASK_STATE_DEFERRED]
+        await gw.jobs.cancel(first.job_id)
+        await until(lambda: all(gw.store.tasks[i].state == pb.TASK_STATE_RELEASED for i in ids), "releases")
+        client = connect(redis_url)
+        try:
+            events = [json.loads(f[b"e"]) for _, f in await client.xrange(Keys(prefix).ledger(first.datacenter))]
+        finally:
+            await client.aclose()
+        assert [e["t"] for e in events if e["task"] in queued] == ["defer", "defer", "drop", "drop"]
 
 
 async def test_a_restarted_gateway_rebuilds_the_job_and_continues_without_submitting_a_task_twice(

@@ -53,6 +53,7 @@ _LOST = {pb.TASK_STATE_FAILED: "failed", pb.TASK_STATE_EXPIRED: "expired in the 
          pb.TASK_STATE_REJECTED: "was rejected", pb.TASK_STATE_RELEASED: "was released by its client"}
 _FINISHED_TASK = (pb.TASK_STATE_SUCCEEDED, *_LOST)
 _RUNNING_OR_DONE = (pb.TASK_STATE_RUNNING, pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED)
+_WAITING_TASK = (pb.TASK_STATE_DEFERRED, pb.TASK_STATE_PREEMPTED)  # queued at the DC, holding nothing
 
 
 def new_job_id() -> str:
@@ -649,8 +650,13 @@ class JobOrchestrator:
         return decided_s
 
     async def _release(self, task_ids: list[str]) -> None:
-        results = await asyncio.gather(*(self.ports.release_task(t) for t in task_ids), return_exceptions=True)
-        failed = [(t, r) for t, r in zip(task_ids, results, strict=True) if isinstance(r, Exception)]
+        """Release `task_ids`: the waiting ones (queued, holding nothing) first, then those holding resources, so
+        the room the latter free is not handed to a task of the same job that is about to go."""
+        waiting = {t for t in task_ids if (task := self.store.tasks.get(t)) is not None and task.state in _WAITING_TASK}
+        failed = []
+        for group in ([t for t in task_ids if t in waiting], [t for t in task_ids if t not in waiting]):
+            results = await asyncio.gather(*(self.ports.release_task(t) for t in group), return_exceptions=True)
+            failed += [(t, r) for t, r in zip(group, results, strict=True) if isinstance(r, Exception)]
         if failed:
             raise RuntimeError(f"{len(failed)} of {len(task_ids)} releases failed, first {failed[0][0]}: "
                                f"{failed[0][1]}")
