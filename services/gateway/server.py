@@ -86,11 +86,12 @@ async def retry_with_backoff(attempt: Callable[[], Awaitable[T]], retry_on: type
 
 
 class PlacersUnavailable(Exception):
-    """No DC placed or queued a task and the placers of `datacenters`, which might have, did not answer."""
+    """No DC placed or queued a task, and a placer that might have did not answer: `verdicts` says, per DC, why
+    not (short, to group), `reason` with every DC's note (the task's explanation)."""
 
-    def __init__(self, datacenters: list[str], reason: str) -> None:
+    def __init__(self, verdicts: list[tuple[str, str]], reason: str) -> None:
         super().__init__(reason)
-        self.datacenters, self.reason = datacenters, reason
+        self.verdicts, self.reason = verdicts, reason
 
 
 def new_task_id(gateway_id: str = "000000") -> str:
@@ -329,9 +330,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 await self._place(task, selection.candidates, records, unserved)
             except PlacersUnavailable as exc:
                 self._give_up(task, claim, exc.reason)
-                raise rpc.Unavailable(f"the placer of {', '.join(exc.datacenters)} did not answer and no other data "
-                                      f"center could take the task ({exc.reason}); nothing was kept: retry (with "
-                                      "the same request_id)") from None
+                raise rpc.Unavailable(f"no data center placed the task and a placer that might have did not answer "
+                                      f"({exclusion_summary(exc.verdicts)}); nothing was kept: retry (with the "
+                                      "same request_id)") from None
             await self._commit(task, records, fences, claim)
         finally:
             self._scheduling.discard(task.task_id)
@@ -388,13 +389,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return _track(asyncio.create_task(write(), name=what), self._abandoned)
 
     async def _place(self, task: pb.Task, candidates, writes: list[Record], unserved: list[str]) -> None:
-        """Try the DCs in rank order; if all are full now, queue at the best one that could hold it (or the next
-        that answers). REJECTED only when every DC that could hold the task answered that it cannot: if a placer
-        that might have taken it did not answer, or is not serving (`unserved`, left out by the selector), raises
-        `PlacersUnavailable` and records nothing."""
+        """Try the DCs in rank order; if all are full now, queue at the best one that could hold it. Queued or
+        REJECTED only when every DC that could hold the task answered: if a placer that might have taken it did
+        not answer, or is not serving (`unserved`, left out by the selector), raises `PlacersUnavailable` and
+        records nothing."""
         notes = task.explanation.notes
         full: list[str] = []
         unanswered: list[str] = []
+        never: list[str] = []
         # an online task evicts offline work only where no DC has room for it (Volcano's preempt action runs
         # after allocate): first every DC without preemption, then the full ones with it, in rank order
         online = task.spec.priority_class == ONLINE
@@ -410,6 +412,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 full.append(dc)
                 notes.append(f"{dc}: no room now ({reply.reason}); trying the next data center")
             else:
+                never.append(dc)
                 notes.append(f"{dc}: cannot ever hold it ({reply.reason})")
         for dc in full if online else ():
             reply = await self._call_place(task, dc, allow_defer=False, notes=notes)
@@ -420,7 +423,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 return
             else:
                 notes.append(f"{dc}: no offline task to preempt for it ({reply.reason})")
-        if full:  # one more Place per Submit at most: `submit_bound_s` counts on it
+        # queue only when every DC that could hold it answered: queued, it stays at that DC even once a placer
+        # that did not answer (and might have had room) serves again
+        if full and not (unanswered or unserved):  # one more Place per Submit at most: `submit_bound_s` counts on it
             dc = full[0]
             reply = await self._call_place(task, dc, allow_defer=True, notes=notes)
             if reply is None:
@@ -436,7 +441,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         task.datacenter = ""
         task.reason = "no data center could place it: " + "; ".join(notes)
         if unanswered or unserved:  # a placer restarting or stalled is no verdict on the task: the client retries
-            raise PlacersUnavailable([*unanswered, *unserved], task.reason)
+            raise PlacersUnavailable([*((dc, "its placer did not answer") for dc in unanswered),
+                                      *((dc, "its placer is not serving") for dc in unserved),
+                                      *((dc, "no room now") for dc in full if dc not in unanswered),
+                                      *((dc, "cannot ever hold it") for dc in never)], task.reason)
         writes.append(step("rejected", task, task.reason))
 
     async def _call_place(self, task: pb.Task, dc: str, allow_defer: bool, notes, no_preemption: bool = False
