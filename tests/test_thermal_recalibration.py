@@ -290,6 +290,26 @@ def test_replay_cli_without_an_answering_redis_is_one_line_exit_1(tmp_path, caps
     assert err.endswith("Connection refused; nothing written\n"), err
 
 
+def test_replay_cli_losing_redis_while_writing_is_one_line_exit_1(tmp_path, capsys, private_runtime_dir, monkeypatch,
+                                                                  redis_url, prefix) -> None:
+    import redis as syncredis
+
+    from hsched.thermal import readings as readings_module
+
+    def lost(*args, **kwargs):
+        raise syncredis.ConnectionError("Connection reset by peer")
+
+    syncredis.Redis.from_url(redis_url).set(Keys(prefix).epoch, "e")
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n")
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setattr(readings_module, "write_readings", lost)
+    assert cli_main(["thermal", "replay", str(path), "--fleet", SMALL_FLEET, "--prefix", prefix]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"hsched thermal replay: Redis at {redis_url}: Connection reset by peer; readings before the "
+                   "failure may be written (replaying the file again records no scan twice)\n"), err
+
+
 HEADER = b"datacenter,sample,node,inlet_c,outlet_c,supply_c\n"
 
 

@@ -961,7 +961,12 @@ def cmd_thermal(args) -> int:
         raise ValidationError("--prefix", f"must name an hsched deployment: Redis at {redact_url(url)} holds no "
                               f"{keys.epoch} (`hsched up` or a deployment's first service writes it); nothing "
                               "written", keys.prefix)
-    n = write_readings(redis, keys.readings, readings, READINGS_MAXLEN)
+    try:
+        n = write_readings(redis, keys.readings, readings, READINGS_MAXLEN)
+    except RedisError as exc:  # written in pipelined chunks: those before the failure stay
+        print(f"hsched thermal replay: {describe_redis_error(url, exc).rstrip('.')}; readings before the failure "
+              "may be written (replaying the file again records no scan twice)", file=sys.stderr)
+        return 1
     print(f"{n} readings of {len({(r.datacenter, r.sample) for r in readings})} scans written to "
           f"{', '.join(sorted({keys.readings(r.datacenter) for r in readings}))}")
     return 0
