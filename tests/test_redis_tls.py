@@ -1,5 +1,5 @@
 """Redis over TLS with an ACL user (issue 14, item 4): a real redis-server listening on TLS only, client
-certificates required, the default user disabled and an hsched user confined to one key prefix; certificates
+certificates required, the default user unusable and an hsched user confined to one key prefix; certificates
 from hsched.security.pki. A whole stack runs on it; the user can touch nothing outside its prefix; plaintext
 and wrong passwords are refused."""
 
@@ -90,8 +90,32 @@ def test_plaintext_and_certificate_less_clients_are_refused(tls_redis):
     with pytest.raises(redis.ConnectionError):
         no_cert.ping()
     default_user = connect_sync(server.url.replace(f"{USER}:{server.password}@", ""), tls, socket_timeout=5)
-    with pytest.raises(redis.exceptions.AuthenticationError):  # the default user is off: no anonymous access
+    with pytest.raises(redis.exceptions.AuthenticationError):  # the default user's password is nobody's
         default_user.ping()
+
+
+def test_the_acl_users_transactions_survive_a_restart(tls_redis, tmp_path):
+    """The append-only file is replayed as the default user, whose ACL Redis checks again at each EXEC: with the
+    default user off, a restart kept the plain writes and silently dropped every MULTI/EXEC (redis/redis#14541)."""
+    _, prefix, _, d = tls_redis
+    server = EmbeddedRedis(data_dir=tmp_path / "redis", acl_user=USER, acl_prefix=prefix,
+                           tls=ServerTls(cert=str(d / "redis.crt"), key=str(d / "redis.key"), ca=str(d / "ca.crt")))
+    server.start()
+    try:
+        client = server.client()
+        client.set(f"{prefix}:plain", "1")
+        with client.pipeline(transaction=True) as pipe:
+            pipe.set(f"{prefix}:in-multi", "2").incr(f"{prefix}:fence").xadd(f"{prefix}:ledger", {"e": "{}"})
+            pipe.execute()
+        client.close()
+        server.stop()  # SIGTERM: the append-only file is fsynced
+        server.start()
+        client = server.client()
+        assert client.get(f"{prefix}:plain") == b"1" and client.get(f"{prefix}:in-multi") == b"2"
+        assert client.get(f"{prefix}:fence") == b"1" and client.xlen(f"{prefix}:ledger") == 1
+        client.close()
+    finally:
+        server.stop()
 
 
 def test_a_wrong_password_is_refused_with_one_clear_line(tls_redis, tmp_path):

