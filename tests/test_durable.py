@@ -128,6 +128,18 @@ def test_redis_sigkill_and_restart_keeps_ledgers_and_tasks(tmp_path):
             assert svc.proc.poll() is None, f"{name} died"
 
 
+def test_a_supervised_stack_says_when_redis_lost_the_state(tmp_path):
+    """The supervisor restarts no writer that found the state gone, and says so: `hsched up` then stops the rest
+    (exit 3) instead of running on with only the selector."""
+    with Stack(config(tmp_path, supervise=True)) as stack:
+        connect_sync(stack.redis_url).delete(Keys(stack.config.prefix).epoch)  # as a wiped Redis looks
+        deadline = time.monotonic() + 120
+        while not stack.state_lost:
+            assert time.monotonic() < deadline, "no service reported the lost state"
+            time.sleep(0.2)
+        assert stack.state_lost.endswith("exited because Redis lost hsched's state, which no restart brings back")
+
+
 def test_lost_redis_state_is_refused_until_fresh(tmp_path):
     cfg = config(tmp_path)
     with Stack(cfg) as stack, grpc.insecure_channel(stack.gateway) as ch:

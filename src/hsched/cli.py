@@ -156,7 +156,7 @@ def cmd_up(args) -> int:
     from hsched.localstate import remove_stack, write_stack
     from hsched.security import pki
     from hsched.stack import Stack, StackConfig, default_state_dir
-    from hsched.state.epoch import StateLost
+    from hsched.state.epoch import EXIT_STATE_LOST, StateLost
     from hsched.state.redis import RedisUnavailable, redact_url, url_without_password
 
     _fleet(args.fleet)  # a bad fleet file: its one-line message (exit 2) before anything starts
@@ -252,7 +252,10 @@ def cmd_up(args) -> int:
         console.print(f"[bold]gateway on {stack.gateway}[/] — try: hsched submit --cpu 4 --memory-gib 8; "
                       "Ctrl-C stops everything")
         while not stop.wait(1):
-            pass
+            if stack.state_lost:  # nothing can serve any more: stop the rest rather than leave a husk running
+                console.print(f"[bold red]{stack.state_lost}[/]: stopping the stack (its logs are kept); start "
+                              "afresh on purpose with hsched up --fresh or a new --prefix")
+                return EXIT_STATE_LOST
     except KeyboardInterrupt:
         pass
     finally:

@@ -228,6 +228,8 @@ class Stack:
         self.logs_kept: Path | None = None  # set by stop() when it left the logs in place (and why it did)
         self._start_failed = False
         self._crashed: list[str] = []
+        # why the deployment cannot go on: a service exited because Redis lost hsched's state ("" = it can)
+        self.state_lost = ""
         # the TLS files of a rediss:// URL (HSCHED_REDIS_TLS_*), for the stack's own calls and its children
         self.redis_tls = RedisTls.from_env({**os.environ, **config.extra_env})
         self.supervisor_metrics: MetricsServer | None = None
@@ -741,6 +743,8 @@ class Stack:
                     self._note_exit(svc)
                     if svc.last_exit_code == EXIT_STATE_LOST:
                         svc.stopped = True
+                        self.state_lost = (f"{svc.name} exited because Redis lost hsched's state, which no restart "
+                                           "brings back")
                         self._event(logging.ERROR, f"{svc.name}: not restarted: it exited because Redis lost "
                                                    "hsched's state, which a restart cannot bring back")
                         return
