@@ -138,6 +138,9 @@ def test_the_new_families_say_what_happened(loaded):
                  requested="bestfit") == 1.0
     assert "hsched_placer_policy_fallbacks" not in scrapes["placer-cheap"]
     assert value(gpu, "hsched_placer_lease_held", datacenter="gpu") == 1.0
+    # the room model the placer's guard checks with (none published here: the default), the redline to alert on
+    assert value(gpu, "hsched_placer_thermal_model_version", datacenter="gpu") == 0.0
+    assert value(scrapes["thermal"], "hsched_dc_redline_celsius", datacenter="gpu") == 27.0  # tests/fleets/small.yaml
     assert value(gpu, "hsched_placer_fencing_token", datacenter="gpu") >= 1
     # per GPU model: 4 nodes x 2 T4 of 16 GiB, one 30 % / 1 GiB slice on them
     model = {"datacenter": "gpu", "model": "T4"}

@@ -425,7 +425,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 notes.append(f"{dc}: no offline task to preempt for it ({reply.reason})")
         # queue only when every DC that could hold it answered: queued, it stays at that DC even once a placer
         # that did not answer (and might have had room) serves again
-        if full and not (unanswered or unserved):  # one more Place per Submit at most: `submit_bound_s` counts on it
+        if full and not (unanswered or unserved):  # at the best one only: `submit_bound_s` counts the Places
             dc = full[0]
             reply = await self._call_place(task, dc, allow_defer=True, notes=notes)
             if reply is None:

@@ -53,6 +53,7 @@ from hsched.state.tasks import now_ms
 from hsched.telemetry import BatchedCalls, MetricsServer
 from hsched.telemetry import metrics as m
 from hsched.thermal.datacenter import room_for
+from hsched.thermal.guard import RoomGuard
 from hsched.thermal.published import ModelFollower, Published
 from hsched.thermal.room import RoomModel
 from hsched.v1 import common_pb2, placer_pb2, placer_pb2_grpc, thermal_pb2, thermal_pb2_grpc
@@ -290,6 +291,8 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine, requested_pol
         lambda: sum(1 for c in list(engine.state.clocks.values()) if c.started_ms)))
     metrics.register_gauge_family(*m.HSCHED_PLACER_LEASE_HELD, per_dc(lambda: engine.holding))
     metrics.register_gauge_family(*m.HSCHED_PLACER_FENCING_TOKEN, per_dc(lambda: engine.ledger.token or 0))
+    if isinstance(engine.thermal, RoomGuard):
+        metrics.register_gauge_family(*m.HSCHED_PLACER_THERMAL_MODEL_VERSION, per_dc(lambda: engine.thermal.version))
     metrics.register_counter_family(*m.HSCHED_PLACER_PREEMPTIONS, per_dc(lambda: engine.preemptions_total))
     policy = engine.policy
     fallback = policy if hasattr(policy, "learned") else None  # hsched.policies.learned.Fallback (imports torch)

@@ -191,6 +191,8 @@ def register_metrics(metrics: MetricsServer, rooms: dict[str, Room]) -> None:
                                   per_dc(lambda s: s.cooling_power_w))
     metrics.register_gauge_family(*m.HSCHED_DC_SUPPLY_CELSIUS,
                                   per_dc(lambda s: s.t_supply_c))
+    metrics.register_gauge_family(*m.HSCHED_DC_REDLINE_CELSIUS,
+                                  lambda: [((name,), float(room.model.params.redline_c)) for name, room in rooms.items()])
 
 
 async def _fatal_on_lost(loop, guard, stop: asyncio.Event) -> None:

@@ -154,8 +154,14 @@ HSCHED_DC_MAX_INLET_CELSIUS = MetricSpec("hsched_dc_max_inlet_celsius", "Hottest
 HSCHED_DC_SUPPLY_CELSIUS = MetricSpec("hsched_dc_supply_celsius", "CRAC supply air temperature, Celsius", _DC)
 HSCHED_DC_IT_POWER_WATTS = MetricSpec("hsched_dc_it_power_watts", "IT power of the room, W", _DC)
 HSCHED_DC_COOLING_POWER_WATTS = MetricSpec("hsched_dc_cooling_power_watts", "CRAC power of the room, W", _DC)
+HSCHED_DC_REDLINE_CELSIUS = MetricSpec(
+    "hsched_dc_redline_celsius", "Inlet redline of the room, Celsius: alert on hsched_dc_max_inlet_celsius above it",
+    _DC)
 HSCHED_THERMAL_MODEL_VERSION = MetricSpec(
     "hsched_thermal_model_version", "Published room model version served (0 = the fleet's default model)", _DC)
+HSCHED_PLACER_THERMAL_MODEL_VERSION = MetricSpec(
+    "hsched_placer_thermal_model_version", "Room model version the placer's in-process thermal guard checks "
+    "placements with (0 = the fleet's default model; no sample without that guard)", _DC)
 HSCHED_THERMAL_REFITS = MetricSpec(
     "hsched_thermal_refits", "Refits of the room model by result: published, ill_conditioned, not_better, "
     "too_few_scans, conflict", ("datacenter", "result"))
