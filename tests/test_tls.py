@@ -167,6 +167,44 @@ def test_a_leaf_name_is_an_identity_in_the_trust_domain_or_refused(name):
     assert pki.paths("/d", name)[0] == Path("/d") / f"{name}.crt"  # the name is one plain file name
 
 
+def test_the_cli_refuses_malformed_tls_files_in_one_line_naming_the_file(tmp_path, monkeypatch, capfd):
+    """A CA that is no PEM certificate (or is a key), a client key that is no key or not the certificate's:
+    one line naming the variable/flag and the file, exit 2, before any connection (it was gRPC's handshake
+    failure: a dozen lines of C-core log, then UNAVAILABLE, exit 1)."""
+    from hsched import cli
+
+    d = pki.init_dir(tmp_path / "tls")
+    pki.issue(d, "tenant-acme")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # no running stack
+    for name in ("HSCHED_TOKEN", "HSCHED_TOKEN_FILE", "HSCHED_TLS_CA", "HSCHED_TLS_CERT", "HSCHED_TLS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    junk = tmp_path / "junk.crt"
+    junk.write_text("not a certificate\n")
+    crt, key, other_key = d / "tenant-acme.crt", d / "tenant-acme.key", d / "admin.key"
+    cases = [
+        ({"HSCHED_TLS_CA": junk}, [], f"HSCHED_TLS_CA: {junk} is not a PEM certificate file: it must hold"),
+        ({}, ["--tls-ca", str(key)], f"--tls-ca: {key} is not a PEM certificate file (it holds a private key)"),
+        ({"HSCHED_TLS_CA": d / "ca.crt", "HSCHED_TLS_CERT": crt, "HSCHED_TLS_KEY": other_key}, [],
+         f"HSCHED_TLS_KEY: {other_key} is not the private key of the certificate {crt} (HSCHED_TLS_CERT)"),
+        ({"HSCHED_TLS_CERT": crt, "HSCHED_TLS_KEY": crt}, [],
+         f"HSCHED_TLS_KEY: {crt} is not a PEM private key (it holds a certificate)"),
+        ({"HSCHED_TLS_CERT": junk, "HSCHED_TLS_KEY": key}, [], f"HSCHED_TLS_CERT: {junk} is not a PEM certificate"),
+    ]
+    for env, flags, expected in cases:
+        for name in ("HSCHED_TLS_CA", "HSCHED_TLS_CERT", "HSCHED_TLS_KEY"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, str(value))
+        assert cli.main(["list", "--gateway", "127.0.0.1:1", *flags]) == 2, expected
+        err = capfd.readouterr().err
+        assert err.startswith(f"hsched: {expected}") and err.count("\n") == 1, err
+    monkeypatch.setenv("HSCHED_TLS_CA", str(d / "ca.crt"))  # good files: on to the (absent) gateway
+    monkeypatch.setenv("HSCHED_TLS_CERT", str(crt))
+    monkeypatch.setenv("HSCHED_TLS_KEY", str(key))
+    assert cli.main(["list", "--gateway", "127.0.0.1:1"]) == 1
+    assert "UNAVAILABLE" in capfd.readouterr().err
+
+
 def test_authorization_table_is_default_deny():
     assert authz.allowed("/hsched.v1.Placer/Place", "spiffe://hsched.local/service/gateway")
     for who in ("selector", "thermal", "placer", "supervisor"):

@@ -25,6 +25,7 @@ class ClientCredentials:
     tls_ca: str | None = None  # PEM bundle that verifies the gateway (None with a client cert: system roots)
     tls_cert: str | None = None
     tls_key: str | None = None
+    tls_ca_source: str = "tls_ca"  # where tls_ca came from, as its errors name it: --tls-ca, HSCHED_TLS_CA, ...
 
     @property
     def tls(self) -> bool:
@@ -36,17 +37,15 @@ class ClientCredentials:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
-        def read(path: str, what: str) -> bytes:
-            try:
-                with open(path, "rb") as f:
-                    return f.read()
-            except OSError as exc:
-                raise ValidationError(what, f"cannot read {path} ({exc.strerror or exc})") from None
-
-        return grpc.ssl_channel_credentials(
-            root_certificates=read(self.tls_ca, "tls_ca") if self.tls_ca else None,
-            private_key=read(self.tls_key, "HSCHED_TLS_KEY") if self.tls_key else None,
-            certificate_chain=read(self.tls_cert, "HSCHED_TLS_CERT") if self.tls_cert else None)
+        """The TLS credentials, each file read and parsed first: a file that is not what it should be (no PEM
+        certificate, a key where the CA belongs, a key that is not the certificate's) is a ValidationError naming
+        its source and path, never gRPC's handshake failure (UNAVAILABLE after a dozen lines of C-core log)."""
+        ca = _pem(self.tls_ca, self.tls_ca_source, "certificate") if self.tls_ca else None
+        cert = _pem(self.tls_cert, "HSCHED_TLS_CERT", "certificate") if self.tls_cert else None
+        key = _pem(self.tls_key, "HSCHED_TLS_KEY", "key") if self.tls_key else None
+        if cert is not None and key is not None:
+            _check_pair(self.tls_cert, cert, self.tls_key, key)
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
     def channel(self, target: str, options=None) -> grpc.Channel:
         options = balanced(target, options or ())
@@ -84,8 +83,13 @@ def client_credentials(token_file: str | None = None, tls_ca: str | None = None,
     if bool(cert) != bool(key):
         raise ValidationError("HSCHED_TLS_CERT" if key else "HSCHED_TLS_KEY",
                               "a client certificate needs both HSCHED_TLS_CERT and HSCHED_TLS_KEY")
-    ca = tls_ca or env.get("HSCHED_TLS_CA") or stack.get("tls_ca") or None
-    return ClientCredentials(token, ca, cert, key)
+    if tls_ca:
+        ca, source = tls_ca, "--tls-ca"
+    elif env.get("HSCHED_TLS_CA"):
+        ca, source = env["HSCHED_TLS_CA"], "HSCHED_TLS_CA"
+    else:
+        ca, source = stack.get("tls_ca") or None, "the running stack's tls_ca"
+    return ClientCredentials(token, ca, cert, key, source)
 
 
 def _token_from(path: str, source: str) -> str:
@@ -93,3 +97,52 @@ def _token_from(path: str, source: str) -> str:
         return read_token_file(path)
     except ValidationError as exc:
         raise ValidationError(source, exc.rule.replace("the token file", f"the token file {path}")) from None
+
+
+def _read(path: str, source: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValidationError(source, f"cannot read {path} ({exc.strerror or exc})") from None
+
+
+def _pem(path: str, source: str, kind: str) -> bytes:
+    """The file's bytes once they parse as PEM certificates (kind "certificate": one or more) or one unencrypted
+    PEM private key (kind "key"); ValidationError naming `source` and the file otherwise."""
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    data = _read(path, source)
+    if kind == "certificate":
+        try:
+            x509.load_pem_x509_certificates(data)
+        except ValueError:
+            what = " (it holds a private key)" if b"PRIVATE KEY-----" in data else ""
+            raise ValidationError(source, f"{path} is not a PEM certificate file{what}: it must hold one or more "
+                                  "-----BEGIN CERTIFICATE----- blocks") from None
+        return data
+    try:
+        serialization.load_pem_private_key(data, password=None)
+    except TypeError:  # encrypted
+        raise ValidationError(source, f"{path} is an encrypted private key: it must be an unencrypted PEM private "
+                              "key") from None
+    except (ValueError, UnsupportedAlgorithm):
+        what = " (it holds a certificate)" if b"BEGIN CERTIFICATE" in data else ""
+        raise ValidationError(source, f"{path} is not a PEM private key{what}: it must hold one -----BEGIN ... "
+                              "PRIVATE KEY----- block") from None
+    return data
+
+
+def _check_pair(cert_path: str, cert_pem: bytes, key_path: str, key_pem: bytes) -> None:
+    """The key must be the private key of the chain's first (leaf) certificate."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    cert = x509.load_pem_x509_certificates(cert_pem)[0]
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if cert.public_key().public_bytes(*spki) != key.public_key().public_bytes(*spki):
+        raise ValidationError("HSCHED_TLS_KEY", f"{key_path} is not the private key of the certificate "
+                              f"{cert_path} (HSCHED_TLS_CERT): give the key that belongs to it")
