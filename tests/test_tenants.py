@@ -324,6 +324,12 @@ def test_cli_uses_the_running_stacks_admin_token_only_for_that_stacks_gateway(st
     other = stack.gateway.replace("127.0.0.1", "localhost")  # the same server under another name: no token sent
     assert cli.main(["get", "--gateway", other, task_id]) == 1
     assert "UNAUTHENTICATED" in capsys.readouterr().err
+    # HSCHED_TOKEN set but empty (`HSCHED_TOKEN=$(cat lost.token)`) is an error, never the stack's admin token
+    monkeypatch.setenv("HSCHED_TOKEN", "")
+    assert cli.main(["get", "--gateway", stack.gateway, task_id]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hsched: HSCHED_TOKEN: is set but empty") and err.count("\n") == 1, err
+    monkeypatch.delenv("HSCHED_TOKEN")
     gw["alice"].release(task_id)
 
 
@@ -537,6 +543,17 @@ async def test_a_verified_client_certificate_identity_is_a_principal(tmp_path):
                     == expected
         with pytest.raises(ValidationError, match="HSCHED_TLS_KEY"):
             client_credentials(env={"HSCHED_TLS_CERT": env["HSCHED_TLS_CERT"]})
+        # the running stack's admin token is not added to a client certificate of the user's own: they act as
+        # the certificate's tenant; an explicit token still applies
+        admin, _ = tk.create_token(tmp_path / "tokens.yaml", role="admin", name="stack-admin")
+        (tmp_path / "admin.token").write_text(admin + "\n")
+        stack = {"token_file": str(tmp_path / "admin.token"), "tls_ca": str(tmp_path / "ca.crt")}
+        for env_now, expected in ((env, "tenant alice"), ({**env, "HSCHED_TOKEN": token}, "tenant bob")):
+            creds = client_credentials(stack=stack, env=env_now)
+            async with creds.aio_channel(f"127.0.0.1:{port}") as ch:
+                assert (await ch.unary_unary("/test.Who/Ami")(b"", timeout=10, metadata=creds.metadata)).decode() \
+                    == expected
+        assert client_credentials(stack=stack, env={}).token == admin  # no certificate of their own: the stack's
     finally:
         await server.stop(0)
 
