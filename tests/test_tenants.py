@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import socket
 import stat
 import time
 
@@ -330,6 +331,24 @@ def test_cli_uses_the_running_stacks_admin_token_only_for_that_stacks_gateway(st
     err = capsys.readouterr().err
     assert err.startswith("hsched: HSCHED_TOKEN: is set but empty") and err.count("\n") == 1, err
     monkeypatch.delenv("HSCHED_TOKEN")
+    gw["alice"].release(task_id)
+
+
+def test_cli_finds_a_multi_gateway_stacks_token_by_one_of_its_addresses(stack, gw, monkeypatch, capsys,
+                                                                        no_running_stack):
+    """`--gateway 127.0.0.1:P`, P one of the stack's gateways (its target `ipv4:A,B`): the stack's admin token
+    goes with the call (it went without one: UNAUTHENTICATED), as docs/operations.md says."""
+    from hsched.localstate import write_stack
+
+    with socket.socket() as s:  # a second address of the target, with no gateway behind it
+        s.bind(("127.0.0.1", 0))
+        spare = f"127.0.0.1:{s.getsockname()[1]}"
+    write_stack({"gateway": f"ipv4:{stack.gateway},{spare}", "token_file": str(stack.admin_token_file)})
+    task_id = gw["alice"].submit(spec()).task.task_id
+    assert cli.main(["get", "--gateway", stack.gateway, task_id]) == 0, capsys.readouterr().err
+    assert task_id in capsys.readouterr().out
+    assert cli.main(["get", "--gateway", spare, task_id]) == 1  # the other address: no gateway there
+    assert "UNAVAILABLE" in capsys.readouterr().err
     gw["alice"].release(task_id)
 
 

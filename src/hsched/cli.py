@@ -72,10 +72,12 @@ def _stack_key(env_name: str) -> str:
 
 def _credentials(args) -> ClientCredentials:
     """The token and TLS settings for `args.gateway` (hsched.security.client); the running stack's token file
-    and CA only for that stack's own gateway."""
-    stack = _running_stack(args.gateway)
-    return client_credentials(getattr(args, "token_file", None), getattr(args, "tls_ca", None),
-                              stack if stack.get("gateway") == args.gateway else None)
+    and CA only for that stack's own gateway: its whole target or any one of its gateways' addresses
+    (localstate.pick_stack)."""
+    from hsched.localstate import pick_stack
+
+    stack = pick_stack(args.gateway) if args.gateway else {}
+    return client_credentials(getattr(args, "token_file", None), getattr(args, "tls_ca", None), stack)
 
 
 class _WithCredentials:
