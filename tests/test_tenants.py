@@ -249,7 +249,11 @@ def test_tokens_file_changes_apply_without_a_restart_and_a_broken_edit_keeps_the
     tk.revoke_token(stack.tokens_file, "carol")
     assert refused(lambda: Client(channel, carol).get(task_id)).code() == grpc.StatusCode.UNAUTHENTICATED
     past = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
-    dave, _ = tk.create_token(stack.tokens_file, "dave", name="dave", expires=past)
+    with pytest.raises(tk.TokensFileError, match="expires: must be in the future"):
+        tk.create_token(stack.tokens_file, "dave", name="dave", expires=past)
+    dave = tk.new_token()  # an entry that expired while in the file
+    entries = tk.load_tokens(stack.tokens_file)
+    tk._write(tk.Path(stack.tokens_file), [*entries, tk.TokenEntry("dave", "dave", "tenant", tk.token_hash(dave), past)])
     err = refused(lambda: Client(channel, dave).list())
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "expired" in err.details()
 
@@ -373,6 +377,14 @@ def test_tokens_commands_print_the_token_once_and_store_only_its_hash(tmp_path, 
     assert capsys.readouterr().err.startswith("hsched: --tenant: must be a DNS-1123 label")
     assert cli.main(["tokens", "create", "--file", str(path), "--tenant", "a", "--expires", "soon"]) == 2
     assert capsys.readouterr().err.startswith("hsched: --expires: must be an ISO 8601 time")
+    before = path.read_text()
+    assert cli.main(["tokens", "create", "--file", str(path), "--tenant", "a", "--expires", "2020-01-01T00:00:00Z"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "hsched: --expires: must be in the future (a token past it is refused) "
+                              "(got '2020-01-01T00:00:00Z')\n")
+    assert path.read_text() == before  # nothing written
+    assert cli.main(["tokens", "create", "--file", str(path), "--tenant", "a", "--expires", "2999-01-01"]) == 0
+    capsys.readouterr()
     assert cli.main(["tokens", "revoke", "--file", str(path), "ci"]) == 0
     assert tk.TokenTable(tk.load_tokens(path)).match(token) is None
     assert cli.main(["tokens", "revoke", "--file", str(path), "ci"]) == 2

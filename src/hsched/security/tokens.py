@@ -248,6 +248,9 @@ def create_token(path: str | os.PathLike, tenant: str = "", role: str = "tenant"
     if expires is not None:
         raw["expires"] = expires
     entry = _entry(len(entries), raw)
+    if entry.expired(dt.datetime.now(dt.UTC)):
+        raise TokensFileError(f"tokens[{len(entries)}].expires", "must be in the future (a token past it is refused)",
+                              entry.expires.strftime("%Y-%m-%dT%H:%M:%SZ"))
     if any(e.name == name for e in entries):
         raise TokensFileError("name", f"a token named {name!r} is already in {path}; revoke it or choose another")
     _write(path, [*entries, entry])
