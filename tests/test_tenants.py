@@ -258,6 +258,29 @@ def test_tokens_file_changes_apply_without_a_restart_and_a_broken_edit_keeps_the
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "expired" in err.details()
 
 
+def test_a_revoked_token_stays_refused_when_a_broken_edit_follows_before_any_call(stack, channel, gw):
+    """`tokens revoke ci-d`, then a broken edit, then a call with ci-d's token to a gateway that got no call in
+    between (so it never read the revoking version): refused. It was accepted, the gateway keeping its previous
+    table (ci-d in it) because the edit was broken. Tokens still in the broken file keep working."""
+    cid, _ = tk.create_token(stack.tokens_file, "cid", name="ci-d")
+    cie, _ = tk.create_token(stack.tokens_file, "cie", name="ci-e")
+    assert Client(channel, cid).list() == [] and Client(channel, cie).list() == []  # both in the gateway's table
+    assert cli.main(["tokens", "revoke", "--file", str(stack.tokens_file), "ci-d"]) == 0
+    revoked = open(stack.tokens_file).read()
+    with open(stack.tokens_file, "a") as f:
+        f.write("  - {name: broken\n")
+    try:
+        assert refused(lambda: Client(channel, cid).list()).code() == grpc.StatusCode.UNAUTHENTICATED
+        assert Client(channel, cie).list() == []  # its hash is still in the (broken) file
+        log = (stack.log_dir / "gateway.log").read_text()
+        assert "(dropped 1 whose hash the file no longer holds)" in log
+    finally:
+        with open(stack.tokens_file, "w") as f:
+            f.write(revoked)
+    assert refused(lambda: Client(channel, cid).list()).code() == grpc.StatusCode.UNAUTHENTICATED
+    tk.revoke_token(stack.tokens_file, "ci-e")
+
+
 def test_refusals_are_logged_without_the_token_and_no_token_is_on_a_command_line(stack, channel, gw):
     wrong = "hst_" + "Z" * 43
     refused(lambda: Client(channel, wrong).list())
@@ -447,6 +470,28 @@ def test_any_file_content_is_either_loaded_or_refused_naming_the_file(tmp_path, 
         tk.load_tokens(path)
     except tk.TokensFileError as exc:
         assert str(exc).startswith(str(path))
+
+
+def test_a_broken_tokens_file_keeps_only_the_previous_tokens_it_still_holds(tmp_path):
+    """TokensFile on real files: a broken version keeps the last good table less the tokens whose hash left the
+    file; a missing file keeps none; the next good version is the table again."""
+    path = tmp_path / "tokens.yaml"
+    a, _ = tk.create_token(path, "a", name="a")
+    b, _ = tk.create_token(path, "b", name="b")
+    tokens = tk.TokensFile(path)
+    assert tokens.table().match(a) and tokens.table().match(b)
+    tk.revoke_token(path, "a")
+    with open(path, "a") as f:
+        f.write("  - {name: broken\n")
+    assert tokens.table().match(a) is None and tokens.table().match(b).name == "b"
+    broken = path.read_text()
+    path.unlink()
+    assert tokens.table().match(b) is None  # unreadable: no token kept
+    path.write_text(broken)  # broken again: nothing to keep from an empty table
+    assert tokens.table().match(b) is None
+    tk._write(path, [])
+    c, _ = tk.create_token(path, "c", name="c")
+    assert tokens.table().match(c).name == "c" and tokens.table().match(b) is None
 
 
 def test_duplicates_unknown_fields_and_broken_yaml_name_what_is_wrong(tmp_path):

@@ -13,7 +13,8 @@ credential; the token itself is shown once, when `hsched tokens create` makes it
 
 `load_tokens` validates it whole and names the offending field (`tokens[2].role: ...`); `TokensFile` is what
 the gateway holds: it re-reads the file when it changes (revocation without a restart) and keeps the last
-good table when an edit is broken. Writes (`create_token`, `revoke_token`) replace the file atomically, 0600.
+good table when an edit is broken, less any token whose hash the broken file no longer holds (a revocation
+sticks). Writes (`create_token`, `revoke_token`) replace the file atomically, 0600.
 """
 
 from __future__ import annotations
@@ -193,7 +194,8 @@ class TokenTable:
 class TokensFile:
     """The tokens file the gateway authenticates against. `table()` re-reads it when it changed (size, mtime
     or inode: `tokens create/revoke` replace it by a rename); an edit that does not validate keeps the last
-    good table and is logged once (until the file changes again). Missing or broken at start: TokensFileError."""
+    good table, less the tokens whose hash the file no longer holds, and is logged once (until the file changes
+    again). Missing or broken at start: TokensFileError."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -219,9 +221,24 @@ class TokensFile:
                     self._table = TokenTable(load_tokens(self.path))
                     log.info("tokens file %s reloaded: %d tokens", self.path, len(self._table.entries))
                 except TokensFileError as exc:
-                    log.error("tokens file changed but cannot be used, keeping the previous %d tokens: %s",
-                              len(self._table.entries), exc)
+                    kept = self._still_named(self._table.entries)
+                    gone = len(self._table.entries) - len(kept)
+                    self._table = TokenTable(kept)
+                    log.error("tokens file changed but cannot be used, keeping the previous %d tokens%s: %s",
+                              len(kept), f" (dropped {gone} whose hash the file no longer holds)" if gone else "",
+                              exc)
         return self._table
+
+    def _still_named(self, entries: list[TokenEntry]) -> list[TokenEntry]:
+        """The entries whose sha256 the file's text (unusable as YAML or by the rules) still holds. This gateway
+        may not have seen every good version: `tokens revoke` then a broken edit before any call would keep the
+        revoked token with the last table it read. A token whose hash left the file stays refused; an unreadable
+        or missing file keeps none."""
+        try:
+            text = self.path.read_text(errors="replace")
+        except OSError:
+            return []
+        return [e for e in entries if e.sha256 in text]
 
 
 # -- editing the file (hsched tokens create / list / revoke) -----------------------------------------------------
