@@ -464,3 +464,85 @@ def test_train_init_is_checked_before_training(tmp_path):
                           "no checkpoint at")
     assert_one_line_error(run_cli("train", "ba3c", "--init", "models/ba3c_dag.pt", "--resume", "--out",
                                   str(tmp_path / "x.pt"), env=env), 2, "--init", "give one of them")
+
+
+# -- hsched watch rides out a gateway that goes away -----------------------------------------------------------
+
+# A stand-in gateway (real gRPC, its own process, so that a SIGKILL closes its sockets as a crash does): task t1
+# is RUNNING; Watch from "0" streams events 1-0 and 2-0 of t1 and then nothing; Watch after "2-0" streams 3-0,
+# t1 SUCCEEDED. Each Watch prints its after_event_id on stdout.
+FAKE_GATEWAY = '''
+import sys, time
+from concurrent import futures
+import grpc
+from hsched.v1 import common_pb2 as pb, gateway_pb2_grpc
+
+EVENTS = [("1-0", pb.TASK_STATE_PLACED), ("2-0", pb.TASK_STATE_RUNNING), ("3-0", pb.TASK_STATE_SUCCEEDED)]
+
+class Gateway(gateway_pb2_grpc.GatewayServicer):
+    def Get(self, request, context):
+        return pb.Task(task_id=request.task_id, state=pb.TASK_STATE_RUNNING)
+
+    def Watch(self, request, context):
+        print("watch after", request.after_event_id, flush=True)
+        for event_id, state in EVENTS[:2] if request.after_event_id == "0" else EVENTS:
+            if tuple(map(int, event_id.split("-"))) > tuple(map(int, (request.after_event_id + "-0").split("-")[:2])):
+                yield pb.TaskEvent(event_id=event_id, task_id="t1", kind="state", state=state)
+        while context.is_active():
+            time.sleep(0.05)
+
+server = grpc.server(futures.ThreadPoolExecutor(4))
+gateway_pb2_grpc.add_GatewayServicer_to_server(Gateway(), server)
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+print(port, flush=True)
+server.wait_for_termination()
+'''
+
+
+def _fake_gateway(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    script = tmp_path / "fake_gateway.py"
+    script.write_text(FAKE_GATEWAY)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    return proc, f"127.0.0.1:{proc.stdout.readline().strip()}"
+
+
+def test_watch_resumes_after_its_last_event_when_its_gateway_is_killed(tmp_path):
+    """Two gateways behind one balanced target; the one streaming the Watch is killed (SIGKILL) after two events:
+    the watch resumes on the other after 2-0, prints 3-0 (t1 SUCCEEDED) and exits 0, every event once. It
+    exited 1 with `UNAVAILABLE: Stream removed`. With no gateway left it gives up after its retries: one line."""
+    import select
+    import signal
+
+    gateways = [_fake_gateway(tmp_path) for _ in range(2)]
+    try:
+        env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+        target = "ipv4:" + ",".join(addr for _, addr in gateways)
+        watch = subprocess.Popen([sys.executable, "-m", "hsched.cli", "watch", "t1", "--gateway", target],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        lines = []
+        for _ in range(2):
+            assert select.select([watch.stdout], [], [], 60)[0], "the watch printed nothing"
+            lines.append(watch.stdout.readline().split()[0])
+        assert lines == ["1-0", "2-0"]
+        ready = select.select([p.stdout for p, _ in gateways], [], [], 10)[0]
+        [streaming] = [(p, addr) for p, addr in gateways if p.stdout in ready]
+        assert streaming[0].stdout.readline().strip() == "watch after 0"
+        streaming[0].send_signal(signal.SIGKILL)
+        out, err = watch.communicate(timeout=60)
+        assert watch.returncode == 0 and err == "", err
+        assert [line.split()[0] for line in out.splitlines()] == ["3-0"] and "SUCCEEDED" in out
+        [other] = [p for p, _ in gateways if p is not streaming[0]]
+        assert other.stdout.readline().strip() == "watch after 2-0"
+        # the last gateway goes too: bounded retries (0.25 s doubling, 5 times), then one line, exit 1
+        watch = subprocess.Popen([sys.executable, "-m", "hsched.cli", "watch", "t1", "--gateway",
+                                  next(a for p, a in gateways if p is other)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert select.select([watch.stdout], [], [], 60)[0], "the watch printed nothing"
+        other.send_signal(signal.SIGKILL)
+        out, err = watch.communicate(timeout=60)
+        assert watch.returncode == 1 and err.startswith("hsched: UNAVAILABLE:") and err.count("\n") == 1, err
+    finally:
+        for proc, _ in gateways:
+            proc.kill()
+            proc.wait()

@@ -553,7 +553,7 @@ def cmd_job(args) -> int:
             _event(args, job, lambda: _job_line(job))
             return 0
         try:  # from "0" at least: it may finish between the GetJob and the Watch
-            for ev in stub.Watch(gateway_pb2.WatchRequest(job_id=args.job_id, after_event_id=args.after or "0")):
+            for ev in _watch(stub, gateway_pb2.WatchRequest(job_id=args.job_id, after_event_id=args.after or "0")):
                 _event(args, ev, lambda ev=ev: f"{ev.event_id}  {ev.task_id or ev.job_id}  {ev.kind:<13} "
                                                f"{ev.datacenter}  {ev.detail}")
                 if ev.kind in JOB_FINAL:  # the job's own event (a task's kinds have no job_ prefix)
@@ -608,6 +608,36 @@ def cmd_list(args) -> int:
     return 0
 
 
+WATCH_RETRIES = 5  # a Watch cut by UNAVAILABLE is resumed up to this many times in a row: 0.25 s doubling, ~7.75 s
+
+
+def _watch(stub, request: gateway_pb2.WatchRequest, sleep=None):
+    """The Watch's events; when the stream breaks with UNAVAILABLE (its gateway was killed or restarted), a new
+    Watch resumes after the last event received, so nothing is missed or printed twice. On a balanced target
+    (`ipv4:A,B`) it goes to another gateway; on one gateway it waits out a restart. Up to WATCH_RETRIES failures
+    in a row (backoff 0.25 s doubling), then the error. Before any event, it resumes from where it began
+    (`--after`; a watch of new events only may then miss those of the outage)."""
+    import time
+
+    sleep = sleep or time.sleep
+    failures = 0
+    while True:
+        try:
+            for ev in stub.Watch(request):
+                failures = 0
+                resume = gateway_pb2.WatchRequest()
+                resume.CopyFrom(request)
+                resume.after_event_id = ev.event_id
+                request = resume
+                yield ev
+            return
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or failures >= WATCH_RETRIES:
+                raise
+            sleep(0.25 * 2 ** failures)
+            failures += 1
+
+
 def cmd_watch(args) -> int:
     """Stream events. Watching one task: its events from the start (unless --after), ending once it reaches a
     final state; a task already finished prints that final state and exits at once."""
@@ -620,7 +650,8 @@ def cmd_watch(args) -> int:
             return 0
         after = after or "0"  # it may finish between the Get and the Watch: its past events come too
     try:
-        for ev in stub.Watch(gateway_pb2.WatchRequest(task_id=args.task_id, tenant=args.tenant, after_event_id=after)):
+        request = gateway_pb2.WatchRequest(task_id=args.task_id, tenant=args.tenant, after_event_id=after)
+        for ev in _watch(stub, request):
             _event(args, ev, lambda ev=ev: f"{ev.event_id}  {ev.task_id}  {ev.kind:<11} {_state_name(ev.state):<9} "
                                            f"{ev.datacenter}  {ev.detail}")
             if args.task_id and ev.state in FINAL:
