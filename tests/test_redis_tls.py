@@ -310,3 +310,57 @@ def test_a_service_client_reconnects_with_the_rotated_files_after_a_roll_over(tm
     finally:
         server.stop()
 
+
+def test_a_supervised_stack_with_tls_keeps_serving_across_a_ca_roll_over(tmp_path):
+    """`hsched certs rotate --new-ca` then `--drop-old-ca` on a running `hsched up --tls`: the supervisor has the
+    embedded Redis load the new files, so Submits go on and a gateway restarted after the roll-over comes up
+    (it exited ~2 s after each restart: Redis still served the old CA's certificate)."""
+    import time
+
+    from hsched.security.tls import TlsFiles, channel_credentials
+    from tests.test_supervisor import supervisor_log
+
+    prefix = f"tls-rot-{uuid.uuid4().hex[:8]}"
+    config = StackConfig(fleet_path=SMALL_FLEET, prefix=prefix, gateway_port=0, metrics=False, thermal=False,
+                         state_dir=str(tmp_path / "state"), tls=True, supervise=True, tls_reload_interval_s=0.5)
+
+    def submit(stack) -> pb.Task:
+        with grpc.secure_channel(stack.gateway, channel_credentials(TlsFiles(stack.tls_dir, "admin"))) as ch:
+            return gateway_pb2_grpc.GatewayStub(ch).Submit(gateway_pb2.SubmitRequest(task=pb.TaskSpec(
+                tenant="t", replicas=1, runtime_s=3600, resources=pb.Resources(cpu_milli=100, memory_mib=128))),
+                timeout=30).task
+
+    def eventually(check, what, timeout_s=120.0):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if check():
+                    return
+            except (grpc.RpcError, OSError, redis.RedisError):
+                pass
+            assert time.monotonic() < deadline, what
+            time.sleep(0.5)
+
+    with Stack(config) as stack:
+        d = stack.tls_dir
+        assert submit(stack).state == pb.TASK_STATE_PLACED
+        pki.rotate(d, new_ca=True)
+        eventually(lambda: _served_serial(stack.redis.port, d) == _serial(d / "redis.crt"),
+                   "Redis did not load the new CA's certificate")
+        assert submit(stack).state == pb.TASK_STATE_PLACED
+        pki.rotate(d, drop_old_cas=True)
+        eventually(lambda: _served_serial(stack.redis.port, d) == _serial(d / "redis.crt") and
+                   not stack.redis.tls_changed(), "Redis did not load the rotation that dropped the old CA")
+        assert submit(stack).state == pb.TASK_STATE_PLACED
+        stack.kill("gateway")  # a gateway started now has only the new CA's leaf and trusts only the new CA
+        eventually(lambda: stack.services["gateway"].restarts >= 1 and
+                   submit(stack).state == pb.TASK_STATE_PLACED, "no Submit through the restarted gateway")
+        # stays up: the bug's restarted gateway exited again ~2 s later
+        eventually(lambda: stack.services["gateway"].ever_served, "the restarted gateway never served")
+        time.sleep(5)
+        assert stack.services["gateway"].alive and stack.services["gateway"].restarts == 1
+        assert submit(stack).state == pb.TASK_STATE_PLACED
+        log = supervisor_log(stack)
+        assert log.count("redis: loaded its rotated TLS files") >= 2, log
+        assert "1 CA trusted" in log and "2 CAs trusted" in log, log
+        assert stack.redis.password not in log and stack.redis._reload_password not in log

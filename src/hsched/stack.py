@@ -12,7 +12,9 @@ restarts it), `stop_service()` a deliberate stop (left down until `restart()`). 
 signal, the child's last log lines) and restart goes to the `hsched.supervisor` logger and to
 supervisor.log in the log dir; counts and states to the supervisor's own /metrics (`supervisor_metrics`).
 A dead embedded Redis is started again by its own `start()` (same port and directory); a dead node of a
-replica set rejoins as a replica of the master the Sentinel names.
+replica set rejoins as a replica of the master the Sentinel names. An embedded Redis on TLS reads its files only
+at start: the supervisor stats them every `tls_reload_interval_s` and, when `hsched certs rotate` replaced one, has
+the running redis-server load them (`EmbeddedRedis.reload_tls`; one line per reload, a refused one is retried).
 
 Secrets and files: services get the Redis URL (with its password) in their environment (REDIS_URL), never on
 their command line; the embedded Redis requires a generated password kept in <state_dir>/redis.password (0600;
@@ -148,6 +150,7 @@ class StackConfig:
     backoff_max_s: float = 30.0
     healthy_reset_s: float = 60.0  # ... and back to initial once the child stayed SERVING this long
     probe_interval_s: float = 1.0  # gRPC health probe period per child
+    tls_reload_interval_s: float = 2.0  # how often the embedded Redis' TLS files are checked for a rotation
     supervisor_metrics_port: int = 0  # the supervisor's /metrics (0: a free port; needs `metrics`)
     # Durability (embedded Redis): AOF in <state_dir>/redis, reused by the next start unless `fresh`;
     # state_dir None = a temporary data dir removed on stop (tests). The epoch marker goes to <state_dir>/epoch.
@@ -239,6 +242,8 @@ class Stack:
         self._supervisor_halted = threading.Event()  # its loop is over: it restarts nothing any more
         self._children_stopped = threading.Event()  # stop() has stopped the children: the supervisor may end
         self._redis_record = Service("redis", "", [], backoff_s=config.backoff_initial_s)
+        self._redis_tls_check_at = 0.0  # when the supervisor next checks the embedded Redis' TLS files
+        self._redis_tls_failed: tuple | None = None  # the files' fingerprint whose reload failure is already logged
         self._restarts: Counter | None = None  # hsched_supervisor_restarts_total, with the supervisor's metrics
         self._probe_tls: tuple[tuple, grpc.ChannelCredentials] | None = None
         self.tokens_file: str | None = config.tokens_file
@@ -820,6 +825,9 @@ class Stack:
         if r.proc.poll() is None:
             if rec.started_at and now - rec.started_at >= self.config.healthy_reset_s:
                 rec.backoff_s = self.config.backoff_initial_s
+            if r.tls and now >= self._redis_tls_check_at:
+                self._redis_tls_check_at = now + self.config.tls_reload_interval_s
+                self._reload_redis_tls(r)
             return
         if rec.reaped is not r.proc:
             rec.reaped, rec.last_exit_code = r.proc, r.proc.returncode
@@ -842,6 +850,25 @@ class Stack:
         if self._restarts is not None:
             self._restarts.labels("redis").inc()
         self._event(logging.WARNING, f"redis: restarted by the supervisor as pid {r.proc.pid} on port {r.port}")
+
+    def _reload_redis_tls(self, r: EmbeddedRedis) -> None:
+        """Have the running embedded Redis load its TLS files when they changed on disk (`hsched certs rotate`:
+        a new server certificate, or the CA bundle of a roll-over, which it must trust for the services' new
+        leaves). A refused reload (a rotation half written: a key without its certificate yet) is logged once and
+        retried at the next check; Redis keeps serving the files it had meanwhile."""
+        if not r.tls_changed():
+            return
+        seen = r.tls_fingerprint()
+        try:
+            r.reload_tls()
+        except Exception as exc:  # noqa: BLE001 - logged once per state of the files; retried at the next check
+            if self._redis_tls_failed != seen:
+                self._redis_tls_failed = seen
+                self._event(logging.WARNING, f"redis: loading its rotated TLS files failed, retrying: "
+                                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            return
+        self._redis_tls_failed = None
+        self._event(logging.INFO, f"redis: loaded its rotated TLS files ({_tls_summary(r.tls)})")
 
     def _supervise_replica_set(self, r: ReplicaSet) -> None:
         """A dead redis-server of a replica set comes back as a replica of the master the Sentinel names (writes
@@ -891,6 +918,17 @@ class Stack:
                 f.write(f"{stamp}Z {logging.getLevelName(level)} {message}\n".encode())
         except OSError:  # the run dir is gone (a second stop()): the logger above still has it
             pass
+
+
+def _tls_summary(tls: ServerTls) -> str:
+    """Which certificate a reloaded Redis serves and how many CAs it trusts, for the reload's log line."""
+    try:
+        leaf = pki.load_bundle(tls.cert)[0]
+        cas = len(pki.load_bundle(tls.ca))
+    except (pki.PkiError, IndexError):
+        return "certificate unreadable now"
+    return f"certificate serial {leaf.serial_number:x}, valid until {leaf.not_valid_after_utc:%Y-%m-%d}, " \
+           f"{cas} CA{'s' if cas != 1 else ''} trusted"
 
 
 def _reap(proc: subprocess.Popen, timeout_s: float) -> None:
