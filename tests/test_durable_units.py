@@ -5,6 +5,7 @@ pause/resume, and redis+sentinel:// URLs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import OrderedDict
 
@@ -141,6 +142,39 @@ async def test_writes_wait_for_the_replica_and_survive_the_masters_death(prefix)
         with pytest.raises(NotReplicated):  # no replica left: nothing is acknowledged any more
             await store.record("released", pb.Task(task_id="t1"))
     finally:
+        await client.aclose()
+        rs.stop()
+
+
+async def test_a_record_on_the_master_only_is_no_answer_until_the_replica_holds_it(prefix):
+    """A write that failed as NotReplicated is on the master, where the table reads it back: `replicated` says
+    whether it may be answered (a retry's duplicate) — not while the replica lags, yes once it caught up."""
+    rs = ReplicaSet(1).start()
+    client = connect(rs.url)
+    replica = next(n for n in rs.nodes if n.port != rs.master().port)
+    try:
+        store = TaskStore(client, Keys(prefix).tasks, min_replicas=1, wait_timeout_ms=300)
+        await store.record("submitted", pb.Task(task_id="kept"))
+        assert await store.replicated("kept")
+        replica.pause()
+        with pytest.raises(NotReplicated):
+            await store.record("submitted", pb.Task(task_id="doubt"))
+        await store.refresh()
+        assert "doubt" in store.tasks  # read back from the master
+        with pytest.raises(NotReplicated):
+            await store.replicated("doubt")
+        replica.resume()
+        for _ in range(100):  # the replica catches up
+            with contextlib.suppress(NotReplicated):
+                if await store.replicated("doubt"):
+                    break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the replica never confirmed the record")
+        store.forget("kept")  # as after a failover that lost it: gone from the table only
+        assert "kept" not in store.tasks and "doubt" in store.tasks
+    finally:
+        replica.resume()
         await client.aclose()
         rs.stop()
 

@@ -44,7 +44,7 @@ from hsched.state.gateways import GatewayLease, owner_of, task_id_of
 from hsched.state.keys import Keys
 from hsched.state.ledger import replay
 from hsched.state.lifecycle import LIVE, TaskLifecycle
-from hsched.state.redis import connect
+from hsched.state.redis import NotReplicated, connect
 from hsched.state.tasks import ABANDONED, FINISHED, Conflict, Record, TaskStore, keep_pruned, now_ms, step
 from hsched.state.transitions import Transitions
 from hsched.telemetry import MetricsServer
@@ -159,6 +159,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._releasing: dict[str, set[asyncio.Task]] = {}  # task id -> its background releases under way
         self._failed: dict[tuple[str, str], asyncio.Future] = {}  # request key -> release of its failed attempt
         self._scheduling: set[str] = set()  # task ids placed or being placed whose records are not durable yet
+        self._settling: set[str] = set()  # task ids whose records reached the master only (`_settle`)
         self._job_tasks: dict[str, asyncio.Task] = {}  # task ids of DAG jobs being submitted (submit_job_task)
         self.jobs = JobOrchestrator(store, JobPorts(self._select, self.submit_job_task, self.release_job_task),
                                     owners=lease)
@@ -200,9 +201,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             if key in self._inflight:  # a retry while the first call is still being scheduled: its final answer
                 task, _ = await asyncio.shield(self._inflight[key])
                 return gateway_pb2.SubmitResponse(task=task, duplicate=True)
-            known = self.store.by_request.get(key)
+            known = await self._durable_answer(key)
             if known is not None:  # a retry: the first answer, as it stands now
-                return gateway_pb2.SubmitResponse(task=self.store.tasks[known], duplicate=True)
+                return gateway_pb2.SubmitResponse(task=known, duplicate=True)
             failed = self._failed.get(key)
             if failed is None:
                 break
@@ -246,23 +247,46 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                     self._unclaim(rkey, task_id)
                     raise rpc.Unavailable(f"the task store cannot be read ({type(exc).__name__}: {exc}); nothing "
                                           "was placed: retry (with the same request_id)") from exc
-                known = self.store.by_request.get(key)
+                try:
+                    known = await self._durable_answer(key)
+                except BaseException:
+                    self._unclaim(rkey, task_id)
+                    raise
                 if known is not None:
                     self._unclaim(rkey, task_id)
-                    return self.store.tasks[known], True
+                    return known, True
                 try:
                     return await self._submit(spec, method, task_id, claim=rkey), False
                 except BaseException:
                     if key not in self._failed:  # else the claim goes once the failed attempt's release is done
                         self._unclaim(rkey, task_id)
                     raise
-            if (known := self.store.by_request.get(key)) is not None:
-                return self.store.tasks[known], True
+            if (known := await self._durable_answer(key)) is not None:
+                return known, True
             if loop.time() > deadline:
                 raise rpc.Unavailable(f"request_id {spec.request_id!r} is being scheduled by another gateway and "
                                       "has no answer yet; retry later (with the same request_id)")
             await asyncio.sleep(0.05)
             await self.store.refresh()
+
+    async def _durable_answer(self, key: tuple[str, str]) -> pb.Task | None:
+        """The table's answer to request `key`, once it is known to be durable: a record read back from the master
+        whose write failed as NotReplicated is no answer until the replicas hold it, and none at all once a
+        failover lost it (then the request starts afresh). UNAVAILABLE when that cannot be told now."""
+        task_id = self.store.by_request.get(key)
+        if task_id is None:
+            return None
+        try:
+            durable = await self.store.replicated(task_id)
+        except Exception as exc:
+            raise rpc.Unavailable(f"the task store cannot confirm the first answer of request_id {key[1]!r} is "
+                                  f"durable ({type(exc).__name__}: {exc}); retry later") from exc
+        if not durable:
+            log.warning("the record of %s (request_id %r) is no longer in Redis (lost with a failed-over master "
+                        "before it was replicated): the request starts afresh", task_id, key[1])
+            self.store.forget(task_id)
+            return None
+        return self.store.tasks.get(task_id)
 
     async def _release_everywhere(self, task_id: str) -> None:
         """Release `task_id` at every DC unless the table shows it recorded (bounded: the sweep finishes it)."""
@@ -343,6 +367,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         (`_give_up`) and the client gets UNAVAILABLE."""
         try:  # the request's claim: held while the records are written, dropped with them (no round trip)
             await self.store.write(*records, fences=fences, drop=((claim, task.task_id),) if claim else ())
+        except NotReplicated as exc:  # on the master, not confirmed on its replicas: kept or lost, not failed
+            self._settle(task, claim)
+            raise rpc.Unavailable(f"the task was recorded on the Redis master but its replicas did not confirm it "
+                                  f"in time ({exc}); retry with the same request_id: you get the task once they "
+                                  "hold it, or a fresh attempt if a failover lost it") from exc
         except Exception as exc:
             reason = f"the task stream did not take its record ({type(exc).__name__}: {exc})"
             self._give_up(task, claim, reason)
@@ -352,6 +381,37 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                       "the same request_id)") from exc
             raise rpc.Unavailable(f"the task store could not record the task ({type(exc).__name__}: {exc}); nothing "
                                   "was kept and any placement is released: retry (with the same request_id)") from exc
+
+    def _settle(self, task: pb.Task, claim: str) -> None:
+        """A Submit whose records reached the master but not (yet) its replicas: kept once the replicas hold them
+        (another gateway may already have answered a retry with them), given up (`_give_up`) if a failover lost
+        them. Until then its placement is no orphan, and a retry of the request here waits for the outcome."""
+        task_id = task.task_id
+        self._settling.add(task_id)
+
+        async def kept() -> bool:
+            await self.store.refresh()  # the record, as the master has it (none: lost)
+            return task_id in self.store.tasks and await self.store.replicated(task_id)
+
+        async def settle() -> None:
+            try:
+                stands = await retry_with_backoff(kept, Exception, lambda exc, delay: (
+                    f"cannot yet tell whether the unreplicated records of {task_id} were kept ({type(exc).__name__}: "
+                    f"{exc}); retrying in {delay:g} s"), max_delay_s=5.0)
+            finally:
+                self._settling.discard(task_id)
+            if stands:
+                log.warning("Submit of %s: its records reached the Redis replicas after all; kept", task_id)
+            else:
+                self.store.forget(task_id)
+                self._give_up(task, claim, "its records were lost with a failed-over Redis master before its "
+                                           "replicas had them")
+
+        job = _track(asyncio.create_task(settle(), name=f"settle {task_id}"), self._abandoned)
+        if task.spec.request_id:
+            key = (task.spec.tenant, task.spec.request_id)
+            waiter = self._failed[key] = asyncio.ensure_future(asyncio.wait({job}))
+            waiter.add_done_callback(lambda w: self._failed.pop(key, None) if self._failed.get(key) is w else None)
 
     def _give_up(self, task: pb.Task, claim: str, reason: str) -> None:
         """End a Submit without keeping anything of it: release what it holds at a placer, write `abandoned` for it
@@ -517,7 +577,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def _orphan(self, task_id: str, dc: str) -> bool:
         """Whether the table has no live record of `task_id` at `dc` and this gateway is neither placing nor
         releasing it."""
-        if task_id in self._scheduling or task_id in self._releasing:
+        if task_id in self._scheduling or task_id in self._releasing or task_id in self._settling:
             return False
         task = self.store.tasks.get(task_id)
         return task is None or task.datacenter != dc or task.state not in LIVE

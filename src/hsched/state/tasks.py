@@ -36,7 +36,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from hsched.state.ledger import StateLost
-from hsched.state.redis import run_replicated
+from hsched.state.redis import check_replicated, run_replicated
 from hsched.state.transitions import Transitions
 from hsched.v1 import common_pb2 as pb
 
@@ -266,6 +266,29 @@ class TaskStore:
             count += len(entries)
             if len(entries) < batch:
                 return count
+
+    async def replicated(self, task_id: str) -> bool:
+        """Whether the table's record of `task_id` is on the replicas every write must reach (`min_replicas`). A
+        record read back from the master may be one whose write failed as NotReplicated, which a failover loses:
+        a barrier write confirmed on them covers every entry before it (replication is in order), then the entry
+        must still be there (not lost to a failover meanwhile). Raises NotReplicated or a Redis error when that
+        cannot be told now."""
+        if not self.min_replicas:
+            return True
+        async with self.redis.pipeline(transaction=False) as pipe:  # one connection: WAIT counts this write
+            pipe.set(f"{self.stream}:barrier", task_id)
+            pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
+            _, acked = await pipe.execute()
+        check_replicated(acked, self.min_replicas, "the task stream's replication barrier")
+        entry = self.version(task_id)
+        return bool(entry) and bool(await self.redis.xrange(self.stream, min=entry, max=entry, count=1))
+
+    def forget(self, task_id: str) -> None:
+        """Drop `task_id` from the table (not from the stream): its record is not in Redis any more (`replicated`
+        said so), its request id free again."""
+        task = self.tasks.get(task_id)
+        if task is not None:
+            self._fold(ABANDONED, task)
 
     def version(self, key: str) -> str:
         """The expected version of a write of task (job) `key`: the entry id of the record the table holds."""
