@@ -38,3 +38,17 @@ def write_private(path: str | os.PathLike, data: bytes | str, mode: int = 0o600,
     finally:
         os.close(dfd)
     return path
+
+
+def files_fingerprint(paths) -> tuple:
+    """What changes when any of `paths` is replaced: (inode, mtime, size) each, None for one that cannot be read.
+    stat follows symlinks: Kubernetes mounts secrets as links into a ..data directory swapped on update, and
+    pki writes by rename (a new inode)."""
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)

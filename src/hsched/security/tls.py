@@ -38,6 +38,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from hsched.security.files import files_fingerprint
 from hsched.security.pki import PkiError, ca_paths, paths
 
 log = logging.getLogger(__name__)
@@ -68,16 +69,8 @@ class TlsFiles:
         return paths(self.directory, self.name)[1]
 
     def fingerprint(self) -> tuple:
-        """What changes when any of the three files is replaced (stat follows symlinks: Kubernetes mounts
-        secrets as links into a ..data directory swapped on update)."""
-        out = []
-        for p in (self.ca, self.cert, self.key):
-            try:
-                st = os.stat(p)
-                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
-            except OSError:
-                out.append(None)
-        return tuple(out)
+        """What changes when any of the three files is replaced (`files_fingerprint`)."""
+        return files_fingerprint((self.ca, self.cert, self.key))
 
     def read(self) -> tuple[bytes, bytes, bytes]:
         """(ca bundle, certificate chain, key) PEM; PkiError unless all exist, parse, and the key belongs to

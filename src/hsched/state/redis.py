@@ -44,7 +44,7 @@ import redis.asyncio.sentinel as aiosentinel
 import redis.sentinel
 
 from hsched.children import dying_with_parent
-from hsched.security.files import write_private
+from hsched.security.files import files_fingerprint, write_private
 
 Appendfsync = Literal["everysec", "always"]
 APPENDFSYNC: tuple[str, ...] = ("everysec", "always")
@@ -530,16 +530,7 @@ class EmbeddedRedis:
     def tls_fingerprint(self) -> tuple | None:
         """What changes when the certificate, key or CA bundle file is replaced (pki writes by rename: a new
         inode; stat follows symlinks, as a Kubernetes secret mount needs); None without TLS."""
-        if not self.tls:
-            return None
-        out = []
-        for path in (self.tls.cert, self.tls.key, self.tls.ca):
-            try:
-                st = os.stat(path)
-                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
-            except OSError:
-                out.append(None)
-        return tuple(out)
+        return files_fingerprint((self.tls.cert, self.tls.key, self.tls.ca)) if self.tls else None
 
     def tls_changed(self) -> bool:
         """Whether the running TLS server's files changed on disk since it last loaded them."""
