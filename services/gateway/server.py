@@ -407,11 +407,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 self._give_up(task, claim, "its records were lost with a failed-over Redis master before its "
                                            "replicas had them")
 
-        job = _track(asyncio.create_task(settle(), name=f"settle {task_id}"), self._abandoned)
-        if task.spec.request_id:
-            key = (task.spec.tenant, task.spec.request_id)
-            waiter = self._failed[key] = asyncio.ensure_future(asyncio.wait({job}))
-            waiter.add_done_callback(lambda w: self._failed.pop(key, None) if self._failed.get(key) is w else None)
+        self._retries_wait_for(task, {_track(asyncio.create_task(settle(), name=f"settle {task_id}"), self._abandoned)})
+
+    def _retries_wait_for(self, task: pb.Task, jobs: set[asyncio.Task]) -> asyncio.Future | None:
+        """A retry of `task`'s request on this gateway waits until `jobs` are done (`Submit`); the waiter, or None
+        for a task without a request_id."""
+        if not task.spec.request_id:
+            return None
+        key = (task.spec.tenant, task.spec.request_id)
+        waiter = self._failed[key] = asyncio.ensure_future(asyncio.wait(jobs))
+        waiter.add_done_callback(lambda w: self._failed.pop(key, None) if self._failed.get(key) is w else None)
+        return waiter
 
     def _give_up(self, task: pb.Task, claim: str, reason: str) -> None:
         """End a Submit without keeping anything of it: release what it holds at a placer, write `abandoned` for it
@@ -420,12 +426,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if task.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_DEFERRED):
             self._abandon(task.task_id, task.datacenter)
         releases = self._releasing.get(task.task_id)
-        if releases and task.spec.request_id:
-            key = (task.spec.tenant, task.spec.request_id)
-            waiter = self._failed[key] = asyncio.ensure_future(asyncio.wait(set(releases)))
-            waiter.add_done_callback(lambda w: self._failed.pop(key, None) if self._failed.get(key) is w else None)
-            if claim:  # other gateways' retries wait until the failed attempt's placement is released
-                waiter.add_done_callback(lambda _: self._unclaim(claim, task.task_id))
+        waiter = self._retries_wait_for(task, set(releases)) if releases else None
+        if waiter is not None and claim:  # other gateways' retries wait until the placement is released
+            waiter.add_done_callback(lambda _: self._unclaim(claim, task.task_id))
         abandoned = step(ABANDONED, task, reason)
 
         async def record() -> Record:
