@@ -352,12 +352,15 @@ def test_cli_uses_the_running_stacks_admin_token_only_for_that_stacks_gateway(st
     other = stack.gateway.replace("127.0.0.1", "localhost")  # the same server under another name: no token sent
     assert cli.main(["get", "--gateway", other, task_id]) == 1
     assert "UNAUTHENTICATED" in capsys.readouterr().err
-    # HSCHED_TOKEN set but empty (`HSCHED_TOKEN=$(cat lost.token)`) is an error, never the stack's admin token
+    # HSCHED_TOKEN set but empty (cleared, or `HSCHED_TOKEN=$(cat lost.token)`): no token, never the stack's admin
     monkeypatch.setenv("HSCHED_TOKEN", "")
-    assert cli.main(["get", "--gateway", stack.gateway, task_id]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("hsched: HSCHED_TOKEN: is set but empty") and err.count("\n") == 1, err
+    assert cli.main(["get", "--gateway", stack.gateway, task_id]) == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    monkeypatch.setenv("HSCHED_TOKEN_FILE", str(stack.admin_token_file))  # a token given beside the cleared one
+    assert cli.main(["get", "--gateway", stack.gateway, task_id]) == 0
+    capsys.readouterr()
     monkeypatch.delenv("HSCHED_TOKEN")
+    monkeypatch.delenv("HSCHED_TOKEN_FILE")
     gw["alice"].release(task_id)
 
 

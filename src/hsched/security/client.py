@@ -67,13 +67,12 @@ def client_credentials(token_file: str | None = None, tls_ca: str | None = None,
     the stack's `tls_ca`. `stack` is the running-stack record, passed only when the call goes to that stack's
     gateway (its admin token must not travel to another server). ValidationError naming the source if unusable.
 
-    HSCHED_TOKEN or HSCHED_TOKEN_FILE set but empty is an error, not "unset": `HSCHED_TOKEN=$(cat lost.token)`
-    must not quietly become the stack's admin token. A client certificate of the user's own (HSCHED_TLS_CERT)
-    is who they mean to be: the stack's admin token is then not added (an explicit token still is)."""
+    HSCHED_TOKEN or HSCHED_TOKEN_FILE set but empty gives no token and takes none from the running stack (an
+    environment cleared on purpose, or `HSCHED_TOKEN=$(cat lost.token)`: never quietly the stack's admin token;
+    the gateway then answers UNAUTHENTICATED). A client certificate of the user's own (HSCHED_TLS_CERT) is who
+    they mean to be: the stack's admin token is then not added either (an explicit token still is)."""
     stack = stack or {}
-    for name, what in (("HSCHED_TOKEN", "one token (hst_...)"), ("HSCHED_TOKEN_FILE", "the path of a token file")):
-        if name in env and not env[name].strip() and not token_file:
-            raise ValidationError(name, f"is set but empty: put {what} in it, or unset it")
+    cleared = any(name in env and not env[name].strip() for name in ("HSCHED_TOKEN", "HSCHED_TOKEN_FILE"))
     cert, key = env.get("HSCHED_TLS_CERT") or None, env.get("HSCHED_TLS_KEY") or None
     if bool(cert) != bool(key):
         raise ValidationError("HSCHED_TLS_CERT" if key else "HSCHED_TLS_KEY",
@@ -86,7 +85,7 @@ def client_credentials(token_file: str | None = None, tls_ca: str | None = None,
             raise ValidationError("HSCHED_TOKEN", "must hold one token (hst_...) and nothing else")
     elif env.get("HSCHED_TOKEN_FILE"):
         token = _token_from(env["HSCHED_TOKEN_FILE"], "HSCHED_TOKEN_FILE")
-    elif stack.get("token_file") and not cert:
+    elif stack.get("token_file") and not cert and not cleared:
         token = _token_from(stack["token_file"], "the running stack's token_file")
     else:
         token = None
