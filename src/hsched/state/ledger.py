@@ -37,7 +37,7 @@ fenced script, so the ledger stays bounded while the fold — every live task's 
 entries and reloads (`trimmed_past`). Entries younger than a safety margin are never trimmed.
 
 Node and card indices are positions in the DC's node table (its pools in fleet-file order, each node named by
-its rack and slot). Every snapshot records that table (`node_layout`), and a placer snapshots as it takes the
+its rack and slot). Every snapshot records that table (its `nodes` field, `node_layout`), and a placer snapshots as it takes the
 lease, so the entries after a snapshot always refer to the snapshot's layout. When the fleet file changed, a
 fold reads the ledger in the recorded layout and carries every live allocation over to the same positions of
 the new one (`carry_over`), or raises LayoutConflict naming the tasks whose nodes no longer hold them.
@@ -100,11 +100,11 @@ return id
 
 
 # KEYS: stream, fence, snapshot, epoch; ARGV: token, snapshot id, snapshot JSON, trim id (entries below it go),
-# epoch ('' = unchecked)
+# epoch ('' = unchecked), node layout JSON (`node_layout`)
 _SNAPSHOT = """
 if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then return redis.error_reply('EPOCH') end
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCED') end
-redis.call('HSET', KEYS[3], 'id', ARGV[2], 's', ARGV[3], 'trim', ARGV[4])
+redis.call('HSET', KEYS[3], 'id', ARGV[2], 's', ARGV[3], 'trim', ARGV[4], 'nodes', ARGV[6])
 return redis.call('XTRIM', KEYS[1], 'MINID', ARGV[4])
 """
 
@@ -385,17 +385,20 @@ def carry_over(old: ClusterState, new: ClusterState, where: str) -> None:
     new.ready_ms.update(old.ready_ms)
 
 
+def recorded_layout_of(recorded: bytes | None) -> list[list] | None:
+    """A snapshot's `nodes` field as `node_layout` wrote it (None: a snapshot from before layouts were recorded)."""
+    return json.loads(recorded) if recorded else None
+
+
 async def recorded_layout(redis: aioredis.Redis, stream: str) -> list[list] | None:
     """The node layout the ledger's latest snapshot records (None: no snapshot, or one from before layouts)."""
-    snap = await redis.hget(snapshot_key(stream), "s")
-    return json.loads(snap).get("nodes") if snap is not None else None
+    return recorded_layout_of(await redis.hget(snapshot_key(stream), "nodes"))
 
 
 def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
-    """The fold as JSON: allocations, the running tasks' clocks, the deferred queue in its order (with when each
-    was queued) and the node layout its indices refer to."""
-    return json.dumps({"nodes": node_layout(state.table),
-                       "alloc": {t: [p.to_json() for p in parts] for t, parts in state.allocations.items()},
+    """The fold as JSON: allocations, the running tasks' clocks and the deferred queue in its order (with when
+    each was queued). (The node layout its indices refer to goes beside it: `snapshot_and_trim`.)"""
+    return json.dumps({"alloc": {t: [p.to_json() for p in parts] for t, parts in state.allocations.items()},
                        "clocks": {t: c.to_json() for t, c in state.clocks.items()},
                        "specs": state.specs,
                        "queue": [[t, task_to_dict(spec), state.queued_ms.get(t, 0), state.ready_ms.get(t, 0)]
@@ -403,15 +406,16 @@ def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
                       separators=(",", ":"))
 
 
-def load_snapshot(data: bytes | str | dict, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
-    """Fold a `snapshot_of` into an empty state/queue (one written before the execution clock has no clocks), on
-    the same positions if the fleet's nodes changed since (`carry_over`)."""
-    snap = json.loads(data) if isinstance(data, (bytes, str)) else data
-    target = _in_layout(state, snap.get("nodes"))
+def load_snapshot(data: bytes | str, state: ClusterState, queue: OrderedDict[str, TaskSpec],
+                  nodes: list[list] | None = None) -> None:
+    """Fold a `snapshot_of` into an empty state/queue (one written before the execution clock has no clocks); one
+    written for another node layout (`nodes`, as recorded beside it) onto the same positions (`carry_over`)."""
+    target = _in_layout(state, nodes)
     if target is not state:
-        load_snapshot({**snap, "nodes": None}, target, queue)
+        load_snapshot(data, target, queue)
         carry_over(target, state, f"ledger snapshot of {state.dc.name}")
         return
+    snap = json.loads(data)
     clocks, specs = snap.get("clocks", {}), snap.get("specs", {})
     for task, parts in snap["alloc"].items():
         clock, spec = clocks.get(task), specs.get(task)
@@ -470,7 +474,7 @@ async def snapshot_and_trim(ledger: Ledger, state: ClusterState, queue: OrderedD
             trimmed = await ledger.redis.eval(
                 _SNAPSHOT, 4, ledger.stream, ledger.keys.fence(ledger.dc), ledger.keys.snapshot(ledger.dc),
                 ledger.keys.epoch, ledger.token, last_id, snapshot_of(state, queue), f"{trim[0]}-{trim[1]}",
-                ledger.epoch or "")
+                ledger.epoch or "", json.dumps(node_layout(state.table)))
         except ResponseError as exc:
             if "EPOCH" in str(exc):
                 raise StateLost(f"placer for {ledger.dc}: Redis no longer holds epoch {ledger.epoch}") from None
@@ -491,13 +495,12 @@ async def replay(redis: aioredis.Redis, stream: str, state: ClusterState, queue:
     fold = state  # the entries after a snapshot are in its node layout: folded there, then carried over
     if after == "-":
         async with redis.pipeline(transaction=True) as pipe:
-            pipe.hmget(snapshot_key(stream), "id", "s")
+            pipe.hmget(snapshot_key(stream), "id", "s", "nodes")
             pipe.xrange(stream, min="-", max="+", count=batch)
-            (snap_id, snap), entries = await pipe.execute()
+            (snap_id, snap, nodes), entries = await pipe.execute()
         if snap_id is not None:
-            parsed = json.loads(snap)
-            fold = _in_layout(state, parsed.get("nodes"))
-            load_snapshot({**parsed, "nodes": None}, fold, queue)
+            fold = _in_layout(state, recorded_layout_of(nodes))
+            load_snapshot(snap, fold, queue)
             last = snap_id.decode()
     covered = _id(last)  # entries up to here are in the snapshot (the trim keeps a margin of them)
     while True:

@@ -31,7 +31,7 @@ from hsched.convert import parts_to_pb
 from hsched.domain.cluster import ClusterState, Part
 from hsched.domain.task import TaskSpec
 from hsched.state.follow import LedgerFollower, stream_id_tuple
-from hsched.state.ledger import StateLost, load_snapshot, snapshot_key, trimmed_past
+from hsched.state.ledger import StateLost, load_snapshot, recorded_layout_of, snapshot_key, trimmed_past
 from hsched.state.tasks import Conflict, Record, TaskStore, ledger_ref, now_ms, step
 from hsched.v1 import common_pb2 as pb
 
@@ -170,12 +170,12 @@ class TaskLifecycle:
 
     async def _rederive(self, follower: LedgerFollower) -> None:
         dc = follower.state.dc
-        snap_id, snap = await follower.redis.hmget(snapshot_key(follower.stream), "id", "s")
+        snap_id, snap, nodes = await follower.redis.hmget(snapshot_key(follower.stream), "id", "s", "nodes")
         state, queue = ClusterState(dc, follower.state.table), OrderedDict()
         if snap_id is None:  # no snapshot: nothing was trimmed after all
             await self._read(follower.redis, follower, "0-0")
             return
-        load_snapshot(snap, state, queue)
+        load_snapshot(snap, state, queue, recorded_layout_of(nodes))
         snap_id = snap_id.decode()
         log.warning("ledger %s was trimmed past what this gateway had handled; re-deriving its tasks from the "
                     "snapshot at %s", follower.stream, snap_id)
