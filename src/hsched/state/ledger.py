@@ -37,8 +37,8 @@ fenced script, so the ledger stays bounded while the fold — every live task's 
 entries and reloads (`trimmed_past`). Entries younger than a safety margin are never trimmed.
 
 Node and card indices are positions in the DC's node table (its pools in fleet-file order, each node named by
-its rack and slot). Every snapshot records that table (its `nodes` field, `node_layout`), and a placer snapshots as it takes the
-lease, so the entries after a snapshot always refer to the snapshot's layout. When the fleet file changed, a
+its rack and slot). Every snapshot records that table (its `nodes` field, `node_layout`), and a placer snapshots
+as it takes the lease, so the entries after a snapshot always refer to the snapshot's layout. When the fleet file changed, a
 fold reads the ledger in the recorded layout and carries every live allocation over to the same positions of
 the new one (`carry_over`), or raises LayoutConflict naming the tasks whose nodes no longer hold them.
 """

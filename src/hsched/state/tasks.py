@@ -36,7 +36,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from hsched.state.ledger import StateLost
-from hsched.state.redis import check_replicated, run_replicated
+from hsched.state.redis import run_replicated
 from hsched.state.transitions import Transitions
 from hsched.v1 import common_pb2 as pb
 
@@ -207,6 +207,7 @@ class TaskStore:
 
     def __post_init__(self) -> None:
         self._append = self.redis.register_script(_APPEND)
+        self._barrier = self.redis.register_script("return redis.call('SET', KEYS[1], ARGV[1])")  # `replicated`
         self.versions_key = self.versions_key or f"{self.stream}:versions"
 
     def _keys(self) -> list[str]:
@@ -275,11 +276,8 @@ class TaskStore:
         cannot be told now."""
         if not self.min_replicas:
             return True
-        async with self.redis.pipeline(transaction=False) as pipe:  # one connection: WAIT counts this write
-            pipe.set(f"{self.stream}:barrier", task_id)
-            pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
-            _, acked = await pipe.execute()
-        check_replicated(acked, self.min_replicas, "the task stream's replication barrier")
+        await run_replicated(self._barrier, [f"{self.stream}:barrier"], [task_id], self.redis, self.min_replicas,
+                             self.wait_timeout_ms, "the task stream's replication barrier")
         entry = self.version(task_id)
         return bool(entry) and bool(await self.redis.xrange(self.stream, min=entry, max=entry, count=1))
 
