@@ -31,7 +31,7 @@ from typing import Any
 from hsched import yamlfile
 from hsched.convert import RESOURCE_FIELDS, task_to_pb
 from hsched.domain.errors import ValidationError
-from hsched.domain.limits import INT_RANGES, check_message
+from hsched.domain.limits import INT_RANGES, check_message, int_field
 from hsched.domain.resources import Resources
 from hsched.domain.task import JOB_TASK_FIELDS, NetworkRequirements, TaskSpec
 from hsched.v1 import common_pb2 as pb
@@ -70,16 +70,6 @@ def _join(where: str, field: str) -> str:
     if not field or not where:
         return where or field
     return f"{where}.{field}" if where and not field.startswith("[") else f"{where}{field}"
-
-
-def _int(where: str, value: Any, message, name: str) -> int:
-    """`value` for the integer field `name` of the protobuf `message` (its type's range)."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValidationError(where, "must be an integer", value)
-    lo, hi = INT_RANGES[message.DESCRIPTOR.fields_by_name[name].type]
-    if not lo <= value <= hi:
-        raise ValidationError(where, f"must be in {lo}..{hi}", value)
-    return value
 
 
 def _float(where: str, value: Any) -> float:
@@ -137,7 +127,7 @@ def _fill(message: Any, data: Any, where: str) -> None:
             if f.type == f.TYPE_STRING:
                 item = _str(item_at, item)
             elif f.type in INT_RANGES:
-                item = _int(item_at, item, message, key)
+                item = int_field(item_at, item, message, key)
             elif f.type in (f.TYPE_DOUBLE, f.TYPE_FLOAT):
                 item = _float(item_at, item)
             else:  # no such field in JobSpec today: refuse rather than guess
@@ -157,7 +147,7 @@ def task_from_mapping(data: Any) -> TaskSpec:
         raise ValidationError("resources", "is required (cpu_milli, memory_mib, ...: per replica)")
     r = _mapping("resources", d["resources"], RESOURCE_FIELDS, "Resources")
     # the wire type's range: what the gateway would get; the domain rules (>= 0, 1..100) come after
-    resources = Resources(**{f: _int(f"resources.{f}", r[f], pb.Resources, f) for f in r})
+    resources = Resources(**{f: int_field(f"resources.{f}", r[f], pb.Resources, f) for f in r})
     n = _mapping("network", d.get("network", {}), _NETWORK, "NetworkRequirements")
     network = NetworkRequirements(**{f: _float(f"network.{f}", n[f]) for f in n})
     models = d.get("gpu_models", [])
@@ -169,7 +159,7 @@ def task_from_mapping(data: Any) -> TaskSpec:
         resources=resources, runtime_s=_float("runtime_s", d["runtime_s"]),
         network=network, gpu_models=tuple(_str(f"gpu_models[{i}]", m) for i, m in enumerate(models)),
         **{f: _str(f, d[f]) for f in _STRINGS if f in d},
-        **{f: _int(f, d[f], pb.TaskSpec, f) for f in _INTS if f in d},
+        **{f: int_field(f, d[f], pb.TaskSpec, f) for f in _INTS if f in d},
         **{f: _float(f, d[f]) for f in _FLOATS if f in d and f != "runtime_s"})
     if spec.tenant == "":  # the wire's "" = default, as the gateway reads it (convert.task_from_pb)
         spec = _replace(spec, tenant="default")

@@ -65,6 +65,18 @@ DEFAULT_REPEATED_LIMIT = 1024
 _NOT_DESCENDED = frozenset({"calls"})
 
 
+def int_field(where: str, value: Any, message: Any, name: str) -> int:
+    """`value` for the integer field `name` of the protobuf `message`, as files give one (a task, job or readings
+    file): an int in its wire type's range (INT_RANGES), never 4.0, 1e3, "4" or true; ValidationError naming
+    `where` and the rule otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValidationError(where, "must be an integer", value)
+    lo, hi = INT_RANGES[message.DESCRIPTOR.fields_by_name[name].type]
+    if not lo <= value <= hi:
+        raise ValidationError(where, f"must be in {lo}..{hi}", value)
+    return value
+
+
 def string_limit(name: str) -> int:
     return STRING_LIMITS.get(name, DEFAULT_STRING_LIMIT)
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from hsched.domain.errors import ValidationError
-from hsched.taskfile import _int
+from hsched.domain.limits import int_field
 from hsched.v1 import common_pb2, thermal_pb2
 
 TEMP_MIN_C, TEMP_MAX_C = -20.0, 100.0  # a sensor value outside this is a broken sensor, not a room
@@ -124,16 +124,16 @@ def parse_reading(raw: Mapping[str, Any], where: str = "", datacenter: str | Non
 
 
 def _integer(value: Any, where: str, message: Any, name: str) -> int:
-    """An integer field, typed as a task file types its own (hsched.taskfile._int, with the range of the protobuf
-    field `name` of `message`: the like of it on the wire): an int, never 4.0, 1e3 or true; or, since CSV has
-    only text, the text of one ("4", not "4.0")."""
+    """An integer field, typed as a task file types its own (`int_field`, with the range of the protobuf field
+    `name` of `message`: the like of it on the wire): an int, never 4.0, 1e3 or true; or, since CSV has only
+    text, the text of one ("4", not "4.0")."""
     if isinstance(value, str) and _INT_TEXT.match(value.strip()):
         try:
             value = int(value.strip())
         except ValueError:  # more digits than int() reads (sys.get_int_max_str_digits): no field's range
             raise ValidationError(where, f"must be an integer of at most {sys.get_int_max_str_digits()} digits",
                                   value) from None
-    return _int(where, value, message, name)
+    return int_field(where, value, message, name)
 
 
 def _node(value: Any, where: str, nodes: Mapping[str, int] | None, n: int | None) -> int:
