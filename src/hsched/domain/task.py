@@ -14,6 +14,7 @@ MAX_REPLICAS = 256
 MAX_RUNTIME_S = 366 * 24 * 3600
 ONLINE, OFFLINE = "online", "offline"  # online (latency-critical) tasks may preempt offline ones
 PRIORITY_CLASSES = ("", ONLINE, OFFLINE)
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000  # order within a priority class, higher first
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?\Z")
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
 
@@ -84,8 +85,8 @@ class TaskSpec:
                                   "1-63 characters, starting and ending alphanumeric", self.tenant)
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             raise ValidationError("priority", "must be an integer", self.priority)
-        if not -1000 <= self.priority <= 1000:
-            raise ValidationError("priority", "must be in -1000..1000", self.priority)
+        if not PRIORITY_MIN <= self.priority <= PRIORITY_MAX:
+            raise ValidationError("priority", f"must be in {PRIORITY_MIN}..{PRIORITY_MAX}", self.priority)
         self.resources.validate("resources")
         if not isinstance(self.replicas, int) or isinstance(self.replicas, bool):
             raise ValidationError("replicas", "must be an integer", self.replicas)
