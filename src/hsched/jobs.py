@@ -228,9 +228,10 @@ def choose_datacenter(feasible: selector_pb2.SelectResponse, by_cost: selector_p
         if c.datacenter in can:
             return c.datacenter, (f"{c.datacenter}: cheapest of {len(can)} data centers able to hold the largest "
                                   f"task, at a total job cost of {c.total_cost:.4f}")
-    excluded = {e.datacenter: e.reason for e in [*feasible.excluded, *by_cost.excluded]}
-    why = "no data center can hold this job: " + (exclusion_summary(excluded.items()) or "no data center answered")
-    if unserved := sorted({e.datacenter for e in [*feasible.excluded, *by_cost.excluded] if e.unavailable}):
+    excluded = [*feasible.excluded, *by_cost.excluded]
+    why = "no data center can hold this job: " + (
+        exclusion_summary({e.datacenter: e.reason for e in excluded}.items()) or "no data center answered")
+    if unserved := sorted({e.datacenter for e in excluded if e.unavailable}):
         raise Unavailable(f"{why}; {', '.join(unserved)} could hold it once its placer serves again: nothing was "
                           "kept, retry (with the same request_id)")
     return "", why
