@@ -87,11 +87,11 @@ async def retry_with_backoff(attempt: Callable[[], Awaitable[T]], retry_on: type
 
 class PlacersUnavailable(Exception):
     """No DC placed or queued a task, and a placer that might have did not answer: `verdicts` says, per DC, why
-    not (short, to group), `reason` with every DC's note (the task's explanation)."""
+    not (short, to group); the message holds every DC's note (the task's explanation)."""
 
     def __init__(self, verdicts: list[tuple[str, str]], reason: str) -> None:
         super().__init__(reason)
-        self.verdicts, self.reason = verdicts, reason
+        self.verdicts = verdicts
 
 
 def new_task_id(gateway_id: str = "000000") -> str:
@@ -353,7 +353,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             try:
                 await self._place(task, selection.candidates, records, unserved)
             except PlacersUnavailable as exc:
-                self._give_up(task, claim, exc.reason)
+                self._give_up(task, claim, str(exc))
                 raise rpc.Unavailable(f"no data center placed the task and a placer that might have did not answer "
                                       f"({exclusion_summary(exc.verdicts)}); nothing was kept: retry (with the "
                                       "same request_id)") from None
