@@ -24,7 +24,7 @@ from hsched.domain.limits import STAGE_MAX_TASKS
 from hsched.jobs import choose_datacenter, decide, selection_requests, task_id_of, validate_job
 from hsched.rpc import Unavailable
 from hsched.state.keys import Keys
-from hsched.state.redis import connect
+from hsched.state.redis import NotReplicated, ReplicaSet, connect
 from hsched.state.tasks import TaskStore, now_ms, step
 from hsched.taskfile import load_submit_file
 from hsched.v1 import common_pb2 as pb
@@ -224,12 +224,12 @@ def test_a_job_only_a_dc_without_a_serving_placer_could_hold_is_unavailable_not_
 
 
 @asynccontextmanager
-async def servicer_on(redis_url: str, prefix: str, argv: list[str], placers: dict[str, str]):
+async def servicer_on(redis_url: str, prefix: str, argv: list[str], placers: dict[str, str], **store_options):
     """A gateway servicer on the prefix's task stream (as serve() builds it: load, reconcile, recover)."""
     from hsched.domain.fleet import load_fleet
     redis = connect(redis_url)
     keys = Keys(prefix)
-    store = TaskStore(redis, keys.tasks)
+    store = TaskStore(redis, keys.tasks, **store_options)
     await store.load()
     selector = argv[argv.index("--selector") + 1]
     channels = [grpc.aio.insecure_channel(selector), *(grpc.aio.insecure_channel(t) for t in placers.values())]
@@ -431,3 +431,67 @@ async def test_retention_keeps_a_live_jobs_progress_and_forgets_finished_jobs_wi
         assert [t for t, _ in decide(again.jobs["jlive"], again.tasks).submit] == ["jlive.b.0"]
     finally:
         await redis.aclose()
+
+
+async def _job_records(redis, prefix: str, request_id: str) -> list[tuple[bytes, pb.Job]]:
+    """The job records of `request_id` on the task stream, with their entry ids."""
+    found = []
+    for entry_id, fields in await redis.xrange(Keys(prefix).tasks):
+        if fields[b"k"].startswith(b"job_") and (job := pb.Job.FromString(fields[b"t"])).spec.request_id == request_id:
+            found.append((entry_id, job))
+    return found
+
+
+async def _retried(gw, spec: pb.JobSpec) -> tuple[pb.Job, bool]:
+    """SubmitJob retried as a client does while it gets UNAVAILABLE."""
+    for _ in range(200):
+        try:
+            return await gw.jobs.submit(spec)
+        except Unavailable:
+            await asyncio.sleep(0.1)
+    pytest.fail("SubmitJob stayed UNAVAILABLE")
+
+
+async def test_a_job_recorded_on_the_master_only_answers_retries_once_replicated_and_starts_or_is_forgotten(
+        prefix, tmp_path):
+    """A SubmitJob whose record reached the Redis master but not its replica got UNAVAILABLE; its retry used to
+    be answered from the master's record (which a failover drops), or to make a second job. Now a retry gets the
+    job only once the replica holds it, and the job starts then; if a failover lost it, the retry makes a fresh
+    job and nothing of the lost one ever runs."""
+    rs = ReplicaSet(1).start()
+    replica = next(n for n in rs.nodes if n.port != rs.master().port)
+    master = connect(rs.url)
+    try:
+        async with backends(rs.url, prefix, tmp_path) as (argv, placers), \
+                servicer_on(rs.url, prefix, argv, placers, min_replicas=1, wait_timeout_ms=300) as gw:
+            gw.jobs.claim_wait_s = 1.0
+            doubt = job(stage("a", 2), stage("b", 1, ("a",)), request_id="doubt-1")
+            replica.pause()
+            with pytest.raises((Unavailable, NotReplicated)):  # both UNAVAILABLE at the gateway
+                await gw.jobs.submit(doubt)
+            with pytest.raises((Unavailable, NotReplicated)):  # a retry meanwhile: no answer, no second job
+                await gw.jobs.submit(doubt)
+            [(_, recorded)] = await _job_records(master, prefix, "doubt-1")
+            assert not [t for t in gw.store.tasks.values() if t.spec.job_id == recorded.job_id]  # not started
+            replica.resume()
+            again, duplicate = await _retried(gw, doubt)
+            assert duplicate and again.job_id == recorded.job_id
+            await stage_submitted(gw, recorded.job_id, "a", 2)  # settled: the job runs
+
+            lost = job(stage("a", 1), request_id="lost-1")
+            replica.pause()
+            with pytest.raises((Unavailable, NotReplicated)):
+                await gw.jobs.submit(lost)
+            [(entry_id, gone)] = await _job_records(master, prefix, "lost-1")
+            await master.xdel(Keys(prefix).tasks, entry_id)  # what a failover to the lagging replica does to it
+            replica.resume()
+            fresh, duplicate = await _retried(gw, lost)
+            assert not duplicate and fresh.job_id != gone.job_id
+            await stage_submitted(gw, fresh.job_id, "a", 1)
+            assert gone.job_id not in gw.store.jobs
+            assert not [t for t in gw.store.tasks.values() if t.spec.job_id == gone.job_id]
+            assert [j.job_id for _, j in await _job_records(master, prefix, "lost-1")] == [fresh.job_id]
+    finally:
+        replica.resume()
+        await master.aclose()
+        rs.stop()

@@ -25,6 +25,7 @@ from hsched.domain.limits import LIST_DEFAULT, LIST_MAX
 from hsched.domain.task import JOB_TASK_FIELDS, ONLINE
 from hsched.fleetview import datacenter_view, task_history
 from hsched.jobs import JobOrchestrator, JobPorts, job_of
+from hsched.retry import retry_with_backoff
 from hsched.runtime import (
     common_args,
     exit_if_lost,
@@ -68,21 +69,6 @@ def _track(job: asyncio.Task, running: set[asyncio.Task]) -> asyncio.Task:
     running.add(job)
     job.add_done_callback(running.discard)
     return job
-
-
-async def retry_with_backoff(attempt: Callable[[], Awaitable[T]], retry_on: type[BaseException] | tuple,
-                             describe: Callable[[Any, float], str], first_retry_s: float = 0.5,
-                             max_delay_s: float = 30.0) -> T:
-    """`attempt()` until it returns, retrying on `retry_on` after 0.5 s, 1 s, 2 s ... (at most `max_delay_s`),
-    each failure logged as `describe(exc, delay)`: for what must eventually happen (a release, a record)."""
-    delay = first_retry_s
-    while True:
-        try:
-            return await attempt()
-        except retry_on as exc:
-            log.warning("%s", describe(exc, delay))
-        await asyncio.sleep(delay)
-        delay = min(2 * delay, max_delay_s)
 
 
 class PlacersUnavailable(Exception):

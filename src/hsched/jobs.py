@@ -22,6 +22,7 @@ adopted by a live gateway (`keep_adopting`, and `recover` at start), which conti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import secrets
@@ -38,8 +39,10 @@ from hsched.domain.errors import ValidationError
 from hsched.domain.limits import JOB_MAX_TASKS, STAGE_MAX_TASKS, check_count, check_message
 from hsched.domain.resources import Resources
 from hsched.domain.task import NetworkRequirements, TaskSpec
+from hsched.retry import retry_with_backoff
 from hsched.rpc import Unavailable
 from hsched.state.gateways import GatewayLease
+from hsched.state.redis import NotReplicated
 from hsched.state.tasks import JOB_TERMINAL, Conflict, TaskStore, job_step, now_ms
 from hsched.v1 import common_pb2 as pb
 from hsched.v1 import selector_pb2
@@ -388,6 +391,10 @@ class JobOrchestrator:
         self._dirty: set[str] = set()
         self._workers: dict[str, asyncio.Task] = {}
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
+        # job id -> the settling of a job whose record reached the Redis master but not its replicas (`_settle`),
+        # and the request ids of those jobs: a retry waits for it
+        self._settling: dict[str, asyncio.Task] = {}
+        self._settling_requests: dict[tuple[str, str], str] = {}
         store.job_observed = self.poke  # another gateway's record of a job (a CancelJob there): decide again
 
     def fences(self, job_id: str) -> tuple[tuple[str, str], ...]:
@@ -447,9 +454,9 @@ class JobOrchestrator:
         if spec.request_id:
             if key in self._inflight:
                 return await asyncio.shield(self._inflight[key]), True
-            known = self.store.jobs_by_request.get(key)
-            if known is not None:
-                return self.get(known), True
+            await self._settled(key)
+            if (known := await self._durable_job(key)) is not None:
+                return known, True
             work = self._inflight[key] = asyncio.ensure_future(self._submit_claimed(spec, method))
             work.add_done_callback(lambda _: self._inflight.pop(key, None))
             return await asyncio.shield(work)
@@ -482,20 +489,48 @@ class JobOrchestrator:
             if holder is None:
                 try:
                     await self.store.refresh()  # recorded by an attempt before this claim: the answer
-                    if (known := self.store.jobs_by_request.get(key)) is not None:
+                    if (known := await self._durable_job(key)) is not None:
                         await self._unclaim(rkey, mine)
-                        return self.get(known), True
+                        return known, True
                     return await self._submit(spec, method, job_id, claim=(rkey, mine)), False
                 except BaseException:
                     await self._unclaim(rkey, mine)
                     raise
             await self.store.refresh()
-            if (known := self.store.jobs_by_request.get(key)) is not None:
-                return self.get(known), True
+            if (known := await self._durable_job(key)) is not None:
+                return known, True
             if loop.time() > deadline:
                 raise Unavailable(f"request_id {spec.request_id!r} is being submitted as a job by another gateway "
                                   "and has no answer yet; retry later (with the same request_id)")
             await asyncio.sleep(0.05)
+
+    async def _settled(self, key: tuple[str, str]) -> None:
+        """Wait (a bounded time) until no attempt of request `key` on this gateway is settling."""
+        settling = self._settling.get(self._settling_requests.get(key, ""))
+        if settling is not None:
+            done, _ = await asyncio.wait([settling], timeout=self.claim_wait_s)
+            if not done:
+                raise Unavailable(f"the first attempt of request_id {key[1]!r} is recorded on the Redis master and its "
+                                  "replicas have not confirmed it yet; retry later (with the same request_id)")
+
+    async def _durable_job(self, key: tuple[str, str]) -> pb.Job | None:
+        """The job that answers request `key`, once its record is known to be durable: one read back from the master
+        whose write failed as NotReplicated answers no retry until the replicas hold it, and none at all once a
+        failover lost it (the request then starts afresh). UNAVAILABLE when that cannot be told now."""
+        job_id = self.store.jobs_by_request.get(key)
+        if job_id is None:
+            return None
+        try:
+            durable = await self.store.replicated(job_id)
+        except Exception as exc:
+            raise Unavailable(f"the task store cannot confirm the first answer of request_id {key[1]!r} is durable "
+                              f"({type(exc).__name__}: {exc}); retry later") from exc
+        if not durable:
+            log.warning("the record of job %s (request_id %r) is no longer in Redis (lost with a failed-over master "
+                        "before it was replicated): the request starts afresh", job_id, key[1])
+            self.store.forget(job_id)
+            return None
+        return self.get(job_id)
 
     async def _unclaim(self, rkey: str, value: str) -> None:
         assert self.owners is not None
@@ -515,15 +550,60 @@ class JobOrchestrator:
         if not datacenter:
             job.reason = why
             job.finished_unix_ms = now
-            await self.store.write(job_step("job_submitted", job, why), job_step("job_failed", job, why),
-                                   fences=self.fences(job.job_id)[:1], drop=claimed)
-            return self.get(job.job_id)
-        if self.owners is not None:  # before its first record: no other gateway adopts it meanwhile
-            await self.owners.own(job.job_id)
-            self._owned.add(job.job_id)
-        await self.store.write(job_step("job_submitted", job, why), fences=self.fences(job.job_id), drop=claimed)
-        self.poke(job.job_id)
+            records, fences = (job_step("job_submitted", job, why), job_step("job_failed", job, why)), \
+                self.fences(job.job_id)[:1]
+        else:
+            if self.owners is not None:  # before its first record: no other gateway adopts it meanwhile
+                await self.owners.own(job.job_id)
+                self._owned.add(job.job_id)
+            records, fences = (job_step("job_submitted", job, why),), self.fences(job.job_id)
+        try:
+            await self.store.write(*records, fences=fences, drop=claimed)
+        except NotReplicated as exc:  # on the master, not confirmed on its replicas: kept or lost, not failed
+            self._settle(job, claim)
+            raise Unavailable(f"the job was recorded on the Redis master but its replicas did not confirm it in time "
+                              f"({exc}); retry with the same request_id: you get the job once they hold it, or a "
+                              "fresh attempt if a failover lost it") from exc
+        if datacenter:
+            self.poke(job.job_id)
         return self.get(job.job_id)
+
+    def _settle(self, job: pb.Job, claim: tuple[str, str] | None) -> None:
+        """A job whose record reached the Redis master but not (yet) its replicas: started once they hold it,
+        forgotten (its request id free again) if a failover lost it. Until then no step of it is taken (its
+        tasks would outlive a lost job) and a retry of its request on this gateway waits for the outcome."""
+        job_id, request = job.job_id, (job.spec.tenant, job.spec.request_id)
+
+        async def kept() -> bool:
+            await self.store.refresh()  # the record, as the master has it (none: lost)
+            return job_id in self.store.jobs and await self.store.replicated(job_id)
+
+        async def settle() -> None:
+            try:
+                stands = await retry_with_backoff(kept, Exception, lambda exc, delay: (
+                    f"cannot yet tell whether the unreplicated record of job {job_id} was kept ({type(exc).__name__}: "
+                    f"{exc}); retrying in {delay:g} s"), max_delay_s=5.0)
+            finally:  # before the poke below: its worker must not find the job still settling
+                self._settling.pop(job_id, None)
+                if self._settling_requests.get(request) == job_id:
+                    del self._settling_requests[request]
+            if stands:
+                log.warning("SubmitJob of %s: its record reached the Redis replicas after all; kept", job_id)
+                self.poke(job_id)
+                return
+            log.warning("SubmitJob of %s: its record was lost with a failed-over Redis master before its replicas "
+                        "had it; nothing of it is kept", job_id)
+            self.store.forget(job_id)
+            self._owned.discard(job_id)
+            if self.owners is not None:
+                with contextlib.suppress(Exception):  # an ownership left behind names a job nobody will see
+                    await self.owners.disown(job_id)
+            if claim:  # the failover may have brought back the claim its record dropped
+                await self._unclaim(*claim)
+
+        self._settling[job_id] = asyncio.create_task(settle(), name=f"settle job {job_id}")
+        if job.spec.request_id:
+            self._settling_requests[request] = job_id
 
     def get(self, job_id: str) -> pb.Job:
         job = self.store.jobs.get(job_id)
@@ -611,7 +691,7 @@ class JobOrchestrator:
         """One step of the job's state machine (never two at once for a job: `poke` runs one worker per job).
         Returns the seconds `decide` took (0 when it did not run)."""
         job = self.store.jobs.get(job_id)
-        if job is None:
+        if job is None or job_id in self._settling:  # a settled job is poked again
             return 0.0
         tasks = self.store.tasks
         if job.state in JOB_TERMINAL:  # any gateway (a CancelJob on it): releases are idempotent
@@ -663,4 +743,4 @@ class JobOrchestrator:
                                f"{failed[0][1]}")
 
     async def close(self) -> None:
-        await cancel_and_wait(list(self._workers.values()))
+        await cancel_and_wait([*self._workers.values(), *self._settling.values()])

@@ -281,11 +281,15 @@ class TaskStore:
         entry = self.version(task_id)
         return bool(entry) and bool(await self.redis.xrange(self.stream, min=entry, max=entry, count=1))
 
-    def forget(self, task_id: str) -> None:
-        """Drop `task_id` from the table (not from the stream): its record is not in Redis any more (`replicated`
-        said so), its request id free again."""
-        task = self.tasks.get(task_id)
-        if task is not None:
+    def forget(self, key: str) -> None:
+        """Drop task (or job) `key` from the table (not from the stream): its record is not in Redis any more
+        (`replicated` said so), its request id free again."""
+        job = self.jobs.pop(key, None)
+        if job is not None:
+            self.versions.pop(key, None)
+            if self.jobs_by_request.get(request := (job.spec.tenant, job.spec.request_id)) == key:
+                del self.jobs_by_request[request]
+        elif (task := self.tasks.get(key)) is not None:
             self._fold(ABANDONED, task)
 
     def version(self, key: str) -> str:
