@@ -299,8 +299,9 @@ def test_link_updates_are_validated_against_the_wan_before_anything_is_written(a
 
     env = {"REDIS_URL": redis_url, "XDG_RUNTIME_DIR": str(tmp_path)}
     link = ["link", *argv, "--fleet", str(SMALL_FLEET), "--prefix", prefix]
-    assert_one_line_error(run_cli(*link, env=env), 2, *words)
     redis = connect_sync(redis_url)
+    redis.set(Keys(prefix).epoch, "e")  # the deployment's marker: link writes only where one is
+    assert_one_line_error(run_cli(*link, env=env), 2, *words)
     assert redis.xlen(Keys(prefix).links) == 0
     ok = run_cli("link", "s", "a", "--latency-ms", "3", "--fleet", str(SMALL_FLEET), "--prefix", prefix, env=env)
     assert ok.returncode == 0, ok.stderr
@@ -339,10 +340,22 @@ def test_link_and_thermal_replay_write_under_the_running_stacks_prefix(private_r
     assert redis.xlen(Keys(prefix).readings("cheap")) == 2
     other = Keys(f"{prefix}-other")
     try:
+        assert cli.main(["link", "s", "a", "--latency-ms", "41", "--prefix", other.prefix]) == 2  # no deployment
+        assert redis.xlen(other.links) == 0
+        redis.set(other.epoch, "e")
         assert cli.main(["link", "s", "a", "--latency-ms", "41", "--prefix", other.prefix]) == 0
         assert redis.xlen(other.links) == 1 and redis.xlen(Keys(prefix).links) == 1
     finally:
-        redis.delete(other.links)
+        redis.delete(other.links, other.epoch)
+
+
+def test_link_to_a_redis_that_is_down_is_one_line_and_exit_1(tmp_path):
+    from hsched.state.redis import port_is_free
+
+    port = next(p for p in range(47000, 47100) if port_is_free(p))
+    env = {"REDIS_URL": f"redis://127.0.0.1:{port}/0", "XDG_RUNTIME_DIR": str(tmp_path)}
+    done = run_cli("link", "s", "a", "--latency-ms", "3", "--fleet", str(SMALL_FLEET), env=env)
+    assert_one_line_error(done, 1, "hsched link:", f"127.0.0.1:{port}", "nothing written")
 
 
 @pytest.fixture(scope="module")

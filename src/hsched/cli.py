@@ -935,25 +935,54 @@ def cmd_k8s(args) -> int:
 def cmd_link(args) -> int:
     """Publish a WAN link metric update (what a network probe does) on the links stream, validated first by the
     selector's own rules (WanGraph.update_link on the fleet's WAN): a bad update is exit 2 and nothing is written."""
+    from redis.exceptions import RedisError
+
     from hsched.costs.graph import WanGraph
-    from hsched.state.keys import Keys
-    from hsched.state.redis import connect_sync
+    from hsched.state.redis import describe_redis_error
 
     update = {"a": args.a, "b": args.b}
     for name in ("latency_ms", "jitter_ms", "loss_percent", "bandwidth_mbps"):
         if getattr(args, name) is not None:
             update[name] = getattr(args, name)
     WanGraph(_fleet(_from_stack(args, "fleet")).wan).update_link(**update)  # a ValidationError naming the field: exit 2
+    deployment = _deployment(args, "hsched link")
+    if deployment is None:
+        return 1
+    redis, keys, url = deployment
+    try:  # bounded (docs/operations.md, Retention): the selector folds the stream, only recent updates matter
+        print(redis.xadd(keys.links, {"m": json.dumps(update)}, maxlen=LINKS_MAXLEN, approximate=True).decode())
+    except RedisError as exc:
+        print(f"hsched link: {describe_redis_error(url, exc).rstrip('.')}; nothing written", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _deployment(args, command: str):
+    """(Redis client, Keys, URL) of the deployment that `args.prefix` (or the running stack's) names, or None once
+    `command` has said on stderr why there is none to write to (no Redis known, Redis unreachable). A --prefix under
+    which Redis holds no deployment is a ValidationError (exit 2): a mistyped one would write streams nobody reads."""
+    from redis.exceptions import RedisError
+
+    from hsched.state.keys import Keys
+    from hsched.state.redis import connect_sync, describe_redis_error, redact_url
+
     url = _redis_url()
     if not url:  # never guess: a default 127.0.0.1:6379 may be somebody else's Redis
-        print("hsched link: no running stack found (hsched up) and REDIS_URL is not set: nothing written",
+        print(f"{command}: no running stack found (hsched up) and REDIS_URL is not set: nothing written",
               file=sys.stderr)
-        return 1
+        return None
+    keys = Keys(_from_stack(args, "prefix", PREFIX))
     redis = connect_sync(url)
-    # bounded (docs/operations.md, Retention): the selector folds the stream, only recent updates matter
-    links = Keys(_from_stack(args, "prefix", PREFIX)).links
-    print(redis.xadd(links, {"m": json.dumps(update)}, maxlen=LINKS_MAXLEN, approximate=True).decode())
-    return 0
+    try:
+        deployed = redis.exists(keys.epoch)
+    except RedisError as exc:
+        print(f"{command}: {describe_redis_error(url, exc).rstrip('.')}; nothing written", file=sys.stderr)
+        return None
+    if not deployed:  # every deployment has its epoch marker from its start on (hsched.state.epoch)
+        raise ValidationError("--prefix", f"must name an hsched deployment: Redis at {redact_url(url)} holds no "
+                              f"{keys.epoch} (`hsched up` or a deployment's first service writes it); nothing "
+                              "written", keys.prefix)
+    return redis, keys, url
 
 
 def cmd_thermal(args) -> int:
@@ -962,8 +991,7 @@ def cmd_thermal(args) -> int:
     so is a --prefix under which Redis holds no deployment (a mistyped one would write streams nobody reads)."""
     from redis.exceptions import RedisError
 
-    from hsched.state.keys import Keys
-    from hsched.state.redis import connect_sync, describe_redis_error, redact_url
+    from hsched.state.redis import describe_redis_error
     from hsched.thermal.published import READINGS_MAXLEN
     from hsched.thermal.readings import load_readings, write_readings
 
@@ -981,22 +1009,10 @@ def cmd_thermal(args) -> int:
         print(f"{args.file}: {len(readings)} valid readings, {len({(r.datacenter, r.sample) for r in readings})} "
               "scans (nothing written: --dry-run)")
         return 0
-    url = _redis_url()
-    if not url:  # never guess: a default 127.0.0.1:6379 may be somebody else's Redis
-        print("hsched thermal replay: no running stack found (hsched up) and REDIS_URL is not set: nothing written",
-              file=sys.stderr)
+    deployment = _deployment(args, "hsched thermal replay")
+    if deployment is None:
         return 1
-    keys = Keys(_from_stack(args, "prefix", PREFIX))
-    redis = connect_sync(url)
-    try:
-        deployed = redis.exists(keys.epoch)
-    except RedisError as exc:
-        print(f"hsched thermal replay: {describe_redis_error(url, exc).rstrip('.')}; nothing written", file=sys.stderr)
-        return 1
-    if not deployed:  # every deployment has its epoch marker from its start on (hsched.state.epoch)
-        raise ValidationError("--prefix", f"must name an hsched deployment: Redis at {redact_url(url)} holds no "
-                              f"{keys.epoch} (`hsched up` or a deployment's first service writes it); nothing "
-                              "written", keys.prefix)
+    redis, keys, url = deployment
     try:
         n = write_readings(redis, keys.readings, readings, READINGS_MAXLEN)
     except RedisError as exc:  # written in pipelined chunks: those before the failure stay
