@@ -126,6 +126,7 @@ def assert_one_line_error(done: subprocess.CompletedProcess, code: int, *words: 
     (["up", "--port", "-1"], ["--port", "0..65535"]),
     (["up", "--supervisor-metrics-port", "65536"], ["--supervisor-metrics-port", "0..65535"]),
     (["up", "--prometheus", "--prometheus-port", "99999"], ["--prometheus-port", "0..65535"]),
+    (["up", "--tenant-weights", "a=0"], ["--tenant-weights[a]", "> 0"]),  # before anything starts
 ])
 def test_bad_arguments_are_one_line_usage_errors(argv, words, tmp_path):
     gateway = [] if argv[0] in ("eval", "up") else ["--gateway", UNREACHABLE]

@@ -42,6 +42,7 @@ from hsched import cli, rpc
 from hsched.deploy import k8s
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import default_fleet_path, load_fleet
+from hsched.policies.fairshare import TenantWeights
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ROOT / "tests" / "fleets" / "small.yaml"
@@ -83,10 +84,11 @@ def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-@pytest.mark.parametrize("variant", ["default", "small", "external-redis"])
+@pytest.mark.parametrize("variant", ["default", "small", "external-redis", "tuned"])
 def test_every_object_is_valid_against_the_kubernetes_schema_in_strict_mode(variant, version):
     objects = {"default": lambda: rendered(),
                "small": lambda: rendered(SMALL),
+               "tuned": lambda: rendered(SMALL, **TUNED),
                "external-redis": lambda: rendered(SMALL, redis_url_secret="hsched-redis", namespace="sched")}[variant]()
     for obj in objects:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -242,6 +244,32 @@ def test_every_command_line_is_accepted_by_the_service_parser(monkeypatch, tmp_p
             assert args.redis_url == redis_url
             assert args.metrics_host == "0.0.0.0"
             assert args.metrics_port == next(p["containerPort"] for p in c["ports"] if p["name"] == "metrics")
+
+
+TUNED = {"nodes_to_score": "10%", "dag_policy": "tetris",
+         "tenant_weights": TenantWeights({"a": 2.0, "b": 1.0}, 0.5).to_json()}
+
+
+def test_the_placers_get_the_scoring_bound_dag_policy_and_tenant_weights_from_the_configmap(monkeypatch, tmp_path):
+    objects = rendered(SMALL, **TUNED)
+    data = by_kind(objects, "ConfigMap")[k8s.FLEET_CONFIGMAP]["data"]
+    weights = tmp_path / k8s.WEIGHTS_KEY
+    weights.write_text(data[k8s.WEIGHTS_KEY])
+    placers = [w for w in by_kind(objects, "Deployment").values() if w["metadata"]["name"].startswith("placer-")]
+    assert len(placers) == 3
+    for w in placers:
+        c = container(w)
+        assert flag(c["args"], "--tenant-weights") == f"{k8s.FLEET_DIR}/{k8s.WEIGHTS_KEY}"  # the mounted ConfigMap
+        argv = [str(weights) if a == f"{k8s.FLEET_DIR}/{k8s.WEIGHTS_KEY}" else a for a in c["args"]]
+        argv[argv.index("--fleet") + 1] = str(SMALL)
+        args = parse_command(c["command"], argv, {e["name"]: e["value"] for e in c["env"]}, monkeypatch)
+        assert args.tenant_weights == TenantWeights({"a": 2.0, "b": 1.0}, 0.5)
+        assert (args.nodes_to_score, args.dag_policy) == ("10%", "tetris")
+    plain = {w["metadata"]["name"]: w for w in by_kind(rendered(SMALL), "Deployment").values()}
+    for w in placers:  # new weights roll the placers, as a new fleet file does
+        annotations = [x["spec"]["template"]["metadata"]["annotations"] for x in (w, plain[w["metadata"]["name"]])]
+        assert annotations[0] != annotations[1]
+        assert "--tenant-weights" not in container(plain[w["metadata"]["name"]])["args"]
 
 
 def parse_command(command: list[str], argv: list[str], env: dict[str, str], monkeypatch) -> argparse.Namespace:
@@ -439,6 +467,10 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     (["--redis-port", "70000", "--redis-url-secret", "r"], "--redis-port"),
     (["--redis-port", "6380"], "--redis-port"),  # the external Redis' port, without an external Redis
     (["--image", ""], "--image"),
+    (["--nodes-to-score", "0"], "--nodes-to-score"),
+    (["--dag-policy", "lifo"], "--dag-policy"),
+    (["--tenant-weights", "a=-1"], "--tenant-weights"),
+    (["--tenant-weights", "a"], "--tenant-weights"),
 ])
 def test_bad_input_is_one_line_naming_the_flag_exit_2_nothing_written(argv, flag_named, capsys, tmp_path):
     out_dir = tmp_path / "out"

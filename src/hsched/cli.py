@@ -162,6 +162,9 @@ def cmd_up(args) -> int:
     from hsched.state.redis import RedisUnavailable, redact_url, url_without_password
 
     _fleet(args.fleet)  # a bad fleet file: its one-line message (exit 2) before anything starts
+    _tenant_weights(args.tenant_weights)  # the placers get it as given (a file: its absolute path)
+    tenant_weights = os.path.abspath(args.tenant_weights) if os.path.exists(args.tenant_weights) else \
+        args.tenant_weights
     slice_types = None
     if args.slice_types:  # a bad file: its one-line message (exit 2) before anything starts; placers get the path
         from hsched.engine.slices import SliceCatalog
@@ -185,6 +188,7 @@ def cmd_up(args) -> int:
                          supervise=not args.no_supervise, unhealthy_restart_s=args.unhealthy_restart_s,
                          supervisor_metrics_port=args.supervisor_metrics_port, tls=args.tls, auth=args.auth,
                          time_factor=args.time_factor, dag_policy=args.dag_policy, slice_types=slice_types,
+                         tenant_weights=tenant_weights,
                          nodes_to_score=args.nodes_to_score,
                          prometheus=args.prometheus, prometheus_port=args.prometheus_port,
                          placer_processes=args.placer_processes, gateways=args.gateways)
@@ -914,7 +918,9 @@ def cmd_k8s(args) -> int:
 
     options = k8s.Options(namespace=args.namespace, image=args.image, redis_url_secret=args.redis_url_secret,
                           redis_port=args.redis_port, redis_storage=args.redis_storage,
-                          redis_appendfsync=args.redis_appendfsync, policy=args.policy, gpu_policy=args.gpu_policy)
+                          redis_appendfsync=args.redis_appendfsync, policy=args.policy, gpu_policy=args.gpu_policy,
+                          nodes_to_score=args.nodes_to_score, dag_policy=args.dag_policy,
+                          tenant_weights=_tenant_weights(args.tenant_weights).to_json() if args.tenant_weights else "")
     options.check()  # before the fleet: every usage error is found without reading files
     fleet = _fleet(args.fleet)
     fleet_text = Path(args.fleet or default_fleet_path()).read_text()
@@ -930,6 +936,13 @@ def cmd_k8s(args) -> int:
     print(f"{len(objects)} objects in {len(written)} files under {args.output} (kubectl apply -k {args.output})",
           file=sys.stderr)
     return 0
+
+
+def _tenant_weights(text: str):
+    """--tenant-weights checked before anything starts (ValidationError naming the entry: exit 2)."""
+    from hsched.policies.fairshare import TenantWeights
+
+    return TenantWeights.parse(text)
 
 
 def cmd_link(args) -> int:
@@ -1259,6 +1272,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="feasible nodes one placement decision scores: all (default), a count (256) or a "
                          "percentage of the feasible nodes, at least 100 (10%%); a seeded sample when more fit "
                          "(kube-scheduler's percentageOfNodesToScore; docs/scale.md)")
+    up.add_argument("--tenant-weights", default=os.environ.get("HSCHED_TENANT_WEIGHTS", ""),
+                    help="the tenants' weights in the placers' fair share of their deferred queues (Volcano "
+                         "proportion): tenant=weight,... or a YAML/JSON file {tenants: {tenant: weight}, default: w} "
+                         "(default: HSCHED_TENANT_WEIGHTS, else every tenant weight 1)")
     up.add_argument("--slice-types", default="",
                     help="a slice-types file (`hsched slices fit`): the placers pre-partition every node into slices "
                          "of those types and place each task part in one (paper 001; default: no slices)")
@@ -1526,6 +1543,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the in-cluster Redis' AOF fsync: once a second, or before every reply")
     kr.add_argument("--policy", default="bestfit", choices=POLICY_NAMES, help="the placers' policy")
     kr.add_argument("--gpu-policy", choices=POLICY_NAMES, help="policy of the DCs with GPU cards (default: --policy)")
+    kr.add_argument("--nodes-to-score", default="all", help="the placers' --nodes-to-score (as hsched up's)")
+    kr.add_argument("--dag-policy", default="fifo", help="the placers' --dag-policy (as hsched up's)")
+    kr.add_argument("--tenant-weights", default="", help="the placers' fair-share weights (as hsched up's), put "
+                    "beside the fleet file in its ConfigMap")
     kr.add_argument("-o", "--output", default="-",
                     help="a directory (one file per component and a kustomization.yaml) or - for one multi-document "
                          "stream on stdout (default)")

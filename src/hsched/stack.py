@@ -164,6 +164,8 @@ class StackConfig:
     dag_policy: str = "fifo"
     # the placers' --nodes-to-score: feasible nodes one decision scores ("all", "256", "10%"; docs/scale.md)
     nodes_to_score: str = "all"
+    # the placers' --tenant-weights ("a=2,b=1" or a file's path; "" = their default: HSCHED_TENANT_WEIGHTS, else 1)
+    tenant_weights: str = ""
     # the placers' --slice-types: a slice-types file (hsched.engine.slices; `hsched slices fit`); None = no slices
     slice_types: str | None = None
     # how many processes host the placers: 0 = one per DC (as compose and Kubernetes run them); K = the fleet's
@@ -425,6 +427,8 @@ class Stack:
                     args += ["--nodes-to-score", self.config.nodes_to_score]
                 if self.config.slice_types:
                     args += ["--slice-types", self.config.slice_types]
+                if self.config.tenant_weights:
+                    args += ["--tenant-weights", self.config.tenant_weights]
                 self._spawn(name, "services.placer", args).dc_ports = dict.fromkeys(d.name for d in dcs) \
                     if len(dcs) > 1 else {}
                 placers.append(name)

@@ -33,6 +33,8 @@ import yaml
 from hsched import yamlfile
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet
+from hsched.policies.base import NodesToScore
+from hsched.policies.dagqueue import DAG_POLICIES
 from hsched.policies.heuristics import POLICY_NAMES
 from hsched.rpc import LIVENESS
 
@@ -44,6 +46,7 @@ REDIS_UID, REDIS_GID = 999, 1000  # the redis user of the alpine image
 HSCHED_UID = 10001  # the Dockerfile's user hsched
 FLEET_CONFIGMAP = "hsched-fleet"
 FLEET_DIR, FLEET_KEY = "/etc/hsched/fleet", "fleet.yaml"
+WEIGHTS_KEY = "tenant-weights.json"  # the placers' --tenant-weights, beside the fleet file in its ConfigMap
 SECRET_DIR, SECRET_KEY = "/var/run/secrets/hsched", "redis-url"  # compose.tls.yaml's secret file name
 PLACER_REPLICAS = 2  # one holds the DC's lease, the other is its standby
 REPLICAS = {"gateway": 2, "selector": 2, "thermal": 1}
@@ -95,6 +98,9 @@ class Options:
     redis_appendfsync: str = "everysec"  # or "always", as compose's HSCHED_REDIS_APPENDFSYNC
     policy: str = "bestfit"
     gpu_policy: str | None = None  # the policy of DCs with GPU cards (None: `policy`), as `hsched up --gpu-policy`
+    nodes_to_score: str = "all"  # the placers' --nodes-to-score, as `hsched up --nodes-to-score`
+    dag_policy: str = "fifo"  # the placers' --dag-policy
+    tenant_weights: str = ""  # the placers' fair-share weights as TenantWeights.to_json (""= every tenant 1)
 
     def check(self) -> None:
         """ValidationError naming the flag of the first bad option."""
@@ -124,6 +130,12 @@ class Options:
         for flag, policy in (("--policy", self.policy), ("--gpu-policy", self.gpu_policy or self.policy)):
             if policy not in POLICY_NAMES:
                 raise ValidationError(flag, f"must be one of {', '.join(POLICY_NAMES)}", policy)
+        try:
+            NodesToScore.parse(self.nodes_to_score)
+        except ValueError as exc:
+            raise ValidationError("--nodes-to-score", str(exc).removeprefix("nodes_to_score: ")) from None
+        if self.dag_policy not in DAG_POLICIES:
+            raise ValidationError("--dag-policy", f"must be one of {', '.join(DAG_POLICIES)}", self.dag_policy)
 
 
 def render(fleet: Fleet, fleet_text: str, options: Options, fleet_label: str = "--fleet") -> list[dict[str, Any]]:
@@ -227,7 +239,9 @@ def _dump(obj: dict[str, Any]) -> str:
 class _Builder:
     def __init__(self, fleet: Fleet, fleet_text: str, options: Options) -> None:
         self.fleet, self.fleet_text, self.o = fleet, fleet_text, options
-        self.fleet_hash = hashlib.sha256(fleet_text.encode()).hexdigest()
+        # what the pods read from the ConfigMap: a change rolls them (the fleet alone keeps its old hash)
+        config = fleet_text + (f"\0{options.tenant_weights}" if options.tenant_weights else "")
+        self.fleet_hash = hashlib.sha256(config.encode()).hexdigest()
 
     # -- shared pieces -----------------------------------------------------------------------------------------
 
@@ -262,8 +276,15 @@ class _Builder:
     def placer_args(self, dc) -> list[str]:
         gpu = dc.capacity_total().gpu_count > 0
         policy = self.o.gpu_policy if gpu and self.o.gpu_policy else self.o.policy
-        return ["--datacenter", dc.name, *self.listen_args("placer"), "--thermal", f"thermal:{PORTS['thermal'][0]}",
+        args = ["--datacenter", dc.name, *self.listen_args("placer"), "--thermal", f"thermal:{PORTS['thermal'][0]}",
                 "--policy", policy, "--standby", "--fenced-exit-s", str(PLACER_FENCED_EXIT_S)]
+        if self.o.nodes_to_score != "all":
+            args += ["--nodes-to-score", self.o.nodes_to_score]
+        if self.o.dag_policy != "fifo":
+            args += ["--dag-policy", self.o.dag_policy]
+        if self.o.tenant_weights:
+            args += ["--tenant-weights", f"{FLEET_DIR}/{WEIGHTS_KEY}"]
+        return args
 
     def gateway_args(self) -> list[str]:
         placers = ",".join(f"{dc.name}={placer_name(dc.name)}:{PORTS['placer'][0]}" for dc in self.fleet.datacenters)
@@ -307,7 +328,9 @@ class _Builder:
 
     def fleet_configmap(self) -> dict[str, Any]:
         return {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": self.meta(FLEET_CONFIGMAP, "config"), "data": {FLEET_KEY: self.fleet_text}}
+                "metadata": self.meta(FLEET_CONFIGMAP, "config"),
+                "data": {FLEET_KEY: self.fleet_text,
+                         **({WEIGHTS_KEY: self.o.tenant_weights} if self.o.tenant_weights else {})}}
 
     def service_objects(self, component: str, args: list[str], name: str | None = None,
                         extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
