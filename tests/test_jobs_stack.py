@@ -5,6 +5,7 @@ gateway killed (SIGKILL) and restarted mid-job still finishes the job, and no st
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 
@@ -247,6 +248,33 @@ def test_the_tpch_replay_runs_dag_jobs_to_completion_and_summarises(stack, redis
     out = capsys.readouterr().out
     assert code == 0, out
     assert "replaying 3 TPC-H DAG jobs" in out and "TPC-H DAG replay" in out
+    assert_every_job_succeeded(out, 3)
+
+
+def test_the_tpch_replay_rides_out_a_gateway_restart(stack, redis_url, monkeypatch, capsys):
+    """The DAG replay retries SubmitJob and its ListJobs/List reads through UNAVAILABLE as the task replay does:
+    a gateway killed mid-replay used to end it with a traceback from ListJobs (or with SubmitJob errors after
+    5 tries in 7.5 s)."""
+    import threading
+
+    from hsched import cli
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    result: dict = {}
+    replaying = threading.Thread(target=lambda: result.update(code=cli.main([
+        "replay", "tpch", "--gateway", stack.gateway, "--prefix", stack.config.prefix, "--limit", "3", "--seed", "1",
+        "--tpch-interval-s", "5", "--tpch-max-tasks", "4", "--time-factor", str(TIME_FACTOR)])))
+    replaying.start()
+    try:
+        time.sleep(2.0)  # the first job is submitted and polled
+        stack.kill("gateway")
+        time.sleep(3.0)  # the second job's SubmitJob and the polls meet no gateway
+    finally:
+        stack.restart("gateway")
+    replaying.join(300)
+    out = capsys.readouterr().out
+    assert result.get("code") == 0, out
+    assert re.search(r"\d+ calls retried after UNAVAILABLE/DEADLINE_EXCEEDED", out), out
     assert_every_job_succeeded(out, 3)
 
 

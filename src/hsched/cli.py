@@ -371,6 +371,8 @@ def run_job_replay(console, gateway: str, args, redis_url: str | None, prefix: s
                   fmt(s["avg_jct_s"], ".1f"), fmt(s["p95_jct_s"], ".1f"), fmt(s["avg_critical_path_s"], ".1f"),
                   fmt(s["mean_cpu_utilisation"], ".1%"), str(s["preemptions"]), f"{s['elapsed_s']:.1f}")
     console.print(table)
+    if stats.retried:
+        console.print(f"{stats.retried} calls retried after UNAVAILABLE/DEADLINE_EXCEEDED")
     if stats.errors:
         console.print(f"SubmitJob errors: {dict(stats.errors)}")
     return s["succeeded"] == len(jobs)

@@ -36,6 +36,7 @@ import grpc
 
 from hsched.cancel import cancel_and_wait
 from hsched.domain.dag import critical_path
+from hsched.replay import retrying
 from hsched.rpc import CHANNEL_OPTIONS
 from hsched.security.client import ClientCredentials
 from hsched.traces.alibaba2018 import MACHINE_MEMORY, AlibabaJob, load_alibaba_jobs
@@ -148,6 +149,7 @@ class JobReplayStats:
     final: dict[str, pb.Job] = field(default_factory=dict)  # job id -> last seen
     bound_s: dict[str, float] = field(default_factory=dict)  # job id -> critical path (trace seconds)
     errors: Counter = field(default_factory=Counter)
+    retried: int = 0  # calls sent again after UNAVAILABLE / DEADLINE_EXCEEDED (hsched.replay.retrying)
     utilisation: list[float] = field(default_factory=list)  # CPU utilisation samples of the jobs' DCs
     preemptions: int = 0
     elapsed_s: float = 0.0
@@ -208,16 +210,12 @@ async def replay_jobs(gateway: str, jobs: list[TraceJob], time_factor: float, re
 
         async def submit(job: TraceJob) -> None:
             await asyncio.sleep(max(0.0, job.arrival_s / time_factor - (time.monotonic() - start)))
-            for attempt in range(5):  # the request id makes a retry safe
-                try:
-                    reply = await stub.SubmitJob(gateway_pb2.SubmitJobRequest(job=job.spec), timeout=30,
-                                                 metadata=metadata)
-                    break
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == 4:
-                        stats.errors[exc.code().name] += 1
-                        return
-                    await asyncio.sleep(0.5 * 2 ** attempt)
+            try:  # the request id makes a retry safe
+                reply = await retrying(lambda: stub.SubmitJob(gateway_pb2.SubmitJobRequest(job=job.spec), timeout=30,
+                                                              metadata=metadata), stats)
+            except grpc.aio.AioRpcError as exc:
+                stats.errors[exc.code().name] += 1
+                return
             stats.submitted += 1
             ids[reply.job.job_id] = job.name
             stats.final[reply.job.job_id] = reply.job
@@ -229,9 +227,8 @@ async def replay_jobs(gateway: str, jobs: list[TraceJob], time_factor: float, re
                 await asyncio.sleep(poll_s)
                 page = ""
                 while True:
-                    reply = await stub.ListJobs(gateway_pb2.ListJobsRequest(tenant=TENANT, limit=1000,
-                                                                            page_token=page), timeout=30,
-                                                metadata=metadata)
+                    reply = await retrying(lambda page=page: stub.ListJobs(gateway_pb2.ListJobsRequest(
+                        tenant=TENANT, limit=1000, page_token=page), timeout=30, metadata=metadata), stats)
                     for j in reply.jobs:
                         if j.job_id in ids:
                             stats.final[j.job_id] = j
@@ -246,7 +243,7 @@ async def replay_jobs(gateway: str, jobs: list[TraceJob], time_factor: float, re
                 if done == len(jobs) and all(t.done() for t in submitting):
                     break
             stats.elapsed_s = time.monotonic() - start
-            stats.preemptions = await _preemptions(stub, set(ids), metadata)
+            stats.preemptions = await _preemptions(stub, set(ids), metadata, stats)
         finally:
             await cancel_and_wait(submitting)
             if redis is not None:
@@ -254,11 +251,11 @@ async def replay_jobs(gateway: str, jobs: list[TraceJob], time_factor: float, re
     return stats
 
 
-async def _preemptions(stub, job_ids: set[str], metadata: tuple) -> int:
+async def _preemptions(stub, job_ids: set[str], metadata: tuple, stats: JobReplayStats) -> int:
     total, page = 0, ""
     while True:
-        reply = await stub.List(gateway_pb2.ListRequest(tenant=TENANT, limit=1000, page_token=page), timeout=30,
-                                metadata=metadata)
+        reply = await retrying(lambda page=page: stub.List(gateway_pb2.ListRequest(
+            tenant=TENANT, limit=1000, page_token=page), timeout=30, metadata=metadata), stats)
         total += sum(t.preemptions for t in reply.tasks if t.spec.job_id in job_ids)
         if not (page := reply.next_page_token):
             return total

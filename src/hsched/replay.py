@@ -14,7 +14,9 @@ import random
 import secrets
 import time
 from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import grpc
 
@@ -68,6 +70,22 @@ def with_locations(tasks: list[TraceTask], fleet: Fleet, seed: int = 0) -> list[
 # would, for up to this long: each Submit carries a request_id, so a retry gets the first answer, never a second task.
 RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 RETRY_BUDGET_S = 60.0
+T = TypeVar("T")
+
+
+async def retrying(call: Callable[[], Awaitable[T]], stats) -> T:
+    """`call()` sent again after UNAVAILABLE / DEADLINE_EXCEEDED for up to RETRY_BUDGET_S (backoff 0.2 s .. 2 s),
+    counting each retry in `stats.retried`: for reads, and for writes that carry a request_id."""
+    delay, deadline = 0.2, time.monotonic() + RETRY_BUDGET_S
+    while True:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in RETRY or time.monotonic() + delay > deadline:
+                raise
+        stats.retried += 1
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 2.0)
 
 
 @dataclass
@@ -102,18 +120,6 @@ async def replay(gateway: str, tasks: list[TraceTask], duration_s: float = 30.0,
     async with credentials.aio_channel(gateway, options=CHANNEL_OPTIONS) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
 
-        async def retrying(call):
-            delay, deadline = 0.2, time.monotonic() + RETRY_BUDGET_S
-            while True:
-                try:
-                    return await call()
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() not in RETRY or time.monotonic() + delay > deadline:
-                        raise
-                stats.retried += 1
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 2.0)
-
         async def submit(i: int) -> None:
             async with gate:
                 start = time.perf_counter()
@@ -121,7 +127,7 @@ async def replay(gateway: str, tasks: list[TraceTask], duration_s: float = 30.0,
                 spec.request_id = f"replay-{run}-{i}"
                 try:
                     reply = await retrying(lambda: stub.Submit(gateway_pb2.SubmitRequest(task=spec), timeout=30,
-                                                               metadata=md))
+                                                               metadata=md), stats)
                 except grpc.aio.AioRpcError as exc:
                     stats.errors[exc.code().name] += 1
                     stats.outcomes["error"] += 1
@@ -144,7 +150,7 @@ async def replay(gateway: str, tasks: list[TraceTask], duration_s: float = 30.0,
             async with gate:
                 try:
                     await retrying(lambda: stub.Release(gateway_pb2.ReleaseRequest(task_id=task_ids[i]), timeout=30,
-                                                        metadata=md))
+                                                        metadata=md), stats)
                     stats.released += 1
                 except grpc.aio.AioRpcError as exc:
                     stats.errors[f"release {exc.code().name}"] += 1
