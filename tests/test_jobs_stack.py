@@ -334,6 +334,31 @@ def test_the_tpch_replay_exits_non_zero_when_jobs_fail(failing_stack, redis_url,
     assert replay_summary(out)[:4] == ["2", "0", "2", "0"]
 
 
+def test_cancel_answers_while_the_jobs_placer_is_down_and_the_releases_follow_when_it_is_back(stack):
+    """CancelJob waited for the job's releases without a bound: with its placer away, every cancel (and retry)
+    failed DEADLINE_EXCEEDED although the job was CANCELLED. The cancel is answered once recorded; the
+    releases reach the placer when it serves again."""
+    gw = stub(stack)
+    spec = pb.JobSpec(name="long", stages=[stage("hold", 2, 3600.0)])
+    job = gw.SubmitJob(gateway_pb2.SubmitJobRequest(job=spec), timeout=30).job
+    deadline = time.monotonic() + 60
+    while gw.GetJob(gateway_pb2.GetJobRequest(job_id=job.job_id), timeout=10).stages[0].running < 2:
+        assert time.monotonic() < deadline, "the job's tasks never started"
+        time.sleep(0.05)
+    stack.stop_service(f"placer-{job.datacenter}")
+    try:
+        cancelled = gw.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.job_id), timeout=25)
+        assert cancelled.state == pb.JOB_STATE_CANCELLED
+    finally:
+        stack.restart(f"placer-{job.datacenter}")
+    task_ids = [t for s in cancelled.stages for t in s.task_ids]
+    deadline = time.monotonic() + 60
+    while {gw.Get(gateway_pb2.GetRequest(task_id=t), timeout=10).state for t in task_ids} \
+            != {pb.TASK_STATE_RELEASED}:
+        assert time.monotonic() < deadline, "the cancelled job's tasks were never released"
+        time.sleep(0.1)
+
+
 def test_cli_submit_f_job_get_list_cancel(stack, tmp_path, capsys):
     from hsched import cli
     from tests.test_jobs import EXAMPLE

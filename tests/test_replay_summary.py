@@ -40,3 +40,17 @@ def test_json_is_refused_for_the_dag_job_replays_naming_the_flag(capsys) -> None
 
     assert cli.main(["replay", "tpch", "--json", "--gateway", "127.0.0.1:1"]) == 2
     assert "--json" in capsys.readouterr().err
+
+
+async def test_the_dag_replays_utilisation_sample_is_skipped_while_redis_is_away():
+    """A Redis restart or failover mid-replay ended `hsched up --replay tpch` (and stopped the stack) with a
+    ConnectionError from this sample."""
+    from hsched.job_replay import _utilisation
+    from hsched.state.redis import connect, port_is_free
+
+    port = next(p for p in range(47100, 47200) if port_is_free(p))
+    redis = connect(f"redis://127.0.0.1:{port}/0")
+    try:
+        assert await _utilisation(redis, "nowhere", {"cheap", "near"}) == []
+    finally:
+        await redis.aclose()

@@ -178,11 +178,18 @@ class JobReplayStats:
 
 
 async def _utilisation(redis, prefix: str, dcs: set[str]) -> list[float]:
+    """The DCs' latest CPU utilisation, a sample each; none while Redis is away (restarting, failing over): the
+    replay goes on through its gateway."""
+    from redis.exceptions import RedisError
+
     from hsched.state.keys import Keys
 
     keys, out = Keys(prefix), []
     for dc in sorted(dcs):
-        latest = await redis.xrevrange(keys.summary(dc), count=1)
+        try:
+            latest = await redis.xrevrange(keys.summary(dc), count=1)
+        except RedisError:
+            return out
         if latest:
             value = json.loads(latest[0][1][b"s"]).get("cpu_utilisation")
             if value is not None:

@@ -377,6 +377,9 @@ class JobOrchestrator:
     stage does not send a thousand Places at once past their deadlines."""
 
     PACE = 4.0
+    # how long a CancelJob waits for the job's releases before answering: the cancel is recorded first, and the
+    # worker keeps retrying the releases of a placer that is away (it answered DEADLINE_EXCEEDED after 30 s)
+    CANCEL_WAIT_S = 5.0
     SUBMITS_IN_FLIGHT = 64
 
     def __init__(self, store: TaskStore, ports: JobPorts, retry_s: float = 1.0,
@@ -633,8 +636,8 @@ class JobOrchestrator:
             raise Conflict(f"job {job_id}: other gateways kept recording steps of it first; retry the cancel")
         self.poke(job_id)
         worker = self._workers.get(job_id)
-        if worker is not None:
-            await asyncio.wait([worker])
+        if worker is not None:  # its releases, if they come soon; a placer that is away gets them when back
+            await asyncio.wait([worker], timeout=self.CANCEL_WAIT_S)
         return self.get(job_id)
 
     # -- driving
