@@ -105,7 +105,11 @@ async def test_writes_that_no_replica_holds_are_not_acknowledged(prefix):
     try:
         keys = Keys(prefix)
         ledger = Ledger(client, keys, "cheap", "me", min_replicas=1, wait_timeout_ms=50)
+        with pytest.raises(NotReplicated, match="the lease of cheap"):  # no token either
+            await ledger.acquire()
+        ledger.min_replicas = 0
         await ledger.acquire()
+        ledger.min_replicas = 1
         with pytest.raises(AppendNotReplicated, match="0 of the 1 Redis replicas"):
             await ledger.append([ALLOC])
         # the alloc is on the master but the placer answered "not placed": its cancellation is written first
@@ -173,6 +177,33 @@ async def test_a_record_on_the_master_only_is_no_answer_until_the_replica_holds_
             pytest.fail("the replica never confirmed the record")
         store.forget("kept")  # as after a failover that lost it: gone from the table only
         assert "kept" not in store.tasks and "doubt" in store.tasks
+    finally:
+        replica.resume()
+        await client.aclose()
+        rs.stop()
+
+
+async def test_a_fencing_token_is_taken_only_once_the_replica_holds_it(prefix):
+    """An unreplicated fence INCR is rolled back by a failover, and the next holder gets the same token: two
+    placers would append under one token. With replicas, the lease is taken only once they hold it."""
+    rs = ReplicaSet(1).start()
+    client = connect(rs.url)
+    replica = next(n for n in rs.nodes if n.port != rs.master().port)
+    try:
+        ledger = Ledger(client, Keys(prefix), "cheap", "me", min_replicas=1, wait_timeout_ms=300)
+        replica.pause()
+        with pytest.raises(NotReplicated, match="the lease of cheap"):
+            await ledger.try_acquire()
+        assert ledger.token is None  # nothing to append under
+        replica.resume()
+        for _ in range(100):  # the same owner takes it again once the replica is back
+            with contextlib.suppress(NotReplicated):
+                if (token := await ledger.try_acquire()) is not None:
+                    break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the lease was never taken")
+        assert token == ledger.token == int(connect_sync(rs.url).get(Keys(prefix).fence("cheap")))
     finally:
         replica.resume()
         await client.aclose()

@@ -598,3 +598,33 @@ async def test_a_selector_started_after_a_placer_died_leaves_its_dc_out_at_once(
             follower.cancel()
             await asyncio.wait({follower}, timeout=0.5)
         await client.aclose()
+
+
+async def test_a_lease_lost_while_taking_over_is_not_served_on(redis_url, prefix, monkeypatch):
+    """The lease keeper can lose the lease while the engine still folds the ledger before serving (a Redis
+    failover or stall). That report found nothing held to stop and was dropped, and the engine then served with
+    nothing renewing its lease, refusing every call for good: seen after a Redis master stall with replicas.
+    Now the takeover is given up and the lease taken again."""
+    from hsched.engine import placer as placer_module
+
+    dc = load_fleet(SMALL_FLEET).datacenter("cheap")
+    real, lost = placer_module.recorded_layout, []
+
+    async def lost_meanwhile(redis, stream):  # an await of the takeover between the token and serving
+        layout = await real(redis, stream)
+        if not lost:
+            lost.append(engine._keeper.token)
+            engine._keeper._lost(engine._keeper.token, "the lease lapsed while folding")  # the keeper's own path
+        return layout
+
+    monkeypatch.setattr(placer_module, "recorded_layout", lost_meanwhile)
+    client = connect(redis_url)
+    engine = PlacerEngine(dc, client, Keys(prefix), FirstFit(), "p1", lease_ms=LEASE_MS)
+    await engine.start()
+    try:
+        assert lost and engine.holding
+        assert engine._keeper.token == engine.ledger.token > lost[0]  # served under a token that is renewed
+        assert (await engine.place("t", TaskSpec(Resources(1000, 1024), runtime_s=3600))).outcome == "placed"
+    finally:
+        await engine.stop()
+        await client.aclose()

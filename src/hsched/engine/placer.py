@@ -393,6 +393,8 @@ class PlacerEngine:
                 # before any append: the entries after a snapshot are read in its node layout (a fleet change,
                 # carried over by the fold above, or a ledger that has none recorded yet)
                 await snapshot_and_trim(self.ledger, state, queue, last_id, self.retention.trim_margin_s)
+            if self._keeper.token != token:  # lost during the awaits above: its report found nothing held to stop
+                return False  # (no await from here to `holding`: a later loss is reported once serving)
             self._adopt(state, queue, last_id)
             self._refold_due = False
             self.holding, self.held_before, self.holder, self.lost_at = True, True, self.ledger.owner, None
@@ -505,9 +507,13 @@ class PlacerEngine:
                             op.future.set_exception(refused)
                     continue
                 if self._refold_due:
+                    lease_token = self.ledger.token
                     try:
                         await self._refold()
                     except Exception as exc:  # noqa: BLE001 - Redis still away: these ops fail, the next try refolds
+                        if isinstance(exc, Fenced):  # the owed cancellations cannot be written under this token:
+                            log.error("%s", exc)  # step down and take the lease again (a new fold settles them)
+                            self._lease_lost(lease_token, str(exc))
                         for op in batch:
                             if not op.future.done():
                                 op.future.set_exception(exc)

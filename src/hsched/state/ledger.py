@@ -228,9 +228,12 @@ class Ledger:
     async def try_acquire(self) -> int | None:
         """Take the lease and a new fencing token if no other owner holds it (None if one does); StateLost if
         Redis no longer holds this deployment's epoch (nothing is written then)."""
-        try:
-            token = await self._acquire(keys=[self.keys.lease(self.dc), self.keys.fence(self.dc), self.keys.epoch],
-                                        args=[self.owner, self.lease_ms, self.epoch or ""])
+        try:  # with replicas, a token only once they hold it: an unreplicated INCR a failover rolls back would
+            # hand the same token to the next holder, and two placers would append under one token
+            token = await run_replicated(self._acquire, [self.keys.lease(self.dc), self.keys.fence(self.dc),
+                                                         self.keys.epoch], [self.owner, self.lease_ms, self.epoch or ""],
+                                         self.redis, self.min_replicas, self.wait_timeout_ms,
+                                         f"the lease of {self.dc}")
         except ResponseError as exc:
             if "EPOCH" in str(exc):
                 raise StateLost(f"placer for {self.dc}: Redis no longer holds epoch {self.epoch} "
