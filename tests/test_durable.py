@@ -241,3 +241,23 @@ def test_supervisor_brings_a_dead_replica_back_so_writes_that_wait_for_it_succee
         assert connect_sync(replica.url).info("replication")["role"] == "slave"
         assert submit_until_placed(gw).state == pb.TASK_STATE_PLACED
         assert gw.Get(gateway_pb2.GetRequest(task_id=first.task_id), timeout=10).state in ON_NODES
+
+
+def test_supervisor_brings_a_dead_sentinel_back_and_the_next_master_death_fails_over(tmp_path):
+    """A kill -9 of the Sentinel was never repaired: clients could no longer find the master by name, and the
+    next master death left the stack UNAVAILABLE for good with a healthy replica idle."""
+    with Stack(config(tmp_path, redis_replicas=1, supervise=True, backoff_initial_s=0.2)) as stack, \
+            grpc.insecure_channel(stack.gateway) as ch:
+        gw = gateway_pb2_grpc.GatewayStub(ch)
+        first = submit_until_placed(gw)
+        sentinel = stack.redis.sentinel
+        sentinel.kill()
+        deadline = time.monotonic() + 60
+        while stack.redis.sentinel is sentinel or stack.redis.sentinel.poll() is not None \
+                or "sentinel restarted by the supervisor" not in (stack.log_dir / "supervisor.log").read_text():
+            assert time.monotonic() < deadline, "the supervisor did not restart the Sentinel"
+            time.sleep(0.2)
+        old = stack.redis.kill_master(wait_failover_s=60, rejoin=False)  # the restarted Sentinel fails over
+        assert stack.redis.master() is not old
+        assert submit_until_placed(gw).state == pb.TASK_STATE_PLACED
+        assert gw.Get(gateway_pb2.GetRequest(task_id=first.task_id), timeout=10).state in ON_NODES

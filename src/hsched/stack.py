@@ -879,6 +879,25 @@ class Stack:
         WAIT for every replica: without it they would all answer UNAVAILABLE). A dead master is left to the
         Sentinel's failover first: restarted before it, the node would replicate from itself."""
         rec, now = self._redis_record, time.monotonic()
+        if r.sentinel is not None and r.sentinel.poll() is not None:  # first: only it says which node is master
+            if rec.reaped is not r.sentinel:
+                rec.reaped, rec.last_exit_code = r.sentinel, r.sentinel.returncode
+                rec.restart_at = now + self._backoff(rec)
+                self._event(logging.WARNING, f"redis sentinel on port {r.sentinel_port} died: "
+                                             f"{_exit_text(r.sentinel.returncode)}")
+            if now < (rec.restart_at or 0.0):
+                return
+            try:
+                r.restart_sentinel()
+            except Exception as exc:  # noqa: BLE001 - logged; retried after the next back-off
+                self._event(logging.ERROR, f"redis: restarting the sentinel failed: {exc}")
+                rec.restart_at = now + self._backoff(rec)
+                return
+            rec.restarts, rec.started_at = rec.restarts + 1, time.monotonic()
+            if self._restarts is not None:
+                self._restarts.labels("redis").inc()
+            self._event(logging.WARNING, f"redis: sentinel restarted by the supervisor as pid {r.sentinel.pid} on "
+                                         f"port {r.sentinel_port}")
         dead = [n for n in r.nodes if n.proc is not None and not n.running]
         if not dead:
             if rec.started_at and now - rec.started_at >= self.config.healthy_reset_s:

@@ -665,7 +665,12 @@ class ReplicaSet:
                                    f"(logs in {self.dir})")
             time.sleep(0.1)
 
-    def _start_sentinel(self, timeout_s: float) -> None:
+    def restart_sentinel(self, timeout_s: float = 30.0) -> None:
+        """Start the Sentinel again after it died (a supervisor's job): on its own rewritten config, which names
+        the master and replicas it last knew. A Sentinel that does not come up is left dead (the nodes run on)."""
+        self._start_sentinel(timeout_s, on_failure=lambda: self.sentinel is not None and self.sentinel.kill())
+
+    def _start_sentinel(self, timeout_s: float, on_failure=None) -> None:
         private_dir(self.sentinel_dir)
         conf = self.sentinel_dir / "sentinel.conf"  # Sentinel rewrites it with what it learns (the current master)
         if self.sentinel is None:  # ports are new on every run: what an old run's Sentinel learnt is stale
@@ -683,7 +688,7 @@ class ReplicaSet:
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                          umask=0o077)
         _wait_for_ping(self._sentinel_client(), self.sentinel, timeout_s, self.sentinel_dir / "sentinel.log",
-                       "redis sentinel", self.stop)
+                       "redis sentinel", on_failure or self.stop)
 
     def _sentinel_client(self) -> redis.Redis:
         return redis.Redis(port=self.sentinel_port, password=self.password, socket_timeout=2.0)
