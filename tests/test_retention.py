@@ -11,7 +11,7 @@ import pytest
 from hsched.domain.cluster import ClusterState
 from hsched.state.follow import LedgerFollower, follow
 from hsched.state.keys import Keys
-from hsched.state.ledger import Fenced, replay, snapshot_and_trim, trimmed_past
+from hsched.state.ledger import AppendNotReplicated, Fenced, replay, snapshot_and_trim, trimmed_past
 from hsched.state.tasks import TaskStore, now_ms, prune
 from hsched.v1 import common_pb2 as pb
 from tests.test_ledger import (  # noqa: F401 - fixtures below
@@ -30,6 +30,22 @@ async def _fold(redis_client, stream: str) -> tuple[ClusterState, OrderedDict, s
     state, queue = ClusterState(cheap()), OrderedDict()
     last = await replay(redis_client, stream, state, queue)
     return state, queue, last
+
+
+async def test_no_snapshot_is_written_while_appends_of_unknown_outcome_are_owed_their_cancellations(
+        redis, prefix) -> None:  # noqa: F811
+    """The fold then lacks those events: nothing is written, and the caller hears so (None), not "0 trimmed"
+    (a placer logged a snapshot every minute that was never written)."""
+    a = ledger(redis, prefix, "a")
+    await a.acquire()
+    mid = await a.append(FIRST)
+    a.min_replicas, a.wait_timeout_ms = 1, 50  # this Redis has no replica: the append's outcome is unknown
+    with pytest.raises(AppendNotReplicated):
+        await a.append(REST[:1])
+    assert a.pending_undo
+    state, queue, _ = await _fold(redis, a.stream)
+    assert await snapshot_and_trim(a, state, queue, mid, margin_s=0) is None
+    assert not await redis.exists(Keys(prefix).snapshot("a")) and await redis.xlen(a.stream) == len(FIRST) + 1
 
 
 async def test_replay_after_snapshot_and_trim_is_the_untrimmed_fold(redis, prefix) -> None:  # noqa: F811

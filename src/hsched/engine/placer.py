@@ -1265,8 +1265,12 @@ class PlacerEngine:
                 async with self._writing:  # between batches: the fold is then the ledger's
                     if not self.holding or self.ledger.token != token:  # stepped down or re-folded meanwhile
                         continue
-                    trimmed, self._held_back = await snapshot_and_trim(self.ledger, self.state, self.queue,
-                                                                       self.last_id, r.trim_margin_s)
+                    written = await snapshot_and_trim(self.ledger, self.state, self.queue, self.last_id,
+                                                      r.trim_margin_s)
+                    if written is None:  # events of unknown outcome are not in the fold yet: a later round
+                        self._held_back = True
+                        continue
+                    trimmed, self._held_back = written
                     self._since_snapshot = 0
                 log.info("placer %s: ledger snapshot at %s, %d entries trimmed", self.dc.name, self.last_id, trimmed)
             except Fenced as exc:

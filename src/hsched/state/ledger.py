@@ -461,18 +461,19 @@ class Retention:
 
 
 async def snapshot_and_trim(ledger: Ledger, state: ClusterState, queue: OrderedDict[str, TaskSpec],
-                            last_id: str, margin_s: float, now_s: float | None = None) -> tuple[int, bool]:
+                            last_id: str, margin_s: float, now_s: float | None = None) -> tuple[int, bool] | None:
     """Write the fold (`state`/`queue`, which must be exactly the ledger up to `last_id`) as the DC's snapshot
     and trim the stream below it — but never entries younger than `margin_s` — behind the fencing check, in
-    one script. Returns (entries trimmed, whether the margin held some of the snapshot's entries back); raises
-    Fenced when this writer is no longer current."""
+    one script. Returns (entries trimmed, whether the margin held some of the snapshot's entries back), or None
+    when nothing was written (appends of unknown outcome are owed their cancellations first); raises Fenced
+    when this writer is no longer current."""
     if ledger.token is None:
         raise Fenced(f"placer for {ledger.dc} has no fencing token (acquire() first)")
     floor_ms = int(((time.time() if now_s is None else now_s) - margin_s) * 1000)
     trim = min(_id(last_id), (max(floor_ms, 0), 0))
     async with ledger._lock:  # no append in between (the fold must be the ledger's up to last_id)
         if ledger.pending_undo:  # the fold lacks events whose write is in doubt: snapshot once they are settled
-            return 0, True
+            return None
         try:
             trimmed = await ledger.redis.eval(
                 _SNAPSHOT, 4, ledger.stream, ledger.keys.fence(ledger.dc), ledger.keys.snapshot(ledger.dc),
