@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -339,6 +340,53 @@ async def test_a_dag_job_continues_on_the_other_gateway_when_its_own_is_killed(r
                 await client.aclose()
             assert sorted(stream) == sorted(everything)
             assert sorted(p for p in placements if p in everything) == sorted(everything)
+        finally:
+            await ch_a.close()
+            await ch_b.close()
+
+
+async def test_a_job_task_placed_by_a_stalled_owner_is_not_run_again_by_the_gateway_that_adopts_the_job(
+        redis_url, prefix, tmp_path, monkeypatch):
+    """A is SIGSTOPped while its Places of a wide stage are on the way: they are placed and run, but A records
+    none of them. B adopts the job (A's lease lapsed) and sends the stage's unrecorded tasks again: the placer
+    used to run the ones that had finished a second time (seen under chaos: 64 tasks, and a child stage
+    started while a parent task ran again). Now it answers how they ended, B records that, and every task of
+    the job is placed once."""
+    monkeypatch.setenv("HSCHED_TIME_FACTOR", "20")  # a 20 s task runs 1 s
+    wide = pb.StageSpec(name="wide", tasks=400, runtime_s=20.0, parents=["one"],
+                        resources=pb.Resources(cpu_milli=100, memory_mib=64))
+    spec = pb.JobSpec(name="stalled", tenant="dag", stages=[_stage("one", 1, 20.0), wide,
+                                                            _stage("last", 1, 20.0, ("wide",))])
+    async with backends(redis_url, prefix, tmp_path) as (argv, _), \
+            gateway_processes(argv, tmp_path) as (procs, (a, b)):
+        (ch_a, gw_a), (ch_b, gw_b) = stub(a), stub(b)
+        try:
+            watch = gw_b.Watch(gateway_pb2.WatchRequest(after_event_id="$"), timeout=180)
+            await asyncio.sleep(0.5)  # subscribed
+            job = (await gw_a.SubmitJob(gateway_pb2.SubmitJobRequest(job=spec), timeout=30)).job
+            while True:  # A has begun sending the wide stage
+                event = await asyncio.wait_for(watch.read(), 60)
+                if event.kind == "submitted" and ".wide." in event.task_id:
+                    break
+            procs[0].send_signal(signal.SIGSTOP)
+            try:
+                async def finished() -> pb.Job | None:
+                    got = await gw_b.GetJob(gateway_pb2.GetJobRequest(job_id=job.job_id), timeout=5)
+                    return got if got.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED) else None
+                done = await until(finished, "B runs the job to its end", timeout_s=150)
+            finally:
+                procs[0].send_signal(signal.SIGCONT)
+            watch.cancel()
+            assert done.state == pb.JOB_STATE_SUCCEEDED, done.reason
+            await asyncio.sleep(3 * LEASE_S)  # A resumes what it was doing, then learns the job is B's
+            client = connect(redis_url)
+            try:
+                events = [json.loads(f[b"e"]) for _, f in await client.xrange(Keys(prefix).ledger(done.datacenter))]
+            finally:
+                await client.aclose()
+            allocs = Counter(e["task"] for e in events if e["t"] == "alloc" and e["task"].startswith(job.job_id))
+            assert len(allocs) == 402 and set(allocs.values()) == {1}, allocs.most_common(3)
+            assert done.stages[1].succeeded == 400
         finally:
             await ch_a.close()
             await ch_b.close()

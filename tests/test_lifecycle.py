@@ -161,6 +161,26 @@ async def test_a_deferred_task_expires_after_its_queue_timeout(redis, prefix) ->
         assert freed.placed_from_queue == [] and "w" not in e.state.allocations  # w had expired: nobody waits
 
 
+async def test_a_task_that_ran_to_completion_is_not_run_again_and_one_released_may_be_placed_again(
+        redis, prefix) -> None:
+    """A Place of a task id whose done the ledger holds is answered with how it ended (a gateway that never
+    recorded the first Place sends it again), here and in a placer that folds the ledger afresh; a task
+    released before it ended may be placed again (the re-submit after a gateway's reconcile released it)."""
+    async with running(engine(redis, prefix, executor(tf=10))) as e:
+        assert (await e.place("ok", spec(4, runtime_s=5))).outcome == "placed"
+        assert (await e.place("freed", spec(4, runtime_s=3600))).outcome == "placed"
+        await until(lambda: _has(redis, prefix, "ok", "done"), "ok finishes")
+        await e.release("freed")
+        again = await e.place("ok", spec(4, runtime_s=5))
+        assert (again.outcome, again.finished["ok"]) == ("finished", True) and "ok" not in e.state.allocations
+        assert again.finished["at"] == [ev for _, ev in await events_of(redis, prefix, "ok")][-1]["at"]
+        assert (await e.place("freed", spec(4, runtime_s=3600))).outcome == "placed"
+    later = engine(redis, prefix, executor(tf=10), owner="p2")  # a new holder folds the ledger
+    async with running(later) as e2:
+        assert (await e2.place("ok", spec(4))).outcome == "finished"
+        assert kinds(await events_of(redis, prefix, "ok")) == ["alloc", "run", "done"]
+
+
 async def test_a_completion_whose_append_had_an_unknown_outcome_is_not_written_twice(redis, prefix) -> None:
     """The done (with the queued task it gives the room to) lands on the master but WAIT finds no replica
     (AppendNotReplicated: outcome unknown to the placer, which cancels the queued task's alloc). Before its

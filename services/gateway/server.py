@@ -780,6 +780,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                     task.reason = reply.reason
                     self._explain(task, reply)
                     records.append(step("deferred", task, f"queued at {dc}: {reply.reason}"))
+                elif reply.outcome == placer_pb2.PLACE_OUTCOME_FINISHED:  # placed and run by an attempt never
+                    # recorded (its gateway stalled or died): how it ended, not a second run
+                    task.finished_unix_ms = reply.finished_unix_ms
+                    task.reason = "" if reply.finished_ok else reply.reason
+                    records.append(step("succeeded" if reply.finished_ok else "failed", task,
+                                        f"already ran to completion at {dc}: {reply.reason}",
+                                        at_ms=reply.finished_unix_ms))
                 else:
                     task.reason = f"{dc} cannot hold it: {reply.reason}"
                     records.append(step("rejected", task, task.reason))

@@ -61,7 +61,8 @@ from hsched.v1 import common_pb2, placer_pb2, placer_pb2_grpc, thermal_pb2, ther
 log = logging.getLogger("hsched.placer")
 
 OUTCOMES = {"placed": placer_pb2.PLACE_OUTCOME_PLACED, "deferred": placer_pb2.PLACE_OUTCOME_DEFERRED,
-            "no_room": placer_pb2.PLACE_OUTCOME_NO_ROOM, "unschedulable": placer_pb2.PLACE_OUTCOME_UNSCHEDULABLE}
+            "no_room": placer_pb2.PLACE_OUTCOME_NO_ROOM, "unschedulable": placer_pb2.PLACE_OUTCOME_UNSCHEDULABLE,
+            "finished": placer_pb2.PLACE_OUTCOME_FINISHED}
 
 
 class ThermalClient:
@@ -126,7 +127,8 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
             outcome=OUTCOMES[r.outcome], assignments=parts_to_pb(r.parts, self.table), policy=self.engine.policy.name,
             alternatives=[common_pb2.Alternative(node=self.table.names[n], node_index=n, score=s)
                           for n, s in r.alternatives],
-            thermal=thermal_to_pb(r.thermal), reason=r.reason, ledger_id=r.ledger_id, notes=r.notes)
+            thermal=thermal_to_pb(r.thermal), reason=r.reason, ledger_id=r.ledger_id, notes=r.notes,
+            finished_ok=bool(r.finished and r.finished["ok"]), finished_unix_ms=r.finished["at"] if r.finished else 0)
 
     @rpc.grpc_errors
     async def Place(self, request: placer_pb2.PlaceRequest, context) -> placer_pb2.PlaceResponse:

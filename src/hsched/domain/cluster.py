@@ -22,6 +22,10 @@ import numpy as np
 from hsched.domain.fleet import DataCenter, NodeTable
 from hsched.domain.resources import Resources
 
+# done events a fold remembers (ClusterState.finished): a gateway that stalled or died sends a Place again within
+# seconds to minutes; the ledger's trim margin (5 min) keeps at least that long of them across a re-fold
+FINISHED_MEMORY = 100_000
+
 
 @dataclass(frozen=True, slots=True)
 class GpuShare:
@@ -149,6 +153,9 @@ class ClusterState:
         self.specs: dict[str, dict] = {}
         self.ready_ms: dict[str, int] = {}  # deferred tasks not to be placed before this unix ms (requeued victims)
         self.tenant_usage: dict[str, np.ndarray] = {}  # per tenant, the usage_vector of its clocked allocations
+        # tasks that ran to completion here (their done events since the snapshot the fold started from, at most
+        # FINISHED_MEMORY, oldest first): a Place of one again is answered with how it ended, not run twice
+        self.finished: dict[str, dict] = {}
         self._models = np.array(t.gpu_model)
 
     # -- queries ---------------------------------------------------------------------------------------------
@@ -302,6 +309,13 @@ class ClusterState:
         clock = self.clocks.get(task_id)
         if clock is not None and task_id in self.allocations:
             self.clocks[task_id] = clock._replace(started_ms=at_ms)
+
+    def note_finished(self, task_id: str, done: dict) -> None:
+        """Remember that `task_id` ran to completion (its done event: ok, at, reason)."""
+        self.finished.pop(task_id, None)
+        self.finished[task_id] = done
+        if len(self.finished) > FINISHED_MEMORY:
+            del self.finished[next(iter(self.finished))]
 
     def release(self, task_id: str) -> tuple[Part, ...] | None:
         parts = self.allocations.pop(task_id, None)

@@ -150,7 +150,7 @@ class ThermalGuard(Protocol):
 
 @dataclass
 class PlaceResult:
-    outcome: str  # placed | deferred | no_room | unschedulable | expired (the caller's deadline had passed)
+    outcome: str  # placed | deferred | no_room | unschedulable | expired (the caller's deadline had passed) | finished
     parts: tuple[Part, ...] = ()
     alternatives: tuple[tuple[int, float], ...] = ()
     reason: str = ""
@@ -158,6 +158,7 @@ class PlaceResult:
     ledger_id: str = ""
     thermal: ThermalCheck | None = None
     thermal_limited: bool = False
+    finished: dict | None = None  # outcome finished: how it ended (ok, at, reason), ClusterState.finished
 
 
 @dataclass
@@ -738,6 +739,7 @@ class PlacerEngine:
                     self.state.release(task)
                 elif "_parts" in e:  # an event that freed them (free, done, preempt)
                     self.state.apply(task, e["_parts"], e["_clock"], e["_spec"])
+                    self.state.finished.pop(task, None)
                 # the fold's bookkeeping as it was before the event (_emit noted it)
                 for book, before in ((clocks, e["_clock"]), (queued_ms, e["_queued_ms"]),
                                      (self.state.specs, e["_spec"]), (self.state.ready_ms, e["_ready_ms"])):
@@ -798,6 +800,10 @@ class PlacerEngine:
                                ledger_id=self.last_id)
         if op.task_id in self.queue:
             return PlaceResult("deferred", reason="already waiting in the deferred queue", ledger_id=self.last_id)
+        if (ended := self.state.finished.get(op.task_id)) is not None:  # not run twice (a DAG job's fixed ids)
+            return PlaceResult("finished", reason=ended["reason"] or ("it succeeded" if ended["ok"] else "it failed"),
+                               ledger_id=self.last_id, finished=ended,
+                               notes=["already ran to completion here: not run again"])
         if op.not_after is not None and time.time() > op.not_after:
             return PlaceResult("expired", reason="the caller's deadline passed before the decision: nothing was "
                                                  "placed or queued")

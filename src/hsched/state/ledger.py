@@ -177,6 +177,7 @@ def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpe
     if kind == "alloc" and event.get("restore") and task in state.allocations:
         return  # the cancellation of a preemption whose write did not land: the victim never left
     if kind == "alloc":
+        state.finished.pop(task, None)
         queue.pop(task, None)
         state.queued_ms.pop(task, None)
         state.ready_ms.pop(task, None)
@@ -185,6 +186,9 @@ def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpe
         state.apply(task, parts, clock_of(event), event.get("spec"))
     elif kind in FREEING:
         state.release(task)
+        if kind == "done":
+            state.note_finished(task, {"ok": bool(event.get("ok")), "at": int(event.get("at") or 0),
+                                       "reason": event.get("reason") or ""})
     elif kind == "run":
         state.start(task, int(event["at"]))
     elif kind == "defer":
@@ -386,6 +390,7 @@ def carry_over(old: ClusterState, new: ClusterState, where: str) -> None:
             "start with the previous fleet file and release or let finish those tasks before the change")
     new.queued_ms.update(old.queued_ms)
     new.ready_ms.update(old.ready_ms)
+    new.finished.update(old.finished)
 
 
 def recorded_layout_of(recorded: bytes | None) -> list[list] | None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from hsched.v1 import common_pb2 as hsched_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16hsched/v1/placer.proto\x12\thsched.v1\x1a\x16hsched/v1/common.proto\"\x80\x02\n\x0cPlaceRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12!\n\x04task\x18\x02 \x01(\x0b\x32\x13.hsched.v1.TaskSpec\x12\x13\n\x0b\x61llow_defer\x18\x03 \x01(\x08\x12@\n\rtrace_context\x18\x04 \x03(\x0b\x32).hsched.v1.PlaceRequest.TraceContextEntry\x12\x19\n\x11not_after_unix_ms\x18\x05 \x01(\x03\x12\x15\n\rno_preemption\x18\x06 \x01(\x08\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\";\n\x11PlaceBatchRequest\x12&\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x17.hsched.v1.PlaceRequest\"@\n\x12PlaceBatchResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.hsched.v1.PlaceBatchItem\"t\n\x0ePlaceBatchItem\x12,\n\x08response\x18\x01 \x01(\x0b\x32\x18.hsched.v1.PlaceResponseH\x00\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.hsched.v1.BatchItemErrorH\x00\x42\x08\n\x06result\"\x80\x02\n\rPlaceResponse\x12(\n\x07outcome\x18\x01 \x01(\x0e\x32\x17.hsched.v1.PlaceOutcome\x12*\n\x0b\x61ssignments\x18\x02 \x03(\x0b\x32\x15.hsched.v1.Assignment\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12,\n\x0c\x61lternatives\x18\x04 \x03(\x0b\x32\x16.hsched.v1.Alternative\x12)\n\x07thermal\x18\x05 \x01(\x0b\x32\x18.hsched.v1.ThermalEffect\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x11\n\tledger_id\x18\x07 \x01(\t\x12\r\n\x05notes\x18\x08 \x03(\t\"\xa6\x01\n\x14PlacerReleaseRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12H\n\rtrace_context\x18\x02 \x03(\x0b\x32\x31.hsched.v1.PlacerReleaseRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x19PlacerReleaseBatchRequest\x12.\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x1f.hsched.v1.PlacerReleaseRequest\"P\n\x1aPlacerReleaseBatchResponse\x12\x32\n\x07results\x18\x01 \x03(\x0b\x32!.hsched.v1.PlacerReleaseBatchItem\"\x84\x01\n\x16PlacerReleaseBatchItem\x12\x34\n\x08response\x18\x01 \x01(\x0b\x32 .hsched.v1.PlacerReleaseResponseH\x00\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.hsched.v1.BatchItemErrorH\x00\x42\x08\n\x06result\"N\n\x0fQueuedPlacement\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12*\n\x0b\x61ssignments\x18\x02 \x03(\x0b\x32\x15.hsched.v1.Assignment\"\x85\x01\n\x15PlacerReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x12#\n\x05\x66reed\x18\x02 \x01(\x0b\x32\x14.hsched.v1.Resources\x12\x35\n\x11placed_from_queue\x18\x03 \x03(\x0b\x32\x1a.hsched.v1.QueuedPlacement\"+\n\x12PlacerStateRequest\x12\x15\n\rinclude_nodes\x18\x01 \x01(\x08\"|\n\x0cGpuCardState\x12\x0c\n\x04\x63\x61rd\x18\x01 \x01(\r\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x11\x63ore_percent_free\x18\x03 \x01(\x05\x12\x17\n\x0fmemory_mib_free\x18\x04 \x01(\x03\x12\x1b\n\x13memory_mib_capacity\x18\x05 \x01(\x03\"\xa9\x01\n\tNodeState\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04rack\x18\x03 \x01(\r\x12&\n\x08\x63\x61pacity\x18\x04 \x01(\x0b\x32\x14.hsched.v1.Resources\x12\"\n\x04\x66ree\x18\x05 \x01(\x0b\x32\x14.hsched.v1.Resources\x12%\n\x04gpus\x18\x06 \x03(\x0b\x32\x17.hsched.v1.GpuCardState\"\xbe\x01\n\x0bPlacerState\x12%\n\x07summary\x18\x01 \x01(\x0b\x32\x14.hsched.v1.DcSummary\x12#\n\x05nodes\x18\x02 \x03(\x0b\x32\x14.hsched.v1.NodeState\x12\x19\n\x11\x64\x65\x66\x65rred_task_ids\x18\x03 \x03(\t\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12)\n\x07thermal\x18\x05 \x01(\x0b\x32\x18.hsched.v1.ThermalEffect\x12\r\n\x05owner\x18\x06 \x01(\t*\x9f\x01\n\x0cPlaceOutcome\x12\x1d\n\x19PLACE_OUTCOME_UNSPECIFIED\x10\x00\x12\x18\n\x14PLACE_OUTCOME_PLACED\x10\x01\x12\x1a\n\x16PLACE_OUTCOME_DEFERRED\x10\x02\x12\x19\n\x15PLACE_OUTCOME_NO_ROOM\x10\x03\x12\x1f\n\x1bPLACE_OUTCOME_UNSCHEDULABLE\x10\x04\x32\x85\x03\n\x06Placer\x12:\n\x05Place\x12\x17.hsched.v1.PlaceRequest\x1a\x18.hsched.v1.PlaceResponse\x12M\n\nPlaceBatch\x12\x1c.hsched.v1.PlaceBatchRequest\x1a\x1d.hsched.v1.PlaceBatchResponse(\x01\x30\x01\x12L\n\x07Release\x12\x1f.hsched.v1.PlacerReleaseRequest\x1a .hsched.v1.PlacerReleaseResponse\x12_\n\x0cReleaseBatch\x12$.hsched.v1.PlacerReleaseBatchRequest\x1a%.hsched.v1.PlacerReleaseBatchResponse(\x01\x30\x01\x12\x41\n\x08GetState\x12\x1d.hsched.v1.PlacerStateRequest\x1a\x16.hsched.v1.PlacerStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16hsched/v1/placer.proto\x12\thsched.v1\x1a\x16hsched/v1/common.proto\"\x80\x02\n\x0cPlaceRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12!\n\x04task\x18\x02 \x01(\x0b\x32\x13.hsched.v1.TaskSpec\x12\x13\n\x0b\x61llow_defer\x18\x03 \x01(\x08\x12@\n\rtrace_context\x18\x04 \x03(\x0b\x32).hsched.v1.PlaceRequest.TraceContextEntry\x12\x19\n\x11not_after_unix_ms\x18\x05 \x01(\x03\x12\x15\n\rno_preemption\x18\x06 \x01(\x08\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\";\n\x11PlaceBatchRequest\x12&\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x17.hsched.v1.PlaceRequest\"@\n\x12PlaceBatchResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.hsched.v1.PlaceBatchItem\"t\n\x0ePlaceBatchItem\x12,\n\x08response\x18\x01 \x01(\x0b\x32\x18.hsched.v1.PlaceResponseH\x00\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.hsched.v1.BatchItemErrorH\x00\x42\x08\n\x06result\"\xaf\x02\n\rPlaceResponse\x12(\n\x07outcome\x18\x01 \x01(\x0e\x32\x17.hsched.v1.PlaceOutcome\x12*\n\x0b\x61ssignments\x18\x02 \x03(\x0b\x32\x15.hsched.v1.Assignment\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12,\n\x0c\x61lternatives\x18\x04 \x03(\x0b\x32\x16.hsched.v1.Alternative\x12)\n\x07thermal\x18\x05 \x01(\x0b\x32\x18.hsched.v1.ThermalEffect\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x11\n\tledger_id\x18\x07 \x01(\t\x12\r\n\x05notes\x18\x08 \x03(\t\x12\x13\n\x0b\x66inished_ok\x18\t \x01(\x08\x12\x18\n\x10\x66inished_unix_ms\x18\n \x01(\x03\"\xa6\x01\n\x14PlacerReleaseRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12H\n\rtrace_context\x18\x02 \x03(\x0b\x32\x31.hsched.v1.PlacerReleaseRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x19PlacerReleaseBatchRequest\x12.\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x1f.hsched.v1.PlacerReleaseRequest\"P\n\x1aPlacerReleaseBatchResponse\x12\x32\n\x07results\x18\x01 \x03(\x0b\x32!.hsched.v1.PlacerReleaseBatchItem\"\x84\x01\n\x16PlacerReleaseBatchItem\x12\x34\n\x08response\x18\x01 \x01(\x0b\x32 .hsched.v1.PlacerReleaseResponseH\x00\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.hsched.v1.BatchItemErrorH\x00\x42\x08\n\x06result\"N\n\x0fQueuedPlacement\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12*\n\x0b\x61ssignments\x18\x02 \x03(\x0b\x32\x15.hsched.v1.Assignment\"\x85\x01\n\x15PlacerReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x12#\n\x05\x66reed\x18\x02 \x01(\x0b\x32\x14.hsched.v1.Resources\x12\x35\n\x11placed_from_queue\x18\x03 \x03(\x0b\x32\x1a.hsched.v1.QueuedPlacement\"+\n\x12PlacerStateRequest\x12\x15\n\rinclude_nodes\x18\x01 \x01(\x08\"|\n\x0cGpuCardState\x12\x0c\n\x04\x63\x61rd\x18\x01 \x01(\r\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x11\x63ore_percent_free\x18\x03 \x01(\x05\x12\x17\n\x0fmemory_mib_free\x18\x04 \x01(\x03\x12\x1b\n\x13memory_mib_capacity\x18\x05 \x01(\x03\"\xa9\x01\n\tNodeState\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04rack\x18\x03 \x01(\r\x12&\n\x08\x63\x61pacity\x18\x04 \x01(\x0b\x32\x14.hsched.v1.Resources\x12\"\n\x04\x66ree\x18\x05 \x01(\x0b\x32\x14.hsched.v1.Resources\x12%\n\x04gpus\x18\x06 \x03(\x0b\x32\x17.hsched.v1.GpuCardState\"\xbe\x01\n\x0bPlacerState\x12%\n\x07summary\x18\x01 \x01(\x0b\x32\x14.hsched.v1.DcSummary\x12#\n\x05nodes\x18\x02 \x03(\x0b\x32\x14.hsched.v1.NodeState\x12\x19\n\x11\x64\x65\x66\x65rred_task_ids\x18\x03 \x03(\t\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12)\n\x07thermal\x18\x05 \x01(\x0b\x32\x18.hsched.v1.ThermalEffect\x12\r\n\x05owner\x18\x06 \x01(\t*\xbb\x01\n\x0cPlaceOutcome\x12\x1d\n\x19PLACE_OUTCOME_UNSPECIFIED\x10\x00\x12\x18\n\x14PLACE_OUTCOME_PLACED\x10\x01\x12\x1a\n\x16PLACE_OUTCOME_DEFERRED\x10\x02\x12\x19\n\x15PLACE_OUTCOME_NO_ROOM\x10\x03\x12\x1f\n\x1bPLACE_OUTCOME_UNSCHEDULABLE\x10\x04\x12\x1a\n\x16PLACE_OUTCOME_FINISHED\x10\x05\x32\x85\x03\n\x06Placer\x12:\n\x05Place\x12\x17.hsched.v1.PlaceRequest\x1a\x18.hsched.v1.PlaceResponse\x12M\n\nPlaceBatch\x12\x1c.hsched.v1.PlaceBatchRequest\x1a\x1d.hsched.v1.PlaceBatchResponse(\x01\x30\x01\x12L\n\x07Release\x12\x1f.hsched.v1.PlacerReleaseRequest\x1a .hsched.v1.PlacerReleaseResponse\x12_\n\x0cReleaseBatch\x12$.hsched.v1.PlacerReleaseBatchRequest\x1a%.hsched.v1.PlacerReleaseBatchResponse(\x01\x30\x01\x12\x41\n\x08GetState\x12\x1d.hsched.v1.PlacerStateRequest\x1a\x16.hsched.v1.PlacerStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLACEREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_PLACERRELEASEREQUEST_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_PLACERRELEASEREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_PLACEOUTCOME']._serialized_start=2040
-  _globals['_PLACEOUTCOME']._serialized_end=2199
+  _globals['_PLACEOUTCOME']._serialized_start=2087
+  _globals['_PLACEOUTCOME']._serialized_end=2274
   _globals['_PLACEREQUEST']._serialized_start=62
   _globals['_PLACEREQUEST']._serialized_end=318
   _globals['_PLACEREQUEST_TRACECONTEXTENTRY']._serialized_start=267
@@ -49,29 +49,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLACEBATCHITEM']._serialized_start=447
   _globals['_PLACEBATCHITEM']._serialized_end=563
   _globals['_PLACERESPONSE']._serialized_start=566
-  _globals['_PLACERESPONSE']._serialized_end=822
-  _globals['_PLACERRELEASEREQUEST']._serialized_start=825
-  _globals['_PLACERRELEASEREQUEST']._serialized_end=991
+  _globals['_PLACERESPONSE']._serialized_end=869
+  _globals['_PLACERRELEASEREQUEST']._serialized_start=872
+  _globals['_PLACERRELEASEREQUEST']._serialized_end=1038
   _globals['_PLACERRELEASEREQUEST_TRACECONTEXTENTRY']._serialized_start=267
   _globals['_PLACERRELEASEREQUEST_TRACECONTEXTENTRY']._serialized_end=318
-  _globals['_PLACERRELEASEBATCHREQUEST']._serialized_start=993
-  _globals['_PLACERRELEASEBATCHREQUEST']._serialized_end=1068
-  _globals['_PLACERRELEASEBATCHRESPONSE']._serialized_start=1070
-  _globals['_PLACERRELEASEBATCHRESPONSE']._serialized_end=1150
-  _globals['_PLACERRELEASEBATCHITEM']._serialized_start=1153
-  _globals['_PLACERRELEASEBATCHITEM']._serialized_end=1285
-  _globals['_QUEUEDPLACEMENT']._serialized_start=1287
-  _globals['_QUEUEDPLACEMENT']._serialized_end=1365
-  _globals['_PLACERRELEASERESPONSE']._serialized_start=1368
-  _globals['_PLACERRELEASERESPONSE']._serialized_end=1501
-  _globals['_PLACERSTATEREQUEST']._serialized_start=1503
-  _globals['_PLACERSTATEREQUEST']._serialized_end=1546
-  _globals['_GPUCARDSTATE']._serialized_start=1548
-  _globals['_GPUCARDSTATE']._serialized_end=1672
-  _globals['_NODESTATE']._serialized_start=1675
-  _globals['_NODESTATE']._serialized_end=1844
-  _globals['_PLACERSTATE']._serialized_start=1847
-  _globals['_PLACERSTATE']._serialized_end=2037
-  _globals['_PLACER']._serialized_start=2202
-  _globals['_PLACER']._serialized_end=2591
+  _globals['_PLACERRELEASEBATCHREQUEST']._serialized_start=1040
+  _globals['_PLACERRELEASEBATCHREQUEST']._serialized_end=1115
+  _globals['_PLACERRELEASEBATCHRESPONSE']._serialized_start=1117
+  _globals['_PLACERRELEASEBATCHRESPONSE']._serialized_end=1197
+  _globals['_PLACERRELEASEBATCHITEM']._serialized_start=1200
+  _globals['_PLACERRELEASEBATCHITEM']._serialized_end=1332
+  _globals['_QUEUEDPLACEMENT']._serialized_start=1334
+  _globals['_QUEUEDPLACEMENT']._serialized_end=1412
+  _globals['_PLACERRELEASERESPONSE']._serialized_start=1415
+  _globals['_PLACERRELEASERESPONSE']._serialized_end=1548
+  _globals['_PLACERSTATEREQUEST']._serialized_start=1550
+  _globals['_PLACERSTATEREQUEST']._serialized_end=1593
+  _globals['_GPUCARDSTATE']._serialized_start=1595
+  _globals['_GPUCARDSTATE']._serialized_end=1719
+  _globals['_NODESTATE']._serialized_start=1722
+  _globals['_NODESTATE']._serialized_end=1891
+  _globals['_PLACERSTATE']._serialized_start=1894
+  _globals['_PLACERSTATE']._serialized_end=2084
+  _globals['_PLACER']._serialized_start=2277
+  _globals['_PLACER']._serialized_end=2666
 # @@protoc_insertion_point(module_scope)

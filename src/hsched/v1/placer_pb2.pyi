@@ -15,11 +15,13 @@ class PlaceOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLACE_OUTCOME_DEFERRED: _ClassVar[PlaceOutcome]
     PLACE_OUTCOME_NO_ROOM: _ClassVar[PlaceOutcome]
     PLACE_OUTCOME_UNSCHEDULABLE: _ClassVar[PlaceOutcome]
+    PLACE_OUTCOME_FINISHED: _ClassVar[PlaceOutcome]
 PLACE_OUTCOME_UNSPECIFIED: PlaceOutcome
 PLACE_OUTCOME_PLACED: PlaceOutcome
 PLACE_OUTCOME_DEFERRED: PlaceOutcome
 PLACE_OUTCOME_NO_ROOM: PlaceOutcome
 PLACE_OUTCOME_UNSCHEDULABLE: PlaceOutcome
+PLACE_OUTCOME_FINISHED: PlaceOutcome
 
 class PlaceRequest(_message.Message):
     __slots__ = ("task_id", "task", "allow_defer", "trace_context", "not_after_unix_ms", "no_preemption")
@@ -65,7 +67,7 @@ class PlaceBatchItem(_message.Message):
     def __init__(self, response: _Optional[_Union[PlaceResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.BatchItemError, _Mapping]] = ...) -> None: ...
 
 class PlaceResponse(_message.Message):
-    __slots__ = ("outcome", "assignments", "policy", "alternatives", "thermal", "reason", "ledger_id", "notes")
+    __slots__ = ("outcome", "assignments", "policy", "alternatives", "thermal", "reason", "ledger_id", "notes", "finished_ok", "finished_unix_ms")
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +76,8 @@ class PlaceResponse(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_OK_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     outcome: PlaceOutcome
     assignments: _containers.RepeatedCompositeFieldContainer[_common_pb2.Assignment]
     policy: str
@@ -82,7 +86,9 @@ class PlaceResponse(_message.Message):
     reason: str
     ledger_id: str
     notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, outcome: _Optional[_Union[PlaceOutcome, str]] = ..., assignments: _Optional[_Iterable[_Union[_common_pb2.Assignment, _Mapping]]] = ..., policy: _Optional[str] = ..., alternatives: _Optional[_Iterable[_Union[_common_pb2.Alternative, _Mapping]]] = ..., thermal: _Optional[_Union[_common_pb2.ThermalEffect, _Mapping]] = ..., reason: _Optional[str] = ..., ledger_id: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    finished_ok: bool
+    finished_unix_ms: int
+    def __init__(self, outcome: _Optional[_Union[PlaceOutcome, str]] = ..., assignments: _Optional[_Iterable[_Union[_common_pb2.Assignment, _Mapping]]] = ..., policy: _Optional[str] = ..., alternatives: _Optional[_Iterable[_Union[_common_pb2.Alternative, _Mapping]]] = ..., thermal: _Optional[_Union[_common_pb2.ThermalEffect, _Mapping]] = ..., reason: _Optional[str] = ..., ledger_id: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ..., finished_ok: _Optional[bool] = ..., finished_unix_ms: _Optional[int] = ...) -> None: ...
 
 class PlacerReleaseRequest(_message.Message):
     __slots__ = ("task_id", "trace_context")
