@@ -23,7 +23,7 @@ from hsched.domain.fleet import DataCenter, NodeTable
 from hsched.domain.resources import Resources
 
 # done events a fold remembers (ClusterState.finished): a gateway that stalled or died sends a Place again within
-# seconds to minutes; the ledger's trim margin (5 min) keeps at least that long of them across a re-fold
+# seconds to minutes. Snapshots do not carry them: a placer that folds afresh knows those since the last snapshot
 FINISHED_MEMORY = 100_000
 
 
