@@ -280,3 +280,21 @@ def test_sentinel_url_names_the_master_and_db():
     assert _sentinel_url("redis+sentinel://a:1,b:2/mymaster/3") == ([("a", 1), ("b", 2)], "mymaster", 3)
     assert _sentinel_url("redis+sentinel://a:1/m") == ([("a", 1)], "m", 0)
     assert _sentinel_url("redis://a:1/0") is None
+
+
+async def test_no_sentinel_is_one_short_unavailable_line_not_a_connection_pool_repr():
+    """With the Sentinel gone, redis-py's MasterNotFoundError carries each Sentinel client's repr (kilobytes),
+    which clients got as their UNAVAILABLE message."""
+    import grpc
+    import redis.asyncio.sentinel as aiosentinel
+
+    from hsched.rpc import status_of
+
+    port = next(p for p in range(47200, 47300) if port_is_free(p))
+    sentinel = aiosentinel.Sentinel([("127.0.0.1", port)], socket_timeout=0.5)
+    with pytest.raises(aiosentinel.MasterNotFoundError) as info:
+        await sentinel.discover_master("hsched")
+    assert len(str(info.value)) > 300  # what redis-py says
+    code, details = status_of(info.value, "Submit")
+    assert code == grpc.StatusCode.UNAVAILABLE and len(details) < 300
+    assert "No master found for 'hsched' (the Sentinel named no master)" in details and "<" not in details

@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
+import redis.asyncio.sentinel as async_sentinel
 import redis.exceptions as redis_errors
+import redis.sentinel as sync_sentinel
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
@@ -285,9 +287,9 @@ def status_of(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, Unauthenticated):
         return grpc.StatusCode.UNAUTHENTICATED, str(exc)
     if redis_outage(exc):
-        log.warning("%s: Redis unavailable (%s: %s)", where, type(exc).__name__, exc)
-        return grpc.StatusCode.UNAVAILABLE, f"the state store (Redis) is unavailable ({type(exc).__name__}: {exc}); " \
-                                            "retry later"
+        why = f"{type(exc).__name__}: {redis_error_text(exc)}"
+        log.warning("%s: Redis unavailable (%s)", where, why)
+        return grpc.StatusCode.UNAVAILABLE, f"the state store (Redis) is unavailable ({why}); retry later"
     if isinstance(exc, LookupError):
         return grpc.StatusCode.NOT_FOUND, str(exc.args[0]) if exc.args else "not found"
     if isinstance(exc, grpc.aio.AioRpcError):  # a downstream hop failed: pass its status on, say which hop
@@ -304,6 +306,15 @@ def status_of(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
 
 # Replies of a Redis that is up but cannot serve writes now (out of memory, a replica, loading, failing over)
 _OUTAGE_REPLIES = ("OOM", "READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "BUSY")
+
+
+def redis_error_text(exc: BaseException, limit: int = 300) -> str:
+    """A Redis error in one short line: redis-py's MasterNotFoundError appends every Sentinel client's repr
+    (kilobytes of connection pool), which clients got in their UNAVAILABLE message."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, (sync_sentinel.MasterNotFoundError, async_sentinel.MasterNotFoundError)):
+        text = text.split(" : ", 1)[0] + " (the Sentinel named no master)"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def redis_outage(exc: BaseException) -> bool:
