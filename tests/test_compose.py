@@ -299,6 +299,16 @@ def test_every_command_line_is_accepted_by_the_service_parser(services, fleet_dc
     assert len(set(metrics.values())) == len(metrics), f"metrics ports must be distinct: {metrics}"
 
 
+def test_the_epoch_of_a_running_deployment_reaches_every_service_from_the_shell(services, monkeypatch, capsys):
+    """HSCHED_EPOCH (unset: the first service claims an epoch on an empty Redis, which is also what a Redis
+    that lost its volume looks like) is passed through to every service, which then refuses a Redis without it."""
+    for name, svc in hsched_services(services).items():
+        assert "HSCHED_EPOCH" in svc["environment"] and svc["environment"]["HSCHED_EPOCH"] is None, name
+        assert parse_command(name, svc, monkeypatch, capsys).expect_epoch is None
+        given = {**svc, "environment": {**svc["environment"], "HSCHED_EPOCH": "c78899cb56e8eaf1"}}
+        assert parse_command(name, given, monkeypatch, capsys).expect_epoch == "c78899cb56e8eaf1"
+
+
 def test_a_wrong_flag_is_caught_by_the_parser_check(services, monkeypatch, capsys):
     svc = copy.deepcopy(services["placer-denver"])
     svc["command"] += ["--datacentre", "denver"]

@@ -247,7 +247,19 @@ def test_every_command_line_is_accepted_by_the_service_parser(monkeypatch, tmp_p
 
 
 TUNED = {"nodes_to_score": "10%", "dag_policy": "tetris",
-         "tenant_weights": TenantWeights({"a": 2.0, "b": 1.0}, 0.5).to_json()}
+         "tenant_weights": TenantWeights({"a": 2.0, "b": 1.0}, 0.5).to_json(), "epoch": "c78899cb56e8eaf1"}
+
+
+def test_with_an_epoch_every_service_expects_it_and_refuses_a_redis_without_it(monkeypatch):
+    """A Redis that lost its volume looks empty, and the first service claimed a new epoch on it (cards in use
+    handed out again); with --epoch every service gets HSCHED_EPOCH and claims nothing."""
+    for options, expected in (({"epoch": "c78899cb56e8eaf1"}, "c78899cb56e8eaf1"), ({}, None)):
+        deployments = by_kind(rendered(SMALL, **options), "Deployment").values()
+        assert len(deployments) == 6  # thermal, selector, gateway, three placers
+        for w in deployments:
+            c = container(w)
+            env = {e["name"]: e["value"] for e in c["env"]}
+            assert parse_command(c["command"], c["args"], env, monkeypatch).expect_epoch == expected
 
 
 def test_the_placers_get_the_scoring_bound_dag_policy_and_tenant_weights_from_the_configmap(monkeypatch, tmp_path):
@@ -471,6 +483,7 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     (["--dag-policy", "lifo"], "--dag-policy"),
     (["--tenant-weights", "a=-1"], "--tenant-weights"),
     (["--tenant-weights", "a"], "--tenant-weights"),
+    (["--epoch", "a b"], "--epoch"),
 ])
 def test_bad_input_is_one_line_naming_the_flag_exit_2_nothing_written(argv, flag_named, capsys, tmp_path):
     out_dir = tmp_path / "out"

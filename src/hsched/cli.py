@@ -921,7 +921,7 @@ def cmd_k8s(args) -> int:
     options = k8s.Options(namespace=args.namespace, image=args.image, redis_url_secret=args.redis_url_secret,
                           redis_port=args.redis_port, redis_storage=args.redis_storage,
                           redis_appendfsync=args.redis_appendfsync, policy=args.policy, gpu_policy=args.gpu_policy,
-                          nodes_to_score=args.nodes_to_score, dag_policy=args.dag_policy,
+                          nodes_to_score=args.nodes_to_score, dag_policy=args.dag_policy, epoch=args.epoch,
                           tenant_weights=_tenant_weights(args.tenant_weights).to_json() if args.tenant_weights else "")
     options.check()  # before the fleet: every usage error is found without reading files
     fleet = _fleet(args.fleet)
@@ -1549,6 +1549,9 @@ def build_parser() -> argparse.ArgumentParser:
     kr.add_argument("--dag-policy", default="fifo", help="the placers' --dag-policy (as hsched up's)")
     kr.add_argument("--tenant-weights", default="", help="the placers' fair-share weights (as hsched up's), put "
                     "beside the fleet file in its ConfigMap")
+    kr.add_argument("--epoch", default="", help="once deployed: the epoch Redis holds (kubectl exec redis-0 -- "
+                    "redis-cli GET hsched:epoch), given to every service as HSCHED_EPOCH, so they refuse a Redis "
+                    "that lost its data instead of claiming a new epoch on it (default: the first service claims)")
     kr.add_argument("-o", "--output", default="-",
                     help="a directory (one file per component and a kustomization.yaml) or - for one multi-document "
                          "stream on stdout (default)")
