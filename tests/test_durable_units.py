@@ -210,6 +210,48 @@ async def test_a_fencing_token_is_taken_only_once_the_replica_holds_it(prefix):
         rs.stop()
 
 
+async def test_a_record_a_failover_lost_is_reverted_to_the_one_redis_holds(prefix):
+    """A Release recorded on the master only (NotReplicated) is read back into the table; a failover to the
+    lagging replica then loses it. `replicated` says so, and `revert` puts back the record Redis holds (the task
+    placed), so the retried Release records it again instead of answering from the lost record."""
+    rs = ReplicaSet(1).start()
+    client = connect(rs.url)
+    replica = next(n for n in rs.nodes if n.port != rs.master().port)
+    try:
+        store = TaskStore(client, Keys(prefix).tasks, min_replicas=1, wait_timeout_ms=300)
+        await store.record("placed", pb.Task(task_id="t", datacenter="cheap"))
+        placed_at = store.version("t")
+        replica.pause()
+        with pytest.raises(NotReplicated):
+            await store.record("released", store.copy("t"))
+        await store.refresh()
+        assert store.tasks["t"].state == pb.TASK_STATE_RELEASED  # read back from the master
+        released_at = store.version("t")
+        # what the promoted replica holds: the stream and the versions hash without the released record
+        await client.xdel(store.stream, released_at)
+        await client.hset(store.versions_key, "t", placed_at)
+        replica.resume()
+        for _ in range(100):
+            with contextlib.suppress(NotReplicated):
+                durable = await store.replicated("t")
+                break
+            await asyncio.sleep(0.1)
+        assert not durable
+        await store.revert("t")
+        assert store.tasks["t"].state == pb.TASK_STATE_PLACED and store.version("t") == placed_at
+        await store.record("released", store.copy("t"))  # the version check passes: recorded again
+        assert store.tasks["t"].state == pb.TASK_STATE_RELEASED and await store.replicated("t")
+        await client.xdel(store.stream, store.version("t"))
+        await client.hdel(store.versions_key, "t")
+        await client.xdel(store.stream, placed_at)
+        await store.revert("t")  # Redis holds no record of it at all
+        assert "t" not in store.tasks
+    finally:
+        replica.resume()
+        await client.aclose()
+        rs.stop()
+
+
 def test_embedded_redis_keeps_its_data_dir_across_kill_and_stop(tmp_path):
     server = EmbeddedRedis(data_dir=tmp_path / "r", appendfsync="always").start()
     try:

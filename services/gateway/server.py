@@ -274,6 +274,25 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             return None
         return self.store.tasks.get(task_id)
 
+    async def _durable_record(self, task: pb.Task) -> pb.Task:
+        """`task` as the table holds it, once its record is known to be durable: a retried Release found the
+        task released by a record read back from the master whose write failed as NotReplicated, and answered
+        it, and a failover then lost that record (the task placed again in the stream). Such a record is no
+        answer until the replicas hold it; once lost, the table takes what Redis holds now."""
+        try:
+            if await self.store.replicated(task.task_id):
+                return task
+        except Exception as exc:
+            raise rpc.Unavailable(f"the task store cannot confirm the record of {task.task_id} is durable "
+                                  f"({type(exc).__name__}: {exc}); retry later") from exc
+        log.warning("the newest record of %s is no longer in Redis (lost with a failed-over master before it was "
+                    "replicated): taking the one Redis holds", task.task_id)
+        await self.store.revert(task.task_id)
+        reverted = self.store.copy(task.task_id)
+        if reverted is None:
+            raise LookupError(f"task {task.task_id} not found")
+        return reverted
+
     async def _release_everywhere(self, task_id: str) -> None:
         """Release `task_id` at every DC unless the table shows it recorded (bounded: the sweep finishes it)."""
         await self.store.refresh()
@@ -821,6 +840,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     @rpc.grpc_errors
     async def Release(self, request: gateway_pb2.ReleaseRequest, context) -> gateway_pb2.ReleaseResponse:
         task = await self._task(request.task_id, self.auth.authenticate(context))
+        if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
+            task = await self._durable_record(task)
         if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
             return gateway_pb2.ReleaseResponse(task=task)  # nothing held (any more): a no-op, the task unchanged
         if task.state == pb.TASK_STATE_SUBMITTED:

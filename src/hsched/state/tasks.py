@@ -281,6 +281,18 @@ class TaskStore:
         entry = self.version(task_id)
         return bool(entry) and bool(await self.redis.xrange(self.stream, min=entry, max=entry, count=1))
 
+    async def revert(self, key: str) -> None:
+        """The table's newest record of task `key` is not in Redis any more (`replicated` said so: a failover lost
+        it): take the record Redis holds now instead (the one its versions hash names), or forget the task."""
+        entry = await self.redis.hget(self.versions_key, key)
+        found = await self.redis.xrange(self.stream, min=entry, max=entry, count=1) if entry else []
+        if not found:
+            self.forget(key)
+            return
+        [(entry_id, fields)] = found
+        self.versions[key] = _entry_id(entry_id)
+        self._fold_entry(fields[b"k"].decode(), fields[b"t"])
+
     def forget(self, key: str) -> None:
         """Drop task (or job) `key` from the table (not from the stream): its record is not in Redis any more
         (`replicated` said so), its request id free again."""
