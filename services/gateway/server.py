@@ -262,12 +262,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         task_id = self.store.by_request.get(key)
         if task_id is None:
             return None
-        try:
-            durable = await self.store.replicated(task_id)
-        except Exception as exc:
-            raise rpc.Unavailable(f"the task store cannot confirm the first answer of request_id {key[1]!r} is "
-                                  f"durable ({type(exc).__name__}: {exc}); retry later") from exc
-        if not durable:
+        if not await self.store.replicated(task_id):  # (NotReplicated, Redis away: UNAVAILABLE, rpc.status_of)
             log.warning("the record of %s (request_id %r) is no longer in Redis (lost with a failed-over master "
                         "before it was replicated): the request starts afresh", task_id, key[1])
             self.store.forget(task_id)
@@ -279,12 +274,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         task released by a record read back from the master whose write failed as NotReplicated, and answered
         it, and a failover then lost that record (the task placed again in the stream). Such a record is no
         answer until the replicas hold it; once lost, the table takes what Redis holds now."""
-        try:
-            if await self.store.replicated(task.task_id):
-                return task
-        except Exception as exc:
-            raise rpc.Unavailable(f"the task store cannot confirm the record of {task.task_id} is durable "
-                                  f"({type(exc).__name__}: {exc}); retry later") from exc
+        if await self.store.replicated(task.task_id):  # (NotReplicated, Redis away: UNAVAILABLE)
+            return task
         log.warning("the newest record of %s is no longer in Redis (lost with a failed-over master before it was "
                     "replicated): taking the one Redis holds", task.task_id)
         await self.store.revert(task.task_id)

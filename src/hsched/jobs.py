@@ -523,12 +523,7 @@ class JobOrchestrator:
         job_id = self.store.jobs_by_request.get(key)
         if job_id is None:
             return None
-        try:
-            durable = await self.store.replicated(job_id)
-        except Exception as exc:
-            raise Unavailable(f"the task store cannot confirm the first answer of request_id {key[1]!r} is durable "
-                              f"({type(exc).__name__}: {exc}); retry later") from exc
-        if not durable:
+        if not await self.store.replicated(job_id):  # (NotReplicated, Redis away: UNAVAILABLE, rpc.status_of)
             log.warning("the record of job %s (request_id %r) is no longer in Redis (lost with a failed-over master "
                         "before it was replicated): the request starts afresh", job_id, key[1])
             self.store.forget(job_id)

@@ -850,10 +850,7 @@ class Stack:
         except Exception as exc:  # noqa: BLE001 - logged; the dead process is retried after the next back-off
             self._event(logging.ERROR, f"redis: restart failed: {exc}")
             return
-        rec.restarts, rec.started_at = rec.restarts + 1, time.monotonic()
-        if self._restarts is not None:
-            self._restarts.labels("redis").inc()
-        self._event(logging.WARNING, f"redis: restarted by the supervisor as pid {r.proc.pid} on port {r.port}")
+        self._redis_restarted(f"redis: restarted by the supervisor as pid {r.proc.pid} on port {r.port}")
 
     def _reload_redis_tls(self, r: EmbeddedRedis) -> None:
         """Have the running embedded Redis load its TLS files when they changed on disk (`hsched certs rotate`:
@@ -893,11 +890,8 @@ class Stack:
                 self._event(logging.ERROR, f"redis: restarting the sentinel failed: {exc}")
                 rec.restart_at = now + self._backoff(rec)
                 return
-            rec.restarts, rec.started_at = rec.restarts + 1, time.monotonic()
-            if self._restarts is not None:
-                self._restarts.labels("redis").inc()
-            self._event(logging.WARNING, f"redis: sentinel restarted by the supervisor as pid {r.sentinel.pid} on "
-                                         f"port {r.sentinel_port}")
+            self._redis_restarted(f"redis: sentinel restarted by the supervisor as pid {r.sentinel.pid} on port "
+                                  f"{r.sentinel_port}")
         dead = [n for n in r.nodes if n.proc is not None and not n.running]
         if not dead:
             if rec.started_at and now - rec.started_at >= self.config.healthy_reset_s:
@@ -926,11 +920,16 @@ class Stack:
                 self._event(logging.ERROR, f"redis: restarting the node on port {node.port} failed: {exc}")
                 rec.restart_at = now + self._backoff(rec)
                 return
-            rec.restarts, rec.started_at = rec.restarts + 1, time.monotonic()
-            if self._restarts is not None:
-                self._restarts.labels("redis").inc()
-            self._event(logging.WARNING, f"redis: node on port {node.port} restarted by the supervisor as a "
-                                         f"replica of :{master_port}")
+            self._redis_restarted(f"redis: node on port {node.port} restarted by the supervisor as a replica of "
+                                  f":{master_port}")
+
+    def _redis_restarted(self, message: str) -> None:
+        """Count a restart of (a process of) Redis: its back-off record, the restarts metric, the log."""
+        rec = self._redis_record
+        rec.restarts, rec.started_at = rec.restarts + 1, time.monotonic()
+        if self._restarts is not None:
+            self._restarts.labels("redis").inc()
+        self._event(logging.WARNING, message)
 
     def _event(self, level: int, message: str) -> None:
         """A supervision event: to the `hsched.supervisor` logger (the `hsched up` console) and supervisor.log."""
