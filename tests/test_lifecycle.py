@@ -164,8 +164,9 @@ async def test_a_deferred_task_expires_after_its_queue_timeout(redis, prefix) ->
 async def test_a_task_that_ran_to_completion_is_not_run_again_and_one_released_may_be_placed_again(
         redis, prefix) -> None:
     """A Place of a task id whose done the ledger holds is answered with how it ended (a gateway that never
-    recorded the first Place sends it again), here and in a placer that folds the ledger afresh; a task
-    released before it ended may be placed again (the re-submit after a gateway's reconcile released it)."""
+    recorded the first Place sends it again), here, in a placer that folds the ledger afresh and in one that
+    folds a snapshot of it; a task released before it ended may be placed again (the re-submit after a
+    gateway's reconcile released it)."""
     async with running(engine(redis, prefix, executor(tf=10))) as e:
         assert (await e.place("ok", spec(4, runtime_s=5))).outcome == "placed"
         assert (await e.place("freed", spec(4, runtime_s=3600))).outcome == "placed"
@@ -179,6 +180,10 @@ async def test_a_task_that_ran_to_completion_is_not_run_again_and_one_released_m
     async with running(later) as e2:
         assert (await e2.place("ok", spec(4))).outcome == "finished"
         assert kinds(await events_of(redis, prefix, "ok")) == ["alloc", "run", "done"]
+        await snapshot_and_trim(e2.ledger, e2.state, e2.queue, e2.last_id, margin_s=0, now_s=time.time() + 60)
+    assert "ok" not in {e["task"] for _, e in await ledger_events(redis, prefix)}  # trimmed: only the snapshot
+    async with running(engine(redis, prefix, executor(tf=10), owner="p3")) as e3:  # folds the snapshot
+        assert (await e3.place("ok", spec(4))).outcome == "finished"
 
 
 async def test_a_completion_whose_append_had_an_unknown_outcome_is_not_written_twice(redis, prefix) -> None:

@@ -23,7 +23,7 @@ from hsched.domain.fleet import DataCenter, NodeTable
 from hsched.domain.resources import Resources
 
 # done events a fold remembers (ClusterState.finished): a gateway that stalled or died sends a Place again within
-# seconds to minutes. Snapshots do not carry them: a placer that folds afresh knows those since the last snapshot
+# seconds to minutes. A snapshot carries those of its last 10 minutes (hsched.state.ledger.SNAPSHOT_FINISHED_S)
 FINISHED_MEMORY = 100_000
 
 
@@ -153,8 +153,8 @@ class ClusterState:
         self.specs: dict[str, dict] = {}
         self.ready_ms: dict[str, int] = {}  # deferred tasks not to be placed before this unix ms (requeued victims)
         self.tenant_usage: dict[str, np.ndarray] = {}  # per tenant, the usage_vector of its clocked allocations
-        # tasks that ran to completion here (their done events since the snapshot the fold started from, at most
-        # FINISHED_MEMORY, oldest first): a Place of one again is answered with how it ended, not run twice
+        # tasks that ran to completion here (their done events, at most FINISHED_MEMORY, oldest first; a snapshot
+        # carries the recent ones): a Place of one again is answered with how it ended, not run twice
         self.finished: dict[str, dict] = {}
         self._models = np.array(t.gpu_model)
 

@@ -403,14 +403,23 @@ async def recorded_layout(redis: aioredis.Redis, stream: str) -> list[list] | No
     return recorded_layout_of(await redis.hget(snapshot_key(stream), "nodes"))
 
 
+# the finished tasks a snapshot carries (ClusterState.finished): those of the last 10 minutes, at most 10,000
+SNAPSHOT_FINISHED, SNAPSHOT_FINISHED_S = 10_000, 600
+
 def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
-    """The fold as JSON: allocations, the running tasks' clocks and the deferred queue in its order (with when
-    each was queued). (The node layout its indices refer to goes beside it: `snapshot_and_trim`.)"""
+    """The fold as JSON: allocations, the running tasks' clocks, the deferred queue in its order (with when
+    each was queued) and the tasks that finished in the last SNAPSHOT_FINISHED_S (at most SNAPSHOT_FINISHED, the
+    newest), so a placer that folds it still answers a Place of one with how it ended. (The node layout its
+    indices refer to goes beside it: `snapshot_and_trim`.)"""
+    since = int(time.time() * 1000) - SNAPSHOT_FINISHED_S * 1000
+    recent = [[t, d["ok"], d["at"], d["reason"]] for t, d in list(state.finished.items())[-SNAPSHOT_FINISHED:]
+              if d["at"] >= since]
     return json.dumps({"alloc": {t: [p.to_json() for p in parts] for t, parts in state.allocations.items()},
                        "clocks": {t: c.to_json() for t, c in state.clocks.items()},
                        "specs": state.specs,
                        "queue": [[t, task_to_dict(spec), state.queued_ms.get(t, 0), state.ready_ms.get(t, 0)]
-                                 for t, spec in queue.items()]},
+                                 for t, spec in queue.items()],
+                       "finished": recent},
                       separators=(",", ":"))
 
 
@@ -434,6 +443,8 @@ def load_snapshot(data: bytes | str, state: ClusterState, queue: OrderedDict[str
         state.queued_ms[task] = int(queued[0]) if queued else 0
         if len(queued) > 1 and queued[1]:
             state.ready_ms[task] = int(queued[1])
+    for task, ok, at, reason in snap.get("finished", []):  # (none in a snapshot from before they were kept)
+        state.note_finished(task, {"ok": bool(ok), "at": int(at), "reason": reason})
 
 
 def _id(entry_id: str) -> tuple[int, int]:
