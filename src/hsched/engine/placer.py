@@ -1202,15 +1202,19 @@ class PlacerEngine:
         at_ms = self.state.ready_ms.get(task, 0)
         if at_ms <= _now_ms() or at_ms in self._ready_timers:
             return
+        loop = asyncio.get_running_loop()
 
         def fire() -> None:
-            self._ready_timers.pop(at_ms, None)
-            if _now_ms() < at_ms:  # uvloop's timers may fire up to a millisecond early by the wall clock
-                self._drain_when_ready(task)  # the drain would find the task not ready yet and nothing re-arm it
+            # uvloop's timers may fire up to a millisecond early by the placer's clock: the drain would find the
+            # task not ready yet and nothing re-arm it. One reading of the clock decides (two could straddle
+            # at_ms, and the task then waited for an unrelated release).
+            if (left_ms := at_ms - _now_ms()) > 0:
+                self._ready_timers[at_ms] = loop.call_later(left_ms / 1000, fire)
                 return
+            self._ready_timers.pop(at_ms, None)
             self._on_report(Report("drain", "", 0, at_ms))
 
-        self._ready_timers[at_ms] = asyncio.get_running_loop().call_later(at_ms / 1000 - time.time(), fire)
+        self._ready_timers[at_ms] = loop.call_later((at_ms - _now_ms()) / 1000, fire)
 
     def _expire_later(self, task: str) -> None:
         spec, queued_ms = self.queue.get(task), self.state.queued_ms.get(task, 0)
