@@ -74,3 +74,37 @@ async def test_the_history_is_the_tasks_events_in_stream_order_from_its_creation
     monkeypatch.setattr(fleetview, "HISTORY_EVENTS", 2)
     events, truncated = await fleetview.task_history(redis, stream, mine)
     assert [e.kind for e in events] == ["submitted", "dc_selected"] and truncated
+
+
+async def test_a_placer_that_has_not_learnt_it_lost_its_lease_is_shown_fenced_not_serving(redis_url, prefix,
+                                                                                         tmp_path):
+    """Right after another placer took the DC over, the old one still answers GetState until its next renewal:
+    `hsched dcs` showed it serving, with its stale memory as the DC's state."""
+    import grpc
+
+    from hsched.domain.fleet import load_fleet
+    from hsched.state.keys import Keys
+    from hsched.state.redis import connect
+    from hsched.v1 import placer_pb2_grpc
+    from services.placer import server as placer_server
+    from tests import inprocess
+    from tests.conftest import SMALL_FLEET
+
+    dc, keys = load_fleet(SMALL_FLEET).datacenter("cheap"), Keys(prefix)
+    argv = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix, "--datacenter", "cheap",
+            "--lease-ms", "60000"]  # renewed every 20 s: it learns nothing during this test
+    redis = connect(redis_url)
+    try:
+        async with inprocess.service(placer_server, argv, tmp_path / "placer.port") as target, \
+                grpc.aio.insecure_channel(target) as channel:
+            stub = placer_pb2_grpc.PlacerStub(channel)
+            view = await fleetview.datacenter_view(dc, stub, redis, keys, 10)
+            assert (view.status, view.lease.fencing_token, view.summary.fencing_token) == ("serving", 1, 1)
+            await redis.incr(keys.fence("cheap"))  # another placer takes the DC over: token 2
+            await redis.set(keys.lease("cheap"), "standby-1", px=60000)
+            view = await fleetview.datacenter_view(dc, stub, redis, keys, 10)
+            assert view.status == "fenced"
+            assert view.reason == "it serves with fencing token 1, the DC's lease is at 2 (held by standby-1)"
+            assert view.summary.capacity.cpu_milli == dc.capacity_total().cpu_milli  # the fleet's, not its memory
+    finally:
+        await redis.aclose()

@@ -84,6 +84,11 @@ async def datacenter_view(dc: DataCenter, stub: placer_pb2_grpc.PlacerStub | Non
                     view.nodes.extend(shown)
     finally:
         view.lease.CopyFrom(await lease)
+    if view.status == "serving" and view.summary.fencing_token != view.lease.fencing_token:
+        # a placer that has not yet learnt it lost the lease (it stalled, another took over) still answers
+        view.status = "fenced"
+        view.reason = (f"it serves with fencing token {view.summary.fencing_token}, the DC's lease is at "
+                       f"{view.lease.fencing_token} (held by {view.lease.holder or 'nobody'})")
     if view.status != "serving":  # what the fleet file says it has; nothing about what is free
         view.summary.datacenter, view.summary.nodes = dc.name, dc.node_count
         view.summary.capacity.CopyFrom(resources_to_pb(dc.capacity_total()))
