@@ -877,11 +877,7 @@ class Stack:
         Sentinel's failover first: restarted before it, the node would replicate from itself."""
         rec, now = self._redis_record, time.monotonic()
         if r.sentinel is not None and r.sentinel.poll() is not None:  # first: only it says which node is master
-            if rec.reaped is not r.sentinel:
-                rec.reaped, rec.last_exit_code = r.sentinel, r.sentinel.returncode
-                rec.restart_at = now + self._backoff(rec)
-                self._event(logging.WARNING, f"redis sentinel on port {r.sentinel_port} died: "
-                                             f"{_exit_text(r.sentinel.returncode)}")
+            self._redis_died(r.sentinel, f"redis sentinel on port {r.sentinel_port}", now)
             if now < (rec.restart_at or 0.0):
                 return
             try:
@@ -898,11 +894,7 @@ class Stack:
                 rec.backoff_s = self.config.backoff_initial_s
             return
         for node in dead:
-            if rec.reaped is not node.proc:
-                rec.reaped, rec.last_exit_code = node.proc, node.proc.returncode
-                rec.restart_at = now + self._backoff(rec)
-                self._event(logging.WARNING, f"redis replica-set node on port {node.port} died: "
-                                             f"{_exit_text(node.proc.returncode)}")
+            self._redis_died(node.proc, f"redis replica-set node on port {node.port}", now)
         if now < (rec.restart_at or 0.0):
             return
         try:
@@ -922,6 +914,14 @@ class Stack:
                 return
             self._redis_restarted(f"redis: node on port {node.port} restarted by the supervisor as a replica of "
                                   f":{master_port}")
+
+    def _redis_died(self, proc: subprocess.Popen, what: str, now: float) -> None:
+        """Note a dead process of a replica set once: its exit, when to restart it (back-off), the log."""
+        rec = self._redis_record
+        if rec.reaped is not proc:
+            rec.reaped, rec.last_exit_code = proc, proc.returncode
+            rec.restart_at = now + self._backoff(rec)
+            self._event(logging.WARNING, f"{what} died: {_exit_text(proc.returncode)}")
 
     def _redis_restarted(self, message: str) -> None:
         """Count a restart of (a process of) Redis: its back-off record, the restarts metric, the log."""
