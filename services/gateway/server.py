@@ -46,7 +46,7 @@ from hsched.state.keys import Keys
 from hsched.state.ledger import replay
 from hsched.state.lifecycle import LIVE, TaskLifecycle
 from hsched.state.redis import NotReplicated, connect
-from hsched.state.tasks import ABANDONED, FINISHED, Conflict, Record, TaskStore, keep_pruned, now_ms, step
+from hsched.state.tasks import ABANDONED, TERMINAL, Conflict, Record, TaskStore, keep_pruned, now_ms, step
 from hsched.state.transitions import Transitions
 from hsched.telemetry import MetricsServer
 from hsched.telemetry import metrics as m
@@ -262,11 +262,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         task_id = self.store.by_request.get(key)
         if task_id is None:
             return None
-        if not await self.store.replicated(task_id):  # (NotReplicated, Redis away: UNAVAILABLE, rpc.status_of)
-            log.warning("the record of %s (request_id %r) is no longer in Redis (lost with a failed-over master "
-                        "before it was replicated): the request starts afresh", task_id, key[1])
-            self.store.forget(task_id)
-            return None
+        await self.store.confirm(task_id)  # (NotReplicated, Redis away: UNAVAILABLE, rpc.status_of)
         return self.store.tasks.get(task_id)
 
     async def _durable_record(self, task: pb.Task) -> pb.Task:
@@ -274,11 +270,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         task released by a record read back from the master whose write failed as NotReplicated, and answered
         it, and a failover then lost that record (the task placed again in the stream). Such a record is no
         answer until the replicas hold it; once lost, the table takes what Redis holds now."""
-        if await self.store.replicated(task.task_id):  # (NotReplicated, Redis away: UNAVAILABLE)
+        if await self.store.confirm(task.task_id):  # (NotReplicated, Redis away: UNAVAILABLE)
             return task
-        log.warning("the newest record of %s is no longer in Redis (lost with a failed-over master before it was "
-                    "replicated): taking the one Redis holds", task.task_id)
-        await self.store.revert(task.task_id)
         reverted = self.store.copy(task.task_id)
         if reverted is None:
             raise LookupError(f"task {task.task_id} not found")
@@ -385,13 +378,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         task_id = task.task_id
         self._settling.add(task_id)
 
-        async def kept() -> bool:
-            await self.store.refresh()  # the record, as the master has it (none: lost)
-            return task_id in self.store.tasks and await self.store.replicated(task_id)
-
         async def settle() -> None:
             try:
-                stands = await retry_with_backoff(kept, Exception, lambda exc, delay: (
+                stands = await retry_with_backoff(lambda: self.store.kept(task_id), Exception, lambda exc, delay: (
                     f"cannot yet tell whether the unreplicated records of {task_id} were kept ({type(exc).__name__}: "
                     f"{exc}); retrying in {delay:g} s"), max_delay_s=5.0)
             finally:
@@ -831,9 +820,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     @rpc.grpc_errors
     async def Release(self, request: gateway_pb2.ReleaseRequest, context) -> gateway_pb2.ReleaseResponse:
         task = await self._task(request.task_id, self.auth.authenticate(context))
-        if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
+        if task.state in TERMINAL:
             task = await self._durable_record(task)
-        if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
+        if task.state in TERMINAL:
             return gateway_pb2.ReleaseResponse(task=task)  # nothing held (any more): a no-op, the task unchanged
         if task.state == pb.TASK_STATE_SUBMITTED:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
@@ -858,7 +847,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         for _ in range(10):  # another gateway may record a step of it first (Conflict): catch up, decide again
             await self.store.settled(task_id)
             task = self.store.copy(task_id) or task
-            if task.state in (pb.TASK_STATE_RELEASED, pb.TASK_STATE_REJECTED, *FINISHED):
+            if task.state in TERMINAL:
                 return task
             task.finished_unix_ms = now_ms()
             try:

@@ -394,10 +394,9 @@ class JobOrchestrator:
         self._dirty: set[str] = set()
         self._workers: dict[str, asyncio.Task] = {}
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
-        # job id -> the settling of a job whose record reached the Redis master but not its replicas (`_settle`),
-        # and the request ids of those jobs: a retry waits for it
-        self._settling: dict[str, asyncio.Task] = {}
-        self._settling_requests: dict[tuple[str, str], str] = {}
+        # job id -> (its request, the settling of its record that reached the Redis master but not its replicas:
+        # `_settle`); a retry of the request waits for it
+        self._settling: dict[str, tuple[tuple[str, str], asyncio.Task]] = {}
         store.job_observed = self.poke  # another gateway's record of a job (a CancelJob there): decide again
 
     def fences(self, job_id: str) -> tuple[tuple[str, str], ...]:
@@ -509,9 +508,9 @@ class JobOrchestrator:
 
     async def _settled(self, key: tuple[str, str]) -> None:
         """Wait (a bounded time) until no attempt of request `key` on this gateway is settling."""
-        settling = self._settling.get(self._settling_requests.get(key, ""))
-        if settling is not None:
-            done, _ = await asyncio.wait([settling], timeout=self.claim_wait_s)
+        settling = [task for request, task in self._settling.values() if request == key]
+        if settling:
+            done, _ = await asyncio.wait(settling, timeout=self.claim_wait_s)
             if not done:
                 raise Unavailable(f"the first attempt of request_id {key[1]!r} is recorded on the Redis master and its "
                                   "replicas have not confirmed it yet; retry later (with the same request_id)")
@@ -523,12 +522,8 @@ class JobOrchestrator:
         job_id = self.store.jobs_by_request.get(key)
         if job_id is None:
             return None
-        if not await self.store.replicated(job_id):  # (NotReplicated, Redis away: UNAVAILABLE, rpc.status_of)
-            log.warning("the record of job %s (request_id %r) is no longer in Redis (lost with a failed-over master "
-                        "before it was replicated): the request starts afresh", job_id, key[1])
-            self.store.forget(job_id)
-            return None
-        return self.get(job_id)
+        await self.store.confirm(job_id)  # (NotReplicated, Redis away: UNAVAILABLE, rpc.status_of)
+        return self.get(job_id) if job_id in self.store.jobs else None
 
     async def _unclaim(self, rkey: str, value: str) -> None:
         assert self.owners is not None
@@ -570,21 +565,15 @@ class JobOrchestrator:
         """A job whose record reached the Redis master but not (yet) its replicas: started once they hold it,
         forgotten (its request id free again) if a failover lost it. Until then no step of it is taken (its
         tasks would outlive a lost job) and a retry of its request on this gateway waits for the outcome."""
-        job_id, request = job.job_id, (job.spec.tenant, job.spec.request_id)
-
-        async def kept() -> bool:
-            await self.store.refresh()  # the record, as the master has it (none: lost)
-            return job_id in self.store.jobs and await self.store.replicated(job_id)
+        job_id = job.job_id
 
         async def settle() -> None:
             try:
-                stands = await retry_with_backoff(kept, Exception, lambda exc, delay: (
+                stands = await retry_with_backoff(lambda: self.store.kept(job_id), Exception, lambda exc, delay: (
                     f"cannot yet tell whether the unreplicated record of job {job_id} was kept ({type(exc).__name__}: "
                     f"{exc}); retrying in {delay:g} s"), max_delay_s=5.0)
             finally:  # before the poke below: its worker must not find the job still settling
                 self._settling.pop(job_id, None)
-                if self._settling_requests.get(request) == job_id:
-                    del self._settling_requests[request]
             if stands:
                 log.warning("SubmitJob of %s: its record reached the Redis replicas after all; kept", job_id)
                 self.poke(job_id)
@@ -599,9 +588,8 @@ class JobOrchestrator:
             if claim:  # the failover may have brought back the claim its record dropped
                 await self._unclaim(*claim)
 
-        self._settling[job_id] = asyncio.create_task(settle(), name=f"settle job {job_id}")
-        if job.spec.request_id:
-            self._settling_requests[request] = job_id
+        self._settling[job_id] = ((job.spec.tenant, job.spec.request_id),
+                                  asyncio.create_task(settle(), name=f"settle job {job_id}"))
 
     def get(self, job_id: str) -> pb.Job:
         job = self.store.jobs.get(job_id)
@@ -741,4 +729,4 @@ class JobOrchestrator:
                                f"{failed[0][1]}")
 
     async def close(self) -> None:
-        await cancel_and_wait([*self._workers.values(), *self._settling.values()])
+        await cancel_and_wait([*self._workers.values(), *(task for _, task in self._settling.values())])

@@ -281,6 +281,23 @@ class TaskStore:
         entry = self.version(task_id)
         return bool(entry) and bool(await self.redis.xrange(self.stream, min=entry, max=entry, count=1))
 
+    async def confirm(self, key: str) -> bool:
+        """Whether the table's record of task (or job) `key` is durable (`replicated`). When a failover lost it,
+        the table takes the record Redis holds now instead (`revert`; none: the key is forgotten, its request id
+        free again) and the answer is False. Raises NotReplicated or a Redis error when that cannot be told now."""
+        if await self.replicated(key):
+            return True
+        log.warning("the newest record of %s is no longer in Redis (lost with a failed-over master before it was "
+                    "replicated): the table takes the one Redis holds now", key)
+        await self.revert(key)
+        return False
+
+    async def kept(self, key: str) -> bool:
+        """After a write of `key` failed as NotReplicated (on the master, maybe not on its replicas): True once
+        the replicas hold its record, False once a failover lost it; raises while that cannot be told."""
+        await self.refresh()  # the record, as the master has it (none: lost)
+        return (key in self.tasks or key in self.jobs) and await self.replicated(key)
+
     async def revert(self, key: str) -> None:
         """The table's newest record of task `key` is not in Redis any more (`replicated` said so: a failover lost
         it): take the record Redis holds now instead (the one its versions hash names), or forget the task."""
