@@ -36,7 +36,7 @@ import grpc
 
 from hsched.cancel import cancel_and_wait
 from hsched.domain.dag import critical_path
-from hsched.replay import retrying
+from hsched.retry import retrying
 from hsched.rpc import CHANNEL_OPTIONS
 from hsched.security.client import ClientCredentials
 from hsched.traces.alibaba2018 import MACHINE_MEMORY, AlibabaJob, load_alibaba_jobs
@@ -149,7 +149,7 @@ class JobReplayStats:
     final: dict[str, pb.Job] = field(default_factory=dict)  # job id -> last seen
     bound_s: dict[str, float] = field(default_factory=dict)  # job id -> critical path (trace seconds)
     errors: Counter = field(default_factory=Counter)
-    retried: int = 0  # calls sent again after UNAVAILABLE / DEADLINE_EXCEEDED (hsched.replay.retrying)
+    retried: int = 0  # calls sent again after UNAVAILABLE / DEADLINE_EXCEEDED (hsched.retry.retrying)
     utilisation: list[float] = field(default_factory=list)  # CPU utilisation samples of the jobs' DCs
     preemptions: int = 0
     elapsed_s: float = 0.0

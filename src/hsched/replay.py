@@ -14,15 +14,14 @@ import random
 import secrets
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
 
 import grpc
 
 from hsched.convert import task_to_pb
 from hsched.domain.fleet import Fleet
 from hsched.domain.task import TaskSpec
+from hsched.retry import retrying
 from hsched.rpc import CHANNEL_OPTIONS
 from hsched.security.client import ClientCredentials
 from hsched.traces import data_dir
@@ -64,28 +63,6 @@ def with_locations(tasks: list[TraceTask], fleet: Fleet, seed: int = 0) -> list[
     return [replace(t, spec=replace(t.spec, entry_vertex=rng.choice(entries),
                                     data_size_mb=float(t.spec.resources.memory_mib)))
             for t in tasks]
-
-
-# A call that fails UNAVAILABLE or DEADLINE_EXCEEDED (a restarting gateway or placer) is sent again, as a client
-# would, for up to this long: each Submit carries a request_id, so a retry gets the first answer, never a second task.
-RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-RETRY_BUDGET_S = 60.0
-T = TypeVar("T")
-
-
-async def retrying(call: Callable[[], Awaitable[T]], stats) -> T:
-    """`call()` sent again after UNAVAILABLE / DEADLINE_EXCEEDED for up to RETRY_BUDGET_S (backoff 0.2 s .. 2 s),
-    counting each retry in `stats.retried`: for reads, and for writes that carry a request_id."""
-    delay, deadline = 0.2, time.monotonic() + RETRY_BUDGET_S
-    while True:
-        try:
-            return await call()
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in RETRY or time.monotonic() + delay > deadline:
-                raise
-        stats.retried += 1
-        await asyncio.sleep(delay)
-        delay = min(2 * delay, 2.0)
 
 
 @dataclass
