@@ -79,7 +79,7 @@ async def test_reflection_resolves_a_method_symbol_like_ghz_and_grpcurl(server):
     assert method_file.name == "hsched/v1/gateway.proto"
     assert [m.name for m in method_file.service[0].method] == ["Submit", "Get", "List", "Watch", "Release", "SubmitJob", "GetJob",
                                                            "ListJobs", "CancelJob", "ListDatacenters",
-                                                           "GetDatacenter", "DescribeTask"]
+                                                           "GetDatacenter", "DescribeTask", "SetNodesSchedulable"]
 
 
 @pytest.mark.parametrize("method", ["/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",

@@ -121,15 +121,15 @@ def test_nodes_shows_each_node_and_card(stack, env, tasks):
     by_node = {r[0]: r for r in table[1:]}
     other = 1 - slice_.get("card", 0)
     cards = {f"{slice_.get('card', 0)}:50%/12", f"{other}:100%/16"}
-    assert by_node[placed["node"]][2:5] == ["30/32", "255/256", "T4"]
-    assert set(by_node[placed["node"]][5].split()) == cards
-    assert all(r[2:] == ["32/32", "256/256", "T4", "0:100%/16 1:100%/16"] for n, r in by_node.items()
+    assert by_node[placed["node"]][2:7] == ["ok", "1", "30/32", "255/256", "T4"]
+    assert set(by_node[placed["node"]][7].split()) == cards
+    assert all(r[2:] == ["ok", "0", "32/32", "256/256", "T4", "0:100%/16 1:100%/16"] for n, r in by_node.items()
                if n != placed["node"])
     doc = json.loads(cli(stack, env, "nodes", "gpu", "--gpu-model", "T4", "-o", "json").stdout)
     assert len(doc["nodes"]) == 4 and yaml.safe_load(cli(stack, env, "nodes", "gpu", "-o", "yaml").stdout)[
         "nodes"] == doc["nodes"]
     cheap = rows(cli(stack, env, "nodes", "cheap").stdout.split("\n", 1)[1])
-    assert sorted(r[2] for r in cheap[1:]) == ["20/24", "24/24", "24/24", "24/24"]  # alice's 4 cores on one node
+    assert sorted(r[4] for r in cheap[1:]) == ["20/24", "24/24", "24/24", "24/24"]  # alice's 4 cores on one node
 
     assert_one_line_error(cli(stack, env, "nodes", "nowhere", code=1), 1, "datacenter", "cheap, near, gpu", "nowhere")
     assert_one_line_error(cli(stack, env, "nodes", "cheap", "--gpu-model", "T4", code=1), 1, "gpu_model", "none")

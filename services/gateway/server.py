@@ -943,6 +943,21 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return await self._view(dc, include_nodes=True, gpu_model=request.gpu_model)
 
     @rpc.grpc_errors
+    async def SetNodesSchedulable(self, request: gateway_pb2.SetNodesSchedulableRequest, context
+                                  ) -> placer_pb2.SetSchedulableResponse:
+        principal = self.auth.authenticate(context)
+        if principal is not None and not principal.admin:
+            raise rpc.PermissionDenied("cordoning or draining nodes is an admin's action (this caller is tenant "
+                                       f"{principal.tenant!r})")
+        if request.datacenter not in self.placers:
+            raise ValidationError("datacenter", f"must be one of the fleet's data centers ({', '.join(self.placers)})",
+                                  request.datacenter)
+        # a restarting placer gets until the timeout to come back; the call is idempotent, so a client may retry
+        return await self.placers[request.datacenter].SetSchedulable(placer_pb2.SetSchedulableRequest(
+            nodes=request.nodes, schedulable=request.schedulable, reason=request.reason, evict=request.evict),
+            timeout=2 * self.place_timeout_s, wait_for_ready=True)
+
+    @rpc.grpc_errors
     async def DescribeTask(self, request: gateway_pb2.GetRequest, context) -> gateway_pb2.TaskDescription:
         task = await self._task(request.task_id, self.auth.authenticate(context))  # a tenant: its own tasks only
         events, truncated = await task_history(self.store.redis, self.store.stream, task)

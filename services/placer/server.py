@@ -29,7 +29,7 @@ from hsched.engine.executor import (
     SimulatedExecutor,
     Span,
 )
-from hsched.engine.placer import LoadDelta, PlacerEngine, PlaceResult, ThermalCheck
+from hsched.engine.placer import LoadDelta, NodeChange, PlacerEngine, PlaceResult, ThermalCheck
 from hsched.engine.slices import SliceCatalog
 from hsched.policies.base import NodesToScore
 from hsched.policies.dagqueue import DAG_POLICIES, load_dag_queue_policy
@@ -180,6 +180,21 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
             raise rpc.Unavailable(str(exc)) from None
 
     @rpc.grpc_errors
+    async def SetSchedulable(self, request: placer_pb2.SetSchedulableRequest, context
+                             ) -> placer_pb2.SetSchedulableResponse:
+        if not request.nodes:
+            raise rpc.ValidationError("nodes", "name at least one node")
+        if request.schedulable and request.evict:
+            raise rpc.ValidationError("evict", "applies to a cordon (schedulable false) only")
+        change = NodeChange(tuple(request.nodes), request.schedulable, request.reason, request.evict)
+        r = await self._engine_call(self.engine.set_schedulable(change))
+        return placer_pb2.SetSchedulableResponse(
+            changed=r.changed, evicted_task_ids=r.evicted,
+            remaining=[placer_pb2.NodeTaskCount(node=n, tasks=c) for n, c in r.remaining.items()],
+            placed_from_queue=[placer_pb2.QueuedPlacement(task_id=t, assignments=parts_to_pb(p, self.table))
+                               for t, p in r.placed_from_queue])
+
+    @rpc.grpc_errors
     async def GetState(self, request: placer_pb2.PlacerStateRequest, context) -> placer_pb2.PlacerState:
         e, t = self.engine, self.table
         if e.fenced:  # a standby's or a fenced placer's memory is not the DC's ledger
@@ -195,7 +210,10 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
                 log.warning("placer %s: GetState without the room's state (%s)", e.dc.name, exc.code().name)
         if request.include_nodes:
             s = e.state
+            tasks = np.bincount([n for parts in s.allocations.values() for n in {p.node for p in parts}],
+                                minlength=s.n)
             for i in range(s.n):
+                cordon = s.cordoned.get(i)
                 out.nodes.append(placer_pb2.NodeState(
                     name=t.names[i], index=i, rack=int(t.rack[i]),
                     capacity=common_pb2.Resources(cpu_milli=int(t.cpu_milli[i]), memory_mib=int(t.memory_mib[i]),
@@ -207,7 +225,9 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
                                                   core_percent_free=int(s.gpu_free_core[i, c]),
                                                   memory_mib_free=int(s.gpu_free_memory[i, c]),
                                                   memory_mib_capacity=int(t.gpu_memory_mib[i, c]))
-                          for c in range(int(t.gpu_count[i]))]))
+                          for c in range(int(t.gpu_count[i]))],
+                    cordoned=cordon is not None, cordon_reason=cordon["reason"] if cordon else "",
+                    cordoned_unix_ms=cordon["at"] if cordon else 0, tasks=int(tasks[i])))
         return out
 
 
@@ -291,6 +311,7 @@ def register_metrics(metrics: MetricsServer, engine: PlacerEngine, requested_pol
     metrics.register_gauge_family(*m.HSCHED_RUNNING_TASKS, per_dc(lambda: len(engine.state.allocations)))
     metrics.register_gauge_family(*m.HSCHED_STARTED_TASKS, per_dc(
         lambda: sum(1 for c in list(engine.state.clocks.values()) if c.started_ms)))
+    metrics.register_gauge_family(*m.HSCHED_CORDONED_NODES, per_dc(lambda: len(engine.state.cordoned)))
     metrics.register_gauge_family(*m.HSCHED_PLACER_LEASE_HELD, per_dc(lambda: engine.holding))
     metrics.register_gauge_family(*m.HSCHED_PLACER_FENCING_TOKEN, per_dc(lambda: engine.ledger.token or 0))
     if isinstance(engine.thermal, RoomGuard):

@@ -710,6 +710,34 @@ def cmd_nodes(args) -> int:
     return 0
 
 
+def cmd_cordon(args) -> int:
+    """cordon / drain (cordon + evict the nodes' offline tasks) / uncordon nodes of one data center."""
+    schedulable = args.command == "uncordon"
+    reply = _stub(args).SetNodesSchedulable(gateway_pb2.SetNodesSchedulableRequest(
+        datacenter=args.datacenter, nodes=args.nodes, schedulable=schedulable, reason=getattr(args, "reason", ""),
+        evict=args.command == "drain"), timeout=30)
+
+    def text() -> str:
+        done = "uncordoned" if schedulable else "cordoned"
+        same = [n for n in args.nodes if n not in reply.changed]
+        lines = [f"{args.datacenter}: {done} {', '.join(reply.changed)}" if reply.changed else
+                 f"{args.datacenter}: nothing to change"]
+        if same:
+            lines.append(f"already {done}: {', '.join(same)}")
+        if reply.evicted_task_ids:
+            lines.append(f"evicted and requeued {len(reply.evicted_task_ids)} offline task(s): "
+                         f"{', '.join(reply.evicted_task_ids)}")
+        if reply.placed_from_queue:
+            lines.append(f"placed from the queue: {', '.join(p.task_id for p in reply.placed_from_queue)}")
+        busy = [f"{r.node} ({r.tasks})" for r in reply.remaining if r.tasks]
+        if not schedulable:
+            lines.append(f"still running there (they finish or are released): {', '.join(busy)}" if busy else
+                         "no task left on them: drained")
+        return "\n".join(lines)
+    _emit(args, reply, text)
+    return 0
+
+
 def cmd_describe(args) -> int:
     """A task explained: where and why, cost, path, placement, thermal effect, alternatives, its events."""
     from hsched import views
@@ -1424,6 +1452,17 @@ def build_parser() -> argparse.ArgumentParser:
     nd.add_argument("datacenter")
     nd.add_argument("--gpu-model", default="", help="only the nodes with cards of this model (see hsched dcs)")
     nd.set_defaults(fn=cmd_nodes)
+    for name, what in (("cordon", "take nodes out of scheduling: nothing new is placed there, what runs there "
+                                  "stays (hsched nodes DC shows them cordoned, then drained)"),
+                       ("drain", "cordon nodes and evict their offline (preemptible) tasks, which are requeued and "
+                                 "placed elsewhere; online tasks run to completion"),
+                       ("uncordon", "put cordoned nodes back into scheduling")):
+        co = gw(sub.add_parser(name, help=what))
+        co.add_argument("datacenter")
+        co.add_argument("nodes", nargs="+", metavar="NODE", help="node names, as hsched nodes DC lists them")
+        if name != "uncordon":
+            co.add_argument("--reason", default="", help="why (shown with the node)")
+        co.set_defaults(fn=cmd_cordon)
     de = gw(sub.add_parser("describe", help="one task explained: chosen DC and why, cost, path, node/card/slice, "
                                             "thermal effect, alternatives, rejection reasons in full, its events"))
     de.add_argument("task_id")

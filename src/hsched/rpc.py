@@ -286,6 +286,8 @@ def status_of(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, Unauthenticated):
         return grpc.StatusCode.UNAUTHENTICATED, str(exc)
+    if isinstance(exc, PermissionDenied):
+        return grpc.StatusCode.PERMISSION_DENIED, str(exc)
     if redis_outage(exc):
         why = f"{type(exc).__name__}: {redis_error_text(exc)}"
         log.warning("%s: Redis unavailable (%s)", where, why)
@@ -362,6 +364,10 @@ def grpc_stream_errors(fn: S) -> S:
 
 class DeadlinePassed(RuntimeError):
     """The caller's deadline passed before the work was done, so it was not done."""
+
+
+class PermissionDenied(RuntimeError):
+    """The caller is authenticated but its role may not do this (a tenant asking for an operator's action)."""
 
 
 class Unavailable(RuntimeError):

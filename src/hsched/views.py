@@ -83,7 +83,7 @@ def dcs_rows(reply: gateway_pb2.ListDatacentersResponse) -> list[list[str]]:
         dash = "-"
         gpu = _pct(s.gpu_core_utilisation) if live and s.capacity.gpu_count else dash
         rows.append([
-            v.datacenter, v.kind, v.status, str(s.nodes),
+            v.datacenter, v.kind, v.status, f"{s.nodes} ({s.cordoned_nodes} cordoned)" if s.cordoned_nodes else str(s.nodes),
             f"{cores(s.free.cpu_milli) if live else '?'}/{cores(s.capacity.cpu_milli)}",
             f"{gib(s.free.memory_mib) if live else '?'}/{gib(s.capacity.memory_mib)}",
             gpus_cell(v), _pct(s.cpu_utilisation) if live else dash, _pct(s.memory_utilisation) if live else dash,
@@ -101,12 +101,18 @@ def dcs_table(reply: gateway_pb2.ListDatacentersResponse) -> str:
 
 # -- hsched nodes DC ----------------------------------------------------------------------------------------------
 
-NODES_HEADERS = ("NODE", "RACK", "CPU(FREE/TOTAL)", "MEM_GIB(FREE/TOTAL)", "GPU_MODEL",
+NODES_HEADERS = ("NODE", "RACK", "STATUS", "TASKS", "CPU(FREE/TOTAL)", "MEM_GIB(FREE/TOTAL)", "GPU_MODEL",
                  "CARDS(CARD:FREE_CORE%/FREE_GIB)")
 
 
+def node_status(n) -> str:
+    """ok; cordoned (no new placements) while tasks still run there; drained once none does (as Slurm says)."""
+    return ("cordoned" if n.tasks else "drained") if n.cordoned else "ok"
+
+
 def nodes_rows(view: gateway_pb2.DatacenterView) -> list[list[str]]:
-    return [[n.name, str(n.rack), f"{cores(n.free.cpu_milli)}/{cores(n.capacity.cpu_milli)}",
+    return [[n.name, str(n.rack), node_status(n), str(n.tasks),
+             f"{cores(n.free.cpu_milli)}/{cores(n.capacity.cpu_milli)}",
              f"{gib(n.free.memory_mib)}/{gib(n.capacity.memory_mib)}",
              n.gpus[0].model if n.gpus else "-",
              " ".join(f"{c.card}:{c.core_percent_free}%/{gib(c.memory_mib_free)}" for c in n.gpus) or "-"]
@@ -117,7 +123,9 @@ def nodes_table(view: gateway_pb2.DatacenterView) -> str:
     head = f"{view.datacenter} ({view.kind}, vertex {view.vertex}): policy {view.policy}, {len(view.nodes)} nodes"
     totals = [f"{g.model}: {g.cards_idle}/{g.cards} cards idle, {g.core_percent_free / 100:g} card-equivalents of "
               f"cores and {gib(g.memory_mib_free)}/{gib(g.memory_mib_capacity)} GiB free" for g in view.gpus]
-    return "\n".join([head, *totals, table(NODES_HEADERS, nodes_rows(view))])
+    cordons = [f"{n.name} {node_status(n)} since {_when(n.cordoned_unix_ms)}: {n.cordon_reason or 'no reason given'}"
+               for n in view.nodes if n.cordoned]
+    return "\n".join([head, *totals, table(NODES_HEADERS, nodes_rows(view)), *cordons])
 
 
 # -- hsched describe TASK -----------------------------------------------------------------------------------------

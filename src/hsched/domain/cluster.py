@@ -9,7 +9,8 @@ was placed and started, its runtime, class and tenant; `queued_ms`: when each de
 a placer that takes a DC over resumes every task's clock from the fold alone — and what preemption and the
 fair share need: `specs` (an offline task's spec, to requeue it when it is preempted), `ready_ms` (a requeued
 victim waits out the preemption overhead before it is placed again) and `tenant_usage` (what each tenant holds,
-kept as allocations come and go, over `usage_vector`'s dimensions).
+kept as allocations come and go, over `usage_vector`'s dimensions). And the nodes an operator cordoned
+(`cordoned`, by node index: `feasible` leaves them out, so nothing new lands there; what runs there stays).
 """
 
 from __future__ import annotations
@@ -156,7 +157,12 @@ class ClusterState:
         # tasks that ran to completion here (their done events, at most FINISHED_MEMORY, oldest first; a snapshot
         # carries the recent ones): a Place of one again is answered with how it ended, not run twice
         self.finished: dict[str, dict] = {}
+        # nodes taken out of scheduling by an operator (cordon events): index -> {"reason", "at"}; `_open` is the
+        # mask of the others (None while none is cordoned: the common case costs nothing)
+        self.cordoned: dict[int, dict] = {}
+        self._open: np.ndarray | None = None
         self._models = np.array(t.gpu_model)
+        self._index: dict[str, int] | None = None
 
     # -- queries ---------------------------------------------------------------------------------------------
 
@@ -180,6 +186,8 @@ class ClusterState:
             ok &= count_per_row(cards) >= demand.gpu_count
             if gpu_models:
                 ok &= self._model_mask(gpu_models)
+        if self._open is not None:
+            ok &= self._open
         return ok
 
     def free_totals(self) -> tuple[int, int, int, int]:
@@ -219,6 +227,31 @@ class ClusterState:
             raise OverAllocation(f"node {node} has {len(fits)} cards that fit, {demand.gpu_count} needed")
         order = fits[np.lexsort((fits, mem[fits], core[fits]))][: demand.gpu_count]
         return tuple(GpuShare(int(c), demand.gpu_core_percent, demand.gpu_memory_mib) for c in sorted(order))
+
+    def node_index(self, name: str) -> int | None:
+        """The index of the node called `name` (None: no such node)."""
+        if self._index is None:
+            self._index = {n: i for i, n in enumerate(self.table.names)}
+        return self._index.get(name)
+
+    def cordon(self, node: int, reason: str = "", at_ms: int = 0) -> None:
+        """Take `node` out of scheduling (`feasible` leaves it out); its tasks stay. Cordoning it again updates
+        the reason."""
+        self.cordoned[node] = {"reason": reason, "at": at_ms}
+        if self._open is None:
+            self._open = np.ones(self.n, dtype=bool)
+        self._open[node] = False
+
+    def uncordon(self, node: int) -> None:
+        if self.cordoned.pop(node, None) is not None:
+            if self.cordoned:
+                self._open[node] = True  # type: ignore[index]
+            else:
+                self._open = None
+
+    def schedulable(self) -> np.ndarray:
+        """The mask of the nodes not cordoned."""
+        return np.ones(self.n, dtype=bool) if self._open is None else self._open.copy()
 
     def capacity(self) -> dict[str, int]:
         """The room's total of each resource (NodeTable.totals)."""

@@ -80,6 +80,7 @@ from redis import Redis as SyncRedis
 from hsched.cancel import cancel_and_wait
 from hsched.costs.stranding import free_of
 from hsched.domain.cluster import ClusterState, Part, usage_vector
+from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import DataCenter
 from hsched.domain.resources import Resources
 from hsched.domain.task import ONLINE, TaskSpec, task_to_dict
@@ -170,8 +171,25 @@ class ReleaseResult:
 
 
 @dataclass
+class CordonResult(ReleaseResult):
+    """An operator's cordon or uncordon: the nodes whose state changed, the offline tasks evicted (preempted and
+    requeued: `evict`) and, per node left cordoned, the tasks still on it (online ones run to completion)."""
+    changed: list[str] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)
+    remaining: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    nodes: tuple[str, ...]
+    schedulable: bool
+    reason: str = ""
+    evict: bool = False  # cordon only: preempt and requeue the nodes' offline tasks (a drain)
+
+
+@dataclass
 class _Op:
-    kind: str  # place | release | run | done | expire (reports of the execution clock) | drain (the queue)
+    kind: str  # place | release | run | done | expire (reports of the execution clock) | drain (the queue) | cordon
     task_id: str
     spec: TaskSpec | None = None
     allow_defer: bool = False
@@ -184,6 +202,7 @@ class _Op:
     report: Report | None = None  # run | done | expire
     searched: dict[str, int] = field(default_factory=dict)  # waiting online tasks' failed evictions (_freed_count)
     searches_left_over: bool = False  # a queue pass had more waiting online tasks to search than its budget
+    change: NodeChange | None = None  # cordon
 
 
 class _QueueSave:
@@ -480,6 +499,16 @@ class PlacerEngine:
     async def release(self, task_id: str) -> ReleaseResult:
         return await self._submit(_Op("release", task_id))  # type: ignore[return-value]
 
+    async def set_schedulable(self, change: NodeChange) -> CordonResult:
+        """Cordon (`change.schedulable` False: no new placements on the nodes, what runs there stays; with `evict`,
+        their offline tasks are preempted and requeued, as kubectl drain evicts) or uncordon nodes, by name; the
+        change is in the ledger (fenced like every write) before it is answered. Unknown names: ValidationError."""
+        for i, name in enumerate(change.nodes):
+            if self.state.node_index(name) is None:
+                raise ValidationError(f"nodes[{i}]", f"must be a node of {self.dc.name} (hsched nodes "
+                                                     f"{self.dc.name} lists them)", name)
+        return await self._submit(_Op("cordon", "", change=change))  # type: ignore[return-value]
+
     async def _submit(self, op: _Op) -> PlaceResult | ReleaseResult:
         if not self.holding:
             raise Fenced(self.unavailable_reason())
@@ -735,6 +764,13 @@ class PlacerEngine:
         for op in reversed(batch):
             for e in reversed(op.events):
                 task = e["task"]
+                if e["t"] == "cordon":
+                    node, was = e["_was"]
+                    if was is None:
+                        self.state.uncordon(node)
+                    else:
+                        self.state.cordon(node, was["reason"], was["at"])
+                    continue
                 if e["t"] == "alloc":
                     self.state.release(task)
                 elif "_parts" in e:  # an event that freed them (free, done, preempt)
@@ -789,6 +825,8 @@ class PlacerEngine:
             op.result = ReleaseResult(False)
             if try_queue:
                 self._drain_queue(op, headroom, op.result)
+        elif op.kind == "cordon":
+            op.result = self._decide_cordon(op, headroom, try_queue)
         else:
             op.result = self._decide_report(op, headroom, try_queue)
 
@@ -936,14 +974,16 @@ class PlacerEngine:
             for parts in held:
                 self.state._delta(parts, -1)
 
-    def _evict(self, op: _Op, task_id: str, eviction: Eviction, headroom: np.ndarray | None, now: int) -> list[dict]:
+    def _evict(self, op: _Op, task_id: str, eviction: Eviction, headroom: np.ndarray | None, now: int,
+               reason: str = "") -> list[dict]:
         """A preempt event per victim (frees it); returns their requeues (defer with the spec), emitted by the
-        caller after the online task's alloc, which draws the preemption overhead they wait out."""
+        caller after the online task's alloc, which draws the preemption overhead they wait out. `task_id`: the
+        online task the room is for ("" for a drain, whose `reason` the event carries)."""
         requeues = []
         for victim in eviction.victims:
             parts, spec, clock = (self.state.allocations[victim], self.state.specs[victim],
                                   self.state.clocks[victim])
-            event = {"t": "preempt", "task": victim, "by": task_id, "at": now}
+            event = {"t": "preempt", "task": victim, "by": task_id, "at": now, **({"reason": reason} if reason else {})}
             self._emit(op, event)
             event["_parts"] = parts  # for _undo and the thermal check only; stripped before the ledger write
             # if the append's outcome is unknown, the ledger cancels it by re-allocating the victim as it was
@@ -989,6 +1029,43 @@ class PlacerEngine:
                 watts = tuple(part_power_w(self.state, _demand_of(p), p.node)[0] for p in parts)
             for p, w in zip(parts, watts, strict=True):
                 headroom[p.node] -= w
+
+    def _decide_cordon(self, op: _Op, headroom: np.ndarray | None, try_queue: bool) -> CordonResult:
+        """A cordon event per node whose state changes (a retried call changes nothing); a drain's evictions; then
+        the queue's turn (the evicted, or what an uncordoned node now lets in)."""
+        change, state, now = op.change, self.state, _now_ms()
+        assert change is not None
+        result = CordonResult(False)
+        nodes = {state.node_index(name): name for name in change.nodes}
+        for node, name in nodes.items():
+            was = state.cordoned.get(node)
+            if (was is None) == change.schedulable and (change.schedulable or not change.reason
+                                                        or was["reason"] == change.reason):
+                continue
+            event = {"t": "cordon", "task": "", "node": name, "on": not change.schedulable, "at": now}
+            if not change.schedulable:
+                event["reason"] = change.reason
+            self._emit(op, event)
+            event["_was"] = (node, was)  # for _undo only
+            # if the append's outcome is unknown, the ledger cancels it by writing the node's state as it was
+            event["_undo"] = [{"t": "cordon", "task": "", "node": name, "on": was is not None, "at": now,
+                               **({"reason": was["reason"]} if was is not None else {})}]
+            result.changed.append(name)
+        if change.evict and not change.schedulable:
+            victims = tuple(t for t, clock in state.clocks.items() if clock.priority_class != ONLINE
+                            and t in state.specs and any(p.node in nodes for p in state.allocations[t]))
+            if victims:
+                reason = f"evicted: node drained by an operator ({change.reason or 'no reason given'})"
+                for requeue in self._evict(op, "", Eviction(-1, victims, 0.0), headroom, now, reason):
+                    self._emit(op, requeue)
+                result.evicted = list(victims)
+        if not change.schedulable:
+            held = Counter(node for parts in state.allocations.values() for node in {p.node for p in parts}
+                           if node in nodes)
+            result.remaining = {name: held[node] for node, name in nodes.items()}
+        if try_queue and (result.evicted or (change.schedulable and result.changed)):
+            self._drain_queue(op, headroom, result)
+        return result
 
     def _decide_release(self, op: _Op, headroom: np.ndarray | None, try_queue: bool) -> ReleaseResult:
         parts = self.state.allocations.get(op.task_id)
@@ -1293,14 +1370,17 @@ class PlacerEngine:
         t, s = self.state.table, self.state
         util = s.utilisation()
         largest = int(np.argmax(t.cpu_milli))
+        on = s.schedulable() if s.cordoned else slice(None)
         th = self.last_thermal
         return {
             "datacenter": self.dc.name, "nodes": s.n,
             "capacity": [int(t.cpu_milli.sum()), int(t.memory_mib.sum()), int(t.disk_mib.sum()),
                          int(t.bandwidth_mbps.sum()), int(t.gpu_count.sum()), 0, 0],
-            "free": [int(s.free_cpu.sum()), int(s.free_memory.sum()), int(s.free_disk.sum()),
-                     int(s.free_bandwidth.sum()), int((s.gpu_free_core == t.gpu_core_percent).sum()
-                                                       - (t.gpu_core_percent == 0).sum()), 0, 0],
+            # what can be placed: a cordoned node's room is not
+            "free": [int(s.free_cpu[on].sum()), int(s.free_memory[on].sum()), int(s.free_disk[on].sum()),
+                     int(s.free_bandwidth[on].sum()), int((s.gpu_free_core[on] == t.gpu_core_percent[on]).sum()
+                                                          - (t.gpu_core_percent[on] == 0).sum()), 0, 0],
+            "cordoned_nodes": len(s.cordoned),
             "largest_node": [int(t.cpu_milli.max()), int(t.memory_mib.max()), int(t.disk_mib.max()),
                              int(t.bandwidth_mbps.max()), int(t.gpu_count.max()), 100 if t.gpu_count.max() else 0,
                              int(t.gpu_memory_mib.max())],

@@ -26,6 +26,7 @@ POLICY: dict[str, frozenset[str]] = {
     "/hsched.v1.Placer/Release": frozenset({"gateway"}),
     "/hsched.v1.Placer/ReleaseBatch": frozenset({"gateway"}),
     "/hsched.v1.Placer/GetState": frozenset({"gateway", "selector", "supervisor", "admin"}),
+    "/hsched.v1.Placer/SetSchedulable": frozenset({"gateway", "admin"}),
     "/hsched.v1.Thermal/Predict": frozenset({"placer", "gateway"}),
     "/hsched.v1.Thermal/GetState": frozenset({"placer", "gateway", "selector", "admin"}),
     "/hsched.v1.Selector/SelectDataCenter": frozenset({"gateway"}),

@@ -22,6 +22,9 @@ read with the defaults shown):
   {"t": "expire", "task": id, "at": ms}                    deferred past its queue_timeout_s (EXPIRED); like drop
   {"t": "preempt", "task": id, "by": task id, "at": ms}    evicted for an online task (PREEMPTED); frees like free;
                                                           the same append requeues it (defer) and allocates "by"
+  {"t": "cordon", "task": "", "node": name, "on": bool, "reason": str, "at": ms}   an operator took the node out
+                                                          of scheduling (on) or back (the node by name, not index)
+  a preempt may carry "reason" and an empty "by": evicted by an operator's drain (requeued like a preemption)
   an alloc with "restore": true (and the victim's original "at", then its run) cancels a preemption whose write
   had an unknown outcome; ignored when the task is still held (the preemption had not been written)
 A run/done/expire "at" is when it happened (the executor's clock), which may be before the entry was written
@@ -175,6 +178,14 @@ def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpe
     """Fold one event; `parts`: an alloc's parts as Part objects when the caller has them (its writer: the same
     values as parsing event["parts"], without the parse)."""
     kind, task = event["t"], event["task"]
+    if kind == "cordon":  # an operator's; by node name (positions are kept across fleet-file changes, names too)
+        node = state.node_index(event["node"])
+        if node is not None:  # (a node a later fleet file removed: nothing to keep out)
+            if event.get("on"):
+                state.cordon(node, event.get("reason") or "", int(event.get("at") or 0))
+            else:
+                state.uncordon(node)
+        return
     if kind == "alloc" and event.get("restore") and task in state.allocations:
         return  # the cancellation of a preemption whose write did not land: the victim never left
     if kind == "alloc":
@@ -392,6 +403,9 @@ def carry_over(old: ClusterState, new: ClusterState, where: str) -> None:
     new.queued_ms.update(old.queued_ms)
     new.ready_ms.update(old.ready_ms)
     new.finished.update(old.finished)
+    for i, c in old.cordoned.items():  # by name: a node the changed fleet no longer has is no longer cordoned
+        if (node := new.node_index(old.table.names[i])) is not None:
+            new.cordon(node, c["reason"], c["at"])
 
 
 def recorded_layout_of(recorded: bytes | None) -> list[list] | None:
@@ -409,9 +423,9 @@ SNAPSHOT_FINISHED, SNAPSHOT_FINISHED_S = 10_000, 600
 
 def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
     """The fold as JSON: allocations, the running tasks' clocks, the deferred queue in its order (with when
-    each was queued) and the tasks that finished in the last SNAPSHOT_FINISHED_S (at most SNAPSHOT_FINISHED, the
-    newest), so a placer that folds it still answers a Place of one with how it ended. (The node layout its
-    indices refer to goes beside it: `snapshot_and_trim`.)"""
+    each was queued), the cordoned nodes (by name) and the tasks that finished in the last SNAPSHOT_FINISHED_S
+    (at most SNAPSHOT_FINISHED, the newest), so a placer that folds it still answers a Place of one with how it
+    ended. (The node layout its indices refer to goes beside it: `snapshot_and_trim`.)"""
     since = int(time.time() * 1000) - SNAPSHOT_FINISHED_S * 1000
     newest = itertools.islice(reversed(state.finished.items()), SNAPSHOT_FINISHED)  # not a copy of all 100,000
     recent = [[t, d["ok"], d["at"], d["reason"]] for t, d in newest if d["at"] >= since][::-1]
@@ -420,7 +434,8 @@ def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
                        "specs": state.specs,
                        "queue": [[t, task_to_dict(spec), state.queued_ms.get(t, 0), state.ready_ms.get(t, 0)]
                                  for t, spec in queue.items()],
-                       "finished": recent},
+                       "finished": recent,
+                       "cordoned": [[state.table.names[i], c["reason"], c["at"]] for i, c in state.cordoned.items()]},
                       separators=(",", ":"))
 
 
@@ -446,6 +461,8 @@ def load_snapshot(data: bytes | str, state: ClusterState, queue: OrderedDict[str
             state.ready_ms[task] = int(queued[1])
     for task, ok, at, reason in snap.get("finished", []):  # (none in a snapshot from before they were kept)
         state.note_finished(task, {"ok": bool(ok), "at": int(at), "reason": reason})
+    for name, reason, at in snap.get("cordoned", []):
+        fold_event({"t": "cordon", "task": "", "node": name, "on": True, "reason": reason, "at": at}, state, queue)
 
 
 def _id(entry_id: str) -> tuple[int, int]:

@@ -72,7 +72,7 @@ def transition(task: pb.Task | None, event: dict, dc: str, ref: str, table) -> R
     if kind == "preempt" and task.state in ON_NODES:
         task.preemptions += 1
         del task.assignments[:]
-        task.reason = f"preempted by online task {event.get('by', '?')}"
+        task.reason = event.get("reason") or f"preempted by online task {event.get('by', '?')}"
         return step("preempted", task, task.reason, ref, at)
     if kind == "defer" and task.state == pb.TASK_STATE_PREEMPTED:
         task.reason = f"requeued at {dc} after preemption"

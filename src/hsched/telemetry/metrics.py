@@ -90,6 +90,8 @@ HSCHED_STARTED_TASKS = MetricSpec(
     "hsched_started_tasks", "Tasks holding resources that the executor started (RUNNING; the others wait for "
     "their container)", _DC)
 HSCHED_DEFERRED_TASKS = MetricSpec("hsched_deferred_tasks", "Tasks waiting in the deferred queue", _DC)
+HSCHED_CORDONED_NODES = MetricSpec("hsched_cordoned_nodes", "Nodes an operator took out of scheduling (cordon, "
+                                   "drain)", _DC)
 HSCHED_DEFERRED_OLDEST_AGE = MetricSpec(
     "hsched_deferred_oldest_age_seconds", "Time the longest-waiting task of the deferred queue has waited, "
     "seconds (0: the queue is empty)", _DC)

@@ -384,7 +384,7 @@ class Job(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., datacenter: _Optional[str] = ..., stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., reason: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., finished_unix_ms: _Optional[int] = ...) -> None: ...
 
 class DcSummary(_message.Message):
-    __slots__ = ("datacenter", "nodes", "capacity", "free", "largest_node", "running_tasks", "deferred_tasks", "cpu_utilisation", "memory_utilisation", "gpu_core_utilisation", "gpu_memory_utilisation", "pue", "max_inlet_c", "ledger_id", "fencing_token", "unix_ms", "gpu_models")
+    __slots__ = ("datacenter", "nodes", "capacity", "free", "largest_node", "running_tasks", "deferred_tasks", "cpu_utilisation", "memory_utilisation", "gpu_core_utilisation", "gpu_memory_utilisation", "pue", "max_inlet_c", "ledger_id", "fencing_token", "unix_ms", "gpu_models", "cordoned_nodes")
     DATACENTER_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -402,6 +402,7 @@ class DcSummary(_message.Message):
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     GPU_MODELS_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_NODES_FIELD_NUMBER: _ClassVar[int]
     datacenter: str
     nodes: int
     capacity: Resources
@@ -419,4 +420,5 @@ class DcSummary(_message.Message):
     fencing_token: int
     unix_ms: int
     gpu_models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, datacenter: _Optional[str] = ..., nodes: _Optional[int] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., free: _Optional[_Union[Resources, _Mapping]] = ..., largest_node: _Optional[_Union[Resources, _Mapping]] = ..., running_tasks: _Optional[int] = ..., deferred_tasks: _Optional[int] = ..., cpu_utilisation: _Optional[float] = ..., memory_utilisation: _Optional[float] = ..., gpu_core_utilisation: _Optional[float] = ..., gpu_memory_utilisation: _Optional[float] = ..., pue: _Optional[float] = ..., max_inlet_c: _Optional[float] = ..., ledger_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., unix_ms: _Optional[int] = ..., gpu_models: _Optional[_Iterable[str]] = ...) -> None: ...
+    cordoned_nodes: int
+    def __init__(self, datacenter: _Optional[str] = ..., nodes: _Optional[int] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., free: _Optional[_Union[Resources, _Mapping]] = ..., largest_node: _Optional[_Union[Resources, _Mapping]] = ..., running_tasks: _Optional[int] = ..., deferred_tasks: _Optional[int] = ..., cpu_utilisation: _Optional[float] = ..., memory_utilisation: _Optional[float] = ..., gpu_core_utilisation: _Optional[float] = ..., gpu_memory_utilisation: _Optional[float] = ..., pue: _Optional[float] = ..., max_inlet_c: _Optional[float] = ..., ledger_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., unix_ms: _Optional[int] = ..., gpu_models: _Optional[_Iterable[str]] = ..., cordoned_nodes: _Optional[int] = ...) -> None: ...

@@ -8,6 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SetNodesSchedulableRequest(_message.Message):
+    __slots__ = ("datacenter", "nodes", "schedulable", "reason", "evict")
+    DATACENTER_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULABLE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EVICT_FIELD_NUMBER: _ClassVar[int]
+    datacenter: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    schedulable: bool
+    reason: str
+    evict: bool
+    def __init__(self, datacenter: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., schedulable: _Optional[bool] = ..., reason: _Optional[str] = ..., evict: _Optional[bool] = ...) -> None: ...
+
 class SubmitRequest(_message.Message):
     __slots__ = ("task", "selector_method")
     TASK_FIELD_NUMBER: _ClassVar[int]

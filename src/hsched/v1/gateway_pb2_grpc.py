@@ -5,6 +5,7 @@ import warnings
 
 from hsched.v1 import common_pb2 as hsched_dot_v1_dot_common__pb2
 from hsched.v1 import gateway_pb2 as hsched_dot_v1_dot_gateway__pb2
+from hsched.v1 import placer_pb2 as hsched_dot_v1_dot_placer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -96,6 +97,11 @@ class GatewayStub:
                 request_serializer=hsched_dot_v1_dot_gateway__pb2.GetRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_gateway__pb2.TaskDescription.FromString,
                 _registered_method=True)
+        self.SetNodesSchedulable = channel.unary_unary(
+                '/hsched.v1.Gateway/SetNodesSchedulable',
+                request_serializer=hsched_dot_v1_dot_gateway__pb2.SetNodesSchedulableRequest.SerializeToString,
+                response_deserializer=hsched_dot_v1_dot_placer__pb2.SetSchedulableResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -181,6 +187,14 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetNodesSchedulable(self, request, context):
+        """Cordon, drain (cordon + evict) or uncordon nodes of one data center (`hsched cordon|drain|uncordon`); with
+        authentication on, admins only. Answered once the DC's placer has it in its ledger.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -243,6 +257,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.DescribeTask,
                     request_deserializer=hsched_dot_v1_dot_gateway__pb2.GetRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_gateway__pb2.TaskDescription.SerializeToString,
+            ),
+            'SetNodesSchedulable': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetNodesSchedulable,
+                    request_deserializer=hsched_dot_v1_dot_gateway__pb2.SetNodesSchedulableRequest.FromString,
+                    response_serializer=hsched_dot_v1_dot_placer__pb2.SetSchedulableResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -570,6 +589,33 @@ class Gateway:
             '/hsched.v1.Gateway/DescribeTask',
             hsched_dot_v1_dot_gateway__pb2.GetRequest.SerializeToString,
             hsched_dot_v1_dot_gateway__pb2.TaskDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetNodesSchedulable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hsched.v1.Gateway/SetNodesSchedulable',
+            hsched_dot_v1_dot_gateway__pb2.SetNodesSchedulableRequest.SerializeToString,
+            hsched_dot_v1_dot_placer__pb2.SetSchedulableResponse.FromString,
             options,
             channel_credentials,
             insecure,

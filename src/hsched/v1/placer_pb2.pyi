@@ -164,20 +164,60 @@ class GpuCardState(_message.Message):
     def __init__(self, card: _Optional[int] = ..., model: _Optional[str] = ..., core_percent_free: _Optional[int] = ..., memory_mib_free: _Optional[int] = ..., memory_mib_capacity: _Optional[int] = ...) -> None: ...
 
 class NodeState(_message.Message):
-    __slots__ = ("name", "index", "rack", "capacity", "free", "gpus")
+    __slots__ = ("name", "index", "rack", "capacity", "free", "gpus", "cordoned", "cordon_reason", "cordoned_unix_ms", "tasks")
     NAME_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     FREE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    CORDON_REASON_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     index: int
     rack: int
     capacity: _common_pb2.Resources
     free: _common_pb2.Resources
     gpus: _containers.RepeatedCompositeFieldContainer[GpuCardState]
-    def __init__(self, name: _Optional[str] = ..., index: _Optional[int] = ..., rack: _Optional[int] = ..., capacity: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., free: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuCardState, _Mapping]]] = ...) -> None: ...
+    cordoned: bool
+    cordon_reason: str
+    cordoned_unix_ms: int
+    tasks: int
+    def __init__(self, name: _Optional[str] = ..., index: _Optional[int] = ..., rack: _Optional[int] = ..., capacity: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., free: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuCardState, _Mapping]]] = ..., cordoned: _Optional[bool] = ..., cordon_reason: _Optional[str] = ..., cordoned_unix_ms: _Optional[int] = ..., tasks: _Optional[int] = ...) -> None: ...
+
+class SetSchedulableRequest(_message.Message):
+    __slots__ = ("nodes", "schedulable", "reason", "evict")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULABLE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EVICT_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    schedulable: bool
+    reason: str
+    evict: bool
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ..., schedulable: _Optional[bool] = ..., reason: _Optional[str] = ..., evict: _Optional[bool] = ...) -> None: ...
+
+class NodeTaskCount(_message.Message):
+    __slots__ = ("node", "tasks")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    tasks: int
+    def __init__(self, node: _Optional[str] = ..., tasks: _Optional[int] = ...) -> None: ...
+
+class SetSchedulableResponse(_message.Message):
+    __slots__ = ("changed", "evicted_task_ids", "remaining", "placed_from_queue")
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FROM_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    changed: _containers.RepeatedScalarFieldContainer[str]
+    evicted_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    remaining: _containers.RepeatedCompositeFieldContainer[NodeTaskCount]
+    placed_from_queue: _containers.RepeatedCompositeFieldContainer[QueuedPlacement]
+    def __init__(self, changed: _Optional[_Iterable[str]] = ..., evicted_task_ids: _Optional[_Iterable[str]] = ..., remaining: _Optional[_Iterable[_Union[NodeTaskCount, _Mapping]]] = ..., placed_from_queue: _Optional[_Iterable[_Union[QueuedPlacement, _Mapping]]] = ...) -> None: ...
 
 class PlacerState(_message.Message):
     __slots__ = ("summary", "nodes", "deferred_task_ids", "policy", "thermal", "owner")

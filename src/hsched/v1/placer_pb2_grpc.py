@@ -60,6 +60,11 @@ class PlacerStub:
                 request_serializer=hsched_dot_v1_dot_placer__pb2.PlacerStateRequest.SerializeToString,
                 response_deserializer=hsched_dot_v1_dot_placer__pb2.PlacerState.FromString,
                 _registered_method=True)
+        self.SetSchedulable = channel.unary_unary(
+                '/hsched.v1.Placer/SetSchedulable',
+                request_serializer=hsched_dot_v1_dot_placer__pb2.SetSchedulableRequest.SerializeToString,
+                response_deserializer=hsched_dot_v1_dot_placer__pb2.SetSchedulableResponse.FromString,
+                _registered_method=True)
 
 
 class PlacerServicer:
@@ -102,6 +107,14 @@ class PlacerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetSchedulable(self, request, context):
+        """An operator's cordon or uncordon of nodes (the gateway's SetNodesSchedulable): written to the ledger, fenced
+        like every write, before it is answered; a retry changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlacerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +142,11 @@ def add_PlacerServicer_to_server(servicer, server):
                     servicer.GetState,
                     request_deserializer=hsched_dot_v1_dot_placer__pb2.PlacerStateRequest.FromString,
                     response_serializer=hsched_dot_v1_dot_placer__pb2.PlacerState.SerializeToString,
+            ),
+            'SetSchedulable': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSchedulable,
+                    request_deserializer=hsched_dot_v1_dot_placer__pb2.SetSchedulableRequest.FromString,
+                    response_serializer=hsched_dot_v1_dot_placer__pb2.SetSchedulableResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +285,33 @@ class Placer:
             '/hsched.v1.Placer/GetState',
             hsched_dot_v1_dot_placer__pb2.PlacerStateRequest.SerializeToString,
             hsched_dot_v1_dot_placer__pb2.PlacerState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSchedulable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hsched.v1.Placer/SetSchedulable',
+            hsched_dot_v1_dot_placer__pb2.SetSchedulableRequest.SerializeToString,
+            hsched_dot_v1_dot_placer__pb2.SetSchedulableResponse.FromString,
             options,
             channel_credentials,
             insecure,
