@@ -619,3 +619,24 @@ def test_an_online_task_evicts_only_offline_tasks_and_only_when_it_did_not_fit(r
         assert (entries[i]["t"], entries[i]["task"]) == ("alloc", by)
         assert [(ev["t"], ev["task"]) for ev in entries[i + 1:i + 1 + len(victims)]] == [("defer", v) for v in victims]
         i += 1 + len(victims)
+
+
+async def test_tenant_shares_are_the_queues_numbers_hand_computed(redis, prefix) -> None:
+    """cheap: 96 cores, 384 GiB. alice (weight 1) and bob (weight 3) hold 2 tasks of 24 cores / 2 GiB each and
+    wait for one more each. CPU: requested 72 each; water-filling gives bob 96·3/4 = 72 (met) and alice what is
+    left, 24. Memory: both met at 6 GiB. alice's share = max(48/24, 4/6) = 2, bob's = max(48/72, 4/6) = 2/3."""
+    async with running(engine(redis, prefix, None, TenantWeights({"bob": 3.0}))) as e:
+        for i, who in enumerate(["alice", "alice", "bob", "bob"]):
+            assert (await e.place(f"{who}{i}", task(24, tenant=who))).outcome == "placed"
+        for who in ("alice", "bob"):
+            assert (await e.place(f"{who}-waits", task(24, tenant=who))).outcome == "deferred"
+        shares = {s["tenant"]: s for s in e.tenant_shares()}
+        assert list(shares) == ["alice", "bob"]
+        a, b = shares["alice"], shares["bob"]
+        assert (a["weight"], b["weight"]) == (1.0, 3.0)
+        assert a["allocated"].tolist() == b["allocated"].tolist() == [48_000, 4 * GIB, 0]
+        assert a["requested"].tolist() == b["requested"].tolist() == [72_000, 6 * GIB, 0]
+        assert a["deserved"] == pytest.approx([24_000, 6 * GIB, 0]) and b["deserved"] == pytest.approx(
+            [72_000, 6 * GIB, 0])
+        assert (a["share"], b["share"]) == (pytest.approx(2.0), pytest.approx(2 / 3))
+        assert (a["running_tasks"], a["queued_tasks"], b["running_tasks"], b["queued_tasks"]) == (2, 1, 2, 1)

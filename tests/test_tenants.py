@@ -179,6 +179,31 @@ def test_watch_streams_a_tenant_only_its_own_events(gw):
 # -- the tenant field and idempotency -----------------------------------------------------------------------------
 
 
+def test_tenants_view_shows_a_tenant_only_its_own_share_and_an_admin_every_tenants(gw):
+    """ListDatacenters(include_tenants) — `hsched tenants`: a tenant sees its own fair-share rows only (another
+    tenant's name is not leaked), an admin every tenant's; what a tenant holds is what its tasks hold."""
+    held = {who: gw[who].submit(spec(2)).task for who in ("alice", "bob")}
+    try:
+        def rows(who: str) -> dict[tuple[str, str], object]:
+            reply = gw[who].stub.ListDatacenters(gateway_pb2.ListDatacentersRequest(include_tenants=True),
+                                                 timeout=15, metadata=gw[who].md)
+            return {(v.datacenter, t.tenant): t for v in reply.datacenters for t in v.tenants}
+        for who, task in held.items():
+            assert task.state == pb.TASK_STATE_PLACED, task
+            mine = rows(who)
+            assert {tenant for _, tenant in mine} == {who}, mine
+            share = mine[(task.datacenter, who)]
+            assert share.running_tasks >= 1 and share.allocated.cpu_milli >= 2000 and share.weight == 1.0
+        everyone = {tenant for _, tenant in rows("admin")}
+        assert {"alice", "bob"} <= everyone
+        plain = gw["admin"].stub.ListDatacenters(gateway_pb2.ListDatacentersRequest(), timeout=15,
+                                                 metadata=gw["admin"].md)
+        assert not any(v.tenants for v in plain.datacenters)  # only when asked for
+    finally:
+        for who, task in held.items():
+            gw[who].release(task.task_id)
+
+
 def test_a_forged_tenant_field_is_replaced_by_the_authenticated_tenant(gw):
     forged = gw["bob"].submit(spec(tenant="alice")).task
     assert forged.spec.tenant == "bob"

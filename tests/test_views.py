@@ -136,6 +136,21 @@ def test_nodes_shows_each_node_and_card(stack, env, tasks):
     assert_one_line_error(cli(stack, env, "nodes", "gpu", "--gpu-model", "A100", code=1), 1, "gpu_model", "T4")
 
 
+def test_tenants_shows_each_tenants_fair_share_and_a_tenant_only_its_own(stack, env, tasks):
+    """bob's one GPU task in gpu (2 cores, half a card): the only tenant there, so it deserves what it asks for
+    and its share is 1. alice sees her own rows only; a DC that is not in the fleet is a one-line usage error."""
+    table = rows(cli(stack, env, "tenants", "--datacenter", "gpu").stdout)
+    assert tuple(table[0]) == views.TENANTS_HEADERS
+    bob = next(r for r in table[1:] if r[1] == "bob")
+    assert bob[:5] == ["gpu", "bob", "1", "1", "0"] and bob[5] == "2/2/2" and bob[7:] == ["0.5/0.5/0.5", "1.00"]
+    for line in rows(cli(stack, env, "tenants", who="alice").stdout)[1:]:
+        assert line[1] == "alice", line
+    doc = json.loads(cli(stack, env, "tenants", "-o", "json").stdout)
+    assert {t["tenant"] for v in doc["datacenters"] for t in v.get("tenants", [])} >= {"alice", "bob"}
+    assert_one_line_error(run_cli("tenants", "--datacenter", "atlantis", "--gateway", stack.gateway,
+                                  env=env["admin"]), 2, "--datacenter", "atlantis")
+
+
 def test_describe_explains_the_choice_and_shows_the_history(stack, env, tasks):
     text = cli(stack, env, "describe", tasks["gpu"]).stdout
     for line in ("Data center:  gpu", "Why:          ranked 1 of 1 by the selector (min-cost)",

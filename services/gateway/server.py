@@ -918,14 +918,21 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     # -- fleet views -------------------------------------------------------------------------------------------
 
-    async def _view(self, dc, include_nodes: bool = False, gpu_model: str = ""):
+    async def _view(self, dc, include_nodes: bool = False, gpu_model: str = "", include_tenants: bool = False):
         return await datacenter_view(dc, self.placers.get(dc.name), self.store.redis, self.keys,
-                                     self.select_timeout_s, include_nodes, gpu_model)
+                                     self.select_timeout_s, include_nodes, gpu_model, include_tenants)
 
     @rpc.grpc_errors
     async def ListDatacenters(self, request, context) -> gateway_pb2.ListDatacentersResponse:
-        self.auth.authenticate(context)  # any principal may see the fleet's capacity (not whose tasks hold it)
-        views = await asyncio.gather(*(self._view(dc) for dc in self.fleet.datacenters))
+        # any principal may see the fleet's capacity; the tenants' shares: a tenant sees its own only
+        principal = self.auth.authenticate(context)
+        views = await asyncio.gather(*(self._view(dc, include_tenants=request.include_tenants)
+                                       for dc in self.fleet.datacenters))
+        for view in views:
+            if any(not may_see(principal, t.tenant) for t in view.tenants):
+                mine = [t for t in view.tenants if may_see(principal, t.tenant)]
+                del view.tenants[:]
+                view.tenants.extend(mine)
         return gateway_pb2.ListDatacentersResponse(datacenters=views)
 
     @rpc.grpc_errors

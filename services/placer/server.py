@@ -33,7 +33,7 @@ from hsched.engine.placer import LoadDelta, NodeChange, PlacerEngine, PlaceResul
 from hsched.engine.slices import SliceCatalog
 from hsched.policies.base import NodesToScore
 from hsched.policies.dagqueue import DAG_POLICIES, load_dag_queue_policy
-from hsched.policies.fairshare import TenantWeights
+from hsched.policies.fairshare import DIMENSIONS, TenantWeights
 from hsched.policies.heuristics import LEARNED_POLICIES, POLICY_NAMES, make_policy
 from hsched.runtime import (
     common_args,
@@ -208,6 +208,11 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
                 out.thermal.CopyFrom(thermal_to_pb(await e.thermal.now(e.last_id)))
             except grpc.aio.AioRpcError as exc:
                 log.warning("placer %s: GetState without the room's state (%s)", e.dc.name, exc.code().name)
+        if request.include_tenants:
+            out.tenants.extend(placer_pb2.TenantShare(
+                **{k: v for k, v in t.items() if k not in ("allocated", "requested", "deserved")},
+                **{k: placer_pb2.ShareVector(**dict(zip(DIMENSIONS, map(float, t[k]), strict=True)))
+                   for k in ("allocated", "requested", "deserved")}) for t in e.tenant_shares())
         if request.include_nodes:
             s = e.state
             tasks = np.bincount([n for parts in s.allocations.values() for n in {p.node for p in parts}],

@@ -710,6 +710,23 @@ def cmd_nodes(args) -> int:
     return 0
 
 
+def cmd_tenants(args) -> int:
+    """Each tenant's fair share per data center: weight, tasks running and queued, allocated / deserved / asked
+    for, and the share the deferred queue orders by."""
+    from hsched import views
+
+    reply = _stub(args).ListDatacenters(gateway_pb2.ListDatacentersRequest(include_tenants=True), timeout=15)
+    if args.datacenter:
+        keep = [v for v in reply.datacenters if v.datacenter == args.datacenter]
+        if not keep:
+            raise ValidationError("--datacenter", "must be one of the fleet's data centers "
+                                  f"({', '.join(v.datacenter for v in reply.datacenters)})", args.datacenter)
+        del reply.datacenters[:]
+        reply.datacenters.extend(keep)
+    _emit(args, reply, lambda: views.tenants_table(reply))
+    return 0
+
+
 def cmd_cordon(args) -> int:
     """cordon / drain (cordon + evict the nodes' offline tasks) / uncordon nodes of one data center."""
     schedulable = args.command == "uncordon"
@@ -1452,6 +1469,10 @@ def build_parser() -> argparse.ArgumentParser:
     nd.add_argument("datacenter")
     nd.add_argument("--gpu-model", default="", help="only the nodes with cards of this model (see hsched dcs)")
     nd.set_defaults(fn=cmd_nodes)
+    tn = gw(sub.add_parser("tenants", help="each tenant's fair share per data center (Volcano's proportion): "
+                                           "allocated / deserved / asked for, share, tasks running and queued"))
+    tn.add_argument("--datacenter", default="", help="only this data center")
+    tn.set_defaults(fn=cmd_tenants)
     for name, what in (("cordon", "take nodes out of scheduling: nothing new is placed there, what runs there "
                                   "stays (hsched nodes DC shows them cordoned, then drained)"),
                        ("drain", "cordon nodes and evict their offline (preemptible) tasks, which are requeued and "

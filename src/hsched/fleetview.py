@@ -58,10 +58,10 @@ def _status(exc: grpc.aio.AioRpcError) -> str:
 
 
 async def datacenter_view(dc: DataCenter, stub: placer_pb2_grpc.PlacerStub | None, redis, keys: Keys,
-                          timeout_s: float, include_nodes: bool = False, gpu_model: str = ""
-                          ) -> gateway_pb2.DatacenterView:
+                          timeout_s: float, include_nodes: bool = False, gpu_model: str = "",
+                          include_tenants: bool = False) -> gateway_pb2.DatacenterView:
     """One DC's view, asking its placer with `timeout_s`; with `include_nodes`, its nodes (those with a card of
-    `gpu_model`, if given)."""
+    `gpu_model`, if given); with `include_tenants`, its tenants' fair shares."""
     view = gateway_pb2.DatacenterView(datacenter=dc.name, vertex=dc.vertex, kind=kind_of(dc))
     lease = asyncio.ensure_future(lease_of(redis, keys, dc.name))
     try:
@@ -71,13 +71,15 @@ async def datacenter_view(dc: DataCenter, stub: placer_pb2_grpc.PlacerStub | Non
             try:
                 # the nodes of a GPU DC give its per-model totals; a CPU room's are sent only when asked for
                 nodes = include_nodes or view.kind == "gpu"
-                state = await stub.GetState(placer_pb2.PlacerStateRequest(include_nodes=nodes), timeout=timeout_s)
+                state = await stub.GetState(placer_pb2.PlacerStateRequest(
+                    include_nodes=nodes, include_tenants=include_tenants), timeout=timeout_s)
             except grpc.aio.AioRpcError as exc:
                 view.status, view.reason = _status(exc), f"{exc.code().name}: {exc.details()}"
             else:
                 view.status, view.policy = "serving", state.policy
                 view.summary.CopyFrom(state.summary)
                 view.thermal.CopyFrom(state.thermal)
+                view.tenants.extend(state.tenants)
                 shown = [n for n in state.nodes if not gpu_model or any(c.model == gpu_model for c in n.gpus)]
                 view.gpus.extend(gpu_models(shown))  # the totals of the nodes asked for
                 if include_nodes:

@@ -93,10 +93,37 @@ def dcs_rows(reply: gateway_pb2.ListDatacentersResponse) -> list[list[str]]:
     return rows
 
 
+def not_serving(reply: gateway_pb2.ListDatacentersResponse) -> list[str]:
+    """A line per DC whose placer does not answer, with why (under a fleet table)."""
+    return [f"{v.datacenter}: {v.status} — {v.reason}" for v in reply.datacenters if v.status != "serving"]
+
+
 def dcs_table(reply: gateway_pb2.ListDatacentersResponse) -> str:
-    out = table(DCS_HEADERS, dcs_rows(reply))
-    down = [f"{v.datacenter}: {v.status} — {v.reason}" for v in reply.datacenters if v.status != "serving"]
-    return "\n".join([out, *down])
+    return "\n".join([table(DCS_HEADERS, dcs_rows(reply)), *not_serving(reply)])
+
+
+# -- hsched tenants -----------------------------------------------------------------------------------------------
+
+TENANTS_HEADERS = ("DATACENTER", "TENANT", "WEIGHT", "RUNNING", "QUEUED", "CPU(ALLOC/DESERVED/ASKED)",
+                   "MEM_GIB(ALLOC/DESERVED/ASKED)", "GPUS(ALLOC/DESERVED/ASKED)", "SHARE")
+
+
+def tenants_rows(reply: gateway_pb2.ListDatacentersResponse) -> list[list[str]]:
+    def amounts(t, dim: str, unit) -> str:
+        return "/".join(unit(getattr(getattr(t, k), dim)) for k in ("allocated", "deserved", "requested"))
+
+    def cards(percent: float) -> str:
+        return _num(percent / 100)  # core percent summed over cards: 100 = one card
+    return [[v.datacenter, t.tenant, _num(t.weight), str(t.running_tasks), str(t.queued_tasks),
+             amounts(t, "cpu_milli", cores), amounts(t, "memory_mib", gib), amounts(t, "gpu_core_percent", cards),
+             f"{t.share:.2f}"]
+            for v in reply.datacenters for t in v.tenants]
+
+
+def tenants_table(reply: gateway_pb2.ListDatacentersResponse) -> str:
+    """Per DC and tenant: its fair share (SHARE < 1: below what it deserves; the deferred queue serves the lowest
+    first); DCs whose placer does not answer are named under the table."""
+    return "\n".join([table(TENANTS_HEADERS, tenants_rows(reply)), *not_serving(reply)])
 
 
 # -- hsched nodes DC ----------------------------------------------------------------------------------------------

@@ -1119,9 +1119,8 @@ class PlacerEngine:
         fit, or wait out a preemption overhead, keep waiting."""
         if not self.queue:
             return
-        now, ready = _now_ms(), self.state.ready_ms
-        waiting = [Waiting(t, s.tenant, s.effective_class, s.priority, i, demand_vector(s.resources, s.replicas))
-                   for i, (t, s) in enumerate(self.queue.items()) if ready.get(t, 0) <= now]
+        now = _now_ms()
+        waiting = self._waiting(ready_by=now)
         planned: dict[str, Plan] = {}  # decisions the DAG policy's mask already made (same state: reused)
         pick = None
         if self.dag_policy is not None:
@@ -1395,6 +1394,29 @@ class PlacerEngine:
             **({"gpu_hosts": free_of(s).as_dict()} if t.gpu_count.any() else {}),
             **({"slices": s.occupancy()} if isinstance(s, SlicedState) else {}),
         }
+
+    def _waiting(self, ready_by: int | None = None) -> list[Waiting]:
+        """The deferred queue as the fair order sees it; with `ready_by` (unix ms), only the tasks that may be placed
+        by then (not a requeued victim still waiting out its preemption overhead)."""
+        ready = self.state.ready_ms
+        return [Waiting(t, s.tenant, s.effective_class, s.priority, i, demand_vector(s.resources, s.replicas))
+                for i, (t, s) in enumerate(self.queue.items()) if ready_by is None or ready.get(t, 0) <= ready_by]
+
+    def tenant_shares(self) -> list[dict]:
+        """Per tenant holding or waiting for resources here, by name: its weight, what it holds (`allocated`),
+        asks for (`requested`: that and its queued tasks' demand), deserves and its share, as the queue's next
+        pass computes them (one FairQueue over the whole queue), and its running and queued task counts."""
+        waiting = self._waiting()
+        fair = FairQueue(waiting, self.state.tenant_usage, self._capacity, self.tenant_weights)
+        pending: dict[str, np.ndarray] = {}
+        for w in waiting:
+            pending[w.tenant] = pending.get(w.tenant, 0.0) + w.demand
+        running = Counter(c.tenant for c in self.state.clocks.values())
+        queued = Counter(w.tenant for w in waiting)
+        return [{"tenant": t, "weight": self.tenant_weights.of(t), "allocated": fair.held[t],
+                 "requested": fair.held[t] + pending.get(t, 0.0), "deserved": fair.deserved[t],
+                 "share": fair.share(t), "running_tasks": running[t], "queued_tasks": queued[t]}
+                for t in sorted(fair.held)]
 
     async def _publish_summaries(self, period_s: float = 0.1, heartbeat_s: float = SUMMARY_HEARTBEAT_S) -> None:
         """Capacity summaries for the selector: at most every `period_s` when something changed, and a

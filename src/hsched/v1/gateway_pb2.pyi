@@ -139,8 +139,10 @@ class CancelJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ListDatacentersRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("include_tenants",)
+    INCLUDE_TENANTS_FIELD_NUMBER: _ClassVar[int]
+    include_tenants: bool
+    def __init__(self, include_tenants: _Optional[bool] = ...) -> None: ...
 
 class ListDatacentersResponse(_message.Message):
     __slots__ = ("datacenters",)
@@ -183,7 +185,7 @@ class GpuModelCapacity(_message.Message):
     def __init__(self, model: _Optional[str] = ..., cards: _Optional[int] = ..., cards_idle: _Optional[int] = ..., core_percent_free: _Optional[int] = ..., memory_mib_free: _Optional[int] = ..., memory_mib_capacity: _Optional[int] = ...) -> None: ...
 
 class DatacenterView(_message.Message):
-    __slots__ = ("datacenter", "vertex", "kind", "status", "reason", "lease", "summary", "policy", "gpus", "thermal", "nodes")
+    __slots__ = ("datacenter", "vertex", "kind", "status", "reason", "lease", "summary", "policy", "gpus", "thermal", "nodes", "tenants")
     DATACENTER_FIELD_NUMBER: _ClassVar[int]
     VERTEX_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +197,7 @@ class DatacenterView(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     THERMAL_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     datacenter: str
     vertex: str
     kind: str
@@ -206,7 +209,8 @@ class DatacenterView(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[GpuModelCapacity]
     thermal: _common_pb2.ThermalEffect
     nodes: _containers.RepeatedCompositeFieldContainer[_placer_pb2.NodeState]
-    def __init__(self, datacenter: _Optional[str] = ..., vertex: _Optional[str] = ..., kind: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., lease: _Optional[_Union[PlacerLease, _Mapping]] = ..., summary: _Optional[_Union[_common_pb2.DcSummary, _Mapping]] = ..., policy: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuModelCapacity, _Mapping]]] = ..., thermal: _Optional[_Union[_common_pb2.ThermalEffect, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[_placer_pb2.NodeState, _Mapping]]] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[_placer_pb2.TenantShare]
+    def __init__(self, datacenter: _Optional[str] = ..., vertex: _Optional[str] = ..., kind: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., lease: _Optional[_Union[PlacerLease, _Mapping]] = ..., summary: _Optional[_Union[_common_pb2.DcSummary, _Mapping]] = ..., policy: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuModelCapacity, _Mapping]]] = ..., thermal: _Optional[_Union[_common_pb2.ThermalEffect, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[_placer_pb2.NodeState, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[_placer_pb2.TenantShare, _Mapping]]] = ...) -> None: ...
 
 class TaskDescription(_message.Message):
     __slots__ = ("task", "events", "events_truncated")

@@ -144,10 +144,42 @@ class PlacerReleaseResponse(_message.Message):
     def __init__(self, released: _Optional[bool] = ..., freed: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., placed_from_queue: _Optional[_Iterable[_Union[QueuedPlacement, _Mapping]]] = ...) -> None: ...
 
 class PlacerStateRequest(_message.Message):
-    __slots__ = ("include_nodes",)
+    __slots__ = ("include_nodes", "include_tenants")
     INCLUDE_NODES_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_TENANTS_FIELD_NUMBER: _ClassVar[int]
     include_nodes: bool
-    def __init__(self, include_nodes: _Optional[bool] = ...) -> None: ...
+    include_tenants: bool
+    def __init__(self, include_nodes: _Optional[bool] = ..., include_tenants: _Optional[bool] = ...) -> None: ...
+
+class ShareVector(_message.Message):
+    __slots__ = ("cpu_milli", "memory_mib", "gpu_core_percent")
+    CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    GPU_CORE_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    cpu_milli: float
+    memory_mib: float
+    gpu_core_percent: float
+    def __init__(self, cpu_milli: _Optional[float] = ..., memory_mib: _Optional[float] = ..., gpu_core_percent: _Optional[float] = ...) -> None: ...
+
+class TenantShare(_message.Message):
+    __slots__ = ("tenant", "weight", "allocated", "requested", "deserved", "share", "running_tasks", "queued_tasks")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    DESERVED_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_TASKS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_TASKS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    weight: float
+    allocated: ShareVector
+    requested: ShareVector
+    deserved: ShareVector
+    share: float
+    running_tasks: int
+    queued_tasks: int
+    def __init__(self, tenant: _Optional[str] = ..., weight: _Optional[float] = ..., allocated: _Optional[_Union[ShareVector, _Mapping]] = ..., requested: _Optional[_Union[ShareVector, _Mapping]] = ..., deserved: _Optional[_Union[ShareVector, _Mapping]] = ..., share: _Optional[float] = ..., running_tasks: _Optional[int] = ..., queued_tasks: _Optional[int] = ...) -> None: ...
 
 class GpuCardState(_message.Message):
     __slots__ = ("card", "model", "core_percent_free", "memory_mib_free", "memory_mib_capacity")
@@ -220,17 +252,19 @@ class SetSchedulableResponse(_message.Message):
     def __init__(self, changed: _Optional[_Iterable[str]] = ..., evicted_task_ids: _Optional[_Iterable[str]] = ..., remaining: _Optional[_Iterable[_Union[NodeTaskCount, _Mapping]]] = ..., placed_from_queue: _Optional[_Iterable[_Union[QueuedPlacement, _Mapping]]] = ...) -> None: ...
 
 class PlacerState(_message.Message):
-    __slots__ = ("summary", "nodes", "deferred_task_ids", "policy", "thermal", "owner")
+    __slots__ = ("summary", "nodes", "deferred_task_ids", "policy", "thermal", "owner", "tenants")
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     DEFERRED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     THERMAL_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     summary: _common_pb2.DcSummary
     nodes: _containers.RepeatedCompositeFieldContainer[NodeState]
     deferred_task_ids: _containers.RepeatedScalarFieldContainer[str]
     policy: str
     thermal: _common_pb2.ThermalEffect
     owner: str
-    def __init__(self, summary: _Optional[_Union[_common_pb2.DcSummary, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., deferred_task_ids: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., thermal: _Optional[_Union[_common_pb2.ThermalEffect, _Mapping]] = ..., owner: _Optional[str] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantShare]
+    def __init__(self, summary: _Optional[_Union[_common_pb2.DcSummary, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., deferred_task_ids: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., thermal: _Optional[_Union[_common_pb2.ThermalEffect, _Mapping]] = ..., owner: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantShare, _Mapping]]] = ...) -> None: ...
