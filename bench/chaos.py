@@ -19,6 +19,8 @@ Submit" is the first PLACED/DEFERRED answer to a Submit sent after the fault and
                                                            has one (`StackConfig.supervise`), else by the bench
                                                            (`Stack.restart`) after `--restart-after` s
   stop-placer        SIGSTOP the busiest placer for 5 s, then SIGCONT
+  drain-node         `hsched drain` the node with most tasks of the busiest DC (its offline tasks evicted,
+                     requeued, placed elsewhere); uncordoned 5 s later
   stall-redis        SIGSTOP the redis-server for 5 s, then SIGCONT
   restart-redis      SIGKILL the redis-server and start it again on the same port and data directory
   kill-redis-master  with `--redis-replicas 1`: SIGKILL the master, the Sentinel promotes the replica
@@ -34,7 +36,8 @@ and every acknowledged Release:
     (whose `apply` refuses an allocation that over-allocates or a task held twice: each refusal is a
     finding), and, independently, the resources of every live allocation in the ledger plus those of every
     acknowledged-placed task the ledger lost are summed per node and per GPU card and compared with
-    capacity; a task live in two DCs' ledgers is a finding too.
+    capacity; a task live in two DCs' ledgers is a finding too, and so is a placement on a node cordoned then
+    (the fold follows the cordon events).
 Each phase's row counts the findings that are new since the previous audit (the fault that caused them).
 
     python bench/chaos.py [--quick] [--fleet PATH] [--faults kill-gateway,stall-redis,...] [--seed 0]
@@ -86,7 +89,7 @@ from hsched.v1 import gateway_pb2, gateway_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_FLEET = ROOT / "tests" / "fleets" / "small.yaml"
-FAULTS = ("kill-gateway", "kill-selector", "kill-thermal", "kill-placer", "stop-placer", "stall-redis",
+FAULTS = ("kill-gateway", "kill-selector", "kill-thermal", "kill-placer", "stop-placer", "drain-node", "stall-redis",
           "restart-redis", "kill-redis-master")
 PAUSE_S = 5.0  # SIGSTOP of a placer / of Redis
 RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -274,12 +277,47 @@ def kill_service(stack: Stack, name: str, opts) -> Injected:
     return out
 
 
-def busiest_placer(stack: Stack, client: Client) -> str:
+def busiest_dc(stack: Stack, client: Client) -> str:
     held: dict[str, int] = {dc.name: 0 for dc in stack.fleet.datacenters}
     for r in client.records:
         if r.state == pb.TASK_STATE_PLACED and not r.release_acked and r.datacenter in held:
             held[r.datacenter] += 1
-    return stack.placer_service(max(held, key=lambda dc: held[dc]))  # its process (a group: all its DCs)
+    return max(held, key=lambda dc: held[dc])
+
+
+def busiest_placer(stack: Stack, client: Client) -> str:
+    return stack.placer_service(busiest_dc(stack, client))  # its process (a group: all its DCs)
+
+
+def drain_node(stack: Stack, client: Client) -> Injected:
+    """`hsched drain` of the node holding most tasks of the busiest DC (its offline tasks evicted and requeued),
+    kept cordoned for PAUSE_S under the load, then uncordoned: the audit checks nothing was placed on it meanwhile."""
+    dc = busiest_dc(stack, client)
+
+    def call(method, request):  # an operator retries what answered UNAVAILABLE (the call is idempotent)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return method(request, timeout=10)
+            except grpc.RpcError as exc:
+                if exc.code() not in RETRY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    with grpc.insecure_channel(stack.gateway) as channel:
+        gw = gateway_pb2_grpc.GatewayStub(channel)
+        nodes = call(gw.GetDatacenter, gateway_pb2.GetDatacenterRequest(datacenter=dc)).nodes
+        node = max(nodes, key=lambda n: n.tasks).name
+        out = Injected(time.monotonic(), f"{dc} node {node} (drain)")
+        reply = call(gw.SetNodesSchedulable, gateway_pb2.SetNodesSchedulableRequest(
+            datacenter=dc, nodes=[node], evict=True, reason="chaos bench"))
+        out.notes.append(f"drain of {dc}/{node}: {len(reply.evicted_task_ids)} offline task(s) evicted, "
+                         f"{len(reply.placed_from_queue)} placed from the queue at once")
+        time.sleep(PAUSE_S)
+        call(gw.SetNodesSchedulable, gateway_pb2.SetNodesSchedulableRequest(datacenter=dc, nodes=[node],
+                                                                            schedulable=True))
+        out.recovered_by = f"bench: uncordoned after {PAUSE_S:g} s"
+    return out
 
 
 def pause_process(pid: int, seconds: float) -> None:
@@ -305,6 +343,8 @@ def inject(fault: str, stack: Stack, client: Client, opts) -> Injected:
         return kill_service(stack, fault.removeprefix("kill-"), opts)
     if fault == "kill-placer":
         return kill_service(stack, busiest_placer(stack, client), opts)
+    if fault == "drain-node":
+        return drain_node(stack, client)
     if fault == "stop-placer":
         name = busiest_placer(stack, client)
         out = Injected(time.monotonic(), name, "itself (SIGCONT)")
@@ -396,6 +436,11 @@ async def fold_ledger(redis, stream: str, dc: DataCenter, batch: int = 2000) -> 
         entries = await redis.xrange(stream, min=start, max="+", count=batch)
         for entry_id, fields in entries:
             event = json.loads(fields[b"e"])
+            if event["t"] == "alloc" and not event.get("restore"):  # (a restore puts a victim back where it was)
+                cordoned = sorted({p[2] for p in event["parts"]} & set(view.state.cordoned))
+                if cordoned:
+                    view.refused.append(f"{dc.name}: ledger entry {entry_id.decode()} places {event['task']} on "
+                                        f"cordoned node(s) {cordoned}")
             if event["t"] == "alloc":
                 view.live[event["task"]] = tuple(Part.from_json(p) for p in event["parts"])
                 view.finished.discard(event["task"])
@@ -438,13 +483,16 @@ def over_capacity(dc: DataCenter, table, allocations: dict[str, tuple[Part, ...]
     return out
 
 
-def allowed_states(rec: Record) -> set[int]:
-    """What an acknowledged outcome may legitimately have become by now."""
+def allowed_states(rec: Record, preempted: bool = False) -> set[int]:
+    """What an acknowledged outcome may legitimately have become by now (`preempted`: its record says it was
+    evicted since — by a drain — so it may wait in the queue again)."""
     if rec.release_acked:  # RELEASED, or a task that had finished first (a Release of it is a no-op)
         return {rec.release_state}
     if rec.state == pb.TASK_STATE_REJECTED:
         return {pb.TASK_STATE_REJECTED}
     ok = {*ON_NODES, *FINISHED} if rec.state == pb.TASK_STATE_PLACED else {pb.TASK_STATE_DEFERRED, *ON_NODES, *FINISHED}
+    if preempted:
+        ok |= {pb.TASK_STATE_PREEMPTED, pb.TASK_STATE_DEFERRED}
     if rec.release_attempted:
         ok.add(pb.TASK_STATE_RELEASED)
     return ok
@@ -498,8 +546,9 @@ async def audit(stack: Stack, records: list[Record]) -> Audit:
         result.lost[task_id] = f"{result.lost[task_id]}; {why}" if task_id in result.lost else why
 
     for rec in acked:
-        ok = allowed_states(rec)
-        g = got.get(rec.task_id)
+        g, s = got.get(rec.task_id), stream.tasks.get(rec.task_id)
+        preempted = any(x is not None and not isinstance(x, str) and x.preemptions for x in (g, s))
+        ok = allowed_states(rec, preempted)
         if isinstance(g, str):
             if g == "NOT_FOUND":
                 lose(rec.task_id, "gateway Get: NOT_FOUND")
@@ -508,7 +557,6 @@ async def audit(stack: Stack, records: list[Record]) -> Audit:
         elif g.state not in ok:
             lose(rec.task_id, f"gateway Get: {state_name(g.state)}, acknowledged {state_name(rec.state)}"
                  + (", released" if rec.release_acked else ""))
-        s = stream.tasks.get(rec.task_id)
         if s is None:
             lose(rec.task_id, "task stream: missing")
         elif s.state not in ok:
@@ -524,7 +572,8 @@ async def audit(stack: Stack, records: list[Record]) -> Audit:
             continue
         if now is not None and now.state in FINISHED:
             continue
-        placed = rec.state == pb.TASK_STATE_PLACED or (now is not None and now.state in ON_NODES)
+        on_nodes = now is not None and now.state in ON_NODES
+        placed = on_nodes if preempted else (rec.state == pb.TASK_STATE_PLACED or on_nodes)  # evicted: may wait
         dc = rec.datacenter if rec.state == pb.TASK_STATE_PLACED else (now.datacenter if now else rec.datacenter)
         view = ledgers.get(dc)
         if view is None:
@@ -532,10 +581,12 @@ async def audit(stack: Stack, records: list[Record]) -> Audit:
         elif placed and rec.task_id not in view.live and rec.task_id not in view.finished:
             # (a task that finished after the gateway's Get answered is not lost: the ledger ran it to an end)
             lose(rec.task_id, f"ledger: {dc} does not hold it (acknowledged PLACED, not released)")
-            assignments = rec.assignments if rec.state == pb.TASK_STATE_PLACED else list(now.assignments)
+            assignments = rec.assignments if rec.state == pb.TASK_STATE_PLACED and not preempted \
+                else list(now.assignments)
             missing[dc][rec.task_id] = parts_from_pb(assignments)
         elif not placed and rec.task_id not in view.live and rec.task_id not in view.queue:
-            lose(rec.task_id, f"ledger: {dc} neither queues nor holds it (acknowledged DEFERRED)")
+            lose(rec.task_id, f"ledger: {dc} neither queues nor holds it (acknowledged "
+                              f"{'PLACED, then evicted' if preempted else 'DEFERRED'})")
     holders: dict[str, list[str]] = {}
     for dc_name, view in ledgers.items():
         for task_id in view.live:
@@ -724,7 +775,7 @@ def report(phases: list[Phase], final: Phase, records: list[Record], auditor: Au
                     print(f"- ... and {len(findings) - opts.show} more like it")
     bad = bool(auditor.lost or auditor.double)
     print(f"\n{'FAIL' if bad else 'PASS'}: {len(auditor.lost)} acknowledged tasks lost, {len(auditor.double)} "
-          "double allocations")
+          "double allocations (or placements on cordoned nodes)")
     return 1 if bad else 0
 
 

@@ -1,7 +1,7 @@
 """The chaos bench (bench/chaos.py) on a tiny stack: one fault phase (a placer SIGKILLed under load) yields a
 computed row, and the audit catches what it exists to catch — written into the ledgers by hand: an allocation
-over a node's capacity, a task live in two data centers, an acknowledged task freed from its ledger, and an
-acknowledged task the gateway does not know. Real processes, a real redis-server, real gRPC."""
+over a node's capacity, a task live in two data centers, a placement on a cordoned node, an acknowledged task
+freed from its ledger, and an acknowledged task the gateway does not know. Real processes, a real redis-server, real gRPC."""
 
 from __future__ import annotations
 
@@ -61,7 +61,12 @@ async def _phase_then_corrupt(stack, opts):
         append(stack, other, {"t": "alloc", "task": twice.task_id, "parts": [Part(0, 0, 0, 1, 1, 0, 0).to_json()]})
         # 3. `freed` gone from its ledger although the client never released it
         append(stack, freed.datacenter, {"t": "free", "task": freed.task_id})
-        # 4. an acknowledgement the gateway has no record of
+        # 4. a placement on a node an operator had cordoned (a tiny one: over no capacity)
+        fenced_off = (node + 1) % len(table)
+        append(stack, over.datacenter, {"t": "cordon", "task": "", "node": table.names[fenced_off], "on": True})
+        append(stack, over.datacenter, {"t": "alloc", "task": "t-bogus-cordoned",
+                                        "parts": [Part(0, 0, fenced_off, 1, 1, 0, 0).to_json()]})
+        # 5. an acknowledgement the gateway has no record of
         ghost = chaos.Record("ghost", "test", 0.0, task_id="t000000000000deadbeef", state=pb.TASK_STATE_PLACED,
                              datacenter=over.datacenter)
         broken = await chaos.audit(stack, [*client.records, ghost])
@@ -89,8 +94,9 @@ def test_one_fault_phase_is_audited_and_injected_losses_and_double_allocations_a
     assert f"two DCs: {twice.task_id}" in broken.double
     assert any(k.startswith(f"{over.datacenter}/{node_name}: cpu_milli") for k in broken.double), broken.double
     assert any("t-bogus-over" in k and "refused by the fold" in k for k in broken.double), broken.double
+    assert any("places t-bogus-cordoned on cordoned node(s)" in k for k in broken.double), broken.double
     new_double = set(broken.double) - set(clean.double)
-    assert len(new_double) >= 3
+    assert len(new_double) >= 4
 
 
 def test_bad_flags_name_the_flag(capsys):
