@@ -53,7 +53,7 @@ async def test_a_cordoned_node_takes_nothing_new_and_an_uncordon_places_what_wai
         for name in ("a", "b", "c"):
             assert nodes_of(await e.place(name, task(24))) != {0}
         waiting = await e.place("waits", task(8))
-        assert waiting.outcome == "deferred", waiting
+        assert waiting.outcome == "deferred" and f"only cordoned nodes have room now ({NODES[0]}" in waiting.reason
         # the summary the selector reads counts what can be placed: node 0's 16 free cores are not
         summary = e.summary()
         assert (summary["free"][0], summary["cordoned_nodes"]) == (0, 1)

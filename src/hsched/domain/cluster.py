@@ -249,6 +249,17 @@ class ClusterState:
             else:
                 self._open = None
 
+    def cordoned_with_room(self, demand: Resources, gpu_models: tuple[str, ...] = ()) -> list[int]:
+        """The cordoned nodes where `demand` would fit now (why a task waits: only they have room)."""
+        if not self.cordoned:
+            return []
+        saved, self._open = self._open, None
+        try:
+            ok = self.feasible(demand, gpu_models)
+        finally:
+            self._open = saved
+        return [i for i in self.cordoned if ok[i]]
+
     def schedulable(self) -> np.ndarray:
         """The mask of the nodes not cordoned."""
         return np.ones(self.n, dtype=bool) if self._open is None else self._open.copy()

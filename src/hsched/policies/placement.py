@@ -156,6 +156,10 @@ def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np
                     return Plan(Outcome.NO_ROOM, reason=f"replica {d.replica} part {d.part}: only GPU hosts have room "
                                 "now, and their CPU and memory are kept for their idle GPUs (--gpu-reserve)",
                                 notes=notes)
+                if held_off := state.cordoned_with_room(d.demand, task.gpu_models):
+                    names = ", ".join(state.table.names[i] for i in held_off[:3]) + (", ..." if len(held_off) > 3 else "")
+                    return Plan(Outcome.NO_ROOM, reason=f"replica {d.replica} part {d.part}: only cordoned nodes have "
+                                f"room now ({names}; hsched uncordon)", notes=notes)
                 if sliced is not None:
                     return Plan(Outcome.NO_ROOM, reason=f"replica {d.replica} part {d.part}: "
                                 f"{state.no_room_reason(d.demand)}", notes=notes)
