@@ -315,7 +315,7 @@ def _set(data: dict, path: list, value: object) -> dict:
      "is required when gpus.count > 0"),
     (["datacenters", 0, "layout", "rows"], 3, "datacenters[0].layout.rows", "must divide layout.racks"),
     (["wan", "links", 0, "b"], "zz", "wan.links[0].b", "must name a vertex"),
-    (["wan", "scheduler_vertex"], "zz", "wan.scheduler_vertex", "must name a vertex"),
+    (["wan", "scheduler_vertex"], "zz", "wan.scheduler_vertex", "must name a vertex ('a', 'b', 'c', 's')"),
     (["version"], 2, "version", "must be 1"),
 ])
 def test_broken_fleet_names_the_yaml_path(path: list, value: object, field: str, fragment: str) -> None:

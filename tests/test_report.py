@@ -13,6 +13,7 @@ from hsched.eval.report import (
     OKABE_ITO,
     REFERENCE_COLOUR,
     markdown_table,
+    mean_std,
     plot_bars,
     plot_lines,
     plot_per_label,
@@ -22,6 +23,13 @@ from hsched.eval.report import (
 )
 
 PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_mean_std_leaves_out_seeds_without_a_value_and_says_so():
+    assert mean_std([1.0, 3.0], 2) == "2.00 ± 1.41"  # sample std: sqrt(((1-2)² + (3-2)²) / 1)
+    assert mean_std([5.0], 1) == "5.0 ± 0.0"
+    assert mean_std([1.0, float("nan"), 3.0], 2) == "2.00 ± 1.41 (2 of 3 seeds)"
+    assert mean_std([float("nan"), float("nan")]) == mean_std([]) == "-"  # (statistics.stdev raised on a NaN)
 
 
 def test_palette_distinct_for_16_series():

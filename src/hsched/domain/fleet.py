@@ -326,7 +326,7 @@ def _load_datacenter(r: _Reader, vertices: Mapping[str, Any], pruned: tuple[str,
         raise FleetError(f"{r.path}.vertex", "is cut off from wan.scheduler_vertex (dropped by "
                          "wan.prune_disconnected): no task could reach this DC", vertex)
     if vertex not in vertices:
-        raise FleetError(f"{r.path}.vertex", "must name a vertex of wan", vertex)
+        raise FleetError(f"{r.path}.vertex", f"must name a vertex of wan ({_names(sorted(vertices))})", vertex)
     pr = r.sub("prices")
     prices = Prices(
         cpu_core_hour=pr.num("cpu_core_hour", min_=0),
@@ -420,7 +420,7 @@ def _load_wan(r: _Reader, base: Path) -> Wan:
         a, b = lr.str("a"), lr.str("b")
         for end, key in ((a, "a"), (b, "b")):
             if end not in vertices:
-                raise FleetError(f"{lr.path}.{key}", "must name a vertex", end)
+                raise FleetError(f"{lr.path}.{key}", f"must name a vertex ({_names(sorted(vertices))})", end)
         if a == b:
             raise FleetError(f"{lr.path}.b", "must differ from a (no self-loops)", b)
         if "distance_km" in link:
@@ -439,7 +439,7 @@ def _load_wan(r: _Reader, base: Path) -> Wan:
         raise FleetError(f"{r.path}.vertices", "the WAN needs vertices (inline or from graphml)")
     scheduler = r.str("scheduler_vertex")
     if scheduler not in vertices:
-        raise FleetError(f"{r.path}.scheduler_vertex", "must name a vertex", scheduler)
+        raise FleetError(f"{r.path}.scheduler_vertex", f"must name a vertex ({_names(sorted(vertices))})", scheduler)
     prune = r.raw("prune_disconnected", False)
     if not isinstance(prune, bool):
         raise FleetError(f"{r.path}.prune_disconnected", "must be true or false", prune)
@@ -455,7 +455,8 @@ def _load_wan(r: _Reader, base: Path) -> Wan:
         raise FleetError(f"{r.path}.entry_vertices", "must be a list of vertex names or 'all'", entries)
     for i, e in enumerate(entries):
         if e not in vertices:
-            why = "is cut off from scheduler_vertex and was pruned" if e in off else "must name a vertex"
+            why = ("is cut off from scheduler_vertex and was pruned" if e in off
+                   else f"must name a vertex ({_names(sorted(vertices))})")
             raise FleetError(f"{r.path}.entry_vertices[{i}]", why, e)
     if off and not prune:
         unreachable = [v for v in vertices if v in off]

@@ -64,13 +64,16 @@ class EvalContext:
 
 
 def mean_std(values: Sequence[float], digits: int = 3) -> str:
-    """'m ± s' over seeds (s = sample standard deviation; '± 0' for one seed)."""
-    vals = [float(v) for v in values]
+    """'m ± s' over seeds (s = sample standard deviation; '± 0' for one seed); a seed without a value (NaN: e.g.
+    nothing placed) is left out and the cell says over how many seeds it is."""
+    given = [float(v) for v in values]
+    vals = [v for v in given if math.isfinite(v)]
     if not vals:
         return "-"
     m = statistics.fmean(vals)
     s = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    return f"{m:.{digits}f} ± {s:.{digits}f}"
+    return f"{m:.{digits}f} ± {s:.{digits}f}" + (f" ({len(vals)} of {len(given)} seeds)" if len(vals) < len(given)
+                                                  else "")
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align_right_from: int = 1) -> str:

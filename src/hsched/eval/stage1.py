@@ -379,6 +379,8 @@ def run(ctx: EvalContext, fleet: Fleet | None = None, methods: dict[str, PathMet
         f"{r.bandwidth_mbps} Mbit/s, {r.disk_mib / MIB_PER_GIB:g} GiB disk for {RUNTIME_S / 3600:g} h, "
         f"{DATA_SIZE_GB:g} GB of data from `{fleet.wan.scheduler_vertex}`",
         "",
+        "Paper 003's example task, priced at every DC as in its fig.6 whether or not one of the DC's nodes could "
+        "hold it (the ranking below leaves out the tasks no DC can hold). "
         "spf's cost to a *given* DC is min-cost's (both route on the shortest path; spf differs only in which "
         "DC it picks). eq11-optimum is a reference row: the path MDP's exact optimum, not a selector method.",
         *[f"The {m} row is skipped: {why}." for m, why in skipped.items()],
