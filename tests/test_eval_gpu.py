@@ -42,6 +42,8 @@ def test_eval_gpu_quick(tmp_path):
                 "| FGD |"):
         assert report.count(row) == 4  # one row per table
     assert "of 220" in report and " ± " in report
+    # the learned rows name the file served and what it was trained on
+    assert "EADE-DDPG row: " in report and "eade_ddpg_gpu.pt (trained on alibaba_openb_gpu_2023" in report
     _check_pngs(report, ctx, "gpu_paper_", 5)
 
 

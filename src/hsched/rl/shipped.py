@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hsched.envs.gpu import MultiClusterState
 from hsched.policies.base import NodePolicy
-from hsched.rl.checkpoint import model_path, models_dir
+from hsched.rl.checkpoint import load_metadata, model_path, models_dir
 
 # label -> factory(view, seed) returning a NodePolicy whose scores(state, demand, mask) rank the flattened hosts
 # of `view.fleet` (the actor's score per host)
@@ -32,6 +32,18 @@ def _shipped_factory(path: Path) -> PolicyFactory:
     return factory
 
 
+def _trained_on(path: Path) -> str:
+    """What a checkpoint's metadata says it was trained on, in a few words."""
+    try:
+        meta = load_metadata(path)
+    except (OSError, ValueError) as exc:
+        return f"no readable metadata: {exc}"
+    data = meta.get("data") or {}
+    return (f"trained on {data.get('trace', 'an unrecorded trace')}"
+            + (f", fleet {data['fleet']}" if data.get("fleet") else "")
+            + f", seed {meta.get('seed', '?')}, {meta.get('steps', '?')} steps")
+
+
 def _sb3_factory(algo: str, path: Path) -> PolicyFactory:
     def factory(view: MultiClusterState, seed: int) -> NodePolicy:
         from hsched.rl.sb3 import load
@@ -42,13 +54,15 @@ def _sb3_factory(algo: str, path: Path) -> PolicyFactory:
 
 
 def shipped_gpu_policies() -> tuple[dict[str, PolicyFactory], list[str]]:
-    """The shipped models present in models/ (label -> factory), and a note for each one skipped and why."""
+    """The shipped models present in models/ (label -> factory), and a note for each: the file served and what it
+    was trained on, or why it is skipped."""
     policies: dict[str, PolicyFactory] = {}
     notes: list[str] = []
     for label, name in SHIPPED_MODELS:
         path = model_path(name)
         if path.exists():
             policies[label] = _shipped_factory(path)
+            notes.append(f"{label} row: {path} ({_trained_on(path)})")
         else:
             notes.append(f"{label} row skipped: no model at {path} (`hsched train "
                          f"{name.removesuffix('_gpu').replace('_', '-')}`)")
