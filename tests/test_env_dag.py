@@ -146,6 +146,22 @@ def test_invalid_actions_name_the_rule():
         DagSchedulingEnv(2, interarrival_s=0.0)
     with pytest.raises(ValueError, match="durations"):
         DagSchedulingEnv(2, durations="median")
+    with pytest.raises(ValueError, match="invalid_action"):
+        DagSchedulingEnv(2, invalid_action="ignore")
+
+
+def test_made_through_gymnasium_any_action_of_the_space_steps_and_passes_check_env():
+    """gymnasium.make builds invalid_action="nearest": an unschedulable stage becomes the first schedulable one
+    (DIAMOND at t=0: only its root, stage 0), a count above the free executors is clipped; flagged in info."""
+    from gymnasium.utils.env_checker import check_env
+
+    env = gymnasium.make("hsched/DagScheduling-v0", executors=2, fixed_jobs=[DIAMOND]).unwrapped
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(np.array([3, 1]))  # stage 3 is not schedulable yet
+    assert info["invalid_action"] and env.decisions == 1
+    assert [j.running[0] + j.done[0] for j in env.active.values()] == [2]  # the root got both executors
+    check_env(gymnasium.make("hsched/DagScheduling-v0", executors=3, num_stream_jobs=2).unwrapped,
+              skip_render_check=True)
 
 
 def test_moving_between_jobs_costs_the_delay_and_local_executors_go_first():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gymnasium
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -83,6 +84,17 @@ def test_config_errors_name_the_field():
     env.reset(seed=0)
     with pytest.raises(ValueError, match="action"):
         env.step((5, 0, 0))
+    nearest = ColocationEnv(pool=[TWO_STAGES], invalid_action="nearest", **FIXED)
+    nearest.reset(seed=0)
+    assert nearest.step((5, 0, 0))[4]["invalid_action"]  # candidate 5 of 1: the only candidate
+    with pytest.raises(ValueError, match="invalid_action"):
+        ColocationEnv(invalid_action="ignore")
+
+
+def test_made_through_gymnasium_it_passes_check_env():
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(gymnasium.make("hsched/Colocation-v0", num_jobs=3).unwrapped, skip_render_check=True)
 
 
 def test_same_seed_same_workload_for_every_policy_and_deterministic():

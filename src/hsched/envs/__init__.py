@@ -20,6 +20,11 @@ _ENVS = {
     "hsched/Colocation-v0": "hsched.envs.colocation:ColocationEnv",
 }
 
+# Gymnasium expects step() to take any action of the space (check_env samples them): the masked envs, made
+# through gymnasium.make, map an action outside their masks to the nearest allowed one (flagged in info)
+_KWARGS = {"hsched/DagScheduling-v0": {"invalid_action": "nearest"},
+           "hsched/Colocation-v0": {"invalid_action": "nearest"}}
+
 for _id, _entry in _ENVS.items():
     if _id not in gymnasium.registry:
-        gymnasium.register(id=_id, entry_point=_entry)
+        gymnasium.register(id=_id, entry_point=_entry, kwargs=_KWARGS.get(_id, {}))

@@ -249,9 +249,17 @@ class ColocationEnv(gymnasium.Env):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(self, config: ColocationConfig | None = None, *, pool: Sequence[JobSpec] | None = None,
-                 **overrides: Any) -> None:
+                 invalid_action: str = "raise", **overrides: Any) -> None:
         """`pool`: the jobs to draw from instead of the configured workload (tests, custom workloads); the
-        slice types are then clustered from it."""
+        slice types are then clustered from it. `invalid_action`: what step() does with an action outside the
+        masks — "raise" (ValueError: the project's schedulers always mask), or "nearest" (what
+        `gymnasium.make("hsched/Colocation-v0")` builds: the clipped candidate and count level and the first
+        free slice type that fits, with `info["invalid_action"]` True)."""
+        from hsched.envs.dag import INVALID_ACTIONS
+
+        if invalid_action not in INVALID_ACTIONS:
+            raise ValueError(f"invalid_action must be one of {', '.join(INVALID_ACTIONS)}, got {invalid_action!r}")
+        self.invalid_action = invalid_action
         cfg = replace(config or ColocationConfig(), **overrides).validate()
         self.cfg = cfg
         if pool is not None:
@@ -343,20 +351,32 @@ class ColocationEnv(gymnasium.Env):
         if not cands:
             raise RuntimeError("step() after the episode ended; call reset()")
         c, k, level = (int(x) for x in np.asarray(action).reshape(-1)[:3])
+        nearest, invalid = self.invalid_action == "nearest", False
         if not 0 <= c < len(cands):
-            raise ValueError(f"action: candidate {c} out of range 0..{len(cands) - 1}")
+            if not nearest:
+                raise ValueError(f"action: candidate {c} out of range 0..{len(cands) - 1}")
+            c, invalid = min(max(c, 0), len(cands) - 1), True
         if not 0 <= level < len(COUNT_LEVELS):
-            raise ValueError(f"action: count level {level} out of range 0..{len(COUNT_LEVELS) - 1}")
+            if not nearest:
+                raise ValueError(f"action: count level {level} out of range 0..{len(COUNT_LEVELS) - 1}")
+            level, invalid = min(max(level, 0), len(COUNT_LEVELS) - 1), True
         j, s = cands[c]
-        if not (0 <= k < self.q and self._fits(self.jobs[j].stages[s].spec.demand, k) and self.free[k]):
-            raise ValueError(f"action: slice type {k} has no free slice that fits stage {s} of job {j}")
+        demand = self.jobs[j].stages[s].spec.demand
+        if not (0 <= k < self.q and self._fits(demand, k) and self.free[k]):
+            if not nearest:
+                raise ValueError(f"action: slice type {k} has no free slice that fits stage {s} of job {j}")
+            # a candidate has a free slice that fits (candidates()): the first such type
+            k, invalid = next(t for t in range(self.q) if self.free[t] and self._fits(demand, t)), True
         self.launch(j, s, k, COUNT_LEVELS[level])
         self.area = 0.0
         self._advance()
         reward = -self.area
         terminated = self._all_done()
         truncated = not terminated and self.t >= self.cfg.horizon_s
-        return self._obs(), reward, terminated, truncated, self._info()
+        obs = self._obs()  # (before _info: it refreshes the candidates _info reads)
+        info = self._info()
+        info["invalid_action"] = invalid
+        return obs, reward, terminated, truncated, info
 
     # ---------------------------------------------------------------- views for policies
     def candidates(self) -> list[tuple[int, int]]:

@@ -37,7 +37,11 @@ others, lowest index first; the rest stay free and the scheduler is asked again 
 activate the scheduler again"). An executor keeps taking the next task of its stage until the stage has
 none left, then it is free. Work-conserving: no action leaves executors idle while work is schedulable.
 An action on a stage that is not schedulable or a count above the free executors raises ValueError
-(`info["action_mask"]`, `info["count_mask"]` say what is allowed).
+(`info["action_mask"]`, `info["count_mask"]` say what is allowed) — the project's schedulers always mask, and
+a bug in one must not be hidden. `invalid_action="nearest"` (what `gymnasium.make("hsched/DagScheduling-v0")`
+builds, so `check_env` and unmasked agents can step it, as Gymnasium expects of any action in the space) takes
+the first schedulable stage instead and clips the count to 1..free executors, with `info["invalid_action"]`
+True for that step.
 
 Reward (Decima): −(t_k − t_{k−1}) · J_k summed over the intervals between two decisions, J = jobs in the
 system; the episode's return is −Σ_jobs JCT, so maximising it minimises the average JCT.
@@ -89,6 +93,7 @@ DEFAULT_EXECUTORS = 15
 # executors and above Tetris* beats A3C"): the counts evaluated (hsched.eval.dag) and trained on (hsched.rl.ba3c)
 PAPER004_EXECUTOR_COUNTS = (15, 20, 25, 29, 35)
 DEFAULT_INTERARRIVAL_S = 60.0
+INVALID_ACTIONS = ("raise", "nearest")  # what step() does with an action outside the masks
 DURATION_MODELS = ("waves", "mean")
 
 NODE_FEATURES = ("present", "schedulable", "finished", "unassigned_tasks", "task_duration_s",
@@ -189,7 +194,10 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
                  interarrival_s: float = DEFAULT_INTERARRIVAL_S, moving_delay_s: float = MOVING_DELAY_S,
                  jobs: Sequence[DagJob] | None = None, fixed_jobs: Sequence[DagJob] | None = None,
                  max_jobs: int | None = None, durations: str = "waves", record: bool = False,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, invalid_action: str = "raise") -> None:
+        if invalid_action not in INVALID_ACTIONS:
+            raise ValueError(f"invalid_action must be one of {', '.join(INVALID_ACTIONS)}, got {invalid_action!r}")
+        self.invalid_action = invalid_action
         if isinstance(executors, bool) or not isinstance(executors, int | np.integer) or executors < 1:
             raise ValueError(f"executors must be an integer >= 1, got {executors!r}")
         if fixed_jobs is not None:
@@ -299,17 +307,24 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
         S = self.max_stages
         slot, s = divmod(slot_stage, S)
         job = self.active.get(slot)
+        invalid = False
         if job is None or s >= len(job.dag.stages) or not job.schedulable(s):
-            raise ValueError(f"action: stage {slot_stage} (job slot {slot}, stage {s}) is not schedulable; "
-                             "use info['action_mask']")
+            if self.invalid_action == "raise":
+                raise ValueError(f"action: stage {slot_stage} (job slot {slot}, stage {s}) is not schedulable; "
+                                 "use info['action_mask']")
+            slot, s = divmod(int(np.flatnonzero(self._info()["action_mask"])[0]), S)
+            job, invalid = self.active[slot], True
         if not 1 <= count <= len(self.free):
-            raise ValueError(f"action: executor count {count} outside 1..{len(self.free)} (the free executors); "
-                             "use info['count_mask']")
+            if self.invalid_action == "raise":
+                raise ValueError(f"action: executor count {count} outside 1..{len(self.free)} (the free "
+                                 "executors); use info['count_mask']")
+            count, invalid = min(max(count, 1), len(self.free)), True
         self.decisions += 1
         self._assign(job, s, count)
         penalty = self._advance()
         terminated = self.finished == len(self.dags)
         info = self._info()
+        info["invalid_action"] = invalid
         if terminated:
             info["episode"] = self.episode_metrics()
         return self._obs(), -penalty, terminated, False, info
