@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from hsched.domain.cluster import ClusterState
+from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import load_fleet
 from hsched.domain.resources import Resources
 from hsched.policies.base import select
 from hsched.policies.heuristics import POLICY_NAMES, make_policy
-from hsched.policies.learned import MODELS, Fallback
+from hsched.policies.learned import MODELS, Fallback, ModelMismatch
 from hsched.rl import checkpoint
+from hsched.rl.ddqn import DdqnConfig
 from hsched.rl.nets import PooledScorer, SelfAttentionScorer
-from hsched.rl.training import TRAINERS, plot_curves, smooth, trainer
+from hsched.rl.training import TRAINERS, TrainArgs, plot_curves, run_identity, smooth, trainer
+from tests.conftest import SMALL_FLEET
+
+TINY_CONFIG = DdqnConfig(steps=10, lr=1e-3)
 
 
 @pytest.mark.parametrize("cls", [SelfAttentionScorer, PooledScorer])
@@ -72,7 +81,8 @@ def test_checkpoint_roundtrip_and_metadata_sidecar(tmp_path):
     state = checkpoint.load_state(path)
     assert state["step"] == 7
     torch.testing.assert_close(state["net"]["weight"], net.weight)
-    assert checkpoint.load_metadata(path) == {"agent": "x", "seed": 3}
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()  # the .pt it describes
+    assert checkpoint.load_metadata(path) == {"agent": "x", "seed": 3, "pt_sha256": digest}
     assert json.loads(path.with_suffix(".json").read_text())["seed"] == 3
 
 
@@ -105,3 +115,76 @@ def test_a_learned_policy_without_its_model_falls_back_and_says_why(name, tmp_pa
 
 def test_policy_names_list_learned_policies():
     assert {"double-dqn", "ddpg", "eade-ddpg"} <= set(POLICY_NAMES)
+
+
+# -- a checkpoint's .pt and .json are one pair; --resume continues only the run it names ------------------------
+
+
+def test_a_pt_its_json_does_not_describe_is_refused_naming_both_files(tmp_path):
+    old = checkpoint.save(tmp_path / "m", {"step": 1}, {"input_shape": 9})
+    new = checkpoint.save(tmp_path / "new", {"step": 2}, {"input_shape": 17})
+    (tmp_path / "m.pt").write_bytes(new.read_bytes())  # a save killed between its renames: new weights, old json
+    with pytest.raises(ModelMismatch, match=rf"^{old} is not the weights {old.with_suffix('.json')} describes "
+                                            r"\(sha256 differs\)"):
+        checkpoint.load_state(old)
+    (tmp_path / "m.json").write_text(new.with_suffix(".json").read_text())  # both new: one pair again
+    assert checkpoint.load_state(old)["step"] == 2
+    meta = checkpoint.load_metadata(old)
+    del meta[checkpoint.PT_DIGEST]  # a pair written before the digest is taken as it is
+    (tmp_path / "m.json").write_text(json.dumps(meta))
+    (tmp_path / "m.pt").write_bytes((tmp_path / "new.pt").read_bytes())
+    assert checkpoint.load_state(old)["step"] == 2
+
+
+@pytest.mark.parametrize("path", sorted(checkpoint.models_dir().glob("*.pt")), ids=lambda p: p.stem)
+def test_the_shipped_models_load_as_they_are(path):
+    assert checkpoint.load_state(path)
+
+
+def test_a_service_serves_no_weights_its_metadata_does_not_describe(tmp_path, monkeypatch):
+    shipped = checkpoint.models_dir() / "double_dqn_dc.pt"
+    state, meta = checkpoint.load_state(shipped), checkpoint.load_metadata(shipped)
+    monkeypatch.setenv(checkpoint.MODELS_ENV, str(tmp_path))
+    checkpoint.save(tmp_path / "double_dqn_dc.pt", state, meta)
+    dc = next(d for d in load_fleet().datacenters if not d.node_table().gpu_count.any())
+    assert not isinstance(make_policy("double-dqn", 0, dc), Fallback)
+    torch.save({"q": {k: v + 1 for k, v in state["q"].items()}}, tmp_path / "double_dqn_dc.pt")  # json not replaced
+    policy = make_policy("double-dqn", 0, dc)
+    assert isinstance(policy, Fallback) and "is not the weights" in policy.name and "double_dqn_dc.json" in policy.name
+
+
+def test_resume_needs_a_checkpoint_of_this_run(tmp_path):
+    a = TrainArgs(seed=1, trace="kth", steps=10)
+    run = run_identity(a, "x", TINY_CONFIG, ignore=("steps",))
+    resumable = checkpoint.Resumable(tmp_path / "x_resume.pt", run, every_s=60)
+    with pytest.raises(ValidationError, match=rf"^--resume: nothing to resume: no training checkpoint at "
+                                              rf"{tmp_path / 'x_resume.pt'}; train without --resume"):
+        resumable.check()
+    resumable.save({"step": 10}, {"agent": "x"})
+    assert resumable.load()["step"] == 10
+    # another budget is the same run, extended
+    same = run_identity(dataclasses.replace(a, steps=20), "x", dataclasses.replace(TINY_CONFIG, steps=20), ("steps",))
+    assert checkpoint.Resumable(tmp_path / "x_resume.pt", same, every_s=60).load()["step"] == 10
+    other = run_identity(TrainArgs(seed=7, trace="thunder"), "x", TINY_CONFIG, ("steps",))
+    with pytest.raises(ValidationError, match=rf"^--resume: {tmp_path / 'x_resume.pt'} was trained with --seed 1 "
+                                              r"and --trace kth; this run asks --seed 7 --trace thunder$"):
+        checkpoint.Resumable(tmp_path / "x_resume.pt", other, every_s=60).check()
+    lr = run_identity(a, "x", dataclasses.replace(TINY_CONFIG, lr=0.5), ("steps",))
+    with pytest.raises(ValidationError, match=r"was trained with hyper-parameter lr 0.001; this run asks "
+                                              r"hyper-parameter lr 0.5$"):
+        checkpoint.Resumable(tmp_path / "x_resume.pt", lr, every_s=60).check()
+    # a fleet given by another relative path is the same file
+    fleet = run_identity(dataclasses.replace(a, fleet=Path(SMALL_FLEET)), "x", TINY_CONFIG, ("steps",))
+    checkpoint.Resumable(tmp_path / "f_resume.pt", fleet, every_s=60).save({"step": 1}, {})
+    relative = Path(os.path.relpath(SMALL_FLEET))
+    again = run_identity(dataclasses.replace(a, fleet=relative), "x", TINY_CONFIG, ("steps",))
+    assert checkpoint.Resumable(tmp_path / "f_resume.pt", again, every_s=60).load()["step"] == 1
+
+
+def test_a_resume_of_a_mismatched_pair_is_a_usage_error(tmp_path):
+    run = run_identity(TrainArgs(seed=1), "x", TINY_CONFIG)
+    resumable = checkpoint.Resumable(tmp_path / "x_resume.pt", run, every_s=60)
+    resumable.save({"step": 10}, {})
+    torch.save({"step": 11}, tmp_path / "x_resume.pt")
+    with pytest.raises(ValidationError, match=r"^--resume: .*x_resume.pt is not the weights .*x_resume.json"):
+        resumable.load()

@@ -910,7 +910,7 @@ def cmd_train(args) -> int:
                             run_dir=run_dir, resume=args.resume, compare=args.compare, progress=not args.quiet,
                             fleet=Path(args.fleet) if args.fleet else None, trace=args.trace,
                             cores_per_proc=args.cores_per_proc, time_compression=args.time_compression,
-                            init=init))
+                            init=init, checkpoint_seconds=args.checkpoint_seconds))
     print(json.dumps(figures, indent=2, sort_keys=True, default=str))
     if run_dir:
         print(f"hsched train: wrote {run_dir}/ (the shipped models/ are unchanged; services started with "
@@ -1519,7 +1519,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "number (stage1, gpu, node-vs-cluster; default: its own)")
     ev.set_defaults(fn=cmd_eval)
 
-    from hsched.rl.training import TRAINERS
+    from hsched.rl.training import CHECKPOINT_SECONDS, TRAINERS
 
     tr = sub.add_parser("train", help="train a learned policy; checkpoint + metadata + learning-curve PNG",
                         description="agents: " + "; ".join(f"{k}: {h}" for k, (_, h) in TRAINERS.items()))
@@ -1531,7 +1531,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "and a3c, training iterations for jobfusion and decima-colocation")
     tr.add_argument("--out", help="checkpoint path (default: a new runs/<agent>-<UTC time>/<agent>.pt; replacing a "
                                   "shipped model, which the stack serves, takes an explicit --out models/<model>.pt)")
-    tr.add_argument("--resume", action="store_true", help="continue the training checkpoint at --out (required)")
+    tr.add_argument("--resume", action="store_true", help="continue the training checkpoint at --out (required) of a "
+                    "run of the same agent, data, seed and hyper-parameters, finished or killed")
+    tr.add_argument("--checkpoint-seconds", type=non_negative_float, default=CHECKPOINT_SECONDS, metavar="S",
+                    help="also save the resumable state at the first episode boundary after every S seconds of "
+                         "training (default %(default)g; 0: every episode), so a killed run loses at most that much")
     tr.add_argument("--init", metavar="MODEL", help="start from this checkpoint's weights instead of from scratch "
                                                  "(fine-tuning; ba3c, a3c: no cloning, the RL phase only)")
     tr.add_argument("--compare", action="store_true",

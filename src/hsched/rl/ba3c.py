@@ -113,7 +113,15 @@ from hsched.envs.dag import CF, JF, NF, DagSchedulingEnv, run_dag_policy
 from hsched.policies.learned import ModelMismatch
 from hsched.rl import checkpoint, training
 from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
-from hsched.rl.training import TrainArgs, output_path, plot_curves, progress, returns_to_go, seed_everything
+from hsched.rl.training import (
+    TrainArgs,
+    output_path,
+    plot_curves,
+    progress,
+    returns_to_go,
+    run_identity,
+    seed_everything,
+)
 
 TRAIN_SEED0 = 10_000
 EXPERT_SEED0 = 20_000
@@ -156,7 +164,7 @@ class Config:
     interarrival_s: float = 60.0
     executor_counts: tuple[int, ...] = TRAIN_EXECUTOR_COUNTS
     minibatch: int = 256             # decisions per forward pass in an update (memory bound, same gradient)
-    checkpoint_every: int = 256      # episodes
+    checkpoint_every: int = 256      # episodes (also: --checkpoint-seconds, the end)
     select_every: int = 256          # episodes between validations (0: keep the last weights)
     # as long as `hsched eval dag`'s episodes (1 + 50 jobs; the trainer does not import the eval): the queues
     # of a 51-job episode are longer than a 21-job one's, and selection on short episodes picked weights that
@@ -665,16 +673,19 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
     out = output_path(args, model_name)
     episodes = args.steps or cfg.episodes  # `--steps` counts episodes for this agent
     cfg = dataclasses.replace(cfg, episodes=episodes)
+    resume = checkpoint.Resumable(checkpoint.training_path(out), run_identity(args, name, cfg, ("episodes",)),
+                                  args.checkpoint_seconds)
+    if args.resume:
+        resume.check()
     rng = seed_everything(args.seed)
     model = DagActorCritic(branching, cfg, seed=args.seed)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     envs = {n: [make_env(cfg, n) for _ in range(cfg.episodes_per_update)] for n in cfg.executor_counts}
     episode, curves, seconds = 0, {"episode": [], "avg_jct_s": [], "executors": []}, 0.0
     cpu_before: float | None = 0.0  # CPU seconds of earlier sessions of this run (None: a checkpoint without it)
-    train_ckpt = checkpoint.training_path(out)
     trained = {"model": model, "opt": opt}
     if args.resume:
-        saved = checkpoint.load_training(train_ckpt, trained, rng)
+        saved = resume.load_into(trained, rng)
         episode, curves, seconds = saved["episode"], saved["curves"], saved["seconds"]
         cpu_before = saved.get("cpu_seconds")
     t0, cpu0 = time.perf_counter() - seconds, time.process_time()
@@ -721,13 +732,13 @@ def train(cfg: Config, args: TrainArgs, name: str, model_name: str, branching: b
             losses = update(model, opt, batch, cfg, beta)
             if cfg.select_every and (episode % cfg.select_every < cfg.episodes_per_update or episode >= episodes):
                 select()
-            if episode % cfg.checkpoint_every < cfg.episodes_per_update or episode >= episodes:
+            if (episode % cfg.checkpoint_every < cfg.episodes_per_update or episode >= episodes
+                    or resume.due()):
                 seconds = time.perf_counter() - t0
                 cpu = None if cpu_before is None else cpu_before + time.process_time() - cpu0
-                checkpoint.save_training(train_ckpt, trained, rng, {"episode": episode, "curves": curves,
-                                                                    "seconds": seconds, "cpu_seconds": cpu,
-                                                                    "best": best, "init": init},
-                                         {"agent": name, "model": str(out), "episode": episode})
+                resume.save_modules(trained, rng, {"episode": episode, "curves": curves, "seconds": seconds,
+                                                   "cpu_seconds": cpu, "best": best, "init": init},
+                                    {"agent": name, "model": str(out), "episode": episode})
     if best:
         model.load_state_dict(best["model"])
     seconds = time.perf_counter() - t0

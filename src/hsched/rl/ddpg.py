@@ -113,7 +113,15 @@ from hsched.rl.buffers import DualReplayBuffer, ReplayBuffer
 from hsched.rl.checkpoint import runs_dir, training_path
 from hsched.rl.nets import AttentionNumpy, SelfAttentionScorer
 from hsched.rl.schedules import LinearSchedule, soft_update
-from hsched.rl.training import TrainArgs, check_budget, output_path, plot_curves, progress, seed_everything
+from hsched.rl.training import (
+    TrainArgs,
+    check_budget,
+    output_path,
+    plot_curves,
+    progress,
+    run_identity,
+    seed_everything,
+)
 
 # host, its cluster's free shares, the heuristic hints, "is wait" flag
 ITEM_FEATURES = len(HOST_FEATURES) + len(RESOURCES) + len(HINT_FEATURES) + 1
@@ -155,7 +163,7 @@ class Config:
     fleet: tuple[int, int] = (16, 4)  # clusters × hosts per cluster (paper000_datacenters)
     fleet_file: str | None = None  # `train --fleet`: its GPU DCs instead of paper000_datacenters(*fleet)
     trace: str | None = None       # `train --trace`: an openb pod-list path the tasks are drawn from
-    checkpoint_every: int = 10_000  # env steps between resumable training checkpoints (and at the end)
+    checkpoint_every: int = 10_000  # env steps between resumable checkpoints (also: --checkpoint-seconds, the end)
     shapes: int = 0                # > 0: train on this many random fleet shapes (hsched.envs.shapes), in turn
     max_hosts: int = 64            # … of at most this many hosts (attention cost per update ∝ hosts²)
 
@@ -661,6 +669,11 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
     steps = args.steps or cfg.steps
     cfg = with_data(dataclasses.replace(cfg, steps=steps), args)
     check_budget(steps, cfg.learning_starts, cfg.train_every)  # EADE's updates on expert demos alone do not count
+    # the data flags are in the run record as flags (not as the fleet_file / trace they set)
+    resume = checkpoint.Resumable(training_path(out), run_identity(args, name, cfg, ("steps", "fleet_file", "trace")),
+                                  args.checkpoint_seconds)
+    if args.resume:
+        resume.check()  # before the expert's demonstrations and the envs are built
     rng = seed_everything(args.seed)
     envs = training_envs(cfg)
     # one vector layout for all envs: padded to the largest fleet when there are several (Codec)
@@ -677,9 +690,8 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
     expert.rng = online.rng = rng  # one stream: noise and both pools, saved and restored together
     noise = LinearSchedule(cfg.noise_start, cfg.noise_end, cfg.noise_steps)
     step, episode, curves, seconds = 0, 0, {"step": [], "reward": [], "deployed": []}, 0.0
-    train_ckpt = training_path(out)
     if args.resume:
-        saved = checkpoint.load_training(train_ckpt, learner.modules(), rng)
+        saved = resume.load_into(learner.modules(), rng)
         for pool, state in ((expert, saved["expert"]), (online, saved["online"])):
             pool.__dict__.update({k: v for k, v in state.items() if k != "rng"})
         step, episode, curves, seconds = saved["step"], saved["episode"], saved["curves"], saved["seconds"]
@@ -687,9 +699,9 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
     def save_training() -> None:
         pools = {key: {k: v for k, v in pool.__dict__.items() if k != "rng"}
                  for key, pool in (("expert", expert), ("online", online))}
-        checkpoint.save_training(train_ckpt, learner.modules(), rng,
-                                 {**pools, "step": step, "episode": episode, "curves": curves, "seconds": seconds},
-                                 {"agent": name, "model": str(out), "step": step, "episode": episode})
+        resume.save_modules(learner.modules(), rng,
+                            {**pools, "step": step, "episode": episode, "curves": curves, "seconds": seconds},
+                            {"agent": name, "model": str(out), "step": step, "episode": episode})
 
     t0, cpu0 = time.perf_counter() - seconds, time.process_time()  # CPU time: this session's share only
     if use_expert and not args.resume:  # DDPGfD: learn from the demonstrations alone first
@@ -724,7 +736,7 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
             curves["step"].append(step)
             curves["reward"].append(total)
             curves["deployed"].append(info["deployed"])
-            if step - last_ckpt >= cfg.checkpoint_every or step >= steps:
+            if step - last_ckpt >= cfg.checkpoint_every or step >= steps or resume.due():
                 seconds = time.perf_counter() - t0
                 save_training()
                 last_ckpt = step

@@ -32,9 +32,11 @@ The algorithm, in one place:
 
 Budget and resume: training runs whole episodes until `steps` env steps are done (it stops at the first
 episode end at or after it). The resumable state (nets, optimiser, replay with its masks, RNG states, the
-env's RNG, step, curves) is written at that episode boundary to `<out stem>_resume.pt` next to `args.out`,
-or to `runs/` for the shipped model (it holds the replay, ~130 MB: not a file to commit). Hyper-parameters
-are in absolute env steps, so training to N then resuming to 2N equals training to 2N in one go.
+env's RNG, step, curves) is written at that episode boundary, and at the first episode boundary after every
+`--checkpoint-seconds` of training (hsched.rl.checkpoint.Resumable), to `<out stem>_resume.pt` next to
+`args.out` (it holds the replay, ~130 MB: not a file to commit; models/*_resume.pt is git-ignored).
+Hyper-parameters are in absolute env steps, so training to N then resuming to 2N, or resuming a killed run
+from its last save, equals training in one go.
 The shipped model (`models/double_dqn_dc.pt`) holds the online net's weights only; its `.json` the data
 slice, seed, hyper-parameters, features, evaluation figures vs RR / Greedy and training time.
 """
@@ -82,6 +84,7 @@ from hsched.rl.training import (
     progress,
     restore_rng_state,
     rng_state,
+    run_identity,
     seed_everything,
 )
 from hsched.thermal import RoomModel
@@ -487,17 +490,19 @@ class Trainer:
                            ("overloads", m["mean_overloads"]), ("outlet", m["mean_rack_outlet_c"])):
             getattr(self.curve, key).append(value)
 
-    def run(self, until: int, show: bool = True) -> None:
-        t0, c0 = time.perf_counter(), time.process_time()
+    def run(self, until: int, show: bool = True, boundary: Callable[[], None] | None = None) -> None:
+        """Episodes until `until` env steps; `boundary()` after each (where a resumable state may be saved)."""
         with progress(f"train double-dqn on {self.env.dc.name}", until, show) as advance:
             advance(min(self.step, until))
             while self.step < until:
-                before = self.step
+                before, t0, c0 = self.step, time.perf_counter(), time.process_time()
                 self.episode()
+                self.train_seconds += time.perf_counter() - t0
+                self.train_cpu_seconds += time.process_time() - c0
                 advance(min(self.step, until) - min(before, until), eps=self.epsilon(self.step),
                         reward=self.curve.reward[-1], overloads=self.curve.overloads[-1])
-        self.train_seconds += time.perf_counter() - t0
-        self.train_cpu_seconds += time.process_time() - c0
+                if boundary is not None:
+                    boundary()
 
     def policy(self) -> DoubleDqnPolicy:
         return DoubleDqnPolicy(self.q, self.env.dc)
@@ -661,12 +666,20 @@ def train_double_dqn(args: TrainArgs, config: DdqnConfig | None = None,
     if env is None and (on_data := data_env(config, args)) is not None:
         env, data = on_data
     out = output_path(args, MODEL_NAME)
-    resume = out.with_name(out.stem + "_resume.pt")
+    resume = checkpoint.Resumable(out.with_name(out.stem + "_resume.pt"),
+                                  run_identity(args, POLICY_NAME, config, ignore=("steps",)), args.checkpoint_seconds)
+    if args.resume:
+        resume.check()  # before the env and the nets are built
     trainer = Trainer(config, args.seed, env, data)
-    if args.resume and resume.exists():
-        trainer.load(checkpoint.load_state(resume))
-    trainer.run(config.steps, args.progress)
-    checkpoint.save(resume, trainer.state(), trainer.metadata())
+    if args.resume:
+        trainer.load(resume.load())
+
+    def boundary() -> None:
+        if resume.due():
+            resume.save(trainer.state(), trainer.metadata())
+
+    trainer.run(config.steps, args.progress, boundary)
+    resume.save(trainer.state(), trainer.metadata())
     extra: dict[str, Any] = {}
     if env is None:  # the paper room: score it on the validation slice and the held-out jobs
         trainer.validation = validate(trainer.policy(), config)

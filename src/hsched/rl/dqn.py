@@ -42,14 +42,16 @@ sees and what it outputs, so that one set of weights serves every graph:
   selector's own acceptance test), "invalid" when it loops or never arrives.
 
 Checkpoints (`args.out`, default a run directory) hold the nets, optimiser, replay buffer, RNG states and
-the episode in progress, so `resume` continues where it stopped. A model file of another architecture (the
+the episode in progress, so `resume` continues where it stopped. While it trains, the same state is saved at
+the first episode boundary after every `--checkpoint-seconds` to `checkpoint.training_path(out)`, which a
+resume of a killed run reads (the finished run's save at `out` removes it). A model file of another architecture (the
 old one-hot agent, or the earlier message-passing one) is refused with a ModelMismatch that says to retrain.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,7 @@ from hsched.rl.training import (
     progress,
     restore_rng_state,
     rng_state,
+    run_identity,
     seed_everything,
 )
 
@@ -574,14 +577,24 @@ class Trainer:
             streak += 1
         return streak
 
-    def run(self, until: int, show: bool = True, label: str = "") -> None:
+    def run(self, until: int, show: bool = True, label: str = "",
+            boundary: Callable[[], None] | None = None) -> None:
+        """Train to `until` env steps; `boundary()` after each step that ended an episode (where a resumable
+        state may be saved: the greedy costs cached per episode, which a state does not hold, are unset)."""
         c = self.config
         t0, cpu0 = time.perf_counter(), time.process_time()
         with progress(label or f"train {c.agent} paths", until, show) as advance:
             shown = self.step
             advance(shown)
             while self.step < until:
+                episodes = len(self.curve["step"])
                 self.train_step()
+                if boundary is not None and len(self.curve["step"]) > episodes:
+                    now, cpu = time.perf_counter(), time.process_time()
+                    self.train_seconds += now - t0
+                    self.cpu_seconds += cpu - cpu0
+                    t0, cpu0 = now, cpu
+                    boundary()
                 if self.step % c.eval_every == 0:
                     _, matched, pairs = self.evals[-1]
                     advance(self.step - shown, eps=self.epsilon(self.step), dijkstra=f"{matched}/{pairs}")
@@ -658,13 +671,21 @@ def train(config: DqnConfig, args: TrainArgs) -> dict[str, Any]:
     steps = args.steps or config.steps
     config = replace(config, steps=steps)  # the budget as run, in the metadata
     check_budget(steps, config.learning_starts, config.train_every)
+    resume = checkpoint.Resumable(checkpoint.training_path(out), run_identity(args, config.agent, config, ("steps",)),
+                                  args.checkpoint_seconds, final=out)
+    if args.resume and checkpoint.load_metadata(src := resume.check()).get("architecture") != ARCHITECTURE:
+        raise ValidationError("--resume", f"{src} is a path model of the old one-hot format; train a new one "
+                              "without --resume", str(src))
     trainer = Trainer(config, args.seed)
-    if args.resume and out.exists():
-        if checkpoint.load_metadata(out).get("architecture") != ARCHITECTURE:
-            raise ValidationError("--resume", f"{out} is a path model of the old one-hot format; train a new one "
-                                  "without --resume", str(out))
-        trainer.load(checkpoint.load_state(out))
-    trainer.run(steps, args.progress)
+    if args.resume:
+        trainer.load(resume.load())
+
+    def boundary() -> None:
+        if resume.due():
+            resume.save(trainer.state(), {"agent": config.agent, "architecture": ARCHITECTURE, "model": str(out),
+                                          "step": trainer.step})
+
+    trainer.run(steps, args.progress, boundary=boundary)
     state = trainer.state()  # before a comparison run reseeds the global RNGs
     runs = {config.agent: trainer}
     if args.compare:
@@ -683,9 +704,9 @@ def train(config: DqnConfig, args: TrainArgs) -> dict[str, Any]:
                               f"graphs ({about})",
                         xlabel="environment steps", ylabel="(start, target) pairs (%)", window=1)
     figures = {name: t.metadata()["evaluation"] for name, t in runs.items()}
-    checkpoint.save(out, state, trainer.metadata({"curve_png": curve.name, "dijkstra_png": match.name,
-                                                  "comparison": figures if args.compare else None},
-                                                 held_out=True))
+    resume.save(state, trainer.metadata({"curve_png": curve.name, "dijkstra_png": match.name,
+                                         "comparison": figures if args.compare else None}, held_out=True),
+                final=True)
     return {"model": str(out), "curve": str(curve), "dijkstra_curve": str(match), **figures}
 
 

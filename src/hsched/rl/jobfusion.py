@@ -54,7 +54,15 @@ from hsched.envs.colocation import STAGE_FEATURES, ColocationConfig, ColocationE
 from hsched.policies.colocation import COUNT_LEVELS, sjf_action
 from hsched.rl import checkpoint, training
 from hsched.rl.gcn import DagGCN, DagGraph, GraphBatch
-from hsched.rl.training import TrainArgs, output_path, plot_curves, progress, returns_to_go, seed_everything
+from hsched.rl.training import (
+    TrainArgs,
+    output_path,
+    plot_curves,
+    progress,
+    returns_to_go,
+    run_identity,
+    seed_everything,
+)
 
 TRAIN_SEED0 = 10_000
 BC_SEED0 = 20_000
@@ -76,7 +84,7 @@ class Config:
     resource_features: bool = True     # False: the Decima baseline (no CPU/memory inputs)
     slicing: str = "constrained"       # "uniform" for the Decima baseline
     q: int = 6                         # paper 001's Q
-    checkpoint_every: int = 5
+    checkpoint_every: int = 5  # iterations (also: --checkpoint-seconds, the end)
     bc_episodes: int = 30              # behaviour-cloning warm start from shortest-stage-first (0: none)
     env: ColocationConfig = field(default_factory=ColocationConfig)
 
@@ -266,15 +274,18 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
     out = output_path(args, model)
     iterations = args.steps or cfg.iterations
     cfg = dataclasses.replace(cfg, iterations=iterations)
+    resume = checkpoint.Resumable(checkpoint.training_path(out), run_identity(args, name, cfg, ("iterations",)),
+                                  args.checkpoint_seconds)
+    if args.resume:
+        resume.check()
     rng = seed_everything(args.seed)
     net = JobFusionNet(cfg, seed=args.seed)
     optim = torch.optim.Adam(net.parameters(), lr=cfg.bc_lr)
     train_env = ColocationEnv(cfg.env_config(cfg.train_jobs))
     it, seconds, curves = 0, 0.0, {"iteration": [], "avg_jct_s": [], "return": []}
-    train_ckpt = checkpoint.training_path(out)
     trained = {"net": net, "optim": optim}
     if args.resume:
-        saved = checkpoint.load_training(train_ckpt, trained, rng)
+        saved = resume.load_into(trained, rng)
         it, seconds, curves = saved["iteration"], saved["seconds"], saved["curves"]
     t0, cpu0 = time.perf_counter() - seconds, time.process_time()
     if not args.resume and cfg.bc_episodes:
@@ -312,10 +323,10 @@ def train(cfg: Config, args: TrainArgs, name: str, model: str) -> dict[str, Any]
             curves["avg_jct_s"].append(jct)
             curves["return"].append(ret)
             advance(1, jct=jct)
-            if it % cfg.checkpoint_every == 0 or it >= iterations:
+            if it % cfg.checkpoint_every == 0 or it >= iterations or resume.due():
                 seconds = time.perf_counter() - t0
-                checkpoint.save_training(train_ckpt, trained, rng, {"iteration": it, "seconds": seconds, "curves": curves},
-                                         {"agent": name, "model": str(out), "iteration": it})
+                resume.save_modules(trained, rng, {"iteration": it, "seconds": seconds, "curves": curves},
+                                    {"agent": name, "model": str(out), "iteration": it})
     seconds = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     eval_env = ColocationEnv(cfg.env_config())
