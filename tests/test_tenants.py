@@ -283,6 +283,25 @@ def test_tokens_file_changes_apply_without_a_restart_and_a_broken_edit_keeps_the
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "expired" in err.details()
 
 
+def test_an_open_watch_ends_unauthenticated_once_its_token_is_revoked(stack, channel, gw):
+    """A leaked token revoked while its Watch streams: the stream ends with UNAUTHENTICATED at its next event
+    (it went on streaming every new event of the tenant). Events are its own tenant's tasks, submitted by the
+    admin in its name."""
+    erin, _ = tk.create_token(stack.tokens_file, "erin", name="erin")
+    stream = Client(channel, erin).watch(tenant="erin", after="$")
+    first = gw["admin"].submit(spec(tenant="erin")).task
+    assert next(stream).task_id == first.task_id  # streaming
+    time.sleep(1.5)  # past the gateway's re-check interval (WATCH_REAUTH_S)
+    tk.revoke_token(stack.tokens_file, "erin")
+    second = gw["admin"].submit(spec(tenant="erin")).task
+    with pytest.raises(grpc.RpcError) as err:
+        for event in stream:
+            assert event.task_id != second.task_id, "an event of a task created after the revocation"
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED and "revoked" in err.value.details()
+    for t in (first, second):
+        gw["admin"].release(t.task_id)
+
+
 def test_a_revoked_token_stays_refused_when_a_broken_edit_follows_before_any_call(stack, channel, gw):
     """`tokens revoke ci-d`, then a broken edit, then a call with ci-d's token to a gateway that got no call in
     between (so it never read the revoking version): refused. It was accepted, the gateway keeping its previous

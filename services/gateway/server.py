@@ -80,6 +80,9 @@ class PlacersUnavailable(Exception):
         self.verdicts = verdicts
 
 
+# how often an open Watch checks its caller's credentials again (a revoked token's stream then ends)
+WATCH_REAUTH_S = 1.0
+
 def new_task_id(gateway_id: str = "000000") -> str:
     """Time-ordered (ms, hex), the gateway, then random: ids sort by submission time, which List pages rely on."""
     return task_id_of(gateway_id, now_ms())
@@ -911,8 +914,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             await self._job(request.job_id, principal)
         assert self.feed is not None, "serve() gives the servicer its feed"
         # a tenant's Watch counts against its own per-tenant cap, so the metric's tenant label stays bounded
+        recheck_at = time.monotonic() + WATCH_REAUTH_S
         async for event in self.feed.watch(after, request.task_id, tenant_filter(principal, request.tenant),
                                            request.job_id):
+            if self.auth.enabled and time.monotonic() >= recheck_at:
+                # a token revoked (or expired) since the Watch began ends it (UNAUTHENTICATED) before its next event
+                self.auth.authenticate(context)
+                recheck_at = time.monotonic() + WATCH_REAUTH_S
             yield event
 
 
