@@ -614,18 +614,7 @@ def test_scans_survive_kill_9_and_a_redis_restart_and_a_stack_placer_follows_the
         wait(lambda: r.hget(keys.model(DC), "version") == b"1", "version 1 was not published")
         assert r.xlen(keys.scans(DC)) == 26  # every scan once
         log = stack.log_dir / f"placer-{DC}.log"
-        wait(lambda: "thermal model version 1 replaces version 0" in log.read_text(errors="replace")
-             or _place_once(stack), "the placer did not adopt version 1", timeout_s=60)
-
-
-def _place_once(stack) -> bool:
-    """The placer swaps models between batches: one Place (then its release) makes one happen."""
-    with grpc.insecure_channel(stack.placer_target(DC)) as ch:
-        stub = placer_pb2_grpc.PlacerStub(ch)
-        try:
-            reply = stub.Place(place("nudge", 1), timeout=10)
-            stub.Release(placer_pb2.PlacerReleaseRequest(task_id="nudge"), timeout=10)
-        except grpc.RpcError as exc:  # its first write after the Redis restart may find the old connection closed
-            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
-            return False
-    return any(n.startswith("thermal model version 1") for n in reply.notes)
+        # an idle placer adopts it too (it swaps models between batches, and a new version makes a batch of its
+        # own): its gauge, compared with the service's, no longer lags until the next Place
+        wait(lambda: "thermal model version 1 replaces version 0" in log.read_text(errors="replace"),
+             "the idle placer did not adopt version 1", timeout_s=60)

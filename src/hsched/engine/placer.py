@@ -557,6 +557,8 @@ class PlacerEngine:
         service (--thermal-guard service) serves its own latest version."""
         if isinstance(self.thermal, RoomGuard):
             self._next_room = (room, version, source)
+            if self._ops.empty():  # an idle DC: a batch of its own swaps it now (and the queue gets a look)
+                self._internal(_Op("drain", ""))
 
     def _swap_room(self) -> None:
         """Between batches (the writing lock held): the guard's model becomes the latest published one, whole."""
