@@ -6,8 +6,8 @@ training checkpoint, optimiser state, step counter, RNG states and the replay bu
 hyper-parameters, input shape, evaluation figures, training time). Services read the JSON first to decide
 whether the model fits their fleet, then load only the weights. The two files cannot be replaced in one step,
 so the JSON records the sha256 of the ``.pt`` it describes (`PT_DIGEST`) and `load_state` refuses a ``.pt``
-of another digest: a save killed between its two renames leaves a pair that no reader accepts (a JSON
-without the digest, written before it existed, is taken as it is).
+of another digest, naming both files: new weights under old metadata (or the reverse) are never served or
+resumed. A JSON without the digest (written before it existed, as the shipped models) is taken as it is.
 
 A trainer's resumable state (`Resumable`) is such a pair too; its JSON also records the run it belongs to
 (`RUN_KEY`: agent, seed, data flags, hyper-parameters), so that ``--resume`` continues only that run.
@@ -75,7 +75,9 @@ def _digest(path: Path) -> str:
 
 def save(path: str | Path, state: dict[str, Any], metadata: dict[str, Any]) -> Path:
     """Write ``path`` (.pt) and its ``.json`` sidecar, each atomically (temp file + rename), the JSON with the
-    .pt's digest: a killed trainer never leaves a half-written file, nor a pair that `load_state` accepts."""
+    .pt's digest: a killed trainer never leaves a half-written file, nor a pair that `load_state` accepts.
+    The JSON is renamed first: a kill before the .pt's rename leaves the weights it describes at .pt.tmp,
+    where `load_state` finds them (the old .pt would be refused)."""
     path = Path(path).with_suffix(".pt")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".pt.tmp")
@@ -83,8 +85,8 @@ def save(path: str | Path, state: dict[str, Any], metadata: dict[str, Any]) -> P
     meta_tmp = path.with_suffix(".json.tmp")
     meta_tmp.write_text(json.dumps({**metadata, PT_DIGEST: _digest(tmp)}, indent=2, sort_keys=True,
                                    default=_jsonable) + "\n")
-    tmp.replace(path)
     meta_tmp.replace(path.with_suffix(".json"))
+    tmp.replace(path)
     return path
 
 
@@ -93,19 +95,22 @@ def load_metadata(path: str | Path) -> dict[str, Any]:
 
 
 def load_state(path: str | Path) -> dict[str, Any]:
-    """The torch state of a checkpoint, on the CPU, after checking it is the .pt its .json describes
-    (ModelMismatch, which a service answers by falling back, naming both files). ``weights_only=False``
-    because resumable checkpoints carry NumPy replay buffers and RNG states; only load checkpoints you or
-    this project wrote."""
+    """The torch state of a checkpoint, on the CPU: the .pt its .json describes (at .pt.tmp after a save killed
+    between its renames), else ModelMismatch naming both files (a service falls back on it). ``weights_only=
+    False`` because resumable checkpoints carry NumPy replay buffers and RNG states; only load checkpoints you
+    or this project wrote."""
     path = Path(path).with_suffix(".pt")
-    blob = path.read_bytes()
     meta = path.with_suffix(".json")
     want = load_metadata(path).get(PT_DIGEST) if meta.exists() else None
+    blob = path.read_bytes()
     if want is not None and hashlib.sha256(blob).hexdigest() != want:
-        from hsched.policies.learned import ModelMismatch  # (learned imports this module)
+        pending = path.with_suffix(".pt.tmp")
+        blob = pending.read_bytes() if pending.exists() else b""
+        if hashlib.sha256(blob).hexdigest() != want:
+            from hsched.policies.learned import ModelMismatch  # (learned imports this module)
 
-        raise ModelMismatch(f"{path} is not the weights {meta} describes (sha256 differs): the pair was not "
-                            "written together (a save killed half-way?); retrain or restore both files")
+            raise ModelMismatch(f"{path} is not the weights {meta} describes (sha256 differs): the pair was not "
+                                "written together; retrain, or restore both files")
     return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
 
 
@@ -131,7 +136,8 @@ def _flat(run: Mapping[str, Any]) -> dict[str, str]:
     for key, value in run.items():
         for k, v in (value.items() if key == "hyperparameters" else [(key, value)]):
             label = f"hyper-parameter {k}" if key == "hyperparameters" else k
-            out[label] = "(default)" if v is None else v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=_jsonable)
+            out[label] = ("(default)" if v is None else v if isinstance(v, str)
+                          else json.dumps(v, sort_keys=True, default=_jsonable))
     return out
 
 
