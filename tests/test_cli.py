@@ -560,3 +560,59 @@ def test_watch_resumes_after_its_last_event_when_its_gateway_is_killed(tmp_path)
         for proc, _ in gateways:
             proc.kill()
             proc.wait()
+
+
+# -- hsched train --resume: only the run it continues, also after a kill -9 ------------------------------------
+
+SMALL_SWF = Path(__file__).resolve().parent / "traces" / "small.swf"
+
+
+def test_train_resume_refuses_a_missing_checkpoint_and_another_runs(tmp_path):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    data = ["--fleet", str(SMALL_FLEET), "--trace", str(SMALL_SWF), "--quiet"]
+    assert_one_line_error(run_cli("train", "double-dqn", *data, "--steps", "2000", "--out", str(tmp_path / "x.pt"),
+                                  "--resume", env=env),
+                          2, "--resume: nothing to resume: no training checkpoint at", "x_resume.pt")
+    assert not list(tmp_path.glob("x*"))
+    done = run_cli("train", "double-dqn", *data, "--steps", "2000", "--seed", "1", "--out", str(tmp_path / "x.pt"),
+                   env=env)
+    assert done.returncode == 0, done.stderr
+    before = (tmp_path / "x.json").read_bytes()
+    done = run_cli("train", "double-dqn", "--fleet", str(SMALL_FLEET), "--trace", "kth", "--steps", "4000", "--seed",
+                   "7", "--out", str(tmp_path / "x.pt"), "--resume", "--quiet", env=env)
+    assert_one_line_error(done, 2, f"--resume: {tmp_path / 'x_resume.pt'} was trained with --seed 1 and --trace "
+                                   f"{SMALL_SWF}; this run asks --seed 7 --trace kth")
+    done = run_cli("train", "double-dqn", "--fleet", str(SMALL_FLEET.parent / "gpu_cheap.yaml"), "--trace",
+                   str(SMALL_SWF), "--steps", "4000", "--seed", "1", "--out", str(tmp_path / "x.pt"), "--resume",
+                   "--quiet", env=env)
+    assert_one_line_error(done, 2, "--resume:", "was trained with --fleet", "this run asks --fleet",
+                          "gpu_cheap.yaml")
+    assert (tmp_path / "x.json").read_bytes() == before  # nothing trained, nothing written
+
+
+def test_train_killed_mid_run_resumes_where_it_was_saved_and_ends_as_one_run(tmp_path):
+    import signal
+    import time
+
+    from hsched.rl import checkpoint
+
+    data = ["--fleet", str(SMALL_FLEET), "--trace", str(SMALL_SWF), "--steps", "6000", "--quiet"]
+    out = tmp_path / "killed.pt"
+    proc = subprocess.Popen([sys.executable, "-m", "hsched.cli", "train", "double-dqn", *data,
+                             "--checkpoint-seconds", "0", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    resume = tmp_path / "killed_resume.pt"
+    deadline = time.monotonic() + 300
+    while not (resume.exists() and resume.with_suffix(".json").exists()) and proc.poll() is None:
+        assert time.monotonic() < deadline, "no periodic checkpoint"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, proc.stderr.read()
+    assert not out.exists() and checkpoint.load_state(resume)["step"] < 6000  # killed mid-run, its state saved
+    done = run_cli("train", "double-dqn", *data, "--out", str(out), "--resume")
+    assert done.returncode == 0, done.stderr
+    done = run_cli("train", "double-dqn", *data, "--out", str(tmp_path / "straight.pt"))
+    assert done.returncode == 0, done.stderr
+    a, b = checkpoint.load_state(tmp_path / "straight.pt")["q"], checkpoint.load_state(out)["q"]
+    assert all((a[k] == b[k]).all() for k in a)
+    assert checkpoint.load_metadata(out)["steps"] == checkpoint.load_metadata(tmp_path / "straight.pt")["steps"]

@@ -108,6 +108,10 @@ def test_tiny_training_writes_model_resumes_and_is_deterministic(tmp_path):
     assert meta["command"] == f"hsched train ba3c --seed 0 --steps 2 --out {tmp_path / 'a.pt'}"
     assert meta["episodes"] == 2 and a["episodes"] == 2
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValidationError, match=r"^--resume: .*a.train.pt was trained with agent ba3c; this run "
+                                              r"asks agent a3c$"):
+        train(TINY, TrainArgs(seed=0, out=tmp_path / "a.pt", progress=False, steps=4, resume=True), "a3c", "a3c_dag",
+              False)
     resumed = train(TINY, TrainArgs(seed=0, out=tmp_path / "a.pt", progress=False, steps=4, resume=True),
                     "ba3c", "ba3c_dag", True)
     assert resumed["episodes"] == 4

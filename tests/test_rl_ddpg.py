@@ -186,6 +186,9 @@ def test_resume_continues_identically(tmp_path):
     train(cfg, TrainArgs(seed=1, out=straight, progress=False), "ddpg", "a")
     halves = tmp_path / "b.pt"
     train(cfg, TrainArgs(seed=1, steps=300, out=halves, progress=False), "ddpg", "b")
+    with pytest.raises(ValidationError, match=r"^--resume: .*b.train.pt was trained with --seed 1 and "
+                                              r"hyper-parameter embed 16; this run asks --seed 2 hyper-parameter embed 8$"):
+        train(dataclasses.replace(cfg, embed=8), TrainArgs(seed=2, out=halves, resume=True, progress=False), "ddpg", "b")
     train(cfg, TrainArgs(seed=1, out=halves, resume=True, progress=False), "ddpg", "b")
     a, b = checkpoint.load_state(straight), checkpoint.load_state(halves)
     for key in a["actor"]:

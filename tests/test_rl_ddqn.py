@@ -165,18 +165,59 @@ def test_a_short_run_on_a_tiny_room_beats_its_start(tiny_model) -> None:
     assert meta["seed"] == 0 and meta["features"]["item"][0] == "util" and meta["hyperparameters"]["gamma"]
 
 
-def test_resume_continues_identically(tmp_path) -> None:
+class Killed(BaseException):
+    """A stand-in for SIGKILL: raised by the n-th checkpoint save, once its files are written."""
+
+
+def kill_at_save(monkeypatch, n: int) -> None:
+    real, saves = checkpoint.save, []
+
+    def save(*args, **kwargs):
+        path = real(*args, **kwargs)
+        saves.append(path)
+        if len(saves) == n:
+            raise Killed(path)
+        return path
+
+    monkeypatch.setattr(checkpoint, "save", save)
+
+
+def test_resume_continues_identically(tmp_path, monkeypatch) -> None:
     config = replace(TINY, steps=600)
     one = train_double_dqn(TrainArgs(seed=3, steps=600, out=tmp_path / "one.pt", progress=False), config,
                            tiny_env())
     half = TrainArgs(seed=3, steps=300, out=tmp_path / "two.pt", progress=False)
     train_double_dqn(half, config, tiny_env())
+    with pytest.raises(ValidationError, match=r"^--resume: .*two_resume.pt was trained with --seed 3; this run "
+                                              r"asks --seed 4$"):
+        train_double_dqn(replace(half, seed=4, steps=600, resume=True), config, tiny_env())
     two = train_double_dqn(replace(half, steps=600, resume=True), config, tiny_env())
     assert one["steps"] == two["steps"]
     a, b = checkpoint.load_state(tmp_path / "one.pt")["q"], checkpoint.load_state(tmp_path / "two.pt")["q"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     curve = checkpoint.load_state(tmp_path / "two_resume.pt")["curve"]
     assert curve == checkpoint.load_state(tmp_path / "one_resume.pt")["curve"]
+    # a run killed after its second periodic save (every episode here) resumes from it, identically
+    killed = TrainArgs(seed=3, steps=600, out=tmp_path / "three.pt", progress=False, checkpoint_seconds=0)
+    with monkeypatch.context() as m:
+        kill_at_save(m, 2)
+        with pytest.raises(Killed):
+            train_double_dqn(killed, config, tiny_env())
+    assert not (tmp_path / "three.pt").exists()
+    saved = checkpoint.load_state(tmp_path / "three_resume.pt")
+    assert 0 < saved["step"] < 300 and saved["episodes"] == 2
+    train_double_dqn(replace(killed, resume=True), config, tiny_env())
+    c = checkpoint.load_state(tmp_path / "three.pt")["q"]
+    assert all(torch.equal(a[k], c[k]) for k in a)
+    assert checkpoint.load_state(tmp_path / "three_resume.pt")["curve"] == curve
+
+
+def test_a_resume_with_nothing_to_resume_is_refused(tmp_path) -> None:
+    with pytest.raises(ValidationError, match=r"^--resume: nothing to resume: no training checkpoint at "
+                                              r".*none_resume.pt; train without --resume to start one$"):
+        train_double_dqn(TrainArgs(seed=0, steps=300, out=tmp_path / "none.pt", progress=False, resume=True), TINY,
+                         tiny_env())
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_data_runs_metadata_names_the_fleet_trace_room_jobs_and_budget_it_ran_on(tmp_path) -> None:

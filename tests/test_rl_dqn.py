@@ -26,6 +26,7 @@ from hsched.envs.path import PathEnv
 from hsched.envs.path_features import LINK_FEATURES, GraphFeatures
 from hsched.rl import checkpoint
 from hsched.rl.buffers import PrioritizedReplayBuffer
+from hsched.rl.checkpoint import training_path
 from hsched.rl.dqn import (
     ARCHITECTURE,
     DEFAULT_FLEET,
@@ -50,6 +51,7 @@ from hsched.v1 import common_pb2, selector_pb2, selector_pb2_grpc
 from tests import inprocess
 from tests.conftest import SMALL_FLEET
 from tests.test_env_path import random_wans
+from tests.test_rl_ddqn import Killed, kill_at_save
 
 # a short budget that solves the 4-vertex small fleet and the 5-vertex graph below (seconds on one core)
 TINY = DqnConfig(steps=3000, learning_starts=200, buffer_size=5000, eps_steps=1500, target_every=100,
@@ -227,7 +229,7 @@ def small_config(**changes) -> DqnConfig:
     return dataclasses.replace(TINY, graphs=(SMALL_FLEET,), **changes)
 
 
-def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path) -> None:
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, monkeypatch) -> None:
     config = small_config(eval_every=100, stop_after_solved=0)
     train(config, TrainArgs(seed=3, steps=600, out=tmp_path / "straight.pt", progress=False))
     train(config, TrainArgs(seed=3, steps=250, out=tmp_path / "resumed.pt", progress=False))  # mid-episode
@@ -243,6 +245,25 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path) -> None:
             assert torch.equal(tensor, b[key][name]), (key, name)
     for field in ("obs", "actions", "rewards", "tree"):
         np.testing.assert_array_equal(a["buffer"][field], b["buffer"][field])
+    # a run killed after its third periodic save (at every episode's end here) resumes from it, identically;
+    # the finished model then holds the state and the periodic one is gone
+    killed = TrainArgs(seed=3, steps=600, out=tmp_path / "killed.pt", progress=False, checkpoint_seconds=0)
+    with monkeypatch.context() as m:
+        kill_at_save(m, 3)
+        with pytest.raises(Killed):
+            train(config, killed)
+    assert not killed.out.exists() and 0 < checkpoint.load_state(training_path(killed.out))["step"] < 600
+    with pytest.raises(ValidationError, match=r"^--resume: .*killed.train.pt was trained with --seed 3; this run "
+                                              r"asks --seed 4$"):
+        train(config, dataclasses.replace(killed, seed=4, resume=True))
+    train(config, dataclasses.replace(killed, resume=True))
+    c = checkpoint.load_state(killed.out)
+    assert not training_path(killed.out).exists() and c["step"] == 600
+    for key in ("q", "target"):
+        assert all(torch.equal(tensor, c[key][name]) for name, tensor in a[key].items()), key
+    with pytest.raises(ValidationError, match=r"^--resume: nothing to resume: no training checkpoint at "
+                                              r".*none.train.pt nor .*none.pt; train without --resume"):
+        train(config, dataclasses.replace(killed, out=tmp_path / "none.pt", resume=True))
     assert a["curve"] == b["curve"] and a["evals"] == b["evals"] and a["envs"] == b["envs"]
 
 

@@ -122,18 +122,27 @@ def test_policy_names_list_learned_policies():
 
 def test_a_pt_its_json_does_not_describe_is_refused_naming_both_files(tmp_path):
     old = checkpoint.save(tmp_path / "m", {"step": 1}, {"input_shape": 9})
+    (tmp_path / "x.pt").write_bytes(old.read_bytes())
     new = checkpoint.save(tmp_path / "new", {"step": 2}, {"input_shape": 17})
-    (tmp_path / "m.pt").write_bytes(new.read_bytes())  # a save killed between its renames: new weights, old json
+    (tmp_path / "m.pt").write_bytes(new.read_bytes())  # new weights under old metadata (only the .pt replaced)
     with pytest.raises(ModelMismatch, match=rf"^{old} is not the weights {old.with_suffix('.json')} describes "
                                             r"\(sha256 differs\)"):
         checkpoint.load_state(old)
-    (tmp_path / "m.json").write_text(new.with_suffix(".json").read_text())  # both new: one pair again
+    (tmp_path / "m.json").write_text(new.with_suffix(".json").read_text())  # new json, old weights
+    (tmp_path / "m.pt").write_bytes((tmp_path / "x.pt").read_bytes())
+    with pytest.raises(ModelMismatch, match="is not the weights"):
+        checkpoint.load_state(old)
+    # a save killed between its renames (the json first): the weights the json describes are still at .pt.tmp
+    (tmp_path / "m.pt.tmp").write_bytes(new.read_bytes())
+    assert checkpoint.load_state(old)["step"] == 2
+    (tmp_path / "m.pt.tmp").unlink()
+    (tmp_path / "m.pt").write_bytes(new.read_bytes())  # both new: one pair again
     assert checkpoint.load_state(old)["step"] == 2
     meta = checkpoint.load_metadata(old)
-    del meta[checkpoint.PT_DIGEST]  # a pair written before the digest is taken as it is
+    del meta[checkpoint.PT_DIGEST]  # a pair written before the digest is taken as it is (the shipped models)
     (tmp_path / "m.json").write_text(json.dumps(meta))
-    (tmp_path / "m.pt").write_bytes((tmp_path / "new.pt").read_bytes())
-    assert checkpoint.load_state(old)["step"] == 2
+    (tmp_path / "m.pt").write_bytes((tmp_path / "x.pt").read_bytes())
+    assert checkpoint.load_state(old)["step"] == 1
 
 
 @pytest.mark.parametrize("path", sorted(checkpoint.models_dir().glob("*.pt")), ids=lambda p: p.stem)

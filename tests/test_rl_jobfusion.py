@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from hsched.domain.errors import ValidationError
 from hsched.envs.colocation import ColocationConfig, ColocationEnv
 from hsched.rl.jobfusion import Config, JobFusionNet, decide, load_policy, time_baseline, train
 from hsched.rl.training import TRAINERS, TrainArgs, trainer
@@ -51,6 +52,9 @@ def test_tiny_training_run_writes_resumes_and_loads(tmp_path):
     meta = json.loads(out.with_suffix(".json").read_text())
     assert meta["command"] == "hsched train jobfusion --seed 1" and meta["train_seconds"] >= 0
     assert meta["slice_types"]["sizes"] and meta["evaluation"]["jobs_finished"] == 3
+    with pytest.raises(ValidationError, match=r"^--resume: .*jf.train.pt was trained with --seed 1; this run asks "
+                                              r"--seed 2$"):
+        train(cfg, TrainArgs(seed=2, steps=2, out=out, resume=True, progress=False), "jobfusion", "unused")
     res2 = train(cfg, TrainArgs(seed=1, steps=2, out=out, resume=True, progress=False), "jobfusion", "unused")
     assert res2["iterations"] == 2
     policy, loaded = load_policy(out)
