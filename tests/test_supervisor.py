@@ -6,6 +6,7 @@ Nothing here asserts a duration: every wait polls for a condition under a genero
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -220,6 +221,31 @@ def test_a_dead_embedded_redis_is_started_again_on_its_port():
                            "redis up on the supervisor's /metrics")
         assert metrics[("hsched_supervisor_restarts_total", "redis")] == 1
         assert metrics[("hsched_supervisor_last_exit_code", "redis")] == -signal.SIGKILL
+
+
+def test_a_hung_embedded_redis_is_restarted_and_its_outage_restarts_no_service():
+    """SIGSTOP of the embedded redis-server: the supervisor says it is down (/metrics), does not SIGKILL the
+    placers that go NOT_SERVING meanwhile (Redis' outage, not theirs: restarted, they only crash-looped), and
+    SIGKILLs and restarts Redis once it has not answered PING for unhealthy_restart_s; then all serve again."""
+    config = StackConfig(fleet_path=SMALL_FLEET, redis_url=None, prefix="hung", gateway_port=0, thermal=False,
+                         supervise=True, backoff_initial_s=0.2, probe_interval_s=0.5, unhealthy_restart_s=6.0)
+    with Stack(config) as stack:
+        old = stack.redis.proc
+        os.kill(old.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: scrape(stack)[("hsched_supervisor_service_up", "redis")] == 0, "redis shown down")
+            wait_for(lambda: old.poll() is not None, "the hung redis-server killed", timeout_s=30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(old.pid, signal.SIGCONT)
+        wait_for(lambda: stack.redis.proc is not old and _redis_answers(stack.redis.url), "redis answering again")
+        log = supervisor_log(stack)
+        assert "no answer to PING for" in log and "SIGKILL (its AOF is kept)" in log, log
+        metrics = wait_for(lambda: (m := scrape(stack))[("hsched_supervisor_service_up", "redis")] == 1
+                           and all(m[("hsched_supervisor_service_up", n)] == 1 for n in stack.services) and m,
+                           "every service serving again", timeout_s=60)
+        assert metrics[("hsched_supervisor_restarts_total", "redis")] == 1
+        assert all(metrics[("hsched_supervisor_restarts_total", n)] == 0 for n in stack.services), metrics
 
 
 @functools.cache

@@ -11,7 +11,10 @@ gateway its task stream, the selector its summaries and link updates. `kill()` i
 restarts it), `stop_service()` a deliberate stop (left down until `restart()`). Every death (exit code or
 signal, the child's last log lines) and restart goes to the `hsched.supervisor` logger and to
 supervisor.log in the log dir; counts and states to the supervisor's own /metrics (`supervisor_metrics`).
-A dead embedded Redis is started again by its own `start()` (same port and directory); a dead node of a
+A dead embedded Redis is started again by its own `start()` (same port and directory); one that stops
+answering PING (hung, or SIGSTOPped) for `unhealthy_restart_s` is SIGKILLed and started again the same way (its
+AOF kept; one still loading it counts as answering). While it does not answer, no service is restarted for being
+NOT_SERVING: that is Redis' outage, not theirs (restarted placers only crash-looped on it). A dead node of a
 replica set rejoins as a replica of the master the Sentinel names. An embedded Redis on TLS reads its files only
 at start: the supervisor stats them every `tls_reload_interval_s` and, when `hsched certs rotate` replaced one, has
 the running redis-server load them (`EmbeddedRedis.reload_tls`; one line per reload, a refused one is retried).
@@ -245,6 +248,7 @@ class Stack:
         self._children_stopped = threading.Event()  # stop() has stopped the children: the supervisor may end
         self._redis_record = Service("redis", "", [], backoff_s=config.backoff_initial_s)
         self._redis_tls_check_at = 0.0  # when the supervisor next checks the embedded Redis' TLS files
+        self._redis_probe_at = 0.0  # when it next PINGs the embedded Redis
         self._redis_tls_failed: tuple | None = None  # the files' fingerprint whose reload failure is already logged
         self._restarts: Counter | None = None  # hsched_supervisor_restarts_total, with the supervisor's metrics
         self._probe_tls: tuple[tuple, grpc.ChannelCredentials] | None = None
@@ -722,8 +726,12 @@ class Stack:
         rows = [((s.name,), float(s.alive and s.serving_since is not None)) for s in list(self.services.values())]
         if self._supervises_redis:
             nodes = self.redis.nodes if isinstance(self.redis, ReplicaSet) else [self.redis]
-            rows.append((("redis",), float(all(n.running for n in nodes))))
+            rows.append((("redis",), float(all(n.running for n in nodes) and not self._redis_unanswered())))
         return rows
+
+    def _redis_unanswered(self) -> bool:
+        """The embedded Redis runs but its last PING got no answer (hung, stopped)."""
+        return self._redis_record.unhealthy_since is not None
 
     def _supervise(self) -> None:
         probe_at: dict[str, float] = {}
@@ -790,6 +798,9 @@ class Stack:
         if svc.ever_served and svc.unhealthy_since == now:
             self._event(logging.WARNING, f"{svc.name}: health {status}")
         c = self.config
+        if self._redis_unanswered():  # Redis' outage, not the child's: its clock starts once Redis answers again
+            svc.unhealthy_since = now
+            return
         limit = c.unhealthy_restart_s if svc.ever_served else max(c.unhealthy_restart_s, c.start_timeout_s)
         if now - svc.unhealthy_since > limit:
             svc.kill_reason = f"SIGKILL by the supervisor: health {status} for {now - svc.unhealthy_since:.0f} s"
@@ -832,7 +843,11 @@ class Stack:
             if r.tls and now >= self._redis_tls_check_at:
                 self._redis_tls_check_at = now + self.config.tls_reload_interval_s
                 self._reload_redis_tls(r)
+            if now >= self._redis_probe_at:
+                self._redis_probe_at = now + self.config.probe_interval_s
+                self._probe_redis(r, rec)
             return
+        rec.unhealthy_since = None  # dead, not hung: restarted below
         if rec.reaped is not r.proc:
             rec.reaped, rec.last_exit_code = r.proc, r.proc.returncode
             delay = self._backoff(rec)
@@ -851,6 +866,26 @@ class Stack:
             self._event(logging.ERROR, f"redis: restart failed: {exc}")
             return
         self._redis_restarted(f"redis: restarted by the supervisor as pid {r.proc.pid} on port {r.port}")
+
+    def _probe_redis(self, r: EmbeddedRedis, rec: Service) -> None:
+        """PING the running embedded Redis; SIGKILL it (restarted by the next pass) when it has not answered for
+        `unhealthy_restart_s`."""
+        proc = r.proc
+        answer = _redis_probe(r.url, r.client_tls)
+        now = time.monotonic()
+        if answer != "down":
+            if rec.unhealthy_since is not None:
+                self._event(logging.INFO, f"redis: answering again after {now - rec.unhealthy_since:.1f} s")
+            rec.unhealthy_since = None
+            return
+        if rec.unhealthy_since is None:
+            rec.unhealthy_since = now
+            self._event(logging.WARNING, f"redis (pid {proc.pid}, port {r.port}): no answer to PING")
+        elif now - rec.unhealthy_since > self.config.unhealthy_restart_s and proc is r.proc and proc.poll() is None:
+            self._event(logging.ERROR, f"redis (pid {proc.pid}, port {r.port}): no answer to PING for "
+                                       f"{now - rec.unhealthy_since:.0f} s: SIGKILL (its AOF is kept)")
+            proc.kill()
+            proc.wait(10)
 
     def _reload_redis_tls(self, r: EmbeddedRedis) -> None:
         """Have the running embedded Redis load its TLS files when they changed on disk (`hsched certs rotate`:
@@ -997,15 +1032,23 @@ def _open_log(path: Path):
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600), "ab")
 
 
-def _redis_answers(url: str, tls: RedisTls | None = None) -> bool:
+def _redis_probe(url: str, tls: RedisTls | None = None) -> str:
+    """"up" (PONG), "loading" (replaying its AOF: alive, busy) or "down" (no answer within 1 s)."""
     try:
         client = connect_sync(url, tls, socket_timeout=1, socket_connect_timeout=1)
         try:
-            return bool(client.ping())
+            client.ping()
+            return "up"
         finally:
             client.close()
+    except redis.BusyLoadingError:
+        return "loading"
     except redis.RedisError:
-        return False
+        return "down"
+
+
+def _redis_answers(url: str, tls: RedisTls | None = None) -> bool:
+    return _redis_probe(url, tls) != "down"
 
 
 def _group_health(targets: list[str], credentials: grpc.ChannelCredentials | None = None) -> str:
