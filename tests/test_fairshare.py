@@ -98,7 +98,9 @@ def test_weights_parse_inline_file_and_errors(tmp_path):
     assert (w.of("alpha"), w.of("x")) == (3.0, 2.0)
     assert TenantWeights.parse("").of("x") == 1.0
     for bad, field in (("alpha=0", "--tenant-weights[alpha]"), ("alpha=x", "--tenant-weights[alpha]"),
-                       ("alpha", "--tenant-weights"), ("alpha=inf", "--tenant-weights[alpha]")):
+                       ("alpha", "--tenant-weights"), ("alpha=inf", "--tenant-weights[alpha]"),
+                       ("alpha=1,alpha=2", "--tenant-weights[alpha]"),  # given twice: not the last one silently
+                       ("A_B=1", "--tenant-weights")):  # no task's tenant could match it
         with pytest.raises(ValidationError) as e:
             TenantWeights.parse(bad)
         assert e.value.field == field

@@ -15,7 +15,7 @@ MAX_RUNTIME_S = 366 * 24 * 3600
 ONLINE, OFFLINE = "online", "offline"  # online (latency-critical) tasks may preempt offline ones
 PRIORITY_CLASSES = ("", ONLINE, OFFLINE)
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000  # order within a priority class, higher first
-_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?\Z")
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?\Z")  # a tenant, name, ... (DNS-1123)
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
 
 
@@ -80,7 +80,7 @@ class TaskSpec:
             check_string(f"gpu_models[{i}]", model, "gpu_models")
         if self.request_id and not _REQUEST_ID_RE.match(self.request_id):
             raise ValidationError("request_id", "must be 1-128 characters of [A-Za-z0-9._:-]", self.request_id)
-        if not _NAME_RE.match(self.tenant):
+        if not NAME_RE.match(self.tenant):
             raise ValidationError("tenant", "must be a DNS-1123 label: lowercase alphanumerics, '-', '.', '_', "
                                   "1-63 characters, starting and ending alphanumeric", self.tenant)
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):

@@ -35,7 +35,7 @@ from hsched import yamlfile
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import NodeTable
 from hsched.domain.resources import Resources
-from hsched.domain.task import ONLINE
+from hsched.domain.task import NAME_RE, ONLINE
 
 # What a share is measured on: CPU, memory and GPU (core percent summed over cards; 100 = one whole card),
 # in the order of hsched.domain.cluster.usage_vector (what the DC's fold keeps per tenant).
@@ -101,8 +101,11 @@ class TenantWeights:
                 pairs.append((name.strip(), value.strip()))
         weights = {}
         for name, value in pairs:
-            if not isinstance(name, str) or not name:
-                raise ValidationError(what, "tenant names must be non-empty strings", repr(name))
+            if not isinstance(name, str) or not NAME_RE.match(name):  # else it could never match a task's tenant
+                raise ValidationError(what, "tenant names must be lowercase letters, digits, '.', '_' or '-' "
+                                      "(a task's tenant rule)", repr(name))
+            if name in weights:
+                raise ValidationError(f"{what}[{name}]", "is given twice", value)
             weights[name] = _weight(f"{what}[{name}]", value)
         return TenantWeights(weights, _weight(f"{what}.default", default))
 

@@ -34,15 +34,16 @@ import yaml
 
 from hsched import yamlfile
 from hsched.domain.errors import ValidationError
+from hsched.domain.task import NAME_RE  # a token's tenant and name follow TaskSpec.tenant's rule
 from hsched.security.files import write_private
 
 log = logging.getLogger(__name__)
+
 
 TOKEN_PREFIX = "hst_"
 TOKEN_BYTES = 32
 ROLES = ("tenant", "admin")
 VERSION = 1
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?\Z")  # the rule of TaskSpec.tenant (DNS-1123)
 _HEX_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _ENTRY_KEYS = ("name", "tenant", "role", "sha256", "expires")
 _NAME_RULE = "must be a DNS-1123 label: lowercase alphanumerics, '-', '.', '_', 1-63 characters, starting and " \
