@@ -155,3 +155,19 @@ def test_the_per_dqn_row_is_skipped_with_a_note_without_its_model(tmp_path: Path
     report = run(EvalContext(seeds=[0], out_dir=tmp_path, quick=True), methods=methods)
     assert "The per-dqn row is skipped: no model at" in report
     assert {r[1] for r in _table_rows(report, "DC")} == {"min-cost"}
+
+
+def test_a_one_vertex_wan_skips_the_path_mdp_rows_with_a_note(tmp_path: Path) -> None:
+    """One DC at the scheduler vertex: no path to choose. The PER-DQN row crashed (an IndexError in its greedy
+    tables of a WAN without links) and the eq.11 optimum cannot be built; both are skipped with a note."""
+    fleet = tmp_path / "one.yaml"
+    fleet.write_text("version: 1\nname: one\nnetwork_price_per_gb_ms: 0.01\n"
+                     "wan: {vertices: [{name: s, lat: 0.0, lon: 0.0}], scheduler_vertex: s}\n"
+                     "datacenters:\n  - name: only\n    vertex: s\n"
+                     "    prices: {cpu_core_hour: 0.03, memory_gib_hour: 0.004}\n"
+                     "    layout: {racks: 2, servers_per_rack: 2, rows: 1}\n"
+                     "    node_pools: [{name: cpu, count: 4, cpu_cores: 24, memory_gib: 96, disk_gib: 500}]\n")
+    report = run(EvalContext(seeds=[0], out_dir=tmp_path, quick=True, fleet_path=str(fleet)))
+    for row in ("per-dqn", "eq11-optimum"):
+        assert f"The {row} row is skipped: the WAN has one vertex: no path to choose." in report
+    assert {r[1] for r in _table_rows(report, "DC")} == {"min-cost", "crf", "spf"}

@@ -119,9 +119,16 @@ def own_paths(graph: WanGraph, finder: PathFinder, entries: Sequence[str], verti
     return {"pairs": pairs, "equal": equal, "invalid": invalid}
 
 
+def _one_vertex(graph: WanGraph) -> str:
+    """The path MDP (eq.11) needs two vertices: a WAN of one has no path to choose."""
+    return "the WAN has one vertex: no path to choose" if len(graph.vertices) < 2 else ""
+
+
 def _per_dqn_unavailable(graph: WanGraph) -> str:
     from hsched.rl.dqn import ModelMismatch
 
+    if why := _one_vertex(graph):
+        return why
     try:
         _per_dqn(graph, 0)
     except (FileNotFoundError, ModelMismatch) as exc:
@@ -138,7 +145,7 @@ PATH_METHODS: dict[str, PathMethod] = {
                           "total", unavailable=_per_dqn_unavailable),
     "eq11-optimum": PathMethod("min-cost", _eq11_optimum,
                                f"exact optimum of the path MDP (eq.11, value iteration, γ = {ORACLE_GAMMA})",
-                               reference=True),
+                               reference=True, unavailable=_one_vertex),
 }
 
 

@@ -319,8 +319,10 @@ def greedy_tables(net: PathPlanner, cache: FeatureCache, g: int, targets: Sequen
         for lo in range(0, len(targets), chunk):
             part = list(targets[lo:lo + chunk])
             batch = cache.batch([(g, t) for t in part])
-            cost = batch.cost_to_go(*net(batch)).numpy()
             src = batch.src.numpy()
+            if not src.size:  # a WAN without links (one vertex): no move anywhere, every entry stays -1
+                continue
+            cost = batch.cost_to_go(*net(batch)).numpy()
             order = np.lexsort((cost, src))  # by vertex, cheapest link first
             first = order[np.r_[True, src[order][1:] != src[order][:-1]]]
             rows = src[first]
