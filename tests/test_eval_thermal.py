@@ -183,3 +183,21 @@ def test_the_double_dqn_note_says_what_its_model_was_trained_on(tmp_path, monkey
     assert ("trained on `pwa_swf/LLNL-Thunder-2007-1.1-cln.swf.gz`, jobs 2000-4499, with eq.12's constants chosen on "
             "its validation jobs 4500-4999: this run's trace, never on these evaluation jobs (500-599).") in held_out
     assert "not held out" in thermal._double_dqn_note(thunder, [(4900, 5000)])
+
+
+def test_a_double_dqn_model_that_cannot_serve_the_room_leaves_its_row_out_with_why(tmp_path, monkeypatch) -> None:
+    """A truncated model in HSCHED_MODELS_DIR: the report says why there is no Double DQN row (it was a torch
+    traceback), and the other rows are computed."""
+    models = tmp_path / "models"
+    models.mkdir()
+    shipped = thermal.model_path(thermal.DOUBLE_DQN_MODEL)
+    (models / "double_dqn_dc.pt").write_bytes(shipped.read_bytes()[:5000])
+    (models / "double_dqn_dc.json").write_text(shipped.with_suffix(".json").read_text())
+    monkeypatch.setenv("HSCHED_MODELS_DIR", str(models))
+    monkeypatch.setattr(thermal, "POLICY_FACTORIES", {"RR": thermal.POLICY_FACTORIES["RR"],
+                                                      "Greedy": thermal.POLICY_FACTORIES["Greedy"],
+                                                      "Double DQN": thermal._double_dqn})
+    report = thermal.run(EvalContext(seeds=[0], out_dir=tmp_path / "out", quick=True))
+    assert "| RR |" in report and "| Double DQN |" not in report
+    assert f"Double DQN: no row, {models / 'double_dqn_dc.pt'} is not a readable checkpoint (" in report
+    assert list(thermal.POLICY_FACTORIES) == ["RR", "Greedy", "Double DQN"]  # left as it was for the next run

@@ -120,6 +120,21 @@ def test_policy_names_list_learned_policies():
 # -- a checkpoint's .pt and .json are one pair; --resume continues only the run it names ------------------------
 
 
+def test_an_unreadable_checkpoint_is_a_model_mismatch_naming_it(tmp_path):
+    """A truncated or foreign .pt without a digest to tell (a shipped model's pair): ModelMismatch in one line,
+    which a serving placer falls back on and an eval reports, instead of torch's traceback."""
+    path = checkpoint.save(tmp_path / "m", {"step": 1, "w": torch.zeros(1000)}, {})
+    meta = checkpoint.load_metadata(path)
+    del meta[checkpoint.PT_DIGEST]
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(ModelMismatch, match=rf"^{path} is not a readable checkpoint \("):
+        checkpoint.load_state(path)
+    path.write_text("not a checkpoint")
+    with pytest.raises(ModelMismatch, match="is not a readable checkpoint"):
+        checkpoint.load_state(path)
+
+
 def test_a_pt_its_json_does_not_describe_is_refused_naming_both_files(tmp_path):
     old = checkpoint.save(tmp_path / "m", {"step": 1}, {"input_shape": 9})
     (tmp_path / "x.pt").write_bytes(old.read_bytes())

@@ -21,7 +21,9 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import time
+import zipfile
 from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -101,17 +103,22 @@ def load_state(path: str | Path) -> dict[str, Any]:
     or this project wrote."""
     path = Path(path).with_suffix(".pt")
     meta = path.with_suffix(".json")
+    from hsched.policies.learned import ModelMismatch  # (learned imports this module)
+
     want = load_metadata(path).get(PT_DIGEST) if meta.exists() else None
     blob = path.read_bytes()
     if want is not None and hashlib.sha256(blob).hexdigest() != want:
         pending = path.with_suffix(".pt.tmp")
         blob = pending.read_bytes() if pending.exists() else b""
         if hashlib.sha256(blob).hexdigest() != want:
-            from hsched.policies.learned import ModelMismatch  # (learned imports this module)
-
             raise ModelMismatch(f"{path} is not the weights {meta} describes (sha256 differs): the pair was not "
                                 "written together; retrain, or restore both files")
-    return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
+    try:
+        return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
+    except (RuntimeError, ValueError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
+        # a truncated or foreign file (no digest to tell): a service falls back, a command says so in one line
+        raise ModelMismatch(f"{path} is not a readable checkpoint ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else 'no detail'})") from None
 
 
 def runs_dir(out: Path) -> Path:
