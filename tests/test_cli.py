@@ -133,6 +133,22 @@ def test_bad_arguments_are_one_line_usage_errors(argv, words, tmp_path):
     assert_one_line_error(run_cli(*argv, *gateway, env={"XDG_RUNTIME_DIR": str(tmp_path)}), 2, *words)
 
 
+def test_operator_mistakes_are_one_line_errors_not_tracebacks(tmp_path):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    certs = str(tmp_path / "certs")
+    assert_one_line_error(run_cli("certs", "issue", "tenant-x", "--dir", certs, "--days", "100000000", env=env), 2,
+                          "--days", "1..36500")  # (an OverflowError of the date before)
+    assert_one_line_error(run_cli("certs", "rotate", "--dir", certs, "--new-ca", "--drop-old-ca", env=env), 2,
+                          "--drop-old-ca", "--new-ca")  # (would distrust every leaf the old CA signed at once)
+    assert run_cli("certs", "init", "--dir", certs, env=env).returncode == 0
+    assert_one_line_error(run_cli("certs", "issue", "tenant-Bad_Name", "--dir", certs, env=env), 1,
+                          "'Bad_Name' must be lowercase")  # no gateway could map it to a tenant
+    assert_one_line_error(run_cli("tokens", "create", "--file", str(tmp_path / "no" / "dir" / "t.yaml"),
+                                  "--tenant", "x", env=env), 1, "hsched tokens", "No such file or directory")
+    assert_one_line_error(run_cli("link", "s", "a", "--latency-ms", "3", "--fleet", str(SMALL_FLEET),
+                                  env={**env, "REDIS_URL": "garbage"}), 2, "REDIS_URL", "redis://", "'garbage'")
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.integers(-1002, 1002), st.integers(-2**64, 2**64)))
 def test_priority_takes_what_the_gateway_takes_and_refuses_the_rest_in_its_words(value):

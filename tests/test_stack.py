@@ -184,6 +184,19 @@ def test_invalid_input_is_rejected_naming_the_field(gw, spec, field):
     assert len(gw.List(gateway_pb2.ListRequest(limit=1000)).tasks) == before  # nothing half-written
 
 
+@pytest.mark.parametrize("token", ["garbage", "zzz", "t01", "j0000000000zz"])
+def test_a_page_token_no_list_answered_is_invalid_not_a_silent_restart_or_end(gw, token):
+    """("garbage" sorted before every task id: the listing restarted from the first task; "zzz" after them: an
+    empty page, as if there were no more.)"""
+    for call, request in ((gw.List, gateway_pb2.ListRequest), (gw.ListJobs, gateway_pb2.ListJobsRequest)):
+        with pytest.raises(grpc.RpcError) as err:
+            call(request(page_token=token), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details().startswith("page_token:")
+    first = gw.List(gateway_pb2.ListRequest(limit=1), timeout=10)
+    if first.next_page_token:  # a token the gateway made is taken
+        gw.List(gateway_pb2.ListRequest(limit=1, page_token=first.next_page_token), timeout=10)
+
+
 def test_unknown_selector_method_and_missing_task(gw):
     with pytest.raises(grpc.RpcError) as err:
         submit(gw, task(), method="cheapest")

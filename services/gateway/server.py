@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
@@ -78,6 +79,16 @@ class PlacersUnavailable(Exception):
     def __init__(self, verdicts: list[tuple[str, str]], reason: str) -> None:
         super().__init__(reason)
         self.verdicts = verdicts
+
+
+# a List/ListJobs page token is the last id of the previous page: a task id (t<ms hex>..., a job's j<ms hex>.<stage>.
+# <i>) or a job id; anything else would silently restart the listing or end it
+_PAGE_TOKEN = re.compile(r"[tj][0-9a-f]{12}[0-9A-Za-z._-]{0,200}")
+
+
+def check_page_token(token: str) -> None:
+    if token and not _PAGE_TOKEN.fullmatch(token):
+        raise ValidationError("page_token", "must be the next_page_token a List answered (a task or job id)", token)
 
 
 # how often an open Watch checks its caller's credentials again (a revoked token's stream then ends)
@@ -720,6 +731,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             raise ValidationError("limit", f"must be <= {LIST_MAX}", request.limit)
         tenant = tenant_filter(self.auth.authenticate(context), request.tenant)
         limit = request.limit or LIST_DEFAULT
+        check_page_token(request.page_token)
         out: list[pb.Job] = []
         for job_id in sorted(self.store.jobs):
             if request.page_token and job_id <= request.page_token:
@@ -890,6 +902,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if request.limit > LIST_MAX:
             raise ValidationError("limit", f"must be <= {LIST_MAX}", request.limit)
         limit = request.limit or LIST_DEFAULT
+        check_page_token(request.page_token)
         out: list[pb.Task] = []
         for task_id in sorted(self.store.tasks):
             if request.page_token and task_id <= request.page_token:

@@ -45,8 +45,13 @@ def _redis_url(gateway: str | None = None) -> str | None:
     from hsched.localstate import stack_redis_url
     from hsched.state.redis import RedisTls
 
-    if os.environ.get("REDIS_URL"):
-        return os.environ["REDIS_URL"]
+    if url := os.environ.get("REDIS_URL"):
+        from hsched.state.redis import SENTINEL_SCHEME, redact_url
+
+        if url.partition("://")[0] not in ("redis", "rediss", "unix", SENTINEL_SCHEME) or "://" not in url:
+            raise ValidationError("REDIS_URL", "must be a redis://, rediss://, unix:// or redis+sentinel:// URL",
+                                  redact_url(url))
+        return url
     stack = _running_stack(gateway)
     for name in RedisTls.ENV:
         if stack.get(_stack_key(name)):
@@ -768,6 +773,9 @@ def cmd_certs(args) -> int:
     """`hsched certs init|issue|rotate --dir D` (hsched.security.pki); errors: one line, exit 1."""
     from hsched.security import pki
 
+    if getattr(args, "new_ca", False) and args.drop_old_ca:  # would distrust every leaf the old CA signed at once
+        raise ValidationError("--drop-old-ca", "cannot be combined with --new-ca: first rotate with --new-ca, hand "
+                              "out the new certificates, then rotate again with --drop-old-ca")
     try:
         if args.certs_command == "init":
             pki.init_dir(args.dir, leaf_days=args.days, force=args.force)
@@ -1118,6 +1126,13 @@ def data_flags(p: argparse.ArgumentParser) -> None:
                         "by the factor (default 1)")
 
 
+def certificate_days(text: str) -> int:
+    value = _int(text)
+    if not 1 <= value <= 36_500:  # (a date past year 9999 overflows the certificate's validity field)
+        raise argparse.ArgumentTypeError(f"must be in 1..36500 days, got {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = _int(text)
     if not 0 < value <= INT32_MAX:
@@ -1362,7 +1377,8 @@ def build_parser() -> argparse.ArgumentParser:
     ce_init.add_argument("--force", action="store_true", help="replace an existing CA")
     for sp in (ce_init, ce_issue, ce_rotate):
         sp.add_argument("--dir", required=True, help="the TLS directory (created 0700)")
-        sp.add_argument("--days", type=positive_int, default=90, help="validity of the leaf certificates")
+        sp.add_argument("--days", type=certificate_days, default=90, help="validity of the leaf certificates "
+                                                                          "(1..36500)")
     ce.set_defaults(fn=cmd_certs)
 
     rp = sub.add_parser("replay", help="replay a real trace through a running gateway")
@@ -1646,6 +1662,10 @@ def main(argv: list[str] | None = None) -> int:
     except (LocalStateError, ValidationError) as exc:  # an ambiguous/unsafe stack file; bad credentials settings
         print(f"hsched: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file or port the command needs (a tokens file's missing directory, a port in use)
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"hsched {args.command}: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from hsched.domain.task import NAME_RE
 from hsched.security import files
 
 TRUST_DOMAIN = "hsched.local"
@@ -71,7 +72,11 @@ def identity_for(name: str) -> str:
         return f"spiffe://{TRUST_DOMAIN}/admin/admin"
     for kind in ("tenant", "admin"):
         if name.startswith(f"{kind}-") and len(name) > len(kind) + 1:
-            return f"spiffe://{TRUST_DOMAIN}/{kind}/{name[len(kind) + 1:]}"
+            who = name[len(kind) + 1:]
+            if not NAME_RE.match(who):  # else the gateway could never map the certificate to a tenant or admin
+                raise PkiError(f"name {name!r}: {who!r} must be lowercase letters, digits, '.', '_' or '-' (a "
+                               "tenant's rule)")
+            return f"spiffe://{TRUST_DOMAIN}/{kind}/{who}"
     raise PkiError(f"name {name!r}: not a service role ({', '.join(SERVICE_ROLES)}, redis), 'admin', "
                    "'admin-<name>' or 'tenant-<tenant>'; pass uri= to choose the identity")
 
