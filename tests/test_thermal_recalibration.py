@@ -226,7 +226,14 @@ def test_replay_cli_dry_run_validates_names_and_writes_nothing(tmp_path, capsys,
     good.write_text("datacenter,sample,node,inlet_c,outlet_c,supply_c,power_w\n"
                     "cheap,a,cheap-r01-s00,21,28,20,\ncheap,a,3,22,30,20,250\n")
     assert cli_main(["thermal", "replay", str(good), "--fleet", SMALL_FLEET, "--dry-run"]) == 0
-    assert "2 valid readings, 1 scans (nothing written: --dry-run)" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "2 valid readings, 1 scans (nothing written: --dry-run)" in out.out
+    # 2 of cheap's 4 servers: the service would drop the scan, so the replay says so
+    assert "warning: 1 scan(s) of cheap miss some of its 4 servers" in out.err
+    good.write_text("datacenter,sample,node,inlet_c,outlet_c,supply_c\n"
+                    + "".join(f"cheap,a,{n},21,28,20\n" for n in range(4)))
+    assert cli_main(["thermal", "replay", str(good), "--fleet", SMALL_FLEET, "--dry-run"]) == 0
+    assert "warning" not in capsys.readouterr().err
     good.write_text("datacenter,sample,node,inlet_c,outlet_c,supply_c\ncheap,a,cheap-r09-s00,21,28,20\n")
     assert cli_main(["thermal", "replay", str(good), "--fleet", SMALL_FLEET, "--dry-run"]) == 2
     assert "r.csv:2.node: is not a server of this data center" in capsys.readouterr().err
