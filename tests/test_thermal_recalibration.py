@@ -551,6 +551,16 @@ async def test_a_placer_asking_the_service_names_the_services_version(redis, red
         second = await placer.Place(place("b", 2), timeout=10)
         assert second.thermal.model_version == 1
         assert any(n.startswith("thermal model version 1 (published") for n in second.notes)
+        # bad input is INVALID_ARGUMENT naming the field (a NaN or 1e308 was INTERNAL with a server traceback)
+        for request, field in ((thermal_pb2.PredictRequest(datacenter=DC, deltas=[thermal_pb2.LoadDelta(
+                                    node_index=0, gpu_busy=float("nan"))]), "deltas[0].gpu_busy"),
+                               (thermal_pb2.PredictRequest(datacenter=DC, deltas=[thermal_pb2.LoadDelta(
+                                    node_index=0, gpu_busy=1e308)]), "deltas[0].gpu_busy"),
+                               (thermal_pb2.PredictRequest(datacenter=DC, min_ledger_id="garbage"), "min_ledger_id")):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await thermal.Predict(request, timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details().startswith(f"{field}:"), err.value.details()
 
 
 # -- real processes: kill -9, a Redis restart, a stack's placer following the versions -------------------------

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
+import re
 
 import numpy as np
 
@@ -42,6 +44,9 @@ from hsched.v1 import thermal_pb2_grpc
 
 log = logging.getLogger("hsched.thermal")
 
+
+LEDGER_ID = re.compile(r"\d{1,20}-\d{1,20}")  # a Redis stream entry id
+MAX_GPU_BUSY = 1 << 20  # whole-card equivalents one delta may move: far above any node, far below float overflow
 
 class Room:
     """One DC's room model over the fold of its ledger, with the derived values cached per ledger version."""
@@ -105,6 +110,13 @@ class ThermalServicer(thermal_pb2_grpc.ThermalServicer):
     @rpc.grpc_errors
     async def Predict(self, request: pb.PredictRequest, context) -> pb.PredictResponse:
         room = self._room(request.datacenter)
+        if request.min_ledger_id and not LEDGER_ID.fullmatch(request.min_ledger_id):
+            raise ValidationError("min_ledger_id", "must be a ledger entry id (<ms>-<seq>) or empty",
+                                  request.min_ledger_id)
+        for i, d in enumerate(request.deltas):  # (a NaN or 1e308 reached the model: INTERNAL and a traceback)
+            if not math.isfinite(d.gpu_busy) or abs(d.gpu_busy) > MAX_GPU_BUSY:
+                raise ValidationError(f"deltas[{i}].gpu_busy", f"must be a finite number of cards within "
+                                      f"±{MAX_GPU_BUSY}", d.gpu_busy)
         try:
             await room.follower.wait_for(request.min_ledger_id)
         except TimeoutError:
