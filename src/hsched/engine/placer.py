@@ -1006,7 +1006,9 @@ class PlacerEngine:
         if outcome is Outcome.NO_ROOM and op.allow_defer:
             assert op.spec is not None
             self._emit(op, {"t": "defer", "task": op.task_id, "spec": task_to_dict(op.spec), "at": _now_ms()})
-            return PlaceResult("deferred", reason=reason, notes=[*notes, f"queued at position {len(self.queue)}"])
+            queued = (f"queued behind {len(self.queue) - 1} task(s) then; the queue is served in fair-share order, "
+                      "not by position (hsched tenants)")
+            return PlaceResult("deferred", reason=reason, notes=[*notes, queued])
         return PlaceResult(outcome.value, reason=reason, notes=notes)
 
     def _alloc(self, op: _Op, task_id: str, spec: TaskSpec, parts: tuple[Part, ...],
