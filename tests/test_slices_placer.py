@@ -379,6 +379,10 @@ def test_slices_fit_prints_the_curve_and_writes_the_file_the_placers_load(tmp_pa
     assert "a node of 96 cores / 384 GiB is cut into 127 slices: [7, 23, 55, 39, 1, 2]" in out
     assert SliceCatalog.load(out_file) == fit6.catalog
     assert main(["slices", "show", str(out_file)]) == 0
+    # up to a --q-max below the knee every step saves more: the cap, not called a knee (0.4296 at Q = 3)
+    assert main(["slices", "fit", "--trace", "alibaba2018", "--q-max", "3", "-o", str(tmp_path / "s3.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "<- knee" not in out and "<- cap (--q-max)" in out and "no knee up to --q-max 3" in out
 
 
 def test_bad_slice_flags_are_usage_errors(tmp_path, capsys) -> None:

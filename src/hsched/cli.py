@@ -941,12 +941,19 @@ def cmd_slices(args) -> int:
         print(f"{src['trace']}: {src['jobs']} jobs, {src['tasks']} tasks, {src['distinct_demands']} distinct demand "
               "vectors; idle fraction of the reserved slice resources against Q (paper 001 fig. 12):")
         print("   Q  constrained (paper 001)  plain hierarchical")
-        for k, con, unc in zip(curve.qs, curve.constrained, curve.unconstrained, strict=True):
-            mark = "  <- knee" if k == curve.chosen_q else ""
-            print(f"  {k:2d}  {con:24.4f}  {unc:18.4f}{mark}")
+        con = curve.constrained
+        # no step below --min-gain up to --q-max: the chosen Q is the cap, not a knee
+        capped = all(con[k] - con[k + 1] >= curve.min_gain for k in range(len(con) - 1))
+        for k, c, unc in zip(curve.qs, con, curve.unconstrained, strict=True):
+            mark = ("  <- cap (--q-max)" if capped else "  <- knee") if k == curve.chosen_q else ""
+            print(f"  {k:2d}  {c:24.4f}  {unc:18.4f}{mark}")
         print(f"  uniform (one type): {curve.uniform:.4f}")
-        print(f"knee (one more type saves < {curve.min_gain:g}): Q = {curve.chosen_q}; using Q = {src['q']} "
-              f"({src['q_choice']})")
+        if capped:
+            print(f"no knee up to --q-max {curve.qs[-1]} (every further type saved >= {curve.min_gain:g}): Q = "
+                  f"{curve.chosen_q}, the cap; using Q = {src['q']} ({src['q_choice']})")
+        else:
+            print(f"knee (one more type saves < {curve.min_gain:g}): Q = {curve.chosen_q}; using Q = {src['q']} "
+                  f"({src['q_choice']})")
     print(f"{catalog.q} slice types (cpu_milli / memory_mib, share of the slice capacity):")
     for k in range(catalog.q):
         print(f"  {k}: {catalog.cpu_milli[k]:6d}m  {catalog.memory_mib[k]:7d} MiB  {catalog.shares[k]:.3f}")
