@@ -295,7 +295,9 @@ class ColocationEnv(gymnasium.Env):
     # ---------------------------------------------------------------- gym API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        ss = np.random.SeedSequence(seed)
+        # without a seed, from the env's own generator (seeded by the last seeded reset): reset(seed=s) then
+        # reset() is the same episode every time, as Gymnasium requires (the OS's entropy made it differ)
+        ss = np.random.SeedSequence(seed if seed is not None else int(self.np_random.integers(2**63)))
         workload_rng, online_rng, overhead_rng = (np.random.default_rng(s) for s in ss.spawn(3))
         cfg = self.cfg
         picks = workload_rng.choice(len(self.pool), size=min(cfg.num_jobs, len(self.pool)), replace=False)
