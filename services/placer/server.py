@@ -209,14 +209,15 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
             except grpc.aio.AioRpcError as exc:
                 log.warning("placer %s: GetState without the room's state (%s)", e.dc.name, exc.code().name)
         if request.include_tenants:
+            def vector(v: np.ndarray) -> placer_pb2.ShareVector:
+                return placer_pb2.ShareVector(**{d: float(x) for d, x in zip(DIMENSIONS, v, strict=True)})
             out.tenants.extend(placer_pb2.TenantShare(
-                **{k: v for k, v in t.items() if k not in ("allocated", "requested", "deserved")},
-                **{k: placer_pb2.ShareVector(**dict(zip(DIMENSIONS, map(float, t[k]), strict=True)))
-                   for k in ("allocated", "requested", "deserved")}) for t in e.tenant_shares())
+                tenant=t["tenant"], weight=t["weight"], share=t["share"], running_tasks=t["running_tasks"],
+                queued_tasks=t["queued_tasks"], allocated=vector(t["allocated"]), requested=vector(t["requested"]),
+                deserved=vector(t["deserved"])) for t in e.tenant_shares())
         if request.include_nodes:
             s = e.state
-            tasks = np.bincount([n for parts in s.allocations.values() for n in {p.node for p in parts}],
-                                minlength=s.n)
+            tasks = s.tasks_per_node()
             for i in range(s.n):
                 cordon = s.cordoned.get(i)
                 out.nodes.append(placer_pb2.NodeState(

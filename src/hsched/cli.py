@@ -49,7 +49,8 @@ def _redis_url(gateway: str | None = None) -> str | None:
     if url := os.environ.get("REDIS_URL"):
         from hsched.state.redis import SENTINEL_SCHEME, redact_url
 
-        if url.partition("://")[0] not in ("redis", "rediss", "unix", SENTINEL_SCHEME) or "://" not in url:
+        scheme, sep, _ = url.partition("://")
+        if not sep or scheme not in ("redis", "rediss", "unix", SENTINEL_SCHEME):
             raise ValidationError("REDIS_URL", "must be a redis://, rediss://, unix:// or redis+sentinel:// URL",
                                   redact_url(url))
         return url

@@ -173,8 +173,9 @@ class ClusterState:
     def _model_mask(self, gpu_models: tuple[str, ...]) -> np.ndarray | bool:
         return np.isin(self._models, list(gpu_models)) if gpu_models else True
 
-    def feasible(self, demand: Resources, gpu_models: tuple[str, ...] = ()) -> np.ndarray:
-        """Nodes where `demand` (one part) fits right now; a GPU slice must fit on one card."""
+    def feasible(self, demand: Resources, gpu_models: tuple[str, ...] = (), cordoned: bool = False) -> np.ndarray:
+        """Nodes where `demand` (one part) fits right now; a GPU slice must fit on one card. Cordoned nodes only
+        with `cordoned` (to tell why a task waits)."""
         # the same masks as (a >= x) & (b >= y) & …, combined in place (every decision filters every node)
         ok = self.free_cpu >= demand.cpu_milli
         ok &= self.free_memory >= demand.memory_mib
@@ -186,7 +187,7 @@ class ClusterState:
             ok &= count_per_row(cards) >= demand.gpu_count
             if gpu_models:
                 ok &= self._model_mask(gpu_models)
-        if self._open is not None:
+        if self._open is not None and not cordoned:
             ok &= self._open
         return ok
 
@@ -253,12 +254,13 @@ class ClusterState:
         """The cordoned nodes where `demand` would fit now (why a task waits: only they have room)."""
         if not self.cordoned:
             return []
-        saved, self._open = self._open, None
-        try:
-            ok = self.feasible(demand, gpu_models)
-        finally:
-            self._open = saved
+        ok = self.feasible(demand, gpu_models, cordoned=True)
         return [i for i in self.cordoned if ok[i]]
+
+    def tasks_per_node(self) -> np.ndarray:
+        """How many tasks hold resources on each node (a task of several parts on one node counts once)."""
+        nodes = [n for parts in self.allocations.values() for n in {p.node for p in parts}]
+        return np.bincount(np.asarray(nodes, dtype=np.int64), minlength=self.n)
 
     def schedulable(self) -> np.ndarray:
         """The mask of the nodes not cordoned."""

@@ -767,11 +767,8 @@ class PlacerEngine:
             for e in reversed(op.events):
                 task = e["task"]
                 if e["t"] == "cordon":
-                    node, was = e["_was"]
-                    if was is None:
-                        self.state.uncordon(node)
-                    else:
-                        self.state.cordon(node, was["reason"], was["at"])
+                    for cancel in e["_undo"]:
+                        fold_event(cancel, self.state, self.queue)
                     continue
                 if e["t"] == "alloc":
                     self.state.release(task)
@@ -1043,17 +1040,19 @@ class PlacerEngine:
         nodes = {state.node_index(name): name for name in change.nodes}
         for node, name in nodes.items():
             was = state.cordoned.get(node)
-            if (was is None) == change.schedulable and (change.schedulable or not change.reason
-                                                        or was["reason"] == change.reason):
-                continue
+            if change.schedulable:
+                if was is None:
+                    continue  # not cordoned: nothing to undo
+            elif was is not None and (not change.reason or was["reason"] == change.reason):
+                continue  # cordoned already (a retry): a new reason only is news
             event = {"t": "cordon", "task": "", "node": name, "on": not change.schedulable, "at": now}
             if not change.schedulable:
                 event["reason"] = change.reason
             self._emit(op, event)
-            event["_was"] = (node, was)  # for _undo only
-            # if the append's outcome is unknown, the ledger cancels it by writing the node's state as it was
-            event["_undo"] = [{"t": "cordon", "task": "", "node": name, "on": was is not None, "at": now,
-                               **({"reason": was["reason"]} if was is not None else {})}]
+            # the node's state as it was: what _undo folds back, and what the ledger writes to cancel the event
+            # when the append's outcome is unknown
+            event["_undo"] = [{"t": "cordon", "task": "", "node": name, "on": was is not None,
+                               **({"reason": was["reason"], "at": was["at"]} if was is not None else {})}]
             result.changed.append(name)
         if change.evict and not change.schedulable:
             victims = tuple(t for t, clock in state.clocks.items() if clock.priority_class != ONLINE
@@ -1064,9 +1063,8 @@ class PlacerEngine:
                     self._emit(op, requeue)
                 result.evicted = list(victims)
         if not change.schedulable:
-            held = Counter(node for parts in state.allocations.values() for node in {p.node for p in parts}
-                           if node in nodes)
-            result.remaining = {name: held[node] for node, name in nodes.items()}
+            held = state.tasks_per_node()
+            result.remaining = {name: int(held[node]) for node, name in nodes.items()}
         if try_queue and (result.evicted or (change.schedulable and result.changed)):
             self._drain_queue(op, headroom, result)
         return result
@@ -1412,13 +1410,10 @@ class PlacerEngine:
         pass computes them (one FairQueue over the whole queue), and its running and queued task counts."""
         waiting = self._waiting()
         fair = FairQueue(waiting, self.state.tenant_usage, self._capacity, self.tenant_weights)
-        pending: dict[str, np.ndarray] = {}
-        for w in waiting:
-            pending[w.tenant] = pending.get(w.tenant, 0.0) + w.demand
         running = Counter(c.tenant for c in self.state.clocks.values())
         queued = Counter(w.tenant for w in waiting)
         return [{"tenant": t, "weight": self.tenant_weights.of(t), "allocated": fair.held[t],
-                 "requested": fair.held[t] + pending.get(t, 0.0), "deserved": fair.deserved[t],
+                 "requested": fair.requested[t], "deserved": fair.deserved[t],
                  "share": fair.share(t), "running_tasks": running[t], "queued_tasks": queued[t]}
                 for t in sorted(fair.held)]
 

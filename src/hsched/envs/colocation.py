@@ -255,11 +255,9 @@ class ColocationEnv(gymnasium.Env):
         masks — "raise" (ValueError: the project's schedulers always mask), or "nearest" (what
         `gymnasium.make("hsched/Colocation-v0")` builds: the clipped candidate and count level and the first
         free slice type that fits, with `info["invalid_action"]` True)."""
-        from hsched.envs.dag import INVALID_ACTIONS
+        from hsched.envs.dag import invalid_action_mode  # (here: the DAG env's module loads the TPC-H DAGs)
 
-        if invalid_action not in INVALID_ACTIONS:
-            raise ValueError(f"invalid_action must be one of {', '.join(INVALID_ACTIONS)}, got {invalid_action!r}")
-        self.invalid_action = invalid_action
+        self.invalid_action = invalid_action_mode(invalid_action)
         cfg = replace(config or ColocationConfig(), **overrides).validate()
         self.cfg = cfg
         if pool is not None:

@@ -94,6 +94,14 @@ DEFAULT_EXECUTORS = 15
 PAPER004_EXECUTOR_COUNTS = (15, 20, 25, 29, 35)
 DEFAULT_INTERARRIVAL_S = 60.0
 INVALID_ACTIONS = ("raise", "nearest")  # what step() does with an action outside the masks
+
+
+def invalid_action_mode(value: str) -> str:
+    """`value` if it is one of INVALID_ACTIONS (the masked envs' `invalid_action`), else ValueError."""
+    if value not in INVALID_ACTIONS:
+        raise ValueError(f"invalid_action must be one of {', '.join(INVALID_ACTIONS)}, got {value!r}")
+    return value
+
 DURATION_MODELS = ("waves", "mean")
 
 NODE_FEATURES = ("present", "schedulable", "finished", "unassigned_tasks", "task_duration_s",
@@ -195,9 +203,7 @@ class DagSchedulingEnv(gymnasium.Env[dict[str, np.ndarray], np.ndarray]):
                  jobs: Sequence[DagJob] | None = None, fixed_jobs: Sequence[DagJob] | None = None,
                  max_jobs: int | None = None, durations: str = "waves", record: bool = False,
                  render_mode: str | None = None, invalid_action: str = "raise") -> None:
-        if invalid_action not in INVALID_ACTIONS:
-            raise ValueError(f"invalid_action must be one of {', '.join(INVALID_ACTIONS)}, got {invalid_action!r}")
-        self.invalid_action = invalid_action
+        self.invalid_action = invalid_action_mode(invalid_action)
         if isinstance(executors, bool) or not isinstance(executors, int | np.integer) or executors < 1:
             raise ValueError(f"executors must be an integer >= 1, got {executors!r}")
         if fixed_jobs is not None:

@@ -184,8 +184,9 @@ class FairQueue:
             lane.sort(key=lambda w: (w.priority, -w.arrival))
         zero = np.zeros(len(DIMENSIONS))
         self.held = {t: np.asarray(held.get(t, zero), dtype=np.float64).copy() for t in {*pending, *held}}
-        requests = {t: self.held[t] + pending.get(t, zero) for t in self.held}
-        self.deserved = deserved(capacity, requests, weights)
+        # what each tenant asks for: what it holds and what it waits for (read by the placer's tenant view too)
+        self.requested = {t: self.held[t] + pending.get(t, zero) for t in self.held}
+        self.deserved = deserved(capacity, self.requested, weights)
 
     def share(self, tenant: str) -> float:
         return share(self.held[tenant], self.deserved[tenant])
