@@ -63,6 +63,19 @@ def test_the_term_by_hand_on_the_empty_gpu_dc() -> None:
     assert stranded_gpus(cpu_task(cores=64, gib=512).total, free, StrandingConfig()) == pytest.approx(4.0)
 
 
+def test_a_cordoned_hosts_room_is_not_in_the_free_split() -> None:
+    state = ClusterState(load_fleet(FLEET).datacenter("gpu"))
+    state.cordon(0, reason="maintenance")
+    # one of the 2 hosts left: 16 cores, 64 GiB, 2 idle T4 (its slices 16 cores and 64 GiB); the per-GPU ratios
+    # stay the fleet's (8 cores, 32 GiB per GPU)
+    assert free_of(state) == GpuHostFree(16_000, 64 * GIB, 2.0, 16_000.0, 64.0 * GIB, 8_000.0, 32.0 * GIB, 0, 0)
+    # an 8-core task still strands 1 GPU; a 24-core one would strand 3 but only the open host's 2 idle GPUs count
+    assert stranded_gpus(cpu_task().total, free_of(state), StrandingConfig()) == pytest.approx(1.0)
+    assert stranded_gpus(cpu_task(cores=24).total, free_of(state), StrandingConfig()) == pytest.approx(2.0)
+    state.uncordon(0)
+    assert free_of(state) == free_of(ClusterState(load_fleet(FLEET).datacenter("gpu")))
+
+
 def test_min_cost_moves_cpu_work_off_the_gpu_dc_only_with_the_term() -> None:
     fleet = load_fleet(FLEET)
     graph = WanGraph(fleet.wan)

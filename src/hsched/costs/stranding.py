@@ -96,17 +96,20 @@ def _idle_gpus(state: Any) -> np.ndarray:
 
 
 def free_of(state: Any) -> GpuHostFree:
-    """The split of a ClusterState's free resources (the placer publishes it in its summary)."""
+    """The split of a ClusterState's free resources (the placer publishes it in its summary). A cordoned host's
+    room is not free (nothing may be placed there), though it still counts in the per-GPU ratios of the fleet."""
     t = state.table
     g = t.gpu_count > 0
+    on = state.schedulable()
+    free_g, free_c = g & on, ~g & on
     idle = _idle_gpus(state)
     gpus = np.maximum(t.gpu_count, 1)
     total_gpus = max(int(t.gpu_count[g].sum()), 1)
     return GpuHostFree(
-        int(state.free_cpu[g].sum()), int(state.free_memory[g].sum()), float(idle.sum()),
-        float((t.cpu_milli / gpus * idle)[g].sum()), float((t.memory_mib / gpus * idle)[g].sum()),
+        int(state.free_cpu[free_g].sum()), int(state.free_memory[free_g].sum()), float(idle[free_g].sum()),
+        float((t.cpu_milli / gpus * idle)[free_g].sum()), float((t.memory_mib / gpus * idle)[free_g].sum()),
         float(t.cpu_milli[g].sum() / total_gpus), float(t.memory_mib[g].sum() / total_gpus),
-        int(state.free_cpu[~g].sum()), int(state.free_memory[~g].sum()))
+        int(state.free_cpu[free_c].sum()), int(state.free_memory[free_c].sum()))
 
 
 def stranded_gpus(total: Resources, free: GpuHostFree, cfg: StrandingConfig) -> float:
