@@ -483,6 +483,11 @@ def test_every_placer_comes_back_after_a_redis_stall():
         os.kill(redis_pid, signal.SIGSTOP)
         try:
             time.sleep(5)
+            # while it stalls, a Submit fails naming Redis, not only the placers that cannot write their ledgers
+            with pytest.raises(grpc.RpcError) as failed:
+                gw.Submit(gateway_pb2.SubmitRequest(task=task(2)), timeout=60)
+            assert failed.value.code() == grpc.StatusCode.UNAVAILABLE, failed.value.details()
+            assert "Redis does not answer the gateway either" in failed.value.details(), failed.value.details()
         finally:
             os.kill(redis_pid, signal.SIGCONT)
         wait_for(lambda: serving_again(stack, before), "every placer serves again with a higher token")

@@ -304,6 +304,7 @@ def test_a_task_only_a_stopped_placers_dc_can_hold_is_unavailable_and_a_retry_pl
     try:
         first = unavailable(spec)
         assert first.startswith("no data center placed the task") and "gpu: its placer did not answer" in first, first
+        assert "Redis" not in first, first  # it answers: only the placer is down
         # its retries wait for that attempt's unanswered Place to be released at gpu: UNAVAILABLE while gpu is down
         assert "previous attempt of request_id 'only-the-gpu-dc'" in unavailable(spec)
         probe = pb.TaskSpec()

@@ -344,7 +344,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 (e.datacenter, e.reason) for e in selection.excluded)
             if unserved:
                 raise rpc.Unavailable(f"{task.reason}; {', '.join(unserved)} could hold it once its placer serves "
-                                      "again: nothing was kept, retry (with the same request_id)")
+                                      f"again{await self._redis_silence()}: nothing was kept, retry (with the same "
+                                      "request_id)")
             records.append(step("rejected", task, task.reason))
             await self._commit(task, records, fences, claim)
             return task
@@ -358,12 +359,22 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             except PlacersUnavailable as exc:
                 self._give_up(task, claim, str(exc))
                 raise rpc.Unavailable(f"no data center placed the task and a placer that might have did not answer "
-                                      f"({exclusion_summary(exc.verdicts)}); nothing was kept: retry (with the "
-                                      "same request_id)") from None
+                                      f"({exclusion_summary(exc.verdicts)}){await self._redis_silence()}; nothing "
+                                      "was kept: retry (with the same request_id)") from None
             await self._commit(task, records, fences, claim)
         finally:
             self._scheduling.discard(task.task_id)
         return task
+
+    async def _redis_silence(self, timeout_s: float = 0.5) -> str:
+        """When placers did not answer: a note naming Redis if it does not answer the gateway either (a placer
+        answers only once its ledger write is in Redis, so an outage looks like every placer failing)."""
+        try:
+            await asyncio.wait_for(self.store.redis.ping(), timeout_s)
+        except Exception as exc:  # noqa: BLE001 - any failure to answer is the news
+            return f"; Redis does not answer the gateway either ({str(exc) or f'no reply in {timeout_s:g} s'}): " \
+                   "the placers cannot write their ledgers until it is back"
+        return ""
 
     async def _commit(self, task: pb.Task, records: list[Record], fences=(), claim: str = "") -> None:
         """Make the Submit's records durable. If the task stream does not take them, nothing of the task is kept
