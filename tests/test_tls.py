@@ -416,6 +416,32 @@ async def test_gateway_asks_for_no_client_certificate_unless_required(redis_url,
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
+async def test_the_cli_says_when_it_and_the_gateway_disagree_on_tls(redis_url, prefix, tmp_path, tls_dir,
+                                                                     monkeypatch, capfd):
+    """gRPC says only "Socket closed" to a plaintext client of a TLS port, and WRONG_VERSION_NUMBER to a TLS client
+    of a plaintext one: the CLI's line says which setting to change."""
+    from hsched import cli
+    from services.gateway import server as gateway_server
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # no running stack
+    for name in ("HSCHED_TOKEN", "HSCHED_TOKEN_FILE", "HSCHED_TLS_CA", "HSCHED_TLS_CERT", "HSCHED_TLS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    common = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix]
+
+    async def cli_list(gw: str, *flags: str) -> str:
+        assert await asyncio.to_thread(cli.main, ["list", "--gateway", gw, *flags]) == 1
+        err = capfd.readouterr().err.splitlines()[-1]  # (before it: the in-process gateway's handshake log)
+        assert err.startswith("hsched: UNAVAILABLE"), err
+        return err
+
+    async with inprocess.service(gateway_server, [*common, "--tls-dir", str(tls_dir)],
+                                 _private(tmp_path / "tls-gw") / "gateway.port") as gw:
+        assert f"(if {gw} serves TLS, give its CA: --tls-ca FILE or HSCHED_TLS_CA" in await cli_list(gw)
+    async with inprocess.service(gateway_server, common, _private(tmp_path / "plain-gw") / "gateway.port") as gw:
+        assert f"({gw} does not speak TLS: drop --tls-ca" in await cli_list(gw, "--tls-ca", str(tls_dir / "ca.crt"))
+    assert "TLS" not in await cli_list("127.0.0.1:1")  # nothing listens: no hint about TLS
+
+
 def presented_serial(target: str, tls_dir: Path) -> int:
     """The serial number of the certificate the server presents to a new TLS connection."""
     ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))

@@ -1663,6 +1663,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _transport_hint(args, exc: grpc.RpcError) -> str:
+    """Why a connection may have failed when the client and the gateway disagree on TLS: gRPC itself says only
+    "Socket closed" (plaintext to a TLS port) or "WRONG_VERSION_NUMBER" (TLS to a plaintext port)."""
+    details = exc.details() or ""
+    if exc.code() != grpc.StatusCode.UNAVAILABLE or not getattr(args, "gateway", None):
+        return ""
+    try:
+        tls = _credentials(args).tls
+    except Exception:  # noqa: BLE001 - the hint is best effort; the error itself is what matters
+        return ""
+    if not tls and "Socket closed" in details:
+        return (f" (if {args.gateway} serves TLS, give its CA: --tls-ca FILE or HSCHED_TLS_CA; "
+                "a stack started with `hsched up --tls` prints it)")
+    if tls and "WRONG_VERSION_NUMBER" in details:
+        return f" ({args.gateway} does not speak TLS: drop --tls-ca / HSCHED_TLS_CA for a plaintext gateway)"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     from hsched.localstate import LocalStateError
 
@@ -1681,7 +1699,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except grpc.RpcError as exc:
-        print(f"hsched: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(f"hsched: {exc.code().name}: {exc.details()}{_transport_hint(args, exc)}", file=sys.stderr)
         return 1
     except (LocalStateError, ValidationError) as exc:  # an ambiguous/unsafe stack file; bad credentials settings
         print(f"hsched: {exc}", file=sys.stderr)

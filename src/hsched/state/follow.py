@@ -119,6 +119,8 @@ async def follow(redis: aioredis.Redis, followers: list[LedgerFollower], batch_s
     """Tail every follower's ledger with one blocking XREAD for all streams, then gather entries for up to
     `batch_s` before the next read (at once when a `wait_for` is pending): a reader off the placement path
     pays one Redis round trip per batch of writes, not one per placer write. Runs until cancelled."""
+    if not followers:  # a gateway given no placers: nothing to read (XREAD of no stream is an error)
+        await asyncio.Event().wait()
     by_stream = {f.stream: f for f in followers}
     wake = asyncio.Event()
     for f in followers:
