@@ -141,8 +141,10 @@ def test_operator_mistakes_are_one_line_errors_not_tracebacks(tmp_path):
     assert_one_line_error(run_cli("certs", "rotate", "--dir", certs, "--new-ca", "--drop-old-ca", env=env), 2,
                           "--drop-old-ca", "--new-ca")  # (would distrust every leaf the old CA signed at once)
     assert run_cli("certs", "init", "--dir", certs, env=env).returncode == 0
-    assert_one_line_error(run_cli("certs", "issue", "tenant-Bad_Name", "--dir", certs, env=env), 1,
+    assert_one_line_error(run_cli("certs", "issue", "tenant-Bad_Name", "--dir", certs, env=env), 2,
                           "'Bad_Name' must be lowercase")  # no gateway could map it to a tenant
+    assert_one_line_error(run_cli("certs", "issue", "tenant-x", "--dir", str(tmp_path / "none"), env=env), 1,
+                          "no such directory")  # the state of the directory, not the usage
     assert_one_line_error(run_cli("tokens", "create", "--file", str(tmp_path / "no" / "dir" / "t.yaml"),
                                   "--tenant", "x", env=env), 1, "hsched tokens", "No such file or directory")
     assert_one_line_error(run_cli("link", "s", "a", "--latency-ms", "3", "--fleet", str(SMALL_FLEET),

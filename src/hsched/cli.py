@@ -772,7 +772,8 @@ def cmd_describe(args) -> int:
 
 
 def cmd_certs(args) -> int:
-    """`hsched certs init|issue|rotate --dir D` (hsched.security.pki); errors: one line, exit 1."""
+    """`hsched certs init|issue|rotate --dir D` (hsched.security.pki); errors: one line, exit 2 for a name or
+    URI outside its rule (bad usage), else 1 (the directory or a file)."""
     from hsched.security import pki
 
     if getattr(args, "new_ca", False) and args.drop_old_ca:  # would distrust every leaf the old CA signed at once
@@ -793,7 +794,7 @@ def cmd_certs(args) -> int:
                   + "; running services present the new certificates on new connections")
     except pki.PkiError as exc:
         print(f"hsched certs {args.certs_command}: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, pki.PkiNameError) else 1
     return 0
 
 

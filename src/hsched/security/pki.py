@@ -62,6 +62,10 @@ class PkiError(Exception):
     """A certificate directory or file that cannot be created, read or trusted (one-line message)."""
 
 
+class PkiNameError(PkiError):
+    """A leaf name or identity URI outside its rule: the caller's input, not the directory's state."""
+
+
 def identity_for(name: str) -> str:
     """The SPIFFE ID of the leaf called `name`: a service role (or redis) -> service/<name>; "admin" ->
     admin/admin; "tenant-<t>" -> tenant/<t>; "admin-<n>" -> admin/<n>."""
@@ -74,16 +78,16 @@ def identity_for(name: str) -> str:
         if name.startswith(f"{kind}-") and len(name) > len(kind) + 1:
             who = name[len(kind) + 1:]
             if not NAME_RE.match(who):  # else the gateway could never map the certificate to a tenant or admin
-                raise PkiError(f"name {name!r}: {who!r} must be lowercase letters, digits, '.', '_' or '-' (a "
+                raise PkiNameError(f"name {name!r}: {who!r} must be lowercase letters, digits, '.', '_' or '-' (a "
                                "tenant's rule)")
             return f"spiffe://{TRUST_DOMAIN}/{kind}/{who}"
-    raise PkiError(f"name {name!r}: not a service role ({', '.join(SERVICE_ROLES)}, redis), 'admin', "
+    raise PkiNameError(f"name {name!r}: not a service role ({', '.join(SERVICE_ROLES)}, redis), 'admin', "
                    "'admin-<name>' or 'tenant-<tenant>'; pass uri= to choose the identity")
 
 
 def _check_name(name: str) -> None:
     if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith(".") or name == "ca":
-        raise PkiError(f"name {name!r}: must be letters, digits, '-', '_' or '.', not start with '.', not 'ca'")
+        raise PkiNameError(f"name {name!r}: must be letters, digits, '-', '_' or '.', not start with '.', not 'ca'")
 
 
 def paths(directory: str | os.PathLike, name: str) -> tuple[Path, Path]:
@@ -173,7 +177,7 @@ class CertificateAuthority:
         window (tests issue expired certificates this way)."""
         uri = uri or identity_for(name)
         if not uri.startswith("spiffe://"):
-            raise PkiError(f"uri {uri!r}: must start with spiffe://")
+            raise PkiNameError(f"uri {uri!r}: must start with spiffe://")
         key = ec.generate_private_key(ec.SECP256R1())
         start = not_before or (_now() - CLOCK_SKEW)
         end = not_after or (start + CLOCK_SKEW + dt.timedelta(days=days))
