@@ -74,6 +74,12 @@ def test_eval_stage1_and_gpu_on_a_small_fleet_and_trace(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     report = (out / "gpu" / "report.md").read_text()
     assert "GPU DCs of fleet `small`" in report and f"15 tasks of {OPENB}" in report
+    assert "with replacement" not in report
+    r = hsched("eval", "gpu", "--fleet", str(SMALL), "--trace", str(OPENB), "--seeds", "1", "--quick", "--tasks", "80",
+               "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "80 tasks of" in (report := (out / "gpu" / "report.md").read_text()), report  # of the file's 60 pods
+    assert "(the trace holds only 60: drawn with replacement" in report, report
 
 
 def test_a_disconnected_fleet_is_one_line_naming_the_vertices(tmp_path: Path) -> None:

@@ -139,6 +139,9 @@ def optimum_row(env: GpuClusterEnv, seed: int,
 def evaluate(ctx: EvalContext, setting: Setting, with_optimum: bool) -> Rows:
     env = GpuClusterEnv(setting.datacenters, n_tasks=setting.n_tasks, trace=setting.trace)
     rows = Rows()
+    if setting.n_tasks > len(env.pool):  # (sample_tasks) the same pod can then be asked for twice in one episode
+        setting.note += (f" (the trace holds only {len(env.pool)}: drawn with replacement; --tasks sets how "
+                         "many)")
     total = len(ctx.seeds) * (len(HEURISTICS) + len(LEARNED_POLICIES) + int(with_optimum))
     done = 0
     for seed in ctx.seeds:
