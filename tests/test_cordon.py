@@ -56,13 +56,14 @@ async def test_a_cordoned_node_takes_nothing_new_and_an_uncordon_places_what_wai
         assert waiting.outcome == "deferred" and f"only cordoned nodes have room now ({NODES[0]}" in waiting.reason
         # the summary the selector reads counts what can be placed: node 0's 16 free cores are not
         summary = e.summary()
-        assert (summary["free"][0], summary["cordoned_nodes"]) == (0, 1)
+        assert (summary["free"][0], summary["largest_free"][0], summary["cordoned_nodes"]) == (0, 0, 1)
         # a retry changes nothing and writes nothing
         events_before = len(await ledger_events(redis, prefix))
         assert (await e.set_schedulable(cordon(NODES[0], reason="fan replacement"))).changed == []
         assert len(await ledger_events(redis, prefix)) == events_before
         r = await e.set_schedulable(uncordon(NODES[0]))
         assert r.changed == [NODES[0]] and [t for t, _ in r.placed_from_queue] == ["waits"]
+        assert e.summary()["largest_free"][0] == 8000  # node 0 again: 24 cores less "before" and "waits"
         assert nodes_of(await e.place("after", task(8))) == {0} and not e.state.cordoned
         # the ledger's fold is the engine's state
         state, queue = await fold_ledger(redis, prefix, cheap())

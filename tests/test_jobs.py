@@ -204,12 +204,32 @@ def test_the_cost_question_carries_the_jobs_total_resource_seconds_and_feasibili
     assert cost.resources.memory_mib * cost.runtime_s == pytest.approx(1024 * (4 * 30 + 2 * 60), rel=1e-3)
 
 
-def test_a_job_only_a_dc_without_a_serving_placer_could_hold_is_unavailable_not_failed():
-    def answer(*candidates: str, excluded=()) -> selector_pb2.SelectResponse:
-        return selector_pb2.SelectResponse(
-            candidates=[pb.DcCandidate(datacenter=d, total_cost=1.0) for d in candidates],
-            excluded=[pb.Exclusion(datacenter=d, reason=r, unavailable=u) for d, r, u in excluded])
+def answer(*candidates: str, excluded=(), full: dict[str, int] | None = None) -> selector_pb2.SelectResponse:
+    """A selector's answer: `candidates` in rank order, each with room now unless in `full` (DC: tasks queued)."""
+    full = full or {}
+    return selector_pb2.SelectResponse(
+        candidates=[pb.DcCandidate(datacenter=d, total_cost=1.0 + i, room_now=d not in full,
+                                   queued_tasks=full.get(d, 0)) for i, d in enumerate(candidates)],
+        excluded=[pb.Exclusion(datacenter=d, reason=r, unavailable=u) for d, r, u in excluded])
 
+
+def test_a_job_goes_to_the_cheapest_dc_with_room_now_else_queues_at_the_cheapest():
+    """As Karmada filters member clusters by an estimate of the free room: a job commits to one DC, so a full
+    cheaper one would hold it while another sits idle."""
+    by_cost = answer("cheap", "near", "gpu")
+    dc, why = choose_datacenter(answer("gpu", "near", "cheap", full={"cheap": 3}), by_cost)
+    assert dc == "near", why
+    assert why == ("near: cheapest of 3 data centers able to hold the largest task with room for it now, at a "
+                   "total job cost of 2.0000; cheaper but full now: cheap (3 tasks queued)")
+    dc, why = choose_datacenter(answer("cheap", "near", full={"cheap": 0, "near": 2}), by_cost)
+    assert dc == "cheap" and why.endswith("no data center has room for it now: its stages queue there"), why
+    dc, why = choose_datacenter(answer("near", "cheap", full={"near": 0}), by_cost)
+    assert (dc, why.count("full")) == ("cheap", 0), why  # the cheapest has room: cost alone decides
+    dc, why = choose_datacenter(answer("gpu", "near", full={"near": 0}), by_cost)  # cheap cannot hold it at all
+    assert dc == "gpu" and why.endswith("cheaper but full now: near (no free room)"), why
+
+
+def test_a_job_only_a_dc_without_a_serving_placer_could_hold_is_unavailable_not_failed():
     too_big = ("near", "the task needs 40 cores in all, the DC has 24 cores", False)
     assert choose_datacenter(answer("cheap"), answer("cheap")) == (
         "cheap", "cheap: cheapest of 1 data centers able to hold the largest task, at a total job cost of 1.0000")

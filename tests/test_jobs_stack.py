@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hsched.stack import Stack, StackConfig
 from hsched.state.keys import Keys
 from hsched.v1 import common_pb2 as pb
-from hsched.v1 import gateway_pb2, gateway_pb2_grpc
+from hsched.v1 import gateway_pb2, gateway_pb2_grpc, selector_pb2, selector_pb2_grpc
 from tests.conftest import SMALL_FLEET, delete_prefix
 from tests.test_jobs import dags, oracle_valid
 
@@ -105,6 +105,38 @@ def test_a_three_stage_dag_runs_its_stages_in_dependency_order_and_succeeds(stac
     scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     assert f'hsched_jobs{{datacenter="{job.datacenter}",state="succeeded"}}' in scraped or \
         f'hsched_jobs{{state="succeeded",datacenter="{job.datacenter}"}}' in scraped, scraped[-2000:]
+
+
+def test_a_job_skips_the_cheapest_dc_while_it_is_full_and_runs_where_there_is_room(stack):
+    """cheap (the cheapest for CPU work) filled by tasks that run until released: a job goes to a DC with room,
+    the reason names cheap as full (it would have queued there while other rooms sat idle)."""
+    gw = stub(stack)
+    filler = pb.TaskSpec(resources=pb.Resources(cpu_milli=24000, memory_mib=1024), runtime_s=0, tenant="filler")
+    fillers = [gw.Submit(gateway_pb2.SubmitRequest(task=filler), timeout=30).task for _ in range(4)]
+    try:
+        assert [f.datacenter for f in fillers] == ["cheap"] * 4, [f.datacenter for f in fillers]
+        # until the selector has cheap's summary with the fillers (a placer publishes it after its write)
+        sel = selector_pb2_grpc.SelectorStub(grpc.insecure_channel(stack.services["selector"].target))
+        probe = pb.TaskSpec(resources=pb.Resources(cpu_milli=2000, memory_mib=2048), runtime_s=5)
+
+        def cheap_seen_full() -> bool:
+            answer = sel.SelectDataCenter(selector_pb2.SelectRequest(task=probe), timeout=10)
+            return any(c.datacenter == "cheap" and not c.room_now for c in answer.candidates)
+        deadline = time.monotonic() + 30
+        while not cheap_seen_full():
+            assert time.monotonic() < deadline, "the selector never saw cheap full"
+            time.sleep(0.1)
+        spec = pb.JobSpec(name="etl", request_id="cheap-is-full", stages=[stage("a", 2, 5.0)])
+        reply = gw.SubmitJob(gateway_pb2.SubmitJobRequest(job=spec), timeout=30)
+        assert reply.job.datacenter not in ("", "cheap"), reply.job
+        events = gw.Watch(gateway_pb2.WatchRequest(job_id=reply.job.job_id, after_event_id="0"), timeout=10)
+        first = next(iter(events))
+        events.cancel()
+        assert first.kind == "job_submitted" and "cheaper but full now: cheap" in first.detail, first.detail
+        assert wait_job(gw, reply.job.job_id).state == pb.JOB_STATE_SUCCEEDED
+    finally:
+        for f in fillers:
+            gw.Release(gateway_pb2.ReleaseRequest(task_id=f.task_id), timeout=30)
 
 
 def test_a_cpu_stage_after_a_gpu_stage_runs_in_the_jobs_gpu_room(stack):

@@ -521,6 +521,35 @@ def test_the_selector_ignores_a_summary_from_a_lower_fencing_token(fleet):
     assert sel.fencing_tokens == {"cheap": 7, "near": 1}
 
 
+def test_room_now_reads_the_free_totals_and_the_queue_of_the_latest_summary(fleet):
+    sel = DcSelector(fleet, graph=WanGraph(fleet.wan))
+    gib = 1024
+    two_cores = TaskSpec(resources=Resources(cpu_milli=2000, memory_mib=4 * gib), runtime_s=60)
+    assert sel.room_now(two_cores, "cheap") == (False, 0)  # nothing heard from its placer yet
+    sel.update_summary({"datacenter": "cheap", "fencing_token": 1, "free": [2000, 4 * gib, 0, 0, 0, 0, 0],
+                        "deferred_tasks": 0})
+    assert sel.room_now(two_cores, "cheap") == (True, 0)  # exactly enough
+    three = TaskSpec(resources=Resources(cpu_milli=1000, memory_mib=2 * gib), runtime_s=60, replicas=3)  # 3 cores
+    assert sel.room_now(three, "cheap") == (False, 0)
+    sel.update_summary({"datacenter": "cheap", "fencing_token": 1, "free": [64000, 64 * gib, 0, 0, 0, 0, 0],
+                        "deferred_tasks": 2})
+    assert sel.room_now(two_cores, "cheap") == (False, 2)  # room, but others wait ahead
+    # 8 cores free in all, but split 1 + 1 + ... over the nodes: no node has a 2-core task's room
+    sel.update_summary({"datacenter": "cheap", "fencing_token": 1, "free": [8000, 64 * gib, 0, 0, 0, 0, 0],
+                        "largest_free": [1000, 16 * gib, 0], "deferred_tasks": 0})
+    assert sel.room_now(two_cores, "cheap") == (False, 0)
+    assert sel.room_now(TaskSpec(resources=Resources(cpu_milli=1000, memory_mib=gib), runtime_s=60), "cheap") == \
+        (True, 0)
+    sel.update_summary({"datacenter": "gpu", "fencing_token": 1, "free": [64000, 64 * gib, 0, 0, 1, 0, 0],
+                        "deferred_tasks": 0})
+
+    def gpus(n: int, pct: int) -> TaskSpec:
+        return TaskSpec(resources=Resources(cpu_milli=1000, memory_mib=gib, gpu_count=n, gpu_core_percent=pct,
+                                            gpu_memory_mib=gib), runtime_s=60)
+    assert sel.room_now(gpus(1, 100), "gpu") == (True, 0) and sel.room_now(gpus(2, 100), "gpu") == (False, 0)
+    assert sel.room_now(gpus(2, 50), "gpu") == (True, 0)  # a shared card need not be idle: not judged here
+
+
 def test_a_lower_token_is_taken_once_the_higher_ones_placer_has_gone_silent(fleet):
     sel = DcSelector(fleet, graph=WanGraph(fleet.wan), stale_after_s=0.2)
     sel.update_summary(summary("cheap", 9))

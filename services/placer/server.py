@@ -108,9 +108,10 @@ def thermal_to_pb(c: ThermalCheck | None) -> common_pb2.ThermalEffect | None:
 
 
 def summary_to_pb(s: dict) -> common_pb2.DcSummary:
-    # (slice occupancy, with --slice-types, and the GPU-host split are in the Redis summary only: no field for them)
-    fields = {k: v for k, v in s.items()
-              if k not in ("capacity", "free", "largest_node", "largest_node_index", "slices", "gpu_hosts")}
+    # (slice occupancy, with --slice-types, the GPU-host split and the largest free room of a node are in the
+    # Redis summary only: no field for them)
+    fields = {k: v for k, v in s.items() if k not in ("capacity", "free", "largest_node", "largest_node_index",
+                                                      "slices", "gpu_hosts", "largest_free")}
     return common_pb2.DcSummary(capacity=resources_to_pb(s["capacity"]), free=resources_to_pb(s["free"]),
                                 largest_node=resources_to_pb(s["largest_node"]), **fields)
 

@@ -27,9 +27,10 @@ from hsched.v1 import common_pb2, selector_pb2, selector_pb2_grpc
 log = logging.getLogger("hsched.selector")
 
 
-def candidate_to_pb(c: Candidate) -> common_pb2.DcCandidate:
+def candidate_to_pb(c: Candidate, room: tuple[bool, int] = (False, 0)) -> common_pb2.DcCandidate:
     r, p = c.resource, c.path
     return common_pb2.DcCandidate(
+        room_now=room[0], queued_tasks=room[1],
         datacenter=c.datacenter, vertex=c.vertex,
         resource_cost=common_pb2.ResourceCost(cpu=r.cpu, memory=r.memory, disk=r.disk, bandwidth=r.bandwidth,
                                               gpu=r.gpu, total=r.total),
@@ -58,7 +59,8 @@ class SelectorServicer(selector_pb2_grpc.SelectorServicer):
         task.validate()
         ranked, excluded, unserved = self.selector.select(task, request.method)
         return selector_pb2.SelectResponse(
-            method=request.method or "min-cost", candidates=[candidate_to_pb(c) for c in ranked],
+            method=request.method or "min-cost",
+            candidates=[candidate_to_pb(c, self.selector.room_now(task, c.datacenter)) for c in ranked],
             excluded=[common_pb2.Exclusion(datacenter=d, reason=r, unavailable=d in unserved) for d, r in excluded])
 
 

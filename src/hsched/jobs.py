@@ -224,13 +224,23 @@ def selection_requests(job: pb.JobSpec) -> tuple[pb.TaskSpec, pb.TaskSpec]:
 def choose_datacenter(feasible: selector_pb2.SelectResponse, by_cost: selector_pb2.SelectResponse
                       ) -> tuple[str, str]:
     """(DC, why) from the two answers of `selection_requests`: the cheapest by total among those that can hold
-    the largest task; ("", why not) if none can. Raises Unavailable if none can now but one whose placer is not
-    serving could: that is no verdict on the job."""
-    can = {c.datacenter for c in feasible.candidates}
-    for c in by_cost.candidates:
-        if c.datacenter in can:
-            return c.datacenter, (f"{c.datacenter}: cheapest of {len(can)} data centers able to hold the largest "
-                                  f"task, at a total job cost of {c.total_cost:.4f}")
+    the largest task and have room for it now (the feasibility answer's `room_now`: free totals, nothing queued),
+    else the cheapest of those that can hold it at all (its stages queue there); ("", why not) if none can.
+    Raises Unavailable if none can now but one whose placer is not serving could: that is no verdict on the job.
+    (A job commits to one DC, so a full one would hold it while another sits idle; a task tries DCs in turn.)"""
+    can = {c.datacenter: c for c in feasible.candidates}
+    ordered = [c for c in by_cost.candidates if c.datacenter in can]
+    if ordered:
+        roomy = next((c for c in ordered if can[c.datacenter].room_now), None)
+        pick = roomy or ordered[0]
+        why = (f"{pick.datacenter}: cheapest of {len(can)} data centers able to hold the largest task"
+               f"{' with room for it now' if roomy is not None and len(can) > 1 else ''}, at a total job cost of "
+               f"{pick.total_cost:.4f}")
+        if passed := ordered[:ordered.index(pick)]:
+            why += "; cheaper but full now: " + ", ".join(_room_note(can[c.datacenter]) for c in passed)
+        elif roomy is None:
+            why += "; no data center has room for it now: its stages queue there"
+        return pick.datacenter, why
     excluded = [*feasible.excluded, *by_cost.excluded]
     why = "no data center can hold this job: " + (
         exclusion_summary({e.datacenter: e.reason for e in excluded}.items()) or "no data center answered")
@@ -238,6 +248,10 @@ def choose_datacenter(feasible: selector_pb2.SelectResponse, by_cost: selector_p
         raise Unavailable(f"{why}; {', '.join(unserved)} could hold it once its placer serves again: nothing was "
                           "kept, retry (with the same request_id)")
     return "", why
+
+
+def _room_note(c) -> str:
+    return f"{c.datacenter} ({c.queued_tasks} tasks queued)" if c.queued_tasks else f"{c.datacenter} (no free room)"
 
 
 # -- the job's state, a fold of the task table ---------------------------------------------------------------------

@@ -101,6 +101,23 @@ class DcSelector:
         fits[dc.name] = reason
         return reason
 
+    def room_now(self, task: TaskSpec, dc: str) -> tuple[bool, int]:
+        """(whether `dc`'s latest summary has room for `task` now, with nothing queued there; how many tasks queue
+        there). Room: the free totals cover the task, and per resource some open node has a replica's CPU, memory
+        and whole idle cards (for a whole-card GPU task) free. A necessary condition, as Karmada's resource-fit
+        estimate is — no one node need have all three — so a placer may still queue the task."""
+        summary = self.summaries.get(dc)
+        if summary is None:
+            return False, 0
+        queued = int(summary.get("deferred_tasks", 0))
+        r = task.resources
+        whole = r.gpu_core_percent >= 100
+        free, total = summary["free"], task.total
+        largest = summary.get("largest_free") or free[:2] + free[4:5]  # (a summary from before it was published)
+        fits = (free[0] >= total.cpu_milli and free[1] >= total.memory_mib and free[4] >= total.gpu_count * whole
+                and largest[0] >= r.cpu_milli and largest[1] >= r.memory_mib and largest[2] >= r.gpu_count * whole)
+        return fits and queued == 0, queued
+
     def gpu_hosts(self, dcs: list[DataCenter]) -> dict[str, GpuHostFree]:
         """Free resources by host kind per DC with GPUs: from its placer's summary (an older placer's summary
         without them: its empty DC's, so the term still applies, if less precisely)."""

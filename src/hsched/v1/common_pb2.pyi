@@ -176,20 +176,24 @@ class PathInfo(_message.Message):
     def __init__(self, vertices: _Optional[_Iterable[str]] = ..., latency_ms: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., loss_percent: _Optional[float] = ..., bottleneck_bandwidth_mbps: _Optional[float] = ..., finder: _Optional[str] = ...) -> None: ...
 
 class DcCandidate(_message.Message):
-    __slots__ = ("datacenter", "vertex", "resource_cost", "network_cost", "total_cost", "path")
+    __slots__ = ("datacenter", "vertex", "resource_cost", "network_cost", "total_cost", "path", "room_now", "queued_tasks")
     DATACENTER_FIELD_NUMBER: _ClassVar[int]
     VERTEX_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_COST_FIELD_NUMBER: _ClassVar[int]
     NETWORK_COST_FIELD_NUMBER: _ClassVar[int]
     TOTAL_COST_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    ROOM_NOW_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_TASKS_FIELD_NUMBER: _ClassVar[int]
     datacenter: str
     vertex: str
     resource_cost: ResourceCost
     network_cost: float
     total_cost: float
     path: PathInfo
-    def __init__(self, datacenter: _Optional[str] = ..., vertex: _Optional[str] = ..., resource_cost: _Optional[_Union[ResourceCost, _Mapping]] = ..., network_cost: _Optional[float] = ..., total_cost: _Optional[float] = ..., path: _Optional[_Union[PathInfo, _Mapping]] = ...) -> None: ...
+    room_now: bool
+    queued_tasks: int
+    def __init__(self, datacenter: _Optional[str] = ..., vertex: _Optional[str] = ..., resource_cost: _Optional[_Union[ResourceCost, _Mapping]] = ..., network_cost: _Optional[float] = ..., total_cost: _Optional[float] = ..., path: _Optional[_Union[PathInfo, _Mapping]] = ..., room_now: _Optional[bool] = ..., queued_tasks: _Optional[int] = ...) -> None: ...
 
 class BatchItemError(_message.Message):
     __slots__ = ("code", "message")
