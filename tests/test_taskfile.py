@@ -201,6 +201,19 @@ def test_the_example_holds_three_tasks_one_of_them_gpu_and_a_job_file_is_still_a
     assert re.fullmatch(r"f-[0-9a-f]{32}", loaded.tasks[2].spec.request_id)
     job = load_submit_file(EXAMPLE.parent / "job.yaml")
     assert job.job is not None and job.job.name == "nightly-etl" and not job.tasks
+    assert job.job.request_id == "nightly-etl-2026-11-24"  # its own, kept
+
+
+def test_a_job_file_without_a_request_id_gets_one_derived_as_a_task_specs(tmp_path):
+    """Else running the file twice ran the job twice (a task file's specs were already idempotent)."""
+    f = tmp_path / "job.yaml"
+    text = "name: v\nstages:\n - {name: a, tasks: 2, resources: {cpu_milli: 1000}, runtime_s: 10}\n"
+    f.write_text(text)
+    first = load_submit_file(f).job.request_id
+    assert re.fullmatch(r"f-[0-9a-f]{32}", first) and load_submit_file(f).job.request_id == first
+    assert first == derive_request_id(f, 0, yaml.safe_load(text))
+    f.write_text(text.replace("tasks: 2", "tasks: 3"))  # an edited job is a new job
+    assert load_submit_file(f).job.request_id != first
 
 
 # -- the real CLI against a real stack -----------------------------------------------------------------------------

@@ -224,6 +224,8 @@ def load_submit_file(path: str | Path) -> SubmitFile:
         try:
             job = job_from_dict(docs[0])
             validate_job(job)
+            if not job.request_id:  # as a task spec's: running the file again submits nothing twice
+                job.request_id = derive_request_id(path, 0, docs[0])
             return SubmitFile(job=job, tasks=())
         except ValidationError as exc:
             raise SpecFileError(file, exc.field, exc.rule, exc.value) from None
