@@ -19,9 +19,13 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from hsched.convert import task_from_pb
 from hsched.domain.errors import ValidationError
+from hsched.domain.fleet import load_fleet
 from hsched.domain.limits import STAGE_MAX_TASKS
-from hsched.jobs import choose_datacenter, decide, selection_requests, task_id_of, validate_job
+from hsched.domain.task import MAX_RUNTIME_S
+from hsched.engine.selector import DcSelector
+from hsched.jobs import ShapeRequest, choose_datacenter, decide, selection_requests, task_id_of, validate_job
 from hsched.rpc import Unavailable
 from hsched.state.keys import Keys
 from hsched.state.redis import NotReplicated, ReplicaSet, connect
@@ -173,6 +177,12 @@ def test_bad_job_files_name_the_file_the_field_and_the_rule(tmp_path):
     assert refusal("stages:\n  - {name: a, parents: [3]}\n").field == "job.stages[0].parents[0]"
     # and checked by the gateway's rules before anything is sent, as a task file is
     assert refusal("stages:\n  - {name: a, tasks: 0, runtime_s: 1}\n").field == "job.stages[0].tasks"
+    # the job's rule, not the wire type's (it said "must be in 0..4294967295" to -3)
+    assert refusal("stages:\n  - {name: a, tasks: -3, runtime_s: 1}\n").rule == f"must be in 1..{STAGE_MAX_TASKS}"
+    # a task is named <job>-<stage>: the job name's room is what the stage name leaves (it said "got 303")
+    long = refusal(f"name: {'n' * 250}\nstages:\n  - {{name: stage, tasks: 1, runtime_s: 1}}\n")
+    assert (long.field, long.rule) == ("job.name", "must be at most 247 characters with stage 'stage': its tasks "
+                                       "are named <job name>-<stage name>, at most 253 (got 250)"), long
     assert refusal("stages:\n  - {name: a, tasks: 1, runtime_s: 1, resources: {cpu_milli: 1000, memory_mib: 64}, "
                    "parents: [b]}\n").field == "job.stages[0].parents[0]"
     example = load_submit_file(EXAMPLE).job  # what is refused above is not what a good file is read as
@@ -188,56 +198,97 @@ def test_a_jobs_gpu_models_restrict_its_gpu_stages_only():
     mixed.gpu_models.append("T4")
     validate_job(mixed)  # the CPU stages used to be refused: "gpu_models: only allowed when gpu_count > 0"
     assert [_stage_spec(mixed, s).gpu_models for s in mixed.stages] == [(), ("T4",), ()]
-    feasibility, _ = selection_requests(mixed)
-    assert list(feasibility.gpu_models) == ["T4"]
+    assert [list(r.task.gpu_models) for r in selection_requests(mixed)] == [[], ["T4"]]  # prep+report, train
     cpu_only = job(stage("prep"))
     cpu_only.gpu_models.append("T4")
     assert field_of(cpu_only).field == "job.gpu_models"
 
 
-def test_the_cost_question_carries_the_jobs_total_resource_seconds_and_feasibility_its_largest_task():
-    spec = job(stage("a", 4, cores=2, runtime_s=30), stage("b", 2, ("a",), cores=8, runtime_s=60))
-    feasibility, cost = selection_requests(spec)
-    assert feasibility.resources.cpu_milli == 8000 and feasibility.replicas in (0, 1)
-    total_core_s = 4 * 2 * 30 + 2 * 8 * 60
-    assert cost.resources.cpu_milli / 1000 * cost.runtime_s == pytest.approx(total_core_s, rel=1e-3)
-    assert cost.resources.memory_mib * cost.runtime_s == pytest.approx(1024 * (4 * 30 + 2 * 60), rel=1e-3)
+def test_one_question_per_task_shape_carries_its_stages_task_seconds_and_the_data_moves_once():
+    spec = job(stage("a", 4, cores=2, runtime_s=30), stage("b", 2, ("a",), cores=8, runtime_s=60),
+               stage("c", 3, ("a",), cores=2, runtime_s=10), data_size_mb=500.0)
+    requests = selection_requests(spec)
+    assert [(r.stages, r.roots) for r in requests] == [(("a", "c"), True), (("b",), False)]
+    first, second = (r.task for r in requests)
+    assert (first.resources.cpu_milli, first.runtime_s) == (2000, 4 * 30 + 3 * 10)  # a and c: 150 task-seconds
+    assert (second.resources.cpu_milli, second.runtime_s) == (8000, 2 * 60)
+    assert (first.data_size_mb, second.data_size_mb) == (500.0, 0.0)  # eq.2 counted once
+    assert {r.scale for r in requests} == {1.0}
+    # beyond a task's runtime limit every request is divided by one factor, and the cost multiplied back
+    huge = selection_requests(job(stage("a", 1000, runtime_s=MAX_RUNTIME_S / 250), data_size_mb=500.0))
+    assert huge[0].scale == 4.0 and huge[0].task.runtime_s == MAX_RUNTIME_S and huge[0].task.data_size_mb == 125.0
 
 
-def answer(*candidates: str, excluded=(), full: dict[str, int] | None = None) -> selector_pb2.SelectResponse:
-    """A selector's answer: `candidates` in rank order, each with room now unless in `full` (DC: tasks queued)."""
+def test_a_gpu_stage_then_a_wide_cpu_stage_is_feasible_where_each_fits():
+    """The feasibility question used to be one made-up task of every stage's largest resources (2 GPUs and 100
+    cores) that no node holds: a valid GPU-then-CPU pipeline was refused."""
+    fleet = load_fleet(SMALL_FLEET)
+    selector = DcSelector(fleet)
+    for dc in fleet.datacenters:  # every placer heard from (what is free does not matter to the ranking)
+        selector.update_summary({"datacenter": dc.name, "fencing_token": 1, "free": [0] * 7})
+    train = pb.StageSpec(name="train", tasks=2, runtime_s=20, resources=pb.Resources(
+        cpu_milli=1000, memory_mib=4096, gpu_count=2, gpu_core_percent=100, gpu_memory_mib=16384))
+    agg = pb.StageSpec(name="agg", tasks=1, runtime_s=20, parents=["train"],
+                       resources=pb.Resources(cpu_milli=30000, memory_mib=4096))
+    spec = job(train, agg, gpu_models=["T4"])
+    requests = selection_requests(spec)
+    answers = []
+    for r in requests:
+        ranked, excluded, unserved = selector.select(task_from_pb(r.task))
+        answers.append(selector_pb2.SelectResponse(
+            candidates=[pb.DcCandidate(datacenter=c.datacenter, total_cost=c.total) for c in ranked],
+            excluded=[pb.Exclusion(datacenter=d, reason=why, unavailable=d in unserved) for d, why in excluded]))
+    dc, why = choose_datacenter(requests, answers)
+    assert dc == "gpu", why
+
+
+def answer(*candidates: str, excluded=(), full: dict[str, int] | None = None, step: float = 1.0
+           ) -> selector_pb2.SelectResponse:
+    """A selector's answer: `candidates` in rank order at costs 1, 1 + step, …, each with room now unless in `full`
+    (DC: tasks queued)."""
     full = full or {}
     return selector_pb2.SelectResponse(
-        candidates=[pb.DcCandidate(datacenter=d, total_cost=1.0 + i, room_now=d not in full,
+        candidates=[pb.DcCandidate(datacenter=d, total_cost=1.0 + i * step, room_now=d not in full,
                                    queued_tasks=full.get(d, 0)) for i, d in enumerate(candidates)],
         excluded=[pb.Exclusion(datacenter=d, reason=r, unavailable=u) for d, r, u in excluded])
 
 
+def shapes(*roots: bool) -> list[ShapeRequest]:
+    return [ShapeRequest((f"s{i}",), root, pb.TaskSpec()) for i, root in enumerate(roots)]
+
+
 def test_a_job_goes_to_the_cheapest_dc_with_room_now_else_queues_at_the_cheapest():
     """As Karmada filters member clusters by an estimate of the free room: a job commits to one DC, so a full
-    cheaper one would hold it while another sits idle."""
-    by_cost = answer("cheap", "near", "gpu")
-    dc, why = choose_datacenter(answer("gpu", "near", "cheap", full={"cheap": 3}), by_cost)
+    cheaper one would hold it while another sits idle. Costs add up over the shapes."""
+    one = shapes(True)
+    dc, why = choose_datacenter(one, [answer("cheap", "near", "gpu", full={"cheap": 3})])
     assert dc == "near", why
-    assert why == ("near: cheapest of 3 data centers able to hold the largest task with room for it now, at a "
-                   "total job cost of 2.0000; cheaper but full now: cheap (3 tasks queued)")
-    dc, why = choose_datacenter(answer("cheap", "near", full={"cheap": 0, "near": 2}), by_cost)
-    assert dc == "cheap" and why.endswith("no data center has room for it now: its stages queue there"), why
-    dc, why = choose_datacenter(answer("near", "cheap", full={"near": 0}), by_cost)
+    assert why == ("near: cheapest of 3 data centers able to hold every stage's tasks with room for them now, at "
+                   "a total job cost of 2.0000; cheaper but full now: cheap (3 tasks queued)")
+    dc, why = choose_datacenter(one, [answer("cheap", "near", full={"cheap": 0, "near": 2})])
+    assert dc == "cheap" and why.endswith("no data center has room for them now: its stages queue there"), why
+    dc, why = choose_datacenter(one, [answer("cheap", "near", full={"near": 0})])
     assert (dc, why.count("full")) == ("cheap", 0), why  # the cheapest has room: cost alone decides
-    dc, why = choose_datacenter(answer("gpu", "near", full={"near": 0}), by_cost)  # cheap cannot hold it at all
-    assert dc == "gpu" and why.endswith("cheaper but full now: near (no free room)"), why
+    # two shapes: near is 1 + 6 = 7, cheap 2 + 1 = 3, gpu holds only the first; a later stage's shape having no
+    # room now does not matter, the first stages' does
+    two = shapes(True, False)
+    dc, why = choose_datacenter(two, [answer("near", "cheap", "gpu"), answer("cheap", "near", step=5.0,
+                                                                             full={"cheap": 1})])
+    assert dc == "cheap" and why.endswith("with room for them now, at a total job cost of 3.0000"), why
+    dc, why = choose_datacenter(two, [answer("near", "cheap", full={"cheap": 1}), answer("cheap", "near", step=5.0)])
+    assert dc == "near" and why.endswith("cost of 7.0000; cheaper but full now: cheap (1 tasks queued)"), why
 
 
-def test_a_job_only_a_dc_without_a_serving_placer_could_hold_is_unavailable_not_failed():
+def test_a_job_no_dc_can_hold_fails_naming_each_stage_and_one_only_an_unserved_dc_could_is_unavailable():
     too_big = ("near", "the task needs 40 cores in all, the DC has 24 cores", False)
-    assert choose_datacenter(answer("cheap"), answer("cheap")) == (
-        "cheap", "cheap: cheapest of 1 data centers able to hold the largest task, at a total job cost of 1.0000")
-    dc, why = choose_datacenter(answer(excluded=[too_big]), answer(excluded=[too_big]))
-    assert dc == "" and "near" in why  # a verdict: the job fails, naming why
+    assert choose_datacenter(shapes(True), [answer("cheap")]) == (
+        "cheap", "cheap: cheapest of 1 data centers able to hold every stage's tasks, at a total job cost of 1.0000")
+    dc, why = choose_datacenter(shapes(True, False), [answer("near"), answer(excluded=[too_big])])
+    assert dc == "" and why == ("no data center can hold this job: near: the task needs 40 cores in all, the DC has "
+                                "24 cores (stage s1)"), why
     down = ("gpu", "its placer's last summary is 20 s old", True)
     with pytest.raises(Unavailable, match="gpu could hold it once its placer serves again"):
-        choose_datacenter(answer(excluded=[too_big, down]), answer(excluded=[too_big, down]))
+        choose_datacenter(shapes(True, False), [answer(excluded=[down]), answer(excluded=[too_big, down])])
 
 
 # -- the fold and the orchestrator, on the real services ---------------------------------------------------------

@@ -28,17 +28,16 @@ import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hsched.cancel import cancel_and_wait
-from hsched.convert import resources_from_pb, resources_to_pb, task_to_pb
+from hsched.convert import resources_from_pb, task_to_pb
 from hsched.costs.selection import exclusion_summary
 from hsched.domain.dag import paths_to_end
 from hsched.domain.errors import ValidationError
-from hsched.domain.limits import JOB_MAX_TASKS, STAGE_MAX_TASKS, check_count, check_message
-from hsched.domain.resources import Resources
-from hsched.domain.task import NetworkRequirements, TaskSpec
+from hsched.domain.limits import JOB_MAX_TASKS, STAGE_MAX_TASKS, check_count, check_message, string_limit
+from hsched.domain.task import MAX_RUNTIME_S, NetworkRequirements, TaskSpec
 from hsched.retry import retry_with_backoff
 from hsched.rpc import Unavailable
 from hsched.state.gateways import GatewayLease
@@ -141,6 +140,10 @@ def validate_job(job: pb.JobSpec) -> None:
         if not 1 <= stage.tasks <= STAGE_MAX_TASKS:
             raise ValidationError(f"{where}.tasks", f"must be in 1..{STAGE_MAX_TASKS}", stage.tasks)
         total += stage.tasks
+        if job.name and len(job.name) + 1 + len(stage.name) > (limit := string_limit("name")):
+            raise ValidationError("job.name", f"must be at most {limit - 1 - len(stage.name)} characters with stage "
+                                  f"{stage.name!r}: its tasks are named <job name>-<stage name>, at most {limit} "
+                                  f"(got {len(job.name)})")
         try:
             _stage_spec(job, stage).validate()
         except ValidationError as exc:  # per-stage fields under the stage, the rest are the job's
@@ -184,73 +187,96 @@ def normalized(job: pb.JobSpec) -> pb.JobSpec:
 # -- choosing the job's data center -------------------------------------------------------------------------------
 
 
-def selection_requests(job: pb.JobSpec) -> tuple[pb.TaskSpec, pb.TaskSpec]:
-    """The two questions stage 1 answers for a job, as task specs.
+@dataclass(frozen=True)
+class ShapeRequest:
+    """One question stage 1 answers for a job: the stages whose tasks have one shape, as one task spec."""
 
-    Feasibility: a DC must be able to hold the job's LARGEST task (the per-resource maximum over its stages), one
-    at a time — the job's tasks run in waves and queue at the DC, so its total never has to fit at once.
-    Cost (eq.1 is linear in resources × time): the job's total resource-seconds Σ tasks·runtime·resources, asked
-    as its mean per-task request held for the job's task-seconds W = Σ tasks·runtime, so resources × runtime is
-    exactly that total for any prices (up to integer rounding of the mean).
+    stages: tuple[str, ...]
+    roots: bool  # some of these stages have no parents: they run first
+    task: pb.TaskSpec
+    scale: float = 1.0  # the job's cost is `scale` × the answer's (task-seconds over a task's runtime limit)
+
+
+def selection_requests(job: pb.JobSpec) -> list[ShapeRequest]:
+    """The questions stage 1 answers for a job: one task spec per distinct task shape of its stages.
+
+    Feasibility: a DC must hold one task of EVERY shape, one at a time — the tasks run in waves and queue at the
+    DC, so the job's total never has to fit at once, and no made-up task of every stage's largest resources
+    (a GPU stage's cards with a CPU stage's cores) has to either.
+    Cost (eq.1 is linear in resources × time): each shape's request is held for its stages' task-seconds
+    Σ tasks·runtime, so summed over the shapes the resource cost is the job's total for any prices; the job's
+    data moves once, so only the first request carries its data_size_mb (eq.2). Task-seconds beyond a task's
+    runtime limit divide every request's time and data by one factor (`scale`): the ranking is unchanged.
     """
-    largest = [0] * 7
-    weighted = [0.0] * 7
-    task_seconds = 0.0
+    shapes: dict[bytes, list[pb.StageSpec]] = {}
     for stage in job.stages:
-        r = resources_from_pb(stage.resources)
-        values = [r.cpu_milli, r.memory_mib, r.disk_mib, r.bandwidth_mbps, r.gpu_count, r.gpu_core_percent,
-                  r.gpu_memory_mib]
-        largest = [max(a, b) for a, b in zip(largest, values, strict=True)]
-        w = stage.tasks * stage.runtime_s
-        weighted = [a + w * b for a, b in zip(weighted, values, strict=True)]
-        task_seconds += w
-    mean = [round(x / task_seconds) for x in weighted]
-    if largest[4]:  # a GPU job: the mean may round a GPU count to 0; keep it a GPU request
-        mean[4] = max(mean[4], 1)
-        mean[5], mean[6] = (mean[5] or largest[5]), (mean[6] or largest[6])
-    base = _stage_spec(job, job.stages[0])
-    feasibility = task_to_pb(TaskSpec(Resources(*largest), runtime_s=max(s.runtime_s for s in job.stages),
-                                      tenant=base.tenant, name=base.name, data_size_mb=base.data_size_mb,
-                                      entry_vertex=base.entry_vertex, network=base.network,
-                                      gpu_models=tuple(job.gpu_models) if largest[4] else (),
-                                      priority_class=base.priority_class))
-    cost = pb.TaskSpec()
-    cost.CopyFrom(feasibility)
-    cost.resources.CopyFrom(resources_to_pb(mean))
-    cost.runtime_s = task_seconds
-    return feasibility, cost
+        shapes.setdefault(stage.resources.SerializeToString(deterministic=True), []).append(stage)
+    task_seconds = [sum(s.tasks * s.runtime_s for s in stages) for stages in shapes.values()]
+    scale = max(1.0, max(task_seconds) / MAX_RUNTIME_S)
+    out = []
+    for i, (stages, seconds) in enumerate(zip(shapes.values(), task_seconds, strict=True)):
+        spec = _stage_spec(job, stages[0])
+        task = task_to_pb(replace(spec, runtime_s=seconds / scale, request_id="",
+                                  data_size_mb=spec.data_size_mb / scale if i == 0 else 0.0))
+        out.append(ShapeRequest(tuple(s.name for s in stages), any(not s.parents for s in stages), task, scale))
+    return out
 
 
-def choose_datacenter(feasible: selector_pb2.SelectResponse, by_cost: selector_pb2.SelectResponse
+@dataclass
+class _Option:
+    datacenter: str
+    total_cost: float = 0.0
+    room_now: bool = True
+    queued_tasks: int = 0
+    shapes: int = 0
+
+
+def choose_datacenter(requests: list[ShapeRequest], answers: list[selector_pb2.SelectResponse]
                       ) -> tuple[str, str]:
-    """(DC, why) from the two answers of `selection_requests`: the cheapest by total among those that can hold
-    the largest task and have room for it now (the feasibility answer's `room_now`: free totals, nothing queued),
-    else the cheapest of those that can hold it at all (its stages queue there); ("", why not) if none can.
-    Raises Unavailable if none can now but one whose placer is not serving could: that is no verdict on the job.
-    (A job commits to one DC, so a full one would hold it while another sits idle; a task tries DCs in turn.)"""
-    can = {c.datacenter: c for c in feasible.candidates}
-    ordered = [c for c in by_cost.candidates if c.datacenter in can]
+    """(DC, why) from the selector's answers to `selection_requests`: among the DCs that can hold a task of every
+    shape, the cheapest by the summed total that has room now for its first stages' tasks (the answers'
+    `room_now` for the shapes of stages without parents: free room, nothing queued), else the cheapest (its
+    stages queue there); ("", why not) if none can. Raises Unavailable if none can now but one whose placer is
+    not serving could: that is no verdict on the job. (A job commits to one DC, so a full one would hold it
+    while another sits idle; a task tries DCs in turn.)"""
+    options: dict[str, _Option] = {}
+    reasons: dict[str, list[str]] = {}
+    unserved: set[str] = set()
+    for request, answer in zip(requests, answers, strict=True):
+        for c in answer.candidates:
+            o = options.setdefault(c.datacenter, _Option(c.datacenter))
+            o.total_cost += c.total_cost * request.scale
+            o.shapes += 1
+            o.queued_tasks = max(o.queued_tasks, c.queued_tasks)
+            o.room_now = o.room_now and (c.room_now or not request.roots)
+        for e in answer.excluded:
+            if e.unavailable:
+                unserved.add(e.datacenter)
+            else:
+                shown = ", ".join(request.stages[:3]) + (", …" if len(request.stages) > 3 else "")
+                reasons.setdefault(e.datacenter, []).append(f"{e.reason} (stage {shown})")
+    ordered = sorted((o for o in options.values() if o.shapes == len(requests) and o.datacenter not in unserved),
+                     key=lambda o: o.total_cost)
     if ordered:
-        roomy = next((c for c in ordered if can[c.datacenter].room_now), None)
+        roomy = next((o for o in ordered if o.room_now), None)
         pick = roomy or ordered[0]
-        why = (f"{pick.datacenter}: cheapest of {len(can)} data centers able to hold the largest task"
-               f"{' with room for it now' if roomy is not None and len(can) > 1 else ''}, at a total job cost of "
-               f"{pick.total_cost:.4f}")
+        why = (f"{pick.datacenter}: cheapest of {len(ordered)} data centers able to hold every stage's tasks"
+               f"{' with room for them now' if roomy is not None and len(ordered) > 1 else ''}, at a total job "
+               f"cost of {pick.total_cost:.4f}")
         if passed := ordered[:ordered.index(pick)]:
-            why += "; cheaper but full now: " + ", ".join(_room_note(can[c.datacenter]) for c in passed)
+            why += "; cheaper but full now: " + ", ".join(_room_note(o) for o in passed)
         elif roomy is None:
-            why += "; no data center has room for it now: its stages queue there"
+            why += "; no data center has room for them now: its stages queue there"
         return pick.datacenter, why
-    excluded = [*feasible.excluded, *by_cost.excluded]
     why = "no data center can hold this job: " + (
-        exclusion_summary({e.datacenter: e.reason for e in excluded}.items()) or "no data center answered")
-    if unserved := sorted({e.datacenter for e in excluded if e.unavailable}):
-        raise Unavailable(f"{why}; {', '.join(unserved)} could hold it once its placer serves again: nothing was "
+        exclusion_summary((dc, "; ".join(r)) for dc, r in reasons.items()) or "no data center answered")
+    if could := sorted(unserved - reasons.keys()):
+        raise Unavailable(f"{why}; {', '.join(could)} could hold it once its placer serves again: nothing was "
                           "kept, retry (with the same request_id)")
     return "", why
 
 
-def _room_note(c) -> str:
+def _room_note(c: _Option) -> str:
     return f"{c.datacenter} ({c.queued_tasks} tasks queued)" if c.queued_tasks else f"{c.datacenter} (no free room)"
 
 
@@ -548,9 +574,9 @@ class JobOrchestrator:
 
     async def _submit(self, spec: pb.JobSpec, method: str, job_id: str = "",
                       claim: tuple[str, str] | None = None) -> pb.Job:
-        feasibility, cost = selection_requests(spec)
-        feasible, by_cost = await asyncio.gather(self.ports.select(feasibility, method), self.ports.select(cost, method))
-        datacenter, why = choose_datacenter(feasible, by_cost)
+        requests = selection_requests(spec)
+        answers = await asyncio.gather(*(self.ports.select(r.task, method) for r in requests))
+        datacenter, why = choose_datacenter(requests, list(answers))
         now = now_ms()
         job = pb.Job(job_id=job_id or new_job_id(), spec=spec, datacenter=datacenter, created_unix_ms=now)
         claimed = (claim,) if claim else ()  # recorded only while this attempt holds the claim, which goes with it

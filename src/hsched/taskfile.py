@@ -31,7 +31,7 @@ from typing import Any
 from hsched import yamlfile
 from hsched.convert import RESOURCE_FIELDS, task_to_pb
 from hsched.domain.errors import ValidationError
-from hsched.domain.limits import INT_RANGES, check_message, int_field
+from hsched.domain.limits import INT_RANGES, STAGE_MAX_TASKS, check_message, int_field
 from hsched.domain.resources import Resources
 from hsched.domain.task import JOB_TASK_FIELDS, NetworkRequirements, TaskSpec
 from hsched.v1 import common_pb2 as pb
@@ -127,6 +127,9 @@ def _fill(message: Any, data: Any, where: str) -> None:
             if f.type == f.TYPE_STRING:
                 item = _str(item_at, item)
             elif f.type in INT_RANGES:
+                if (message.DESCRIPTOR.name, key) == ("StageSpec", "tasks") and type(item) is int \
+                        and not 1 <= item <= STAGE_MAX_TASKS:  # the job's rule, not the wire type's wider one
+                    raise ValidationError(item_at, f"must be in 1..{STAGE_MAX_TASKS}", item)
                 item = int_field(item_at, item, message, key)
             elif f.type in (f.TYPE_DOUBLE, f.TYPE_FLOAT):
                 item = _float(item_at, item)
