@@ -28,6 +28,16 @@ def test_commands_use_the_running_stack_unless_the_environment_says_otherwise(pr
     assert not path.exists()  # a broken file is cleaned up
 
 
+def test_a_job_replay_against_a_running_stack_takes_its_time_factor_and_refuses_another(private_runtime_dir, capsys):
+    """The placers' clock runs at the factor `hsched up` gave them: a replay converting wall time with another
+    reported every JCT wrong (10× at 100 against a stack at 10)."""
+    localstate.write_stack({"gateway": "127.0.0.1:4711", "redis_url": "redis://127.0.0.1:4712/0", "time_factor": 10.0})
+    assert cli.main(["replay", "tpch", "--time-factor", "100", "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "hsched: --time-factor: must be the running stack's (10, as `hsched up` started its placers): " \
+                  "leave it out (got 100.0)\n", err
+
+
 def test_the_password_comes_from_the_recorded_password_file_never_the_stack_file(private_runtime_dir):
     with pytest.raises(ValueError, match="password"):
         localstate.write_stack({"gateway": "127.0.0.1:4711", "redis_url": "redis://:s3cret@127.0.0.1:4712/0"})
@@ -430,8 +440,9 @@ def test_replay_uses_the_running_stacks_fleet_and_prefix(small_stack, redis_url,
 
 
 def test_job_watch_ends_at_the_jobs_final_state(small_stack, tmp_path):
-    """As `hsched watch TASK`: the job's events until its final one (cancelled here), then exit 0; a job already
-    final prints its line and exits at once."""
+    """As `hsched watch TASK`: the job's events until its final one (cancelled here), then exit 1 (it did not
+    succeed: a script's `hsched job watch J && next` stops); a job already final prints its line and exits at
+    once, unless --after asks for its events."""
     import select
 
     env = {"XDG_RUNTIME_DIR": str(tmp_path)}
@@ -451,10 +462,13 @@ def test_job_watch_ends_at_the_jobs_final_state(small_stack, tmp_path):
         out, err = watch.communicate(timeout=120)
     finally:
         watch.kill()
-    assert watch.returncode == 0 and "Traceback" not in err, err
+    assert watch.returncode == 1 and "Traceback" not in err, err
     assert "job_cancelled" in out.strip().splitlines()[-1], out
     again = run_cli("job", "watch", job_id, *gw, env=env)
-    assert again.returncode == 0 and again.stdout.split()[:2] == [job_id, "CANCELLED"], again.stdout + again.stderr
+    assert again.returncode == 1 and again.stdout.split()[:2] == [job_id, "CANCELLED"], again.stdout + again.stderr
+    history = run_cli("job", "watch", job_id, "--after", "0", *gw, env=env)
+    lines = history.stdout.strip().splitlines()
+    assert history.returncode == 1 and "job_submitted" in lines[0] and "job_cancelled" in lines[-1], history.stdout
 
 
 def test_a_reader_that_leaves_early_ends_the_output_quietly(small_stack, tmp_path):

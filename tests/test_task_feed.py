@@ -97,3 +97,34 @@ def test_after_event_id_is_an_id_or_a_clear_invalid_argument(value):
 @given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
 def test_every_stream_id_is_accepted(ms, seq):
     assert parse_after(f"{ms}-{seq}") == (ms, seq)
+
+
+async def test_the_cli_resumes_a_watch_the_gateway_ended_for_falling_behind(redis_url, prefix, tmp_path):
+    """A burst faster than the client reads (a 1,000-task job's stage finishing) ended `hsched job watch` with
+    RESOURCE_EXHAUSTED "fell more than N events behind"; the CLI resumes after the last event it printed, as the
+    message says to, and gets every event once, in order."""
+    import grpc
+
+    from hsched import cli
+    from hsched.v1 import gateway_pb2, gateway_pb2_grpc
+    from services.gateway import server as gateway_server
+    from tests import inprocess
+    from tests.conftest import SMALL_FLEET
+
+    redis = connect(redis_url)
+    store = TaskStore(redis, Keys(prefix).tasks)
+    args = ["--fleet", SMALL_FLEET, "--redis-url", redis_url, "--prefix", prefix, "--watch-buffer", "5"]
+    n = 2000  # well past the buffer plus what HTTP/2's flow-control window holds in flight (~64 KiB)
+    try:
+        async with inprocess.service(gateway_server, args, tmp_path / "gateway.port") as gw:
+            with grpc.insecure_channel(gw) as channel:
+                events = cli._watch(gateway_pb2_grpc.GatewayStub(channel),
+                                    gateway_pb2.WatchRequest(tenant="burst", after_event_id="0"), sleep=lambda _: None)
+                await store.record("submitted", task(0, "burst"))
+                first = await asyncio.to_thread(next, events)  # subscribed; then it reads nothing during the burst
+                for i in range(1, n, 100):
+                    await asyncio.gather(*(store.record("submitted", task(j, "burst")) for j in range(i, i + 100)))
+                rest = await asyncio.to_thread(lambda: [next(events) for _ in range(n - 1)])
+        assert [e.task_id for e in [first, *rest]] == [f"t{i:04d}" for i in range(n)]
+    finally:
+        await redis.aclose()

@@ -136,6 +136,7 @@ JOB_STATES = _names(pb.JobState, "JOB_STATE_")
 # does not load the ledger and numpy
 FINAL = (pb.TASK_STATE_REJECTED, pb.TASK_STATE_RELEASED, pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED,
          pb.TASK_STATE_EXPIRED)
+ENDED_WELL = (pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_RELEASED)  # a watch of one task ending otherwise exits 1
 # a job's final states by the kind of its event that records them (a job event carries no state):
 # hsched.state.tasks.JOB_TERMINAL and JOB_STATE_OF_KIND (test_cli checks), not imported for the same reason
 JOB_FINAL = {"job_succeeded": pb.JOB_STATE_SUCCEEDED, "job_failed": pb.JOB_STATE_FAILED,
@@ -475,6 +476,11 @@ def cmd_replay(args) -> int:
     if args.json and args.replay in JOB_TRACES:
         raise ValidationError("--json", f"is for task traces only, not the DAG job replay {args.replay!r}")
     args.fleet, args.prefix = _from_stack(args, "fleet"), _from_stack(args, "prefix", PREFIX)
+    recorded = _running_stack(args.gateway).get("time_factor")
+    if recorded is not None and args.time_factor is not None and args.time_factor != recorded:
+        # the placers run their clock at the factor they were started with; another would misreport every JCT
+        raise ValidationError("--time-factor", f"must be the running stack's ({recorded:g}, as `hsched up` started "
+                              "its placers): leave it out", args.time_factor)
     args.time_factor = _from_stack(args, "time_factor", 1.0)
     fleet = _fleet(args.fleet)
     credentials = _credentials(args)
@@ -560,17 +566,18 @@ def cmd_job(args) -> int:
         reply = stub.ListJobs(gateway_pb2.ListJobsRequest(tenant=args.tenant, state=state, limit=args.limit,
                                                           page_token=args.page_token), timeout=10)
         _print_page(args, reply, reply.jobs, _job_line)
-    else:  # as cmd_watch of one task: ends at the job's final state, at once if it is there already
+    else:  # as cmd_watch of one task: ends at the job's final state (exit 1 unless SUCCEEDED), at once if it is
+        # there already and no --after asks for its history
         job = stub.GetJob(gateway_pb2.GetJobRequest(job_id=args.job_id), timeout=10)
-        if job.state in JOB_FINAL.values():
+        if job.state in JOB_FINAL.values() and not args.after:
             _event(args, job, lambda: _job_line(job))
-            return 0
+            return 0 if job.state == pb.JOB_STATE_SUCCEEDED else 1
         try:  # from "0" at least: it may finish between the GetJob and the Watch
             for ev in _watch(stub, gateway_pb2.WatchRequest(job_id=args.job_id, after_event_id=args.after or "0")):
                 _event(args, ev, lambda ev=ev: f"{ev.event_id}  {ev.task_id or ev.job_id}  {ev.kind:<13} "
                                                f"{ev.datacenter}  {ev.detail}")
                 if ev.kind in JOB_FINAL:  # the job's own event (a task's kinds have no job_ prefix)
-                    return 0
+                    return 0 if JOB_FINAL[ev.kind] == pb.JOB_STATE_SUCCEEDED else 1
         except KeyboardInterrupt:
             pass
     return 0
@@ -629,7 +636,9 @@ def _watch(stub, request: gateway_pb2.WatchRequest, sleep=None):
     Watch resumes after the last event received, so nothing is missed or printed twice. On a balanced target
     (`ipv4:A,B`) it goes to another gateway; on one gateway it waits out a restart. Up to WATCH_RETRIES failures
     in a row (backoff 0.25 s doubling), then the error. Before any event, it resumes from where it began
-    (`--after`; a watch of new events only may then miss those of the outage)."""
+    (`--after`; a watch of new events only may then miss those of the outage). A Watch the gateway ended because
+    this client fell too far behind (RESOURCE_EXHAUSTED, a burst faster than the terminal prints) is resumed the
+    same way, at once: the gateway reads the missed events back from the stream."""
     import time
 
     sleep = sleep or time.sleep
@@ -645,9 +654,11 @@ def _watch(stub, request: gateway_pb2.WatchRequest, sleep=None):
                 yield ev
             return
         except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE or failures >= WATCH_RETRIES:
+            behind = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "fell more than" in (exc.details() or "")
+            if not (behind or exc.code() == grpc.StatusCode.UNAVAILABLE) or failures >= WATCH_RETRIES:
                 raise
-            sleep(0.25 * 2 ** failures)
+            if not behind:
+                sleep(0.25 * 2 ** failures)
             failures += 1
 
 
@@ -658,9 +669,9 @@ def cmd_watch(args) -> int:
     after = args.after
     if args.task_id:
         task = stub.Get(gateway_pb2.GetRequest(task_id=args.task_id), timeout=10)
-        if task.state in FINAL:  # as the stream's items are printed: one JSON line / one YAML document
+        if task.state in FINAL and not after:  # as the stream's items are printed: one JSON line / YAML document
             _event(args, task, lambda: _task_line(task))
-            return 0
+            return 0 if task.state in ENDED_WELL else 1
         after = after or "0"  # it may finish between the Get and the Watch: its past events come too
     try:
         request = gateway_pb2.WatchRequest(task_id=args.task_id, tenant=args.tenant, after_event_id=after)
@@ -668,7 +679,7 @@ def cmd_watch(args) -> int:
             _event(args, ev, lambda ev=ev: f"{ev.event_id}  {ev.task_id}  {ev.kind:<11} {_state_name(ev.state):<9} "
                                            f"{ev.datacenter}  {ev.detail}")
             if args.task_id and ev.state in FINAL:
-                return 0
+                return 0 if ev.state in ENDED_WELL else 1
     except KeyboardInterrupt:
         pass
     return 0
@@ -1409,7 +1420,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="replay a real trace through a running gateway")
     rp.add_argument("replay", help="trace: openb, openb-gpuspec33, thunder, kth, or tpch / alibaba2018 (DAG jobs)")
     rp.add_argument("--time-factor", type=positive_float, default=None,
-                    help=f"tpch, alibaba2018: the stack's time factor ({STACK_DEFAULT}, else 1)")
+                    help="tpch, alibaba2018: the placers' time factor, for a stack `hsched up` did not start "
+                         "(else it is the stack's, and another value is refused; default 1)")
     rp.add_argument("--gateway", default=None, help=GATEWAY_HELP)
     rp.add_argument("--fleet", default=None, help=f"fleet YAML the trace's entry vertices are drawn from ({STACK_DEFAULT}, "
                     "else the embedded Abilene fleet)")
@@ -1497,7 +1509,8 @@ def build_parser() -> argparse.ArgumentParser:
     jb.add_argument("--state", default="", choices=["", *JOB_STATES], metavar="STATE", help=" ".join(JOB_STATES))
     jb.add_argument("--limit", type=page_limit, default=LIST_DEFAULT)
     jb.add_argument("--page-token", default="")
-    jb.add_argument("--after", default="0", help="watch: event id to resume after (default 0: from the start)")
+    jb.add_argument("--after", default="", help="watch: event id to resume after (default: from the start; a "
+                    "finished job then prints its line, --after 0 its events)")
     jb.set_defaults(fn=cmd_job)
 
     r = gw(sub.add_parser("release", help="release a task's resources"))
