@@ -471,6 +471,14 @@ def test_job_watch_ends_at_the_jobs_final_state(small_stack, tmp_path):
     assert history.returncode == 1 and "job_submitted" in lines[0] and "job_cancelled" in lines[-1], history.stdout
 
 
+def test_an_empty_page_prints_its_empty_list(small_stack, tmp_path):
+    """protobuf's JSON mapping leaves an empty repeated field out: `{}` for no jobs, where a script reads .jobs."""
+    gw, env = ["--gateway", small_stack.gateway], {"XDG_RUNTIME_DIR": str(tmp_path)}
+    for argv, key in ((["list", "--tenant", "nobody"], "tasks"), (["job", "list", "--tenant", "nobody"], "jobs")):
+        done = run_cli(*argv, "-o", "json", *gw, env=env)
+        assert done.returncode == 0 and json.loads(done.stdout) == {key: []}, done.stdout + done.stderr
+
+
 def test_a_reader_that_leaves_early_ends_the_output_quietly(small_stack, tmp_path):
     """`hsched list --json | head -1`: the pipe's reader is gone before the CLI writes (closed first here, so the
     write always meets a closed pipe): no BrokenPipeError traceback, exit 141 as for any tool cut off by SIGPIPE."""

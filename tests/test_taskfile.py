@@ -372,3 +372,24 @@ def test_printed_yaml_reads_back_strings_that_look_like_yaml12_numbers(tmp_path)
     path.write_text(text)
     (loaded,) = load_submit_file(path).tasks
     assert (loaded.spec.tenant, loaded.spec.name) == ("0e0", "1e5")
+
+
+def test_a_job_printed_with_o_yaml_or_json_reads_back_as_a_job_file(tmp_path):
+    """`hsched job get J -o yaml`'s spec fed to `submit -f` was refused: protobuf's JSON mapping writes int64
+    fields (cpu_milli, memory_mib, ...) as strings. The views print them as numbers."""
+    from hsched.v1 import common_pb2 as pb
+    from hsched.views import as_dict, dump
+
+    spec = pb.JobSpec(name="etl", request_id="r1", stages=[
+        pb.StageSpec(name="a", tasks=2, runtime_s=5.0, resources=pb.Resources(cpu_milli=8000, memory_mib=2048)),
+        pb.StageSpec(name="b", tasks=1, runtime_s=5.0, parents=["a"], resources=pb.Resources(
+            cpu_milli=1000, memory_mib=1024, gpu_count=1, gpu_core_percent=100, gpu_memory_mib=4096))],
+        gpu_models=["T4"])
+    job = pb.Job(job_id="j1", spec=spec, created_unix_ms=1_796_666_579_154)
+    printed = as_dict(job)
+    assert printed["spec"]["stages"][0]["resources"] == {"cpu_milli": 8000, "memory_mib": 2048}
+    assert printed["created_unix_ms"] == 1_796_666_579_154
+    for fmt in ("yaml", "json"):
+        path = tmp_path / f"job.{fmt}"
+        path.write_text(dump(printed["spec"], fmt))
+        assert load_submit_file(path).job == spec, fmt

@@ -109,12 +109,15 @@ def _emit(args, message, text) -> None:
     print(text() if args.output == "table" else views.dump(message, args.output))
 
 
-def _print_page(args, reply, items, line) -> None:
-    """A page of a List/ListJobs reply: the reply itself with -o json|yaml, else a line per item and the next page."""
+def _print_page(args, reply, field: str, line) -> None:
+    """A page of a List/ListJobs reply (its items in `field`): the reply itself with -o json|yaml (an empty page
+    with its empty list, not `{}`), else a line per item and the next page."""
     if args.output != "table":
-        _emit(args, reply, None)
+        from hsched import views
+
+        _emit(args, {field: [], **views.as_dict(reply)}, None)
         return
-    for item in items:
+    for item in getattr(reply, field):
         print(line(item))
     if reply.next_page_token:
         print(f"(more: --page-token {reply.next_page_token})")
@@ -565,7 +568,7 @@ def cmd_job(args) -> int:
         state = pb.JobState.Value(f"JOB_STATE_{args.state.upper()}") if args.state else 0  # a choice of JOB_STATES
         reply = stub.ListJobs(gateway_pb2.ListJobsRequest(tenant=args.tenant, state=state, limit=args.limit,
                                                           page_token=args.page_token), timeout=10)
-        _print_page(args, reply, reply.jobs, _job_line)
+        _print_page(args, reply, "jobs", _job_line)
     else:  # as cmd_watch of one task: ends at the job's final state (exit 1 unless SUCCEEDED), at once if it is
         # there already and no --after asks for its history
         job = stub.GetJob(gateway_pb2.GetJobRequest(job_id=args.job_id), timeout=10)
@@ -624,7 +627,7 @@ def cmd_list(args) -> int:
     state = pb.TaskState.Value(f"TASK_STATE_{args.state.upper()}") if args.state else 0  # a choice of STATES
     reply = _stub(args).List(gateway_pb2.ListRequest(tenant=args.tenant, state=state, datacenter=args.datacenter,
                                                      limit=args.limit, page_token=args.page_token), timeout=10)
-    _print_page(args, reply, reply.tasks, _task_line)
+    _print_page(args, reply, "tasks", _task_line)
     return 0
 
 

@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import Sequence
 
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 
 from hsched.v1 import common_pb2 as pb
@@ -17,8 +18,30 @@ FORMATS = ("table", "json", "yaml")
 GIB = 1024  # MiB
 
 
+_INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+          FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
+
+
 def as_dict(message) -> dict:
-    return MessageToDict(message, preserving_proto_field_name=True)
+    """The message as protobuf's JSON mapping, but 64-bit integers as numbers (the mapping writes them as
+    strings, which `hsched submit -f` rightly refuses: what `-o yaml` prints must read back as printed)."""
+    return _int64_as_numbers(message, MessageToDict(message, preserving_proto_field_name=True))
+
+
+def _int64_as_numbers(message, d: dict) -> dict:
+    for f in message.DESCRIPTOR.fields:
+        if f.name not in d or (f.message_type is not None and f.message_type.GetOptions().map_entry):
+            continue
+        value = getattr(message, f.name)
+        if f.message_type is not None:
+            if f.is_repeated:
+                for item, out in zip(value, d[f.name], strict=True):
+                    _int64_as_numbers(item, out)
+            else:
+                _int64_as_numbers(value, d[f.name])
+        elif f.type in _INT64:
+            d[f.name] = list(value) if f.is_repeated else value
+    return d
 
 
 def dump(document, fmt: str) -> str:
