@@ -197,6 +197,21 @@ def test_a_page_token_no_list_answered_is_invalid_not_a_silent_restart_or_end(gw
         gw.List(gateway_pb2.ListRequest(limit=1, page_token=first.next_page_token), timeout=10)
 
 
+def test_a_full_last_page_has_no_next_page_token(gw):
+    """(A page of exactly `limit` items always carried a token, and the next page came back empty.)"""
+    ids = sorted(submit(gw, task(cores=0.1, mem_gib=0.1, tenant="pages")).task.task_id for _ in range(3))
+    try:
+        whole = gw.List(gateway_pb2.ListRequest(tenant="pages", limit=3), timeout=10)
+        assert [t.task_id for t in whole.tasks] == ids and not whole.next_page_token
+        first = gw.List(gateway_pb2.ListRequest(tenant="pages", limit=2), timeout=10)
+        assert [t.task_id for t in first.tasks] == ids[:2] and first.next_page_token == ids[1]
+        last = gw.List(gateway_pb2.ListRequest(tenant="pages", limit=2, page_token=first.next_page_token), timeout=10)
+        assert [t.task_id for t in last.tasks] == ids[2:] and not last.next_page_token
+    finally:
+        for task_id in ids:
+            release(gw, task_id)
+
+
 def test_unknown_selector_method_and_missing_task(gw):
     with pytest.raises(grpc.RpcError) as err:
         submit(gw, task(), method="cheapest")

@@ -750,10 +750,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             j = self.store.jobs[job_id]
             if (tenant and j.spec.tenant != tenant) or (request.state and j.state != request.state):
                 continue
+            if len(out) == limit:  # one more matches: there is a next page (a full last page has no token)
+                return gateway_pb2.ListJobsResponse(jobs=out, next_page_token=out[-1].job_id)
             out.append(self.jobs.get(job_id))
-            if len(out) == limit:
-                break
-        return gateway_pb2.ListJobsResponse(jobs=out, next_page_token=out[-1].job_id if len(out) == limit else "")
+        return gateway_pb2.ListJobsResponse(jobs=out)
 
     @rpc.grpc_errors
     async def CancelJob(self, request: gateway_pb2.CancelJobRequest, context) -> pb.Job:
@@ -922,11 +922,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             if ((tenant and t.spec.tenant != tenant) or (request.state and t.state != request.state)
                     or (request.datacenter and t.datacenter != request.datacenter)):
                 continue
+            if len(out) == limit:  # one more matches: there is a next page (a full last page has no token)
+                return gateway_pb2.ListResponse(tasks=out, next_page_token=out[-1].task_id)
             out.append(t)
-            if len(out) == limit:
-                break
-        next_token = out[-1].task_id if len(out) == limit else ""
-        return gateway_pb2.ListResponse(tasks=out, next_page_token=next_token)
+        return gateway_pb2.ListResponse(tasks=out)
 
     @rpc.grpc_stream_errors
     async def Watch(self, request: gateway_pb2.WatchRequest, context):
