@@ -153,8 +153,9 @@ def _state_name(state: int) -> str:
 def _task_line(t: pb.Task) -> str:
     nodes = sorted({a.node for a in t.assignments})
     where = f"{t.datacenter} {','.join(nodes[:3])}{'…' if len(nodes) > 3 else ''}".strip()
-    ran = f"ran {(t.finished_unix_ms - t.started_unix_ms) / 1000:g} s" if t.started_unix_ms and t.finished_unix_ms \
-        else ""
+    # wall seconds: with `--time-factor F` a task of runtime_s R runs R / F of them
+    ran = f"ran {(t.finished_unix_ms - t.started_unix_ms) / 1000:g} s wall" \
+        if t.started_unix_ms and t.finished_unix_ms else ""
     extra = "  ".join(x for x in (ran, f"preempted {t.preemptions}x" if t.preemptions else "", t.reason) if x)
     return f"{t.task_id}  {_state_name(t.state):<9} {where}  {extra}".rstrip()
 
