@@ -662,3 +662,14 @@ async def test_a_lease_lost_while_taking_over_is_not_served_on(redis_url, prefix
     finally:
         await engine.stop()
         await client.aclose()
+
+
+def test_two_placer_processes_never_share_a_lease_owner_name():
+    """The lease script takes a lease held under its own owner name as its own: two replicas named alike (pid 1
+    in every container, pod hostnames cut to 63 characters) re-acquired it from each other every second."""
+    import socket
+
+    from services.placer.server import lease_owner
+
+    first, second = lease_owner(), lease_owner()
+    assert first != second and first.startswith(f"{socket.gethostname()}:{os.getpid()}-")

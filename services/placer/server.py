@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -473,6 +474,14 @@ async def room_models(redis, keys: Keys, dc, engine: PlacerEngine) -> ModelFollo
     return follower
 
 
+def lease_owner() -> str:
+    """This process' name on its DCs' leases: host:pid and a random suffix. The lease script takes a lease held
+    under its own name as its own, and host:pid alone is not unique: every container's main process is pid 1,
+    and Kubernetes cuts a pod's hostname to 63 characters, so two replicas of a long DC name's placer had one
+    name and re-acquired the lease from each other every second."""
+    return f"{socket.gethostname()}:{os.getpid()}-{secrets.token_hex(3)}"
+
+
 async def serve(args, stop: asyncio.Event) -> None:
     """Serve the DC of --datacenter, or each DC of a comma-separated list in this one process (`hsched up
     --placer-processes`: a local stack that fits a small machine). Each DC keeps its own engine, ledger, lease
@@ -486,7 +495,7 @@ async def serve(args, stop: asyncio.Event) -> None:
     redis = connect(args.redis_url)
     tls = tls_files(args, "placer")
     guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the ledger is folded
-    owner = f"{socket.gethostname()}:{os.getpid()}"
+    owner = lease_owner()
     metrics = metrics_server(args)
     units: list[DcUnit] = []
     try:
