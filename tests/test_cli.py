@@ -320,6 +320,8 @@ def test_replay_without_a_gateway_fails_fast(tmp_path):
     (["s", "b"], ["b:", "linked"]),            # both vertices exist, but no s–b link
     (["s", "a", "--latency-ms", "-1"], ["--latency-ms", ">= 0"]),
     (["s", "a", "--loss-percent", "500"], ["--loss-percent", "0..100"]),
+    (["s", "a", "--latency-ms", "1e308"], ["--latency-ms", "<= 60000"]),  # a path's sum was inf, its cost NaN
+    (["s", "a"], ["--latency-ms, --jitter-ms", "at least one"]),            # an update of nothing
 ])
 def test_link_updates_are_validated_against_the_wan_before_anything_is_written(argv, words, redis_url, prefix,
                                                                              tmp_path):

@@ -171,6 +171,9 @@ def test_update_link_validates_and_names_the_argument() -> None:
             g.update_link("s", "a", **{arg: -0.5})
     with pytest.raises(ValueError, match="^loss_percent: must be <= 100"):
         g.update_link("s", "a", loss_percent=101.0)
+    for arg in ("latency_ms", "jitter_ms"):
+        with pytest.raises(ValueError, match=f"^{arg}: must be <= 60000"):
+            g.update_link("s", "a", **{arg: 1e308})
     with pytest.raises(ValueError, match="^latency_ms: "):
         g.update_link("s", "a", latency_ms=math.nan)
     with pytest.raises(ValueError, match="^jitter_ms: "):  # nothing half-written: latency was valid

@@ -377,6 +377,9 @@ def test_thermal_and_room_bad_field_names_its_path(block: str, dc: int, given: d
 @pytest.mark.parametrize(("where", "key", "value", "rule"), [
     ("vertices", "lat", 200.0, "must be <= 90"), ("vertices", "lat", -90.5, "must be >= -90"),
     ("vertices", "lon", 181.0, "must be <= 180"), ("links", "loss_percent", 150.0, "must be <= 100"),
+    # a path's sum of 1e308 ms links was inf, its network cost NaN, ranked first
+    ("links", "latency_ms", 1e308, "must be <= 60000.0"), ("links", "jitter_ms", 6e4 + 1, "must be <= 60000.0"),
+    ("links", "distance_km", 1e300, "must be <= 100000.0"),
 ])
 def test_wan_values_out_of_their_physical_range_are_named(where: str, key: str, value: float, rule: str) -> None:
     data = small_fleet_dict()

@@ -1037,13 +1037,22 @@ def cmd_link(args) -> int:
     for name in ("latency_ms", "jitter_ms", "loss_percent", "bandwidth_mbps"):
         if getattr(args, name) is not None:
             update[name] = getattr(args, name)
-    WanGraph(_fleet(_from_stack(args, "fleet")).wan).update_link(**update)  # a ValidationError naming the field: exit 2
+    try:  # the selector's own rules; its field names are this command's flags
+        WanGraph(_fleet(_from_stack(args, "fleet")).wan).update_link(**update)
+    except ValidationError as exc:
+        flag = f"--{exc.field.replace('_', '-')}" if exc.field in update and exc.field not in "ab" else exc.field
+        raise ValidationError(flag, exc.rule, exc.value) from None
+    if len(update) == 2:
+        raise ValidationError("--latency-ms, --jitter-ms, --loss-percent, --bandwidth-mbps",
+                              "at least one is needed (an update of nothing)")
     deployment = _deployment(args, "hsched link")
     if deployment is None:
         return 1
     redis, keys, url = deployment
     try:  # bounded (docs/operations.md, Retention): the selector folds the stream, only recent updates matter
-        print(redis.xadd(keys.links, {"m": json.dumps(update)}, maxlen=LINKS_MAXLEN, approximate=True).decode())
+        entry = redis.xadd(keys.links, {"m": json.dumps(update)}, maxlen=LINKS_MAXLEN, approximate=True).decode()
+        metrics = ", ".join(f"{k} {v:g}" for k, v in update.items() if k not in "ab")
+        print(f"{entry}  {args.a}–{args.b}: {metrics} (published for the selectors)")
     except RedisError as exc:
         print(f"hsched link: {describe_redis_error(url, exc).rstrip('.')}; nothing written", file=sys.stderr)
         return 1

@@ -17,7 +17,7 @@ import networkx as nx
 from hsched.costs.network import PathMetrics
 from hsched.costs.paths import DijkstraPathFinder
 from hsched.domain.errors import ValidationError
-from hsched.domain.fleet import Link, Wan
+from hsched.domain.fleet import MAX_LINK_MS, Link, Wan
 
 _METRICS_CACHE_LIMIT = 65_536  # distinct paths; random (CRF) paths could otherwise grow it without bound
 
@@ -96,6 +96,10 @@ class WanGraph:
                 raise ValidationError(name, "must be a finite number >= 0", value)
         if updates.get("loss_percent", 0) > 100:
             raise ValidationError("loss_percent", "must be <= 100", loss_percent)
+        for name in ("latency_ms", "jitter_ms"):
+            if updates.get(name, 0) > MAX_LINK_MS:
+                raise ValidationError(name, f"must be <= {MAX_LINK_MS:g} (a minute: a path's sum must stay finite)",
+                                      updates[name])
         changed = {k: float(v) for k, v in updates.items() if data[k] != v}
         if changed:
             data.update(changed)

@@ -24,6 +24,10 @@ from hsched.domain.resources import MIB_PER_GIB, MILLI, Resources
 
 # Fibre propagation: light in glass covers ~200 km per ms (5 µs/km).
 FIBRE_MS_PER_KM = 0.005
+# one link's latency or jitter at most (a minute: no WAN link is slower), so that a path's sum stays finite and its
+# costs comparable; a probe's or a fleet file's 1e308 ms made a path's latency inf and its network cost NaN
+MAX_LINK_MS = 60_000.0
+MAX_LINK_KM = 100_000.0  # (2.5 times around the Earth: any cable route)
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,15 +428,15 @@ def _load_wan(r: _Reader, base: Path) -> Wan:
         if a == b:
             raise FleetError(f"{lr.path}.b", "must differ from a (no self-loops)", b)
         if "distance_km" in link:
-            dist = lr.num("distance_km", min_=0)
+            dist = lr.num("distance_km", min_=0, max_=MAX_LINK_KM)
         else:
             from hsched.traces.topology_zoo import haversine_km
 
             dist = haversine_km(vertices[a], vertices[b])
         links.append(Link(a, b, dist,
-                          latency_ms=lr.num("latency_ms", max(dist * FIBRE_MS_PER_KM, 0.05), gt=0),
+                          latency_ms=lr.num("latency_ms", max(dist * FIBRE_MS_PER_KM, 0.05), gt=0, max_=MAX_LINK_MS),
                           bandwidth_mbps=lr.num("bandwidth_mbps", 0.0, min_=0),
-                          jitter_ms=lr.num("jitter_ms", 0.0, min_=0),
+                          jitter_ms=lr.num("jitter_ms", 0.0, min_=0, max_=MAX_LINK_MS),
                           loss_percent=lr.num("loss_percent", 0.0, min_=0, max_=100)))
         lr.done()
     if not vertices:
