@@ -95,3 +95,53 @@ async def test_a_change_under_live_tasks_is_refused_naming_them_until_they_are_r
         assert all(p.node in (2, 3) for parts in changed.state.allocations.values() for p in parts)
     finally:
         await changed.stop()
+
+
+async def test_a_gateway_refuses_a_fleet_without_a_dc_that_live_tasks_are_in(redis, prefix, tmp_path) -> None:  # noqa: F811
+    """A DC removed from the fleet file while a task ran there: the gateway served, the task showed RUNNING for
+    ever and its release was NOT_FOUND. Now it refuses to start (exit 2, one line naming the DC and the task);
+    once the task is released, the DC may go."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from hsched.domain.fleet import parse_fleet
+    from hsched.state.tasks import TaskStore
+    from hsched.v1 import common_pb2 as pb
+    from services.gateway.server import removed_dcs_must_hold_nothing
+    from tests.conftest import SMALL_FLEET
+    from tests.test_domain import small_fleet_dict
+
+    store = TaskStore(redis, Keys(prefix).tasks)
+    running = pb.Task(task_id="t0001", datacenter="near", spec=pb.TaskSpec(tenant="a"))
+    await store.record("placed", running)
+    data = small_fleet_dict()
+    data["datacenters"] = [d for d in data["datacenters"] if d["name"] != "near"]
+    without_near = tmp_path / "fleet.yaml"
+    without_near.write_text(yaml.safe_dump(data))
+    removed_dcs_must_hold_nothing(store, parse_fleet(yaml.safe_load(open(SMALL_FLEET))))  # near is there: fine
+    with pytest.raises(LayoutConflict, match=r"no data center that live tasks or jobs are in \(near: 1 live "
+                                             r"\(t0001\)\)"):
+        removed_dcs_must_hold_nothing(store, parse_fleet(data))
+    url = redis.connection_pool.connection_kwargs
+    done = subprocess.run([sys.executable, "-m", "services.gateway", "--fleet", str(without_near), "--redis-url",
+                           f"redis://{url['host']}:{url['port']}/{url.get('db', 0)}", "--prefix", prefix,
+                           "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "near: 1 live (t0001)" in done.stderr.strip().splitlines()[-1], done.stderr
+    await store.record("released", running)
+    removed_dcs_must_hold_nothing(store, parse_fleet(data))
+
+
+def test_a_gateway_refuses_a_placers_list_missing_a_dc_of_the_fleet(redis_url) -> None:
+    """(A hand-written --placers without gpu served, and every GPU task was REJECTED "no placer address".)"""
+    import subprocess
+    import sys
+
+    from tests.conftest import SMALL_FLEET
+
+    done = subprocess.run([sys.executable, "-m", "services.gateway", "--fleet", str(SMALL_FLEET), "--redis-url",
+                           redis_url, "--placers", "cheap=127.0.0.1:1,near=127.0.0.1:2", "--listen", "127.0.0.1:0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and done.stderr.strip().splitlines()[-1] == \
+        "--placers must name every data center of the fleet; missing: ['gpu']", done.stderr

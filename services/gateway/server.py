@@ -44,10 +44,20 @@ from hsched.state.feed import TaskFeed, parse_after
 from hsched.state.follow import LedgerFollower, follow
 from hsched.state.gateways import GatewayLease, owner_of, task_id_of
 from hsched.state.keys import Keys
-from hsched.state.ledger import replay
+from hsched.state.ledger import LayoutConflict, replay
 from hsched.state.lifecycle import LIVE, TaskLifecycle
 from hsched.state.redis import NotReplicated, connect
-from hsched.state.tasks import ABANDONED, TERMINAL, Conflict, Record, TaskStore, keep_pruned, now_ms, step
+from hsched.state.tasks import (
+    ABANDONED,
+    JOB_TERMINAL,
+    TERMINAL,
+    Conflict,
+    Record,
+    TaskStore,
+    keep_pruned,
+    now_ms,
+    step,
+)
 from hsched.state.transitions import Transitions
 from hsched.telemetry import MetricsServer
 from hsched.telemetry import metrics as m
@@ -1067,18 +1077,41 @@ def register_metrics(metrics: MetricsServer, store: TaskStore, servicer: Gateway
     metrics.register_counter_family(*m.HSCHED_GATEWAY_BATCHES, sent("batches"))
 
 
+def removed_dcs_must_hold_nothing(store: TaskStore, fleet: Fleet) -> None:
+    """A fleet file without a DC that live tasks or jobs are in: LayoutConflict (one line, exit 2, nothing
+    written), as for removed nodes that hold tasks. Served, those tasks could never be released (NOT_FOUND) and
+    would show RUNNING for ever."""
+    names = {dc.name for dc in fleet.datacenters}
+    held: dict[str, list[str]] = {}
+    for t in store.tasks.values():
+        if t.datacenter and t.datacenter not in names and t.state not in TERMINAL:
+            held.setdefault(t.datacenter, []).append(t.task_id)
+    for j in store.jobs.values():
+        if j.datacenter and j.datacenter not in names and j.state not in JOB_TERMINAL:
+            held.setdefault(j.datacenter, []).append(j.job_id)
+    if held:
+        what = "; ".join(f"{dc}: {len(ids)} live ({', '.join(sorted(ids)[:3])}{', …' if len(ids) > 3 else ''})"
+                         for dc, ids in sorted(held.items()))
+        raise LayoutConflict(f"the fleet file has no data center that live tasks or jobs are in ({what}); start with "
+                             "the previous fleet file and release them or let them finish, then remove it")
+
+
 async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     fleet = fleet or load_fleet(args.fleet)
     targets = parse_placers(args.placers)
     unknown = set(targets) - {dc.name for dc in fleet.datacenters}
     if unknown:
         raise SystemExit(f"--placers names data centers not in the fleet: {sorted(unknown)}")
+    if targets and (missing := [dc.name for dc in fleet.datacenters if dc.name not in targets]):
+        # (a replica configured by hand, a DC added to the fleet and not here) its tasks would all be REJECTED
+        raise SystemExit(f"--placers must name every data center of the fleet; missing: {missing}")
     auth = gateway_auth(args)
     redis = connect(args.redis_url)
     guard, epoch_watch = await guard_epoch(redis, Keys(args.prefix), args, stop)  # before the table is rebuilt
     store = TaskStore(redis, Keys(args.prefix).tasks, epoch_key=Keys(args.prefix).epoch, epoch=guard.epoch,
                       min_replicas=args.redis_min_replicas, wait_timeout_ms=args.redis_wait_ms)
     loaded = await store.load()
+    removed_dcs_must_hold_nothing(store, fleet)
     # this gateway's lease (other gateways may share the prefix): held before anything is placed under it
     lease = GatewayLease(redis, Keys(args.prefix), int(args.gateway_lease_s * 1000))
     await lease.acquire()
