@@ -356,6 +356,11 @@ def test_link_without_a_stack_or_redis_url_writes_nowhere(redis_url, prefix, tmp
 def test_link_and_thermal_replay_write_under_the_running_stacks_prefix(private_runtime_dir, redis_url, prefix):
     """`hsched up --prefix P` records P: link and thermal replay write where that stack reads (and check against
     its fleet), as they use its Redis; an explicit --prefix still wins."""
+    import asyncio
+
+    from hsched.costs import WanGraph
+    from hsched.domain.fleet import load_fleet
+    from hsched.engine.selector import DcSelector
     from hsched.state.keys import Keys
     from hsched.state.redis import connect_sync
 
@@ -365,6 +370,11 @@ def test_link_and_thermal_replay_write_under_the_running_stacks_prefix(private_r
     redis.set(Keys(prefix).epoch, "e")  # the deployment's marker: thermal replay writes only where one is
     assert cli.main(["link", "s", "a", "--latency-ms", "40"]) == 0  # s and a: the small fleet's vertices
     assert redis.xlen(Keys(prefix).links) == 1
+    assert cli.main(["link", "s", "a", "--reset"]) == 0  # back to the fleet file's, for a (re)started selector too
+    fleet = load_fleet(SMALL_FLEET)
+    selector = DcSelector(fleet)
+    asyncio.run(_load_links(redis_url, Keys(prefix), selector))
+    assert selector.graph.link("s", "a") == WanGraph(fleet.wan).link("s", "a")
     readings = private_runtime_dir / "r.csv"
     readings.write_text("datacenter,sample,node,inlet_c,outlet_c,supply_c\ncheap,a,0,21,28,20\ncheap,a,1,22,30,20\n")
     assert cli.main(["thermal", "replay", str(readings)]) == 0
@@ -375,9 +385,21 @@ def test_link_and_thermal_replay_write_under_the_running_stacks_prefix(private_r
         assert redis.xlen(other.links) == 0
         redis.set(other.epoch, "e")
         assert cli.main(["link", "s", "a", "--latency-ms", "41", "--prefix", other.prefix]) == 0
-        assert redis.xlen(other.links) == 1 and redis.xlen(Keys(prefix).links) == 1
+        assert redis.xlen(other.links) == 1 and redis.xlen(Keys(prefix).links) == 2
     finally:
         redis.delete(other.links, other.epoch)
+
+
+async def _load_links(redis_url: str, keys, selector) -> None:
+    """A selector's start: the whole links stream applied (services/selector/server.py load_links)."""
+    from hsched.state.redis import connect
+    from services.selector.server import load_links
+
+    redis = connect(redis_url)
+    try:
+        await load_links(redis, keys, selector)
+    finally:
+        await redis.aclose()
 
 
 def test_link_to_a_redis_that_is_down_is_one_line_and_exit_1(tmp_path):

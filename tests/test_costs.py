@@ -158,6 +158,19 @@ def test_wan_links_must_name_vertices() -> None:
         WanGraph(wan)
 
 
+def test_a_reset_puts_the_fleet_files_metrics_back() -> None:
+    """(A probe's old override beat the fleet file for ever: the links stream is replayed at every start.)"""
+    g = WanGraph(small_wan())
+    filed = g.link("s", "a")
+    assert g.update_link("s", "a", latency_ms=0.5, loss_percent=2.0) and g.link("s", "a").latency_ms == 0.5
+    version = g.version
+    assert g.update_link("a", "s", reset=True) and g.version == version + 1  # either direction names the link
+    assert g.link("s", "a") == filed
+    assert not g.update_link("s", "a", reset=True)  # nothing to change
+    with pytest.raises(ValidationError, match="^reset: takes no metric with it"):
+        g.update_link("s", "a", latency_ms=1.0, reset=True)
+
+
 def test_update_link_validates_and_names_the_argument() -> None:
     g = WanGraph(small_wan())
     with pytest.raises(ValueError, match="^a: "):

@@ -1037,22 +1037,28 @@ def cmd_link(args) -> int:
     for name in ("latency_ms", "jitter_ms", "loss_percent", "bandwidth_mbps"):
         if getattr(args, name) is not None:
             update[name] = getattr(args, name)
+    if args.reset:
+        update["reset"] = True
+    graph = WanGraph(_fleet(_from_stack(args, "fleet")).wan)
     try:  # the selector's own rules; its field names are this command's flags
-        WanGraph(_fleet(_from_stack(args, "fleet")).wan).update_link(**update)
+        graph.update_link(**update)
     except ValidationError as exc:
         flag = f"--{exc.field.replace('_', '-')}" if exc.field in update and exc.field not in "ab" else exc.field
         raise ValidationError(flag, exc.rule, exc.value) from None
     if len(update) == 2:
         raise ValidationError("--latency-ms, --jitter-ms, --loss-percent, --bandwidth-mbps",
-                              "at least one is needed (an update of nothing)")
+                              "at least one is needed (an update of nothing; --reset: back to the fleet file's)")
     deployment = _deployment(args, "hsched link")
     if deployment is None:
         return 1
     redis, keys, url = deployment
     try:  # bounded (docs/operations.md, Retention): the selector folds the stream, only recent updates matter
         entry = redis.xadd(keys.links, {"m": json.dumps(update)}, maxlen=LINKS_MAXLEN, approximate=True).decode()
-        metrics = ", ".join(f"{k} {v:g}" for k, v in update.items() if k not in "ab")
-        print(f"{entry}  {args.a}–{args.b}: {metrics} (published for the selectors)")
+        link = graph.link(args.a, args.b)  # what the selectors now apply
+        metrics = ", ".join(f"{k} {getattr(link, k):g}" for k in ("latency_ms", "jitter_ms", "loss_percent",
+                                                                   "bandwidth_mbps") if args.reset or k in update)
+        print(f"{entry}  {args.a}–{args.b}: {metrics}{' (the fleet file’s)' if args.reset else ''} "
+              "(published for the selectors)")
     except RedisError as exc:
         print(f"hsched link: {describe_redis_error(url, exc).rstrip('.')}; nothing written", file=sys.stderr)
         return 1
@@ -1619,6 +1625,8 @@ def build_parser() -> argparse.ArgumentParser:
     lk.add_argument("--jitter-ms", type=non_negative_float)
     lk.add_argument("--loss-percent", type=percent)
     lk.add_argument("--bandwidth-mbps", type=non_negative_float)
+    lk.add_argument("--reset", action="store_true",
+                    help="every metric back to the fleet file's (earlier updates no longer apply)")
     lk.add_argument("--prefix", default=None, help=PREFIX_HELP)
     lk.add_argument("--fleet", default=None, help=f"fleet YAML whose WAN the update is checked against ({STACK_DEFAULT}, "
                     "else the embedded Abilene fleet)")

@@ -19,6 +19,7 @@ from hsched.costs.paths import DijkstraPathFinder
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import MAX_LINK_MS, Link, Wan
 
+_METRICS = ("latency_ms", "jitter_ms", "loss_percent", "bandwidth_mbps")  # what a probe may update
 _METRICS_CACHE_LIMIT = 65_536  # distinct paths; random (CRF) paths could otherwise grow it without bound
 
 
@@ -46,6 +47,8 @@ class WanGraph:
                 self.graph.add_edge(link.a, link.b, distance_km=link.distance_km, latency_ms=link.latency_ms,
                                     jitter_ms=link.jitter_ms, loss_percent=link.loss_percent,
                                     bandwidth_mbps=link.bandwidth_mbps)
+        # each link's metrics as the fleet file gives them: what `update_link(reset=True)` goes back to
+        self._as_filed = {frozenset((a, b)): {k: data[k] for k in _METRICS} for a, b, data in self.graph.edges(data=True)}
         self.version = 0
         self._metrics: dict[tuple[str, ...], PathMetrics] = {}
         self._metrics_version = 0
@@ -75,8 +78,10 @@ class WanGraph:
         return self._dijkstra
 
     def update_link(self, a: str, b: str, *, latency_ms: float | None = None, jitter_ms: float | None = None,
-                    loss_percent: float | None = None, bandwidth_mbps: float | None = None) -> bool:
-        """Apply a measured metric update to the a–b link; returns whether anything changed.
+                    loss_percent: float | None = None, bandwidth_mbps: float | None = None,
+                    reset: bool = False) -> bool:
+        """Apply a measured metric update to the a–b link; returns whether anything changed. `reset`: every metric
+        back to the fleet file's (a probe's earlier update no longer applies; no metric may be given with it).
 
         Everything is validated before anything is written. `version` moves only on a real change, so a
         probe that keeps reporting the same value does not flush the path caches.
@@ -90,6 +95,10 @@ class WanGraph:
         given = {"latency_ms": latency_ms, "jitter_ms": jitter_ms, "loss_percent": loss_percent,
                  "bandwidth_mbps": bandwidth_mbps}
         updates = {k: v for k, v in given.items() if v is not None}
+        if reset:
+            if updates:
+                raise ValidationError("reset", f"takes no metric with it (got {', '.join(updates)})")
+            updates = dict(self._as_filed[frozenset((a, b))])
         for name, value in updates.items():
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
                     or value < 0:
