@@ -177,10 +177,11 @@ class TaskLifecycle:
             return
         load_snapshot(snap, state, queue, recorded_layout_of(nodes))
         snap_id = snap_id.decode()
-        log.warning("ledger %s was trimmed past what this gateway had handled; re-deriving its tasks from the "
-                    "snapshot at %s", follower.stream, snap_id)
-        for task_id in [t.task_id for t in list(self.store.tasks.values())
-                        if t.datacenter == dc.name and t.state in LIVE]:
+        live = [t.task_id for t in list(self.store.tasks.values()) if t.datacenter == dc.name and t.state in LIVE]
+        # routine for a quiet DC after a gateway restart (its placer snapshots and trims as it takes the lease)
+        log.log(logging.WARNING if live else logging.INFO, "ledger %s was trimmed past what this gateway had "
+                "handled; re-deriving its %d live task(s) from the snapshot at %s", follower.stream, len(live), snap_id)
+        for task_id in live:
             await self._write(task_id, lambda task: rederive(task, dc.name, state, queue,
                                                              ledger_ref(dc.name, snap_id))
                               if task.state in LIVE else [])
