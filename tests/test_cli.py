@@ -285,6 +285,32 @@ def test_a_service_given_a_bad_fleet_file_exits_2_with_one_line(tmp_path, redis_
     assert f"--fleet {bad}: wan: is required" in done.stderr
 
 
+@pytest.mark.parametrize("service", ["gateway", "selector", "placer", "thermal"])
+def test_a_service_given_bad_environment_values_or_a_taken_metrics_port_says_so_in_one_line(redis_url, prefix,
+                                                                                           service):
+    """HSCHED_LOG_LEVEL / HSCHED_TRACES bypass argparse's choices (a default), a taken --metrics-port raised
+    OSError: each was a traceback."""
+    import socket
+
+    extra = ["--datacenter", "cheap"] if service == "placer" else []
+    argv = [sys.executable, "-m", f"services.{service}", "--fleet", str(SMALL_FLEET), "--redis-url", redis_url,
+            "--prefix", prefix, *extra]
+    root = Path(__file__).resolve().parents[1]
+    for env, code, words in ((("HSCHED_LOG_LEVEL", "LOUD"), 2, ["--log-level (HSCHED_LOG_LEVEL): 'LOUD'"]),
+                             (("HSCHED_TRACES", "jaeger"), 2, ["--traces (HSCHED_TRACES): 'jaeger'"]),
+                             (("HSCHED_REDIS_WAIT_MS", "soon"), 2, ["--redis-wait-ms", "'soon'"])):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=root,
+                              env={**os.environ, env[0]: env[1]})
+        assert_one_line_error(done, code, *words)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([*argv, "--metrics-port", str(port)], capture_output=True, text=True, timeout=120,
+                              cwd=root)
+    assert_one_line_error(done, 1, f"--metrics-port {port} on 127.0.0.1: cannot listen")
+
+
 async def test_a_service_refuses_a_port_a_server_already_listens_on(redis_url, prefix):
     """gRPC servers set SO_REUSEPORT by default, so a second one on a taken port would silently share its calls;
     ours refuse it, in one line naming --listen."""

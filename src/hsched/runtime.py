@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 
 from redis.exceptions import AuthenticationError, NoPermissionError
@@ -21,6 +22,9 @@ from hsched.state.epoch import EXIT_STATE_LOST, EpochGuard, StateLost
 from hsched.state.ledger import LayoutConflict
 from hsched.state.redis import describe_redis_error
 from hsched.telemetry import MetricsServer, setup_tracing
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+TRACE_EXPORTERS = ("none", "console", "otlp")
 
 
 def common_args(description: str) -> argparse.ArgumentParser:
@@ -37,18 +41,20 @@ def common_args(description: str) -> argparse.ArgumentParser:
     p.add_argument("--expect-epoch", default=os.environ.get("HSCHED_EPOCH") or None,
                    help="refuse to serve unless Redis holds this epoch marker (set by `hsched up`); without it, "
                         "adopt the marker Redis holds or create one")
-    p.add_argument("--redis-min-replicas", type=int, default=int(os.environ.get("HSCHED_REDIS_MIN_REPLICAS", "0")),
+    # (a string default goes through `type`: a bad environment value is argparse's one-line error naming the flag)
+    p.add_argument("--redis-min-replicas", type=int, default=os.environ.get("HSCHED_REDIS_MIN_REPLICAS", "0"),
                    help="Redis replicas that must hold a ledger append / task event before it is acknowledged "
-                        "(WAIT); fewer in time answers UNAVAILABLE")
-    p.add_argument("--redis-wait-ms", type=int, default=int(os.environ.get("HSCHED_REDIS_WAIT_MS", "1000")),
-                   help="how long a write waits for --redis-min-replicas")
+                        "(WAIT); fewer in time answers UNAVAILABLE (env HSCHED_REDIS_MIN_REPLICAS)")
+    p.add_argument("--redis-wait-ms", type=int, default=os.environ.get("HSCHED_REDIS_WAIT_MS", "1000"),
+                   help="how long a write waits for --redis-min-replicas (env HSCHED_REDIS_WAIT_MS)")
     p.add_argument("--listen", default="127.0.0.1:0", help="gRPC address (port 0 = any free port)")
     p.add_argument("--metrics-port", type=int, default=-1, help="Prometheus /metrics port (0 = any, -1 = off)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics binds (0.0.0.0 in containers)")
-    p.add_argument("--traces", default=os.environ.get("HSCHED_TRACES", "none"), choices=["none", "console", "otlp"],
-                   help="OpenTelemetry span exporter")
+    p.add_argument("--traces", default=os.environ.get("HSCHED_TRACES", "none"), choices=TRACE_EXPORTERS,
+                   help="OpenTelemetry span exporter (env HSCHED_TRACES)")
     p.add_argument("--port-file", default="", help="write the bound gRPC port here once serving")
-    p.add_argument("--log-level", default=os.environ.get("HSCHED_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-level", default=os.environ.get("HSCHED_LOG_LEVEL", "INFO"), type=str.upper,
+                   choices=LOG_LEVELS, help="env HSCHED_LOG_LEVEL")
     p.add_argument("--tls-dir", default=os.environ.get("HSCHED_TLS_DIR") or None,
                    help="serve TLS and dial peers over mutual TLS with this service's certificate from DIR "
                         "(`hsched certs init`); internal services then require a CA client certificate and "
@@ -91,8 +97,19 @@ def reflection_on(args: argparse.Namespace) -> bool:
     return value == "on"
 
 
+def _check_environment_choices(args: argparse.Namespace) -> None:
+    """What argparse does not check in a default taken from the environment: one line, exit 2 (it was a
+    traceback from logging or the tracer)."""
+    for flag, env, value, allowed in (("--log-level", "HSCHED_LOG_LEVEL", str(args.log_level).upper(), LOG_LEVELS),
+                                      ("--traces", "HSCHED_TRACES", args.traces, TRACE_EXPORTERS)):
+        if value not in allowed:
+            print(f"{flag} ({env}): {value!r} is not one of {', '.join(allowed)}", file=sys.stderr)
+            raise SystemExit(2)
+
+
 def run(service_name: str, args: argparse.Namespace, serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run `serve(stop_event)` on uvloop until SIGINT/SIGTERM sets the event."""
+    _check_environment_choices(args)
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {service_name} %(levelname)s %(name)s: %(message)s")
     setup_tracing(service_name, exporter=args.traces)
@@ -166,5 +183,12 @@ def write_port_file(path: str, port: int | str) -> None:
 
 
 def metrics_server(args: argparse.Namespace) -> MetricsServer | None:
-    """The service's Prometheus endpoint, or None when --metrics-port is -1."""
-    return MetricsServer(args.metrics_port, args.metrics_host) if args.metrics_port >= 0 else None
+    """The service's Prometheus endpoint, or None when --metrics-port is -1. A port it cannot bind is one line,
+    exit 1 (a supervisor's restart may find it free), not a traceback."""
+    if args.metrics_port < 0:
+        return None
+    try:
+        return MetricsServer(args.metrics_port, args.metrics_host)
+    except OSError as exc:
+        raise SystemExit(f"--metrics-port {args.metrics_port} on {args.metrics_host}: cannot listen "
+                         f"({exc.strerror or exc})") from None
