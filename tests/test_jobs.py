@@ -25,7 +25,15 @@ from hsched.domain.fleet import load_fleet
 from hsched.domain.limits import STAGE_MAX_TASKS
 from hsched.domain.task import MAX_RUNTIME_S
 from hsched.engine.selector import DcSelector
-from hsched.jobs import ShapeRequest, choose_datacenter, decide, selection_requests, task_id_of, validate_job
+from hsched.jobs import (
+    ShapeRequest,
+    choose_datacenter,
+    decide,
+    selection_requests,
+    stage_statuses,
+    task_id_of,
+    validate_job,
+)
 from hsched.rpc import Unavailable
 from hsched.state.keys import Keys
 from hsched.state.redis import NotReplicated, ReplicaSet, connect
@@ -240,6 +248,18 @@ def test_a_gpu_stage_then_a_wide_cpu_stage_is_feasible_where_each_fits():
             excluded=[pb.Exclusion(datacenter=d, reason=why, unavailable=d in unserved) for d, why in excluded]))
     dc, why = choose_datacenter(requests, answers)
     assert dc == "gpu", why
+
+
+def test_stage_counts_tell_cancelled_from_failed_and_nothing_stays_pending_once_the_job_ended():
+    spec = job(stage("a", 4), stage("b", 2, ("a",)))
+    j = pb.Job(job_id="j1", spec=spec, state=pb.JOB_STATE_RUNNING)
+    tasks = {task_id_of("j1", "a", i): pb.Task(task_id=task_id_of("j1", "a", i), state=state) for i, state in
+             enumerate((pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED, pb.TASK_STATE_RELEASED, pb.TASK_STATE_RUNNING))}
+    counts = lambda: [(s.pending, s.running, s.succeeded, s.failed, s.cancelled) for s in stage_statuses(j, tasks)]  # noqa: E731
+    assert counts() == [(0, 1, 1, 1, 1), (2, 0, 0, 0, 0)]
+    j.state = pb.JOB_STATE_FAILED  # the running one is released next; b never starts
+    tasks[task_id_of("j1", "a", 3)].state = pb.TASK_STATE_RELEASED
+    assert counts() == [(0, 0, 1, 1, 2), (0, 0, 0, 0, 2)]
 
 
 def answer(*candidates: str, excluded=(), full: dict[str, int] | None = None, step: float = 1.0

@@ -352,6 +352,11 @@ def test_a_failed_task_fails_the_job_its_other_tasks_are_released_and_no_child_s
         assert time.monotonic() < deadline, states
         time.sleep(0.1)
     assert pb.TASK_STATE_FAILED in states
+    final = gw.GetJob(gateway_pb2.GetJobRequest(job_id=job.job_id), timeout=10).stages
+    # the released ones are cancelled, not failed; the stage that never ran is not pending for ever
+    assert final[0].failed >= 1 and final[0].failed + final[0].cancelled == 3
+    assert final[0].pending == final[0].running == 0
+    assert (final[1].pending, final[1].cancelled) == (0, 2)
 
 
 def test_the_tpch_replay_exits_non_zero_when_jobs_fail(failing_stack, redis_url, monkeypatch, capsys):

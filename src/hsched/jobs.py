@@ -316,16 +316,23 @@ def stage_tasks(job: pb.Job, tasks: Mapping[str, pb.Task], stage: pb.StageSpec) 
 
 
 def stage_statuses(job: pb.Job, tasks: Mapping[str, pb.Task]) -> list[pb.StageStatus]:
+    """Each stage's tasks by where they are; once the job is final, none pending: what never ran is cancelled."""
     out = []
+    ended = job.state in JOB_TERMINAL
     for stage in job.spec.stages:
         st = pb.StageStatus(name=stage.name, tasks=stage.tasks)
         for t in stage_tasks(job, tasks, stage):
             if t is None or t.state in (pb.TASK_STATE_SUBMITTED, pb.TASK_STATE_DEFERRED, pb.TASK_STATE_PREEMPTED):
-                st.pending += 1
+                if ended:
+                    st.cancelled += 1
+                else:
+                    st.pending += 1
             elif t.state in (pb.TASK_STATE_PLACED, pb.TASK_STATE_RUNNING):
                 st.running += 1
             elif t.state == pb.TASK_STATE_SUCCEEDED:
                 st.succeeded += 1
+            elif t.state == pb.TASK_STATE_RELEASED:
+                st.cancelled += 1
             else:
                 st.failed += 1
             if t is not None:

@@ -348,7 +348,7 @@ class JobSpec(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., name: _Optional[str] = ..., priority_class: _Optional[str] = ..., priority: _Optional[int] = ..., data_size_mb: _Optional[float] = ..., entry_vertex: _Optional[str] = ..., network: _Optional[_Union[NetworkRequirements, _Mapping]] = ..., gpu_models: _Optional[_Iterable[str]] = ..., stages: _Optional[_Iterable[_Union[StageSpec, _Mapping]]] = ...) -> None: ...
 
 class StageStatus(_message.Message):
-    __slots__ = ("name", "tasks", "pending", "running", "succeeded", "failed", "task_ids")
+    __slots__ = ("name", "tasks", "pending", "running", "succeeded", "failed", "task_ids", "cancelled")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +356,7 @@ class StageStatus(_message.Message):
     SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     name: str
     tasks: int
     pending: int
@@ -363,7 +364,8 @@ class StageStatus(_message.Message):
     succeeded: int
     failed: int
     task_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[int] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    cancelled: int
+    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[int] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ..., cancelled: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "spec", "state", "datacenter", "stages", "reason", "created_unix_ms", "updated_unix_ms", "finished_unix_ms")
