@@ -287,6 +287,10 @@ def test_full_fleet_defers_and_places_after_a_release(gw, stack):
     assert len(held) == 4 + 4 + 4  # cheap, near, gpu (32-core nodes hold one 24-core task each)
     assert t.state == pb.TASK_STATE_DEFERRED and t.datacenter == "cheap"
     assert any("no room now" in n for n in t.explanation.notes)
+    another = submit(gw, task(cores=24, mem_gib=8)).task  # queued behind t, then released while waiting
+    assert another.state == pb.TASK_STATE_DEFERRED and another.reason, another
+    gone = release(gw, another.task_id)
+    assert (gone.state, gone.reason) == (pb.TASK_STATE_RELEASED, "")  # not "no node has room now" for ever
     events = gw.Watch(gateway_pb2.WatchRequest(task_id=t.task_id, after_event_id="0"), timeout=20)
     victim = next(h for h in held if h.datacenter == "cheap")
     release(gw, victim.task_id)

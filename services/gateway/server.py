@@ -886,6 +886,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             if task.state in TERMINAL:
                 return task
             task.finished_unix_ms = now_ms()
+            task.reason = ""  # why it waited ("no node has room now") no longer applies; the event says what it freed
             try:
                 await self.store.record("released", task, f"freed {reply.freed.cpu_milli / 1000:g} cores, "
                                         f"{reply.freed.gpu_count} GPU slices at {dc}")
