@@ -250,6 +250,14 @@ def test_a_gpu_stage_then_a_wide_cpu_stage_is_feasible_where_each_fits():
     assert dc == "gpu", why
 
 
+def test_the_cli_knows_a_job_id_from_a_task_id():
+    from hsched.cli import _JOB_ID
+    from hsched.jobs import new_job_id
+
+    job_id = new_job_id()
+    assert _JOB_ID.fullmatch(job_id) and not _JOB_ID.fullmatch(task_id_of(job_id, "a", 0))
+
+
 def test_stage_counts_tell_cancelled_from_failed_and_nothing_stays_pending_once_the_job_ended():
     spec = job(stage("a", 4), stage("b", 2, ("a",)))
     j = pb.Job(job_id="j1", spec=spec, state=pb.JOB_STATE_RUNNING)

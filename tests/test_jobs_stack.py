@@ -410,6 +410,11 @@ def test_cli_submit_f_job_get_list_cancel(stack, tmp_path, capsys):
     assert again.startswith(job_id) and again.endswith("(duplicate)"), again
     assert cli.main(["job", "get", job_id, *gw]) == 0
     assert "extract:" in capsys.readouterr().out
+    assert cli.main(["list", "--job", job_id, "-o", "json", *gw]) == 0  # its tasks, once submitted, and no other
+    listed = json.loads(capsys.readouterr().out)["tasks"]
+    assert all(t["task_id"].startswith(f"{job_id}.") for t in listed), listed
+    assert cli.main(["get", job_id, *gw]) == 2
+    assert f"is a job id: hsched job get {job_id}" in capsys.readouterr().err
     assert cli.main(["job", "list", *gw]) == 0
     assert job_id in capsys.readouterr().out
     assert cli.main(["job", "cancel", job_id, *gw]) == 0

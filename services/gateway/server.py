@@ -931,7 +931,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 continue
             t = self.store.tasks[task_id]
             if ((tenant and t.spec.tenant != tenant) or (request.state and t.state != request.state)
-                    or (request.datacenter and t.datacenter != request.datacenter)):
+                    or (request.datacenter and t.datacenter != request.datacenter)
+                    or (request.job_id and t.spec.job_id != request.job_id)):
                 continue
             if len(out) == limit:  # one more matches: there is a next page (a full last page has no token)
                 return gateway_pb2.ListResponse(tasks=out, next_page_token=out[-1].task_id)

@@ -8,6 +8,7 @@ import functools
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -32,6 +33,7 @@ def _running_stack(gateway: str | None = None) -> dict:
 
 
 FALLBACK_GATEWAY = "127.0.0.1:50051"
+_JOB_ID = re.compile(r"j[0-9a-f]{20}")  # hsched.jobs.new_job_id's (a job's task ids add .<stage>.<i>)
 PREFIX = "hsched"  # `hsched up --prefix`'s default (hsched.state.keys.Keys')
 STACK_DEFAULT = "default: the running stack's, as `hsched up` recorded it"  # the flags _from_stack resolves
 PREFIX_HELP = f"the stack's Redis key prefix ({STACK_DEFAULT}, else {PREFIX})"
@@ -619,6 +621,8 @@ def cmd_submit(args) -> int:
 
 def cmd_get(args) -> int:
     """One line (the task's state, where, why), or the whole record with -o json|yaml."""
+    if _JOB_ID.fullmatch(args.task_id):  # (NOT_FOUND as a task otherwise, with no hint)
+        raise ValidationError("TASK_ID", f"{args.task_id} is a job id: hsched job get {args.task_id}")
     task = _stub(args).Get(gateway_pb2.GetRequest(task_id=args.task_id), timeout=10)
     _emit(args, task, lambda: _task_line(task))
     return 0
@@ -627,7 +631,8 @@ def cmd_get(args) -> int:
 def cmd_list(args) -> int:
     state = pb.TaskState.Value(f"TASK_STATE_{args.state.upper()}") if args.state else 0  # a choice of STATES
     reply = _stub(args).List(gateway_pb2.ListRequest(tenant=args.tenant, state=state, datacenter=args.datacenter,
-                                                     limit=args.limit, page_token=args.page_token), timeout=10)
+                                                     job_id=args.job, limit=args.limit, page_token=args.page_token),
+                             timeout=10)
     _print_page(args, reply, "tasks", _task_line)
     return 0
 
@@ -1510,6 +1515,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--tenant", default="")
     ls.add_argument("--state", default="", choices=["", *STATES], metavar="STATE", help=" ".join(STATES))
     ls.add_argument("--datacenter", default="")
+    ls.add_argument("--job", default="", help="only this DAG job's tasks")
     ls.add_argument("--limit", type=page_limit, default=LIST_DEFAULT)
     ls.add_argument("--page-token", default="")
     ls.set_defaults(fn=cmd_list)

@@ -26,7 +26,7 @@ from hsched.v1 import common_pb2 as hsched_dot_v1_dot_common__pb2
 from hsched.v1 import placer_pb2 as hsched_dot_v1_dot_placer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hsched/v1/gateway.proto\x12\thsched.v1\x1a\x16hsched/v1/common.proto\x1a\x16hsched/v1/placer.proto\"s\n\x1aSetNodesSchedulableRequest\x12\x12\n\ndatacenter\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x03(\t\x12\x13\n\x0bschedulable\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05\x65vict\x18\x05 \x01(\x08\"K\n\rSubmitRequest\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.hsched.v1.TaskSpec\x12\x17\n\x0fselector_method\x18\x02 \x01(\t\"B\n\x0eSubmitResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.hsched.v1.Task\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x1d\n\nGetRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"y\n\x0bListRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.hsched.v1.TaskState\x12\x12\n\ndatacenter\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"G\n\x0cListResponse\x12\x1e\n\x05tasks\x18\x01 \x03(\x0b\x32\x0f.hsched.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"W\n\x0cWatchRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_event_id\x18\x03 \x01(\t\x12\x0e\n\x06job_id\x18\x04 \x01(\t\"!\n\x0eReleaseRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"0\n\x0fReleaseResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.hsched.v1.Task\"L\n\x10SubmitJobRequest\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.hsched.v1.JobSpec\x12\x17\n\x0fselector_method\x18\x02 \x01(\t\"C\n\x11SubmitJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.hsched.v1.Job\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"h\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.hsched.v1.JobState\x12\r\n\x05limit\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"I\n\x10ListJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.hsched.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"1\n\x16ListDatacentersRequest\x12\x17\n\x0finclude_tenants\x18\x01 \x01(\x08\"I\n\x17ListDatacentersResponse\x12.\n\x0b\x64\x61tacenters\x18\x01 \x03(\x0b\x32\x19.hsched.v1.DatacenterView\"=\n\x14GetDatacenterRequest\x12\x12\n\ndatacenter\x18\x01 \x01(\t\x12\x11\n\tgpu_model\x18\x02 \x01(\t\"D\n\x0bPlacerLease\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x03\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\"\x95\x01\n\x10GpuModelCapacity\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x63\x61rds\x18\x02 \x01(\r\x12\x12\n\ncards_idle\x18\x03 \x01(\r\x12\x19\n\x11\x63ore_percent_free\x18\x04 \x01(\x03\x12\x17\n\x0fmemory_mib_free\x18\x05 \x01(\x03\x12\x1b\n\x13memory_mib_capacity\x18\x06 \x01(\x03\"\xe4\x02\n\x0e\x44\x61tacenterView\x12\x12\n\ndatacenter\x18\x01 \x01(\t\x12\x0e\n\x06vertex\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12%\n\x05lease\x18\x06 \x01(\x0b\x32\x16.hsched.v1.PlacerLease\x12%\n\x07summary\x18\x07 \x01(\x0b\x32\x14.hsched.v1.DcSummary\x12\x0e\n\x06policy\x18\x08 \x01(\t\x12)\n\x04gpus\x18\t \x03(\x0b\x32\x1b.hsched.v1.GpuModelCapacity\x12)\n\x07thermal\x18\n \x01(\x0b\x32\x18.hsched.v1.ThermalEffect\x12#\n\x05nodes\x18\x0b \x03(\x0b\x32\x14.hsched.v1.NodeState\x12\'\n\x07tenants\x18\x0c \x03(\x0b\x32\x16.hsched.v1.TenantShare\"p\n\x0fTaskDescription\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.hsched.v1.Task\x12$\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x14.hsched.v1.TaskEvent\x12\x18\n\x10\x65vents_truncated\x18\x03 \x01(\x08\x32\xf2\x06\n\x07Gateway\x12=\n\x06Submit\x12\x18.hsched.v1.SubmitRequest\x1a\x19.hsched.v1.SubmitResponse\x12-\n\x03Get\x12\x15.hsched.v1.GetRequest\x1a\x0f.hsched.v1.Task\x12\x37\n\x04List\x12\x16.hsched.v1.ListRequest\x1a\x17.hsched.v1.ListResponse\x12\x38\n\x05Watch\x12\x17.hsched.v1.WatchRequest\x1a\x14.hsched.v1.TaskEvent0\x01\x12@\n\x07Release\x12\x19.hsched.v1.ReleaseRequest\x1a\x1a.hsched.v1.ReleaseResponse\x12\x46\n\tSubmitJob\x12\x1b.hsched.v1.SubmitJobRequest\x1a\x1c.hsched.v1.SubmitJobResponse\x12\x32\n\x06GetJob\x12\x18.hsched.v1.GetJobRequest\x1a\x0e.hsched.v1.Job\x12\x43\n\x08ListJobs\x12\x1a.hsched.v1.ListJobsRequest\x1a\x1b.hsched.v1.ListJobsResponse\x12\x38\n\tCancelJob\x12\x1b.hsched.v1.CancelJobRequest\x1a\x0e.hsched.v1.Job\x12X\n\x0fListDatacenters\x12!.hsched.v1.ListDatacentersRequest\x1a\".hsched.v1.ListDatacentersResponse\x12K\n\rGetDatacenter\x12\x1f.hsched.v1.GetDatacenterRequest\x1a\x19.hsched.v1.DatacenterView\x12\x41\n\x0c\x44\x65scribeTask\x12\x15.hsched.v1.GetRequest\x1a\x1a.hsched.v1.TaskDescription\x12_\n\x13SetNodesSchedulable\x12%.hsched.v1.SetNodesSchedulableRequest\x1a!.hsched.v1.SetSchedulableResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hsched/v1/gateway.proto\x12\thsched.v1\x1a\x16hsched/v1/common.proto\x1a\x16hsched/v1/placer.proto\"s\n\x1aSetNodesSchedulableRequest\x12\x12\n\ndatacenter\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x03(\t\x12\x13\n\x0bschedulable\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05\x65vict\x18\x05 \x01(\x08\"K\n\rSubmitRequest\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.hsched.v1.TaskSpec\x12\x17\n\x0fselector_method\x18\x02 \x01(\t\"B\n\x0eSubmitResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.hsched.v1.Task\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x1d\n\nGetRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\x89\x01\n\x0bListRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.hsched.v1.TaskState\x12\x12\n\ndatacenter\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x0e\n\x06job_id\x18\x06 \x01(\t\"G\n\x0cListResponse\x12\x1e\n\x05tasks\x18\x01 \x03(\x0b\x32\x0f.hsched.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"W\n\x0cWatchRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_event_id\x18\x03 \x01(\t\x12\x0e\n\x06job_id\x18\x04 \x01(\t\"!\n\x0eReleaseRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"0\n\x0fReleaseResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.hsched.v1.Task\"L\n\x10SubmitJobRequest\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.hsched.v1.JobSpec\x12\x17\n\x0fselector_method\x18\x02 \x01(\t\"C\n\x11SubmitJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.hsched.v1.Job\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"h\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.hsched.v1.JobState\x12\r\n\x05limit\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"I\n\x10ListJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.hsched.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"1\n\x16ListDatacentersRequest\x12\x17\n\x0finclude_tenants\x18\x01 \x01(\x08\"I\n\x17ListDatacentersResponse\x12.\n\x0b\x64\x61tacenters\x18\x01 \x03(\x0b\x32\x19.hsched.v1.DatacenterView\"=\n\x14GetDatacenterRequest\x12\x12\n\ndatacenter\x18\x01 \x01(\t\x12\x11\n\tgpu_model\x18\x02 \x01(\t\"D\n\x0bPlacerLease\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x03\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\"\x95\x01\n\x10GpuModelCapacity\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x63\x61rds\x18\x02 \x01(\r\x12\x12\n\ncards_idle\x18\x03 \x01(\r\x12\x19\n\x11\x63ore_percent_free\x18\x04 \x01(\x03\x12\x17\n\x0fmemory_mib_free\x18\x05 \x01(\x03\x12\x1b\n\x13memory_mib_capacity\x18\x06 \x01(\x03\"\xe4\x02\n\x0e\x44\x61tacenterView\x12\x12\n\ndatacenter\x18\x01 \x01(\t\x12\x0e\n\x06vertex\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12%\n\x05lease\x18\x06 \x01(\x0b\x32\x16.hsched.v1.PlacerLease\x12%\n\x07summary\x18\x07 \x01(\x0b\x32\x14.hsched.v1.DcSummary\x12\x0e\n\x06policy\x18\x08 \x01(\t\x12)\n\x04gpus\x18\t \x03(\x0b\x32\x1b.hsched.v1.GpuModelCapacity\x12)\n\x07thermal\x18\n \x01(\x0b\x32\x18.hsched.v1.ThermalEffect\x12#\n\x05nodes\x18\x0b \x03(\x0b\x32\x14.hsched.v1.NodeState\x12\'\n\x07tenants\x18\x0c \x03(\x0b\x32\x16.hsched.v1.TenantShare\"p\n\x0fTaskDescription\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.hsched.v1.Task\x12$\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x14.hsched.v1.TaskEvent\x12\x18\n\x10\x65vents_truncated\x18\x03 \x01(\x08\x32\xf2\x06\n\x07Gateway\x12=\n\x06Submit\x12\x18.hsched.v1.SubmitRequest\x1a\x19.hsched.v1.SubmitResponse\x12-\n\x03Get\x12\x15.hsched.v1.GetRequest\x1a\x0f.hsched.v1.Task\x12\x37\n\x04List\x12\x16.hsched.v1.ListRequest\x1a\x17.hsched.v1.ListResponse\x12\x38\n\x05Watch\x12\x17.hsched.v1.WatchRequest\x1a\x14.hsched.v1.TaskEvent0\x01\x12@\n\x07Release\x12\x19.hsched.v1.ReleaseRequest\x1a\x1a.hsched.v1.ReleaseResponse\x12\x46\n\tSubmitJob\x12\x1b.hsched.v1.SubmitJobRequest\x1a\x1c.hsched.v1.SubmitJobResponse\x12\x32\n\x06GetJob\x12\x18.hsched.v1.GetJobRequest\x1a\x0e.hsched.v1.Job\x12\x43\n\x08ListJobs\x12\x1a.hsched.v1.ListJobsRequest\x1a\x1b.hsched.v1.ListJobsResponse\x12\x38\n\tCancelJob\x12\x1b.hsched.v1.CancelJobRequest\x1a\x0e.hsched.v1.Job\x12X\n\x0fListDatacenters\x12!.hsched.v1.ListDatacentersRequest\x1a\".hsched.v1.ListDatacentersResponse\x12K\n\rGetDatacenter\x12\x1f.hsched.v1.GetDatacenterRequest\x1a\x19.hsched.v1.DatacenterView\x12\x41\n\x0c\x44\x65scribeTask\x12\x15.hsched.v1.GetRequest\x1a\x1a.hsched.v1.TaskDescription\x12_\n\x13SetNodesSchedulable\x12%.hsched.v1.SetNodesSchedulableRequest\x1a!.hsched.v1.SetSchedulableResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,42 +41,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITRESPONSE']._serialized_end=346
   _globals['_GETREQUEST']._serialized_start=348
   _globals['_GETREQUEST']._serialized_end=377
-  _globals['_LISTREQUEST']._serialized_start=379
-  _globals['_LISTREQUEST']._serialized_end=500
-  _globals['_LISTRESPONSE']._serialized_start=502
-  _globals['_LISTRESPONSE']._serialized_end=573
-  _globals['_WATCHREQUEST']._serialized_start=575
-  _globals['_WATCHREQUEST']._serialized_end=662
-  _globals['_RELEASEREQUEST']._serialized_start=664
-  _globals['_RELEASEREQUEST']._serialized_end=697
-  _globals['_RELEASERESPONSE']._serialized_start=699
-  _globals['_RELEASERESPONSE']._serialized_end=747
-  _globals['_SUBMITJOBREQUEST']._serialized_start=749
-  _globals['_SUBMITJOBREQUEST']._serialized_end=825
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=827
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=894
-  _globals['_GETJOBREQUEST']._serialized_start=896
-  _globals['_GETJOBREQUEST']._serialized_end=927
-  _globals['_LISTJOBSREQUEST']._serialized_start=929
-  _globals['_LISTJOBSREQUEST']._serialized_end=1033
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1035
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1108
-  _globals['_CANCELJOBREQUEST']._serialized_start=1110
-  _globals['_CANCELJOBREQUEST']._serialized_end=1144
-  _globals['_LISTDATACENTERSREQUEST']._serialized_start=1146
-  _globals['_LISTDATACENTERSREQUEST']._serialized_end=1195
-  _globals['_LISTDATACENTERSRESPONSE']._serialized_start=1197
-  _globals['_LISTDATACENTERSRESPONSE']._serialized_end=1270
-  _globals['_GETDATACENTERREQUEST']._serialized_start=1272
-  _globals['_GETDATACENTERREQUEST']._serialized_end=1333
-  _globals['_PLACERLEASE']._serialized_start=1335
-  _globals['_PLACERLEASE']._serialized_end=1403
-  _globals['_GPUMODELCAPACITY']._serialized_start=1406
-  _globals['_GPUMODELCAPACITY']._serialized_end=1555
-  _globals['_DATACENTERVIEW']._serialized_start=1558
-  _globals['_DATACENTERVIEW']._serialized_end=1914
-  _globals['_TASKDESCRIPTION']._serialized_start=1916
-  _globals['_TASKDESCRIPTION']._serialized_end=2028
-  _globals['_GATEWAY']._serialized_start=2031
-  _globals['_GATEWAY']._serialized_end=2913
+  _globals['_LISTREQUEST']._serialized_start=380
+  _globals['_LISTREQUEST']._serialized_end=517
+  _globals['_LISTRESPONSE']._serialized_start=519
+  _globals['_LISTRESPONSE']._serialized_end=590
+  _globals['_WATCHREQUEST']._serialized_start=592
+  _globals['_WATCHREQUEST']._serialized_end=679
+  _globals['_RELEASEREQUEST']._serialized_start=681
+  _globals['_RELEASEREQUEST']._serialized_end=714
+  _globals['_RELEASERESPONSE']._serialized_start=716
+  _globals['_RELEASERESPONSE']._serialized_end=764
+  _globals['_SUBMITJOBREQUEST']._serialized_start=766
+  _globals['_SUBMITJOBREQUEST']._serialized_end=842
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=844
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=911
+  _globals['_GETJOBREQUEST']._serialized_start=913
+  _globals['_GETJOBREQUEST']._serialized_end=944
+  _globals['_LISTJOBSREQUEST']._serialized_start=946
+  _globals['_LISTJOBSREQUEST']._serialized_end=1050
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1052
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1125
+  _globals['_CANCELJOBREQUEST']._serialized_start=1127
+  _globals['_CANCELJOBREQUEST']._serialized_end=1161
+  _globals['_LISTDATACENTERSREQUEST']._serialized_start=1163
+  _globals['_LISTDATACENTERSREQUEST']._serialized_end=1212
+  _globals['_LISTDATACENTERSRESPONSE']._serialized_start=1214
+  _globals['_LISTDATACENTERSRESPONSE']._serialized_end=1287
+  _globals['_GETDATACENTERREQUEST']._serialized_start=1289
+  _globals['_GETDATACENTERREQUEST']._serialized_end=1350
+  _globals['_PLACERLEASE']._serialized_start=1352
+  _globals['_PLACERLEASE']._serialized_end=1420
+  _globals['_GPUMODELCAPACITY']._serialized_start=1423
+  _globals['_GPUMODELCAPACITY']._serialized_end=1572
+  _globals['_DATACENTERVIEW']._serialized_start=1575
+  _globals['_DATACENTERVIEW']._serialized_end=1931
+  _globals['_TASKDESCRIPTION']._serialized_start=1933
+  _globals['_TASKDESCRIPTION']._serialized_end=2045
+  _globals['_GATEWAY']._serialized_start=2048
+  _globals['_GATEWAY']._serialized_end=2930
 # @@protoc_insertion_point(module_scope)

@@ -45,18 +45,20 @@ class GetRequest(_message.Message):
     def __init__(self, task_id: _Optional[str] = ...) -> None: ...
 
 class ListRequest(_message.Message):
-    __slots__ = ("tenant", "state", "datacenter", "limit", "page_token")
+    __slots__ = ("tenant", "state", "datacenter", "limit", "page_token", "job_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DATACENTER_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     state: _common_pb2.TaskState
     datacenter: str
     limit: int
     page_token: str
-    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TaskState, str]] = ..., datacenter: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    job_id: str
+    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TaskState, str]] = ..., datacenter: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class ListResponse(_message.Message):
     __slots__ = ("tasks", "next_page_token")
