@@ -186,7 +186,7 @@ async def test_deferred_task_runs_when_a_release_frees_room_under_its_own_id(red
         assert events[-2:] == [{"t": "free", "task": "f2"},
                                {"t": "alloc", "task": "q", "parts": [[0, 0, 2, 8000, 2048, 0, 0, []]],
                                 "at": events[-1]["at"], "runtime_s": 60.0, "class": "offline", "tenant": "default",
-                                "spec": task_to_dict(spec(8))}]
+                                "spec": task_to_dict(spec(8)), "arrival": events[-3]["at"]}]  # its defer's
         assert sorted(e.state.allocations) == ["f0", "f1", "f3", "q"] and not e.queue
 
         # the queued task's cores are booked under "q", so releasing q frees them

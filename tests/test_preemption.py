@@ -10,6 +10,7 @@ No timed assertions: time factors are large and the times compared are the ledge
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import uuid
 from collections import OrderedDict
@@ -223,6 +224,34 @@ async def test_a_restarted_placer_keeps_the_requeued_victim_waiting(redis, prefi
         assert r.released and not r.placed_from_queue and "v" in e2.queue
 
 
+@pytest.mark.parametrize("restart", [False, True])
+async def test_a_requeued_victim_keeps_its_place_in_line(redis, prefix, monkeypatch, restart) -> None:
+    """A job's tasks fill the DC, four later tasks queue, an online task evicts a job task: the victim is requeued
+    ahead of the four (its arrival, as Slurm and Volcano requeue), not behind them, and the room the online task
+    frees goes to it — from the engine's memory, and from the ledger's fold after a placer restart."""
+    from hsched.engine import placer as placer_module
+    clock = itertools.count(placer_module._now_ms())  # every decision a distinct ms: no arrival ties
+    monkeypatch.setattr(placer_module, "_now_ms", lambda: next(clock))
+    later = [f"later{i}" for i in range(4)]
+    async with running(engine(redis, prefix, None)) as e:  # no executor: tasks hold until released
+        for i in range(4):
+            assert (await e.place(f"job{i}", task(24))).outcome == "placed"
+        for name in later:
+            assert (await e.place(name, task(24))).outcome == "deferred"
+        assert (await e.place("on", task(24, "online"))).outcome == "placed"
+        (victim,) = [p["task"] for p in preempts(await ledger_events(redis, prefix))]
+        assert list(e.queue) == [victim, *later]
+        if not restart:
+            assert [t for t, _ in (await e.release("on")).placed_from_queue] == [victim]
+    state, queue = ClusterState(cheap()), OrderedDict()
+    await replay(redis, Keys(prefix).ledger("cheap"), state, queue)
+    assert list(queue) == (later if not restart else [victim, *later])
+    if restart:
+        async with running(engine(redis, prefix, None)) as e2:
+            assert list(e2.queue) == [victim, *later]
+            assert [t for t, _ in (await e2.release("on")).placed_from_queue] == [victim]
+
+
 async def all_online_but_one_offline(e: PlacerEngine, redis, prefix: str) -> None:
     """Eight 12-core online tasks (two per node, firstfit: on0 and on1 on node 0), run until released; a 24-core
     online task "u" waits (nothing to evict), then an offline "x" (12 cores, two task minutes) waits; on0 is released:
@@ -422,20 +451,25 @@ def test_capacity_of_cheap_is_what_shares_are_measured_on() -> None:
 @st.composite
 def preemption_histories(draw) -> list[dict]:
     """Ledgers a placer could write: allocs of online/offline tasks of two tenants (offline ones with their spec),
-    runs, completions, and preemptions written as the placer does (preempt + requeue with "after" + the online
-    task's alloc), requeued victims placed again."""
-    events, held, queued, clock = [], {}, {}, 1_000
+    runs, completions, offline tasks queued, and preemptions written as the placer does (preempt + requeue with
+    "after" and its first arrival + the online task's alloc), queued tasks placed (with their arrival)."""
+    events, held, queued, arrivals, clock = [], {}, {}, {}, 1_000
     for i in range(draw(st.integers(0, 30))):
         clock += draw(st.integers(0, 5000))
-        kind = draw(st.sampled_from(["alloc", "run", "done", "preempt", "requeued"]))
-        if kind == "alloc":
+        kind = draw(st.sampled_from(["alloc", "run", "done", "preempt", "requeued", "queue"]))
+        if kind in ("alloc", "queue"):
             task_id, cls, tenant = f"t{i}", draw(st.sampled_from(["online", "offline"])), draw(st.sampled_from("ab"))
             cores, node = draw(st.integers(1, 12)), draw(st.integers(0, 3))
+            if kind == "queue":
+                spec = TaskSpec(Resources(cores * MILLI, 512), runtime_s=60, tenant=f"team-{tenant}")
+                events.append({"t": "defer", "task": task_id, "spec": task_to_dict(spec), "at": clock})
+                queued[task_id], arrivals[task_id] = (node, cores, spec), clock
+                continue
             if sum(c for n, c, _ in held.values() if n == node) + cores > 24:
                 continue
             spec = TaskSpec(Resources(cores * MILLI, 512), runtime_s=60, tenant=f"team-{tenant}", priority_class=cls)
             events.append(_alloc(task_id, node, spec, clock))
-            held[task_id] = (node, cores, spec)
+            held[task_id], arrivals[task_id] = (node, cores, spec), clock
         elif kind in ("run", "done") and held:
             task_id = draw(st.sampled_from(sorted(held)))
             events.append({"t": kind, "task": task_id, "at": clock, **({"ok": True, "reason": ""} if kind == "done"
@@ -451,7 +485,7 @@ def preemption_histories(draw) -> list[dict]:
             after = clock + draw(st.sampled_from([0, 500, 20_000]))
             events += [{"t": "preempt", "task": victim, "by": f"on{i}", "at": clock},
                        {"t": "defer", "task": victim, "spec": task_to_dict(spec), "at": clock,
-                        **({"after": after} if after > clock else {})}]
+                        "arrival": arrivals[victim], **({"after": after} if after > clock else {})}]
             online = TaskSpec(Resources(cores * MILLI, 512), runtime_s=60, tenant="team-a", priority_class="online")
             events.append(_alloc(f"on{i}", node, online, clock))
             held[f"on{i}"] = (node, cores, online)
@@ -461,14 +495,15 @@ def preemption_histories(draw) -> list[dict]:
             node, cores, spec = queued[victim]
             if sum(c for n, c, _ in held.values() if n == node) + cores > 24:
                 continue
-            events.append(_alloc(victim, node, spec, clock))
+            events.append(_alloc(victim, node, spec, clock, arrivals[victim]))
             held[victim] = queued.pop(victim)
     return events
 
 
-def _alloc(task_id: str, node: int, spec: TaskSpec, at: int) -> dict:
+def _alloc(task_id: str, node: int, spec: TaskSpec, at: int, arrival: int = 0) -> dict:
     event = {"t": "alloc", "task": task_id, "parts": [Part(0, 0, node, spec.resources.cpu_milli, 512, 0, 0).to_json()],
-             "at": at, "runtime_s": spec.runtime_s, "class": spec.effective_class, "tenant": spec.tenant}
+             "at": at, "runtime_s": spec.runtime_s, "class": spec.effective_class, "tenant": spec.tenant,
+             **({"arrival": arrival} if arrival else {})}
     if spec.effective_class == "offline":
         event["spec"] = task_to_dict(spec)
     return event
@@ -493,6 +528,10 @@ def test_the_fold_keeps_specs_ready_times_and_tenant_usage_from_a_snapshot_too(h
     state, queue = _fold(history[cut:], state, queue)
     assert state.allocations == whole_state.allocations and list(queue) == list(whole_queue)
     assert state.specs == whole_state.specs and state.ready_ms == whole_state.ready_ms
+    assert state.clocks == whole_state.clocks and state.arrival_ms == whole_state.arrival_ms
+    # the queue is in arrival order, a requeued victim at its first arrival (ahead of equal ones)
+    arrival = [whole_state.arrival_ms.get(t) or whole_state.queued_ms[t] for t in whole_queue]
+    assert arrival == sorted(arrival)
     assert state.tenant_usage.keys() == whole_state.tenant_usage.keys()
     for tenant, used in whole_state.tenant_usage.items():
         assert np.array_equal(state.tenant_usage[tenant], used)

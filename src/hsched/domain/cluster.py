@@ -8,7 +8,8 @@ It also holds the execution clock's inputs as the ledger recorded them (`clocks`
 was placed and started, its runtime, class and tenant; `queued_ms`: when each deferred task was queued), so
 a placer that takes a DC over resumes every task's clock from the fold alone — and what preemption and the
 fair share need: `specs` (an offline task's spec, to requeue it when it is preempted), `ready_ms` (a requeued
-victim waits out the preemption overhead before it is placed again) and `tenant_usage` (what each tenant holds,
+victim waits out the preemption overhead before it is placed again), `arrival_ms` (and TaskClock.arrival_ms: a
+requeued victim keeps its first arrival's place in line) and `tenant_usage` (what each tenant holds,
 kept as allocations come and go, over `usage_vector`'s dimensions). And the nodes an operator cordoned
 (`cordoned`, by node index: `feasible` leaves them out, so nothing new lands there; what runs there stays).
 """
@@ -68,13 +69,23 @@ class TaskClock(NamedTuple):
     tenant: str = "default"
     started_ms: int = 0  # unix ms of the run event (the executor started it); 0 = not started yet
     delay_s: float = 0.0  # task seconds of extra start delay recorded at placement (a preemption's overhead)
+    # unix ms it first joined this DC's deferred queue, when before placed_ms (0: placed on arrival): where a
+    # preemption requeues it, so a victim keeps its place in line
+    arrival_ms: int = 0
 
     def to_json(self) -> list:
-        return [self.placed_ms, self.runtime_s, self.priority_class, self.tenant, self.started_ms, self.delay_s]
+        return [self.placed_ms, self.runtime_s, self.priority_class, self.tenant, self.started_ms, self.delay_s,
+                *([self.arrival_ms] if self.arrival_ms else [])]
 
     @staticmethod
     def from_json(v: list) -> TaskClock:
-        return TaskClock(int(v[0]), float(v[1]), str(v[2]), str(v[3]), int(v[4]), float(v[5]) if len(v) > 5 else 0.0)
+        return TaskClock(int(v[0]), float(v[1]), str(v[2]), str(v[3]), int(v[4]), float(v[5]) if len(v) > 5 else 0.0,
+                         int(v[6]) if len(v) > 6 else 0)
+
+    @property
+    def arrival(self) -> int:
+        """Unix ms it arrived here: the queue position a preemption requeues it at."""
+        return self.arrival_ms or self.placed_ms
 
 
 def usage_of(parts: tuple[Part, ...]) -> tuple[int, int, int]:
@@ -153,6 +164,8 @@ class ClusterState:
         # preemption reads one, to requeue it, so no fold parses them
         self.specs: dict[str, dict] = {}
         self.ready_ms: dict[str, int] = {}  # deferred tasks not to be placed before this unix ms (requeued victims)
+        # deferred tasks whose place in line is an earlier arrival than queued_ms (a requeued victim's first arrival)
+        self.arrival_ms: dict[str, int] = {}
         self.tenant_usage: dict[str, np.ndarray] = {}  # per tenant, the usage_vector of its clocked allocations
         # tasks that ran to completion here (their done events, at most FINISHED_MEMORY, oldest first; a snapshot
         # carries the recent ones): a Place of one again is answered with how it ended, not run twice

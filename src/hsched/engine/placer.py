@@ -40,9 +40,10 @@ placement; in the batch's one append: a `preempt` event per victim, the online t
 the executor's preemption overhead, `delay_s`) and a `defer` requeueing each victim with its spec (not placed
 again before that overhead has passed: "after"). The deferred queue is served online first, then the tenant
 furthest below its deserved share (Volcano proportion, hsched.policies.fairshare), then by priority and
-arrival. An online task that waits in the queue (no eviction could make room when it came) and still does not
-fit when the queue is served evicts the same way from there, in the same append as whatever freed the room:
-the state moved while it waited (tasks finished, offline tasks took part of the room, the heat changed). Only
+arrival (a requeued victim keeps its first arrival's place: the defer's "arrival"). An online task that waits
+in the queue (no eviction could make room when it came) and still does not fit when the queue is served evicts
+the same way from there, in the same append as whatever freed the room: the state moved while it waited (tasks
+finished, offline tasks took part of the room, the heat changed). Only
 freed resources can turn an impossible eviction into a possible one (a newly placed offline task gives back
 just its own room), so a waiting online task is searched for again only after something was freed since its
 last search that found nothing (`_freed_count`), at most `queue_eviction_searches` of them per pass (the rest
@@ -762,7 +763,7 @@ class PlacerEngine:
 
     def _undo(self, batch: list[_Op], queue_before: _QueueSave) -> None:
         self._state_version += 1
-        clocks, queued_ms = self.state.clocks, self.state.queued_ms
+        state = self.state
         for op in reversed(batch):
             for e in reversed(op.events):
                 task = e["task"]
@@ -776,8 +777,9 @@ class PlacerEngine:
                     self.state.apply(task, e["_parts"], e["_clock"], e["_spec"])
                     self.state.finished.pop(task, None)
                 # the fold's bookkeeping as it was before the event (_emit noted it)
-                for book, before in ((clocks, e["_clock"]), (queued_ms, e["_queued_ms"]),
-                                     (self.state.specs, e["_spec"]), (self.state.ready_ms, e["_ready_ms"])):
+                for book, before in ((state.clocks, e["_clock"]), (state.queued_ms, e["_queued_ms"]),
+                                     (state.specs, e["_spec"]), (state.ready_ms, e["_ready_ms"]),
+                                     (state.arrival_ms, e["_arrival_ms"])):
                     if before is None:
                         book.pop(task, None)
                     else:
@@ -800,7 +802,8 @@ class PlacerEngine:
 
     def _emit(self, op: _Op, event: dict) -> None:
         task, state = event["task"], self.state
-        before = state.clocks.get(task), state.queued_ms.get(task), state.specs.get(task), state.ready_ms.get(task)
+        before = (state.clocks.get(task), state.queued_ms.get(task), state.specs.get(task), state.ready_ms.get(task),
+                  state.arrival_ms.get(task))
         if event["t"] == "defer" or task in self.queue:  # it changes the queue: open undo scopes copy it first
             unsaved = [save for save in self._queue_saves if save.items is None]
             if unsaved:
@@ -812,7 +815,7 @@ class PlacerEngine:
         if event["t"] in FREEING:
             self._freed_count += 1  # never undone: at worst one search more
         # for _undo (keys with "_" are not written)
-        event["_clock"], event["_queued_ms"], event["_spec"], event["_ready_ms"] = before
+        event["_clock"], event["_queued_ms"], event["_spec"], event["_ready_ms"], event["_arrival_ms"] = before
         op.events.append(event)
 
     def _decide(self, op: _Op, headroom: np.ndarray | None, try_queue: bool = True) -> None:
@@ -988,7 +991,7 @@ class PlacerEngine:
             # if the append's outcome is unknown, the ledger cancels it by re-allocating the victim as it was
             restore = {"t": "alloc", "task": victim, "parts": [p.to_json() for p in parts], "at": clock.placed_ms,
                        "runtime_s": clock.runtime_s, "class": clock.priority_class, "tenant": clock.tenant,
-                       "spec": spec, "restore": True}
+                       "spec": spec, "restore": True, **({"arrival": clock.arrival_ms} if clock.arrival_ms else {})}
             event["_undo"] = [restore, *([{"t": "run", "task": victim, "at": clock.started_ms}]
                                          if clock.started_ms else [])]
             if headroom is not None:
@@ -996,7 +999,10 @@ class PlacerEngine:
                     headroom[p.node] += part_power_w(self.state, _demand_of(p), p.node)[0]
             # (its cancellation: none — the victim's re-allocation takes it out of the queue; a drop would read as a
             # release to the gateway)
-            requeues.append({"t": "defer", "task": victim, "spec": spec, "at": now, "_undo": []})
+            # requeued at its first arrival's place in line, not behind the tasks that came after it (Slurm's and
+            # Volcano's requeue keeps the job's place too); "at" stays now: its queue timeout and history
+            requeues.append({"t": "defer", "task": victim, "spec": spec, "at": now, "arrival": clock.arrival,
+                             "_undo": []})
         return requeues
 
     def _refuse(self, op: _Op, outcome: Outcome, reason: str, notes: list[str]) -> PlaceResult:
@@ -1021,6 +1027,10 @@ class PlacerEngine:
             event["delay_s"] = self.executor.preemption_overhead_s(task_id, at)
         if spec.effective_class != ONLINE:  # preemptible: a preemption requeues it with this spec
             event["spec"] = task_to_dict(spec)
+            # and at its place in line: when it first joined the queue, if it is placed from there
+            arrival = self.state.arrival_ms.get(task_id) or self.state.queued_ms.get(task_id, 0)
+            if arrival and task_id in self.queue:
+                event["arrival"] = arrival
         if tp := traceparent(op.trace_context):  # services that fold the ledger (thermal) join the call's trace
             event["tp"] = tp
         event["_parts"] = parts  # folded and checked as they are (not parsed back from "parts"); never stored

@@ -11,11 +11,15 @@ read with the defaults shown):
   {"t": "alloc", "task": id, "parts": [Part.to_json(), ...],
    "at": ms placed, "runtime_s": s (0 = runs until released), "class": "online"|"offline", "tenant": str,
    "delay_s": extra task seconds before it starts (optional, 0: a preemption's context-switch overhead),
-   "spec": task_to_dict(...) (offline tasks: what a preemption requeues)}
+   "spec": task_to_dict(...) (offline tasks: what a preemption requeues),
+   "arrival": ms it joined the deferred queue (optional: a task placed from the queue; where a preemption
+              requeues it)}
                                                           (no "at": no execution clock, runs until released)
   {"t": "free",  "task": id}                               released by its client
   {"t": "defer", "task": id, "spec": task_to_dict(...), "at": ms queued (0)}   queued (paper 000's delay action)
                                                           "after": ms (a requeued victim, not placed before then)
+                                                          "arrival": ms (a requeued victim: its first arrival; it
+                                                          goes ahead of the queued tasks that arrived after that)
   {"t": "drop",  "task": id}                               a deferred task released before it ran
   {"t": "run",   "task": id, "at": ms}                     the executor started it (PLACED -> RUNNING)
   {"t": "done",  "task": id, "ok": bool, "at": ms, "reason": str}   finished (SUCCEEDED / FAILED); frees like free
@@ -153,7 +157,8 @@ def clock_of(event: dict) -> TaskClock | None:
     if "at" not in event:
         return None
     return TaskClock(int(event["at"]), float(event.get("runtime_s", 0.0)), event.get("class") or "offline",
-                     event.get("tenant", "default"), delay_s=float(event.get("delay_s", 0.0)))
+                     event.get("tenant", "default"), delay_s=float(event.get("delay_s", 0.0)),
+                     arrival_ms=int(event.get("arrival", 0)))
 
 
 def _stored(event: dict) -> dict:
@@ -190,9 +195,7 @@ def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpe
         return  # the cancellation of a preemption whose write did not land: the victim never left
     if kind == "alloc":
         state.finished.pop(task, None)
-        queue.pop(task, None)
-        state.queued_ms.pop(task, None)
-        state.ready_ms.pop(task, None)
+        _unqueue(task, state, queue)
         if parts is None:
             parts = tuple(Part.from_json(p) for p in event["parts"])
         state.apply(task, parts, clock_of(event), event.get("spec"))
@@ -208,12 +211,33 @@ def fold_event(event: dict, state: ClusterState, queue: OrderedDict[str, TaskSpe
         state.queued_ms[task] = int(event.get("at", 0))
         if event.get("after"):
             state.ready_ms[task] = int(event["after"])
+        if event.get("arrival"):
+            _in_line(task, int(event["arrival"]), state, queue)
     elif kind in UNQUEUING:
-        queue.pop(task, None)
-        state.queued_ms.pop(task, None)
-        state.ready_ms.pop(task, None)
+        _unqueue(task, state, queue)
     else:
         raise ValueError(f"ledger event type {kind!r} is unknown")
+
+
+def _unqueue(task: str, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
+    queue.pop(task, None)
+    state.queued_ms.pop(task, None)
+    state.ready_ms.pop(task, None)
+    state.arrival_ms.pop(task, None)
+
+
+def _in_line(task: str, arrival: int, state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> None:
+    """Move `task` (just queued, last) ahead of the queued tasks that arrived at or after `arrival`: the queue is
+    in arrival order (its position is the fair order's tie-break), and a requeued victim keeps its first one."""
+    state.arrival_ms[task] = arrival
+    queue.move_to_end(task)
+    later = []
+    for other in itertools.islice(reversed(queue), 1, None):
+        if (state.arrival_ms.get(other) or state.queued_ms.get(other, 0)) < arrival:
+            break
+        later.append(other)
+    for other in reversed(later):
+        queue.move_to_end(other)
 
 
 @dataclass
@@ -402,6 +426,7 @@ def carry_over(old: ClusterState, new: ClusterState, where: str) -> None:
             "start with the previous fleet file and release or let finish those tasks before the change")
     new.queued_ms.update(old.queued_ms)
     new.ready_ms.update(old.ready_ms)
+    new.arrival_ms.update(old.arrival_ms)
     new.finished.update(old.finished)
     for i, c in old.cordoned.items():  # by name: a node the changed fleet no longer has is no longer cordoned
         if (node := new.node_index(old.table.names[i])) is not None:
@@ -423,16 +448,17 @@ SNAPSHOT_FINISHED, SNAPSHOT_FINISHED_S = 10_000, 600
 
 def snapshot_of(state: ClusterState, queue: OrderedDict[str, TaskSpec]) -> str:
     """The fold as JSON: allocations, the running tasks' clocks, the deferred queue in its order (with when
-    each was queued), the cordoned nodes (by name) and the tasks that finished in the last SNAPSHOT_FINISHED_S
-    (at most SNAPSHOT_FINISHED, the newest), so a placer that folds it still answers a Place of one with how it
-    ended. (The node layout its indices refer to goes beside it: `snapshot_and_trim`.)"""
+    each was queued, may be placed and, for a requeued victim, first arrived), the cordoned nodes (by name) and
+    the tasks that finished in the last SNAPSHOT_FINISHED_S (at most SNAPSHOT_FINISHED, the newest), so a placer
+    that folds it still answers a Place of one with how it ended. (The node layout its indices refer to goes beside it: `snapshot_and_trim`.)"""
     since = int(time.time() * 1000) - SNAPSHOT_FINISHED_S * 1000
     newest = itertools.islice(reversed(state.finished.items()), SNAPSHOT_FINISHED)  # not a copy of all 100,000
     recent = [[t, d["ok"], d["at"], d["reason"]] for t, d in newest if d["at"] >= since][::-1]
     return json.dumps({"alloc": {t: [p.to_json() for p in parts] for t, parts in state.allocations.items()},
                        "clocks": {t: c.to_json() for t, c in state.clocks.items()},
                        "specs": state.specs,
-                       "queue": [[t, task_to_dict(spec), state.queued_ms.get(t, 0), state.ready_ms.get(t, 0)]
+                       "queue": [[t, task_to_dict(spec), state.queued_ms.get(t, 0), state.ready_ms.get(t, 0),
+                                  *([state.arrival_ms[t]] if t in state.arrival_ms else [])]
                                  for t, spec in queue.items()],
                        "finished": recent,
                        "cordoned": [[state.table.names[i], c["reason"], c["at"]] for i, c in state.cordoned.items()]},
@@ -459,6 +485,8 @@ def load_snapshot(data: bytes | str, state: ClusterState, queue: OrderedDict[str
         state.queued_ms[task] = int(queued[0]) if queued else 0
         if len(queued) > 1 and queued[1]:
             state.ready_ms[task] = int(queued[1])
+        if len(queued) > 2:
+            state.arrival_ms[task] = int(queued[2])
     for task, ok, at, reason in snap.get("finished", []):  # (none in a snapshot from before they were kept)
         state.note_finished(task, {"ok": bool(ok), "at": int(at), "reason": reason})
     for name, reason, at in snap.get("cordoned", []):
