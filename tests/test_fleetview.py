@@ -68,12 +68,43 @@ async def test_the_history_is_the_tasks_events_in_stream_order_from_its_creation
     monkeypatch.setattr(fleetview, "HISTORY_SCAN", 3000)  # the two scans meet: everything, nothing missed
     events, truncated = await fleetview.task_history(redis, stream, mine)
     assert [e.detail for e in events] == [f"step at {i}" for i in (0, 600, 1200, 1800, 2400)] and not truncated
-    # the window ends at the task's last update (+1 s): later entries are not read
+    # the window ends at the task's last update (+1 s); past it, entries are read only to find the entry of the
+    # task's record (its final event, written late), at most HISTORY_LAG_SCAN: then the history says it is cut
     ended = pb.Task(task_id="tmine", created_unix_ms=mine.created_unix_ms, updated_unix_ms=1)
-    assert await fleetview.task_history(redis, stream, ended) == ([], False)
+    monkeypatch.setattr(fleetview, "HISTORY_LAG_SCAN", 500)
+    events, truncated = await fleetview.task_history(redis, stream, ended)
+    assert [e.kind for e in events] == ["submitted"] and truncated
     monkeypatch.setattr(fleetview, "HISTORY_EVENTS", 2)
     events, truncated = await fleetview.task_history(redis, stream, mine)
     assert [e.kind for e in events] == ["submitted", "dc_selected"] and truncated
+
+
+async def test_a_final_event_written_seconds_after_its_time_is_in_the_history(redis, prefix, monkeypatch):
+    """After a placer outage the gateway learns of a completion from the ledger and records it with the ledger's
+    time: its stream entry id is seconds after the task's updated_unix_ms, past the window's 1 s margin."""
+    stream = f"{prefix}:tasks"
+    t0 = now_ms()
+    mine, other = pb.Task(task_id="tlate", created_unix_ms=t0), pb.Task(task_id="tother", created_unix_ms=t0)
+    for i, kind in enumerate(["submitted", "placed", "running"]):
+        await redis.xadd(stream, step(kind, mine, at_ms=t0 + 10 * i).fields, id=f"{t0 + 10 * i}-0")
+    for i in range(2000):  # other tasks' entries over the next 4 s, in and past the window
+        await redis.xadd(stream, step("submitted", other, at_ms=t0 + 40 + 2 * i).fields, id=f"{t0 + 40 + 2 * i}-0")
+    # it finished at t0 + 30 (the ledger's time), recorded 5 s later
+    await redis.xadd(stream, step("succeeded", mine, "finished at cheap", at_ms=t0 + 30).fields, id=f"{t0 + 5030}-0")
+    await redis.xadd(stream, step("submitted", other).fields)  # and others after it
+    assert mine.updated_unix_ms == t0 + 30 and mine.state == pb.TASK_STATE_SUCCEEDED
+    events, truncated = await fleetview.task_history(redis, stream, mine)
+    assert [e.kind for e in events] == ["submitted", "placed", "running", "succeeded"] and not truncated
+    assert events[-1].event_id == f"{t0 + 5030}-0" and events[-1].unix_ms == t0 + 30
+    # a window over the scan budget (its first and last events, truncated) still ends with the final event
+    monkeypatch.setattr(fleetview, "HISTORY_SCAN", 200)
+    events, truncated = await fleetview.task_history(redis, stream, mine)
+    assert [e.kind for e in events] == ["submitted", "placed", "running", "succeeded"] and truncated
+    # past the lag budget (some 1,500 entries lie between the window and the final event): truncated, honestly
+    monkeypatch.setattr(fleetview, "HISTORY_SCAN", 20_000)
+    monkeypatch.setattr(fleetview, "HISTORY_LAG_SCAN", 500)
+    events, truncated = await fleetview.task_history(redis, stream, mine)
+    assert [e.kind for e in events] == ["submitted", "placed", "running"] and truncated
 
 
 async def test_a_placer_that_has_not_learnt_it_lost_its_lease_is_shown_fenced_not_serving(redis_url, prefix,

@@ -22,6 +22,9 @@ from hsched.v1 import gateway_pb2, placer_pb2, placer_pb2_grpc
 STATUS_METADATA = "hsched-placer-status"  # the placer's trailing metadata on GetState's UNAVAILABLE
 HISTORY_SCAN = 20_000  # task-stream entries DescribeTask reads after a task's creation, at most
 HISTORY_EVENTS = 1_000  # events of one task it returns, at most
+# entries read past the window for a final event written late, at most: the gateway stamps a catch-up step (a
+# completion it learns from a ledger after a placer outage) with the ledger's time, and writes it later
+HISTORY_LAG_SCAN = 10_000
 
 
 def kind_of(dc: DataCenter) -> str:
@@ -102,49 +105,78 @@ async def task_history(redis, stream: str, task: pb.Task) -> tuple[list[pb.TaskE
     """The task's events, oldest first, read between its creation and its last update (task ids and stream ids
     are both ms-ordered; 1 s of margin for the clock): half of HISTORY_SCAN entries forward from the creation,
     then, if the window holds more, half backward from the last update, so a task among many others (a large
-    job's) shows its first and its last events; at most HISTORY_EVENTS events. Returns (events, truncated)."""
+    job's) shows its first and its last events; at most HISTORY_EVENTS events. A final event written more than the
+    margin after its time (a catch-up step) is looked for past the window, at most HISTORY_LAG_SCAN entries.
+    Returns (events, truncated)."""
     needle = task.task_id.encode()
     budget = HISTORY_SCAN // 2
     lo = f"{max(task.created_unix_ms - 1000, 0)}-0"
     hi = f"{task.updated_unix_ms + 1000}" if task.updated_unix_ms else "+"
+    final = False  # whether the entry of the record `task` is (its last one) was read
 
-    def mine(page, into: list[pb.TaskEvent]) -> None:
+    def mine(page, into: list[pb.TaskEvent], cap: int = HISTORY_EVENTS) -> None:
+        nonlocal final
         for entry_id, fields in page:
             if needle not in fields.get(b"t", b""):  # cheap: most entries are other tasks', left unparsed
                 continue
             event = event_of(entry_id.decode() if isinstance(entry_id, bytes) else entry_id, fields)
-            if event.task_id == task.task_id and len(into) < HISTORY_EVENTS:
-                into.append(event)
+            if event.task_id == task.task_id:
+                final = final or pb.Task.FromString(fields[b"t"]) == task
+                if len(into) < cap:
+                    into.append(event)
 
     def entry(page) -> tuple[int, int]:
         ms, _, seq = (page[-1][0].decode() if isinstance(page[-1][0], bytes) else page[-1][0]).partition("-")
         return int(ms), int(seq)
 
-    first: list[pb.TaskEvent] = []
-    scanned, start = 0, lo
-    while scanned < budget:
-        page = await redis.xrange(stream, min=start, max=hi, count=min(1000, budget - scanned))
+    async def window() -> tuple[list[pb.TaskEvent], bool]:
+        first: list[pb.TaskEvent] = []
+        scanned, start = 0, lo
+        while scanned < budget:
+            page = await redis.xrange(stream, min=start, max=hi, count=min(1000, budget - scanned))
+            if not page:
+                return first, False
+            scanned += len(page)
+            mine(page, first)
+            if len(first) == HISTORY_EVENTS:
+                return first, True
+            ms, seq = entry(page)
+            start = f"{ms}-{seq + 1}"
+        # more than the budget after the creation: the newest part of the window, back to where the forward scan
+        # ended
+        newest: list[pb.TaskEvent] = []
+        scanned, end = 0, hi
+        while scanned < budget:
+            page = await redis.xrevrange(stream, max=end, min=start, count=min(1000, budget - scanned))
+            if not page:
+                return first + newest[::-1], False
+            scanned += len(page)
+            mine(page, newest)
+            if len(first) + len(newest) >= HISTORY_EVENTS:
+                break
+            ms, seq = entry(page)
+            if seq == 0 and ms == 0:
+                break
+            end = f"{ms}-{seq - 1}" if seq else f"{ms - 1}-18446744073709551615"
+        return (first + newest[::-1])[:HISTORY_EVENTS], True
+
+    events, truncated = await window()
+    if final or hi == "+":
+        return events, truncated
+    # the final event's entry is later than the window (written late): read on until it, within a budget
+    late: list[pb.TaskEvent] = []
+    scanned, start = 0, f"{task.updated_unix_ms + 1001}-0"
+    while not final:
+        if scanned >= HISTORY_LAG_SCAN:
+            truncated = True  # it may be further on: say so rather than pass the history off as whole
+            break
+        page = await redis.xrange(stream, min=start, max="+", count=min(1000, HISTORY_LAG_SCAN - scanned))
         if not page:
-            return first, False
+            break  # the stream's end: there is nothing more of the task to show
         scanned += len(page)
-        mine(page, first)
-        if len(first) == HISTORY_EVENTS:
-            return first, True
+        mine(page, late)
         ms, seq = entry(page)
         start = f"{ms}-{seq + 1}"
-    # more than the budget after the creation: the newest part of the window, back to where the forward scan ended
-    newest: list[pb.TaskEvent] = []
-    scanned, end = 0, hi
-    while scanned < budget:
-        page = await redis.xrevrange(stream, max=end, min=start, count=min(1000, budget - scanned))
-        if not page:
-            return first + newest[::-1], False
-        scanned += len(page)
-        mine(page, newest)
-        if len(first) + len(newest) >= HISTORY_EVENTS:
-            break
-        ms, seq = entry(page)
-        if seq == 0 and ms == 0:
-            break
-        end = f"{ms}-{seq - 1}" if seq else f"{ms - 1}-18446744073709551615"
-    return (first + newest[::-1])[:HISTORY_EVENTS], True
+    if len(events) + len(late) > HISTORY_EVENTS:  # the last events stay (the final one above all)
+        events, truncated = events[:max(HISTORY_EVENTS - len(late), 0)], True
+    return events + late[-HISTORY_EVENTS:], truncated
