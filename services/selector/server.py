@@ -8,6 +8,9 @@ import logging
 import os
 import time
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from hsched import rpc
 from hsched.batching import serve_batch
 from hsched.convert import task_from_pb
@@ -64,6 +67,41 @@ class SelectorServicer(selector_pb2_grpc.SelectorServicer):
             excluded=[common_pb2.Exclusion(datacenter=d, reason=r, unavailable=d in unserved) for d, r in excluded])
 
 
+OUTAGE_REPEAT_S = 60.0  # while Redis stays unreadable, a follow loop says so again this often
+
+
+class ReadTrouble:
+    """How a follow loop logs failed reads: a Redis restart is expected, so one WARNING line naming the error when
+    the trouble starts (no traceback: it says nothing a restart does not), again at most every `repeat_s` while it
+    lasts, and one INFO line when reading works again. An error that is not Redis going away (a bug, a bad key)
+    gets its traceback, once."""
+
+    def __init__(self, what: str, retry_s: float, repeat_s: float | None = None, clock=time.monotonic) -> None:
+        self.what, self.retry_s, self.repeat_s, self.clock = what, retry_s, repeat_s, clock
+        self.since: float | None = None  # when the current trouble started
+        self.said = 0.0  # when it was last logged
+        self.failures = 0
+
+    def failed(self, exc: BaseException) -> None:
+        now, self.failures = self.clock(), self.failures + 1
+        why = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        if self.since is None:
+            self.since = self.said = now
+            expected = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
+            log.warning("%s failed (%s); retrying every %g s", self.what, why, self.retry_s,
+                        exc_info=None if expected else exc)
+        elif now - self.said >= (OUTAGE_REPEAT_S if self.repeat_s is None else self.repeat_s):
+            self.said = now
+            log.warning("%s still failing after %.0f s, %d attempts (%s); retrying", self.what, now - self.since,
+                        self.failures, why)
+
+    def succeeded(self) -> None:
+        if self.since is not None:
+            log.info("%s works again after %.0f s, %d failed attempts", self.what, self.clock() - self.since,
+                     self.failures)
+            self.since, self.failures = None, 0
+
+
 async def load_summaries(redis, keys: Keys, selector: DcSelector) -> dict[str, str]:
     """Apply every DC's latest capacity summary; returns the stream cursors `follow_summaries` tails from.
     Awaited before the server starts, so a (re)started selector never answers from an empty view."""
@@ -78,17 +116,20 @@ async def load_summaries(redis, keys: Keys, selector: DcSelector) -> dict[str, s
     return streams
 
 
-async def follow_summaries(redis, keys: Keys, selector: DcSelector, streams: dict[str, str] | None = None) -> None:
+async def follow_summaries(redis, keys: Keys, selector: DcSelector, streams: dict[str, str] | None = None,
+                           retry_s: float = 1.0) -> None:
     """Keep the latest capacity summary of every DC (written by its placer), from `load_summaries`' cursors;
     `update_summary` drops those of a superseded placer (lower fencing token)."""
     streams = dict(streams) if streams is not None else await load_summaries(redis, keys, selector)
+    trouble = ReadTrouble("reading DC summaries", retry_s)
     while True:
         try:
             reply = await redis.xread(streams, count=100, block=1000)
-        except Exception:
-            log.exception("reading DC summaries failed; retrying")
-            await asyncio.sleep(1)
+        except Exception as exc:  # noqa: BLE001 - the follower must outlive anything a read raises
+            trouble.failed(exc)
+            await asyncio.sleep(retry_s)
             continue
+        trouble.succeeded()
         for stream, entries in reply or []:
             for entry_id, fields in entries:
                 selector.update_summary(json.loads(fields[b"s"]))
@@ -120,19 +161,21 @@ async def load_links(redis, keys: Keys, selector: DcSelector) -> str:
         cursor = last
 
 
-async def follow_links(redis, keys: Keys, selector: DcSelector, cursor: str = "0-0") -> None:
+async def follow_links(redis, keys: Keys, selector: DcSelector, cursor: str = "0-0", retry_s: float = 1.0) -> None:
     """Apply WAN link metric updates (latency/jitter/loss/bandwidth, paper 002) from the links stream.
 
     Entries: {"a": vertex, "b": vertex, "latency_ms": .., "jitter_ms": .., "loss_percent": .., "bandwidth_mbps": ..}
     (any subset of the metrics), after `cursor` ("0-0": the whole history).
     """
+    trouble = ReadTrouble("reading link metrics", retry_s)
     while True:
         try:
             reply = await redis.xread({keys.links: cursor}, count=500, block=1000)
-        except Exception:
-            log.exception("reading link metrics failed; retrying")
-            await asyncio.sleep(1)
+        except Exception as exc:  # noqa: BLE001 - the follower must outlive anything a read raises
+            trouble.failed(exc)
+            await asyncio.sleep(retry_s)
             continue
+        trouble.succeeded()
         for _, entries in reply or []:
             cursor = _apply_links(selector, entries) or cursor
 
