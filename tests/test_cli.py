@@ -302,6 +302,12 @@ def test_a_service_given_bad_environment_values_or_a_taken_metrics_port_says_so_
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=root,
                               env={**os.environ, env[0]: env[1]})
         assert_one_line_error(done, code, *words)
+    if service == "selector":
+        for env, words in ((("HSCHED_GPU_RESERVE", "2"), ["--gpu-reserve: must be a number in 0..1"]),
+                           (("HSCHED_STRANDING_WEIGHT", "abc"), ["--stranding-weight", "'abc'"])):
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=root,
+                                  env={**os.environ, env[0]: env[1]})
+            assert_one_line_error(done, 2, *words)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import sys
 import time
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -17,6 +18,7 @@ from hsched.convert import task_from_pb
 from hsched.costs import WanGraph
 from hsched.costs.selection import Candidate
 from hsched.costs.stranding import DEFAULT_RESERVE, parse_reserve
+from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.engine.selector import DcSelector
 from hsched.rl.path_serving import DEFAULT_MODEL, PATH_FINDERS, register_path_metrics, selector_path_finder
@@ -212,17 +214,24 @@ def register_metrics(metrics: MetricsServer, selector: DcSelector) -> None:
 async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
     fleet = fleet or load_fleet(args.fleet)
     keys = Keys(args.prefix)
+    try:
+        stranding = parse_reserve(getattr(args, "gpu_reserve", DEFAULT_RESERVE),
+                                  float(getattr(args, "stranding_weight", 1.0)))
+    except ValidationError as exc:  # (a traceback before)
+        print(f"{exc} [$HSCHED_GPU_RESERVE]", file=sys.stderr)
+        raise SystemExit(2) from None
+    # before the followers start: a failure after them left their blocked reads uncancellable, and the process
+    # hung for good, deaf to SIGTERM
+    metrics = metrics_server(args)
     redis = connect(args.redis_url)
     graph = WanGraph(fleet.wan)
     selector = DcSelector(fleet, graph=graph, path_finder=selector_path_finder(
         getattr(args, "path_finder", "dijkstra"), getattr(args, "path_model", DEFAULT_MODEL), graph),
-        stranding=parse_reserve(getattr(args, "gpu_reserve", DEFAULT_RESERVE),
-                                float(getattr(args, "stranding_weight", 1.0))))
+        stranding=stranding)
     # state first, then serve: a restarted selector ranks with every link update and summary at once
     summaries, links = await load_summaries(redis, keys, selector), await load_links(redis, keys, selector)
     tasks = [asyncio.create_task(follow_summaries(redis, keys, selector, summaries)),
              asyncio.create_task(follow_links(redis, keys, selector, links))]
-    metrics = metrics_server(args)
     if metrics:
         register_metrics(metrics, selector)
         register_path_metrics(metrics, selector, getattr(args, "path_finder", "dijkstra"))
@@ -244,7 +253,7 @@ def parser():
                    help="share (0..1) of a GPU host's per-GPU CPU and memory kept per idle GPU: what a CPU-only task "
                         "takes of it strands GPUs, priced in its total (docs/gpu_stranding.md; 0 = no stranding "
                         "term) [$HSCHED_GPU_RESERVE]")
-    p.add_argument("--stranding-weight", type=float, default=float(os.environ.get("HSCHED_STRANDING_WEIGHT", "1")),
+    p.add_argument("--stranding-weight", type=float, default=os.environ.get("HSCHED_STRANDING_WEIGHT", "1"),
                    help="weight of the stranding term: priced GPUs a CPU-only task would strand, added to eq.3's "
                         "total (0 = off) [$HSCHED_STRANDING_WEIGHT]")
     return p
