@@ -87,6 +87,12 @@ def test_a_three_stage_dag_runs_its_stages_in_dependency_order_and_succeeds(stac
             assert (t.finished_unix_ms - t.started_unix_ms) * TIME_FACTOR / 1000 >= t.spec.runtime_s * 0.95
     again = gw.SubmitJob(gateway_pb2.SubmitJobRequest(job=spec), timeout=30)
     assert again.duplicate and again.job.job_id == job.job_id
+    edited = pb.JobSpec()
+    edited.CopyFrom(spec)
+    edited.stages[0].tasks = 5  # another job under the same request_id: refused, not answered with the first
+    with pytest.raises(grpc.RpcError) as err:
+        gw.SubmitJob(gateway_pb2.SubmitJobRequest(job=edited), timeout=30)
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS and "stages differ" in err.value.details()
     events = gw.Watch(gateway_pb2.WatchRequest(job_id=job.job_id, after_event_id="0"), timeout=5)
     seen: list[pb.TaskEvent] = []
     try:

@@ -233,6 +233,12 @@ def test_retried_request_id_returns_the_first_answer(gw, stack):
     # the same request id under another tenant is another request
     other = submit(gw, task(cores=3, request_id="job-42-attempt", tenant="team-b"))
     assert other.task.task_id != first.task.task_id and not other.duplicate
+    # another task under the same id is a mistake the client hears of, not the first answer passed off as its own
+    with pytest.raises(grpc.RpcError) as err:
+        submit(gw, task(cores=4, runtime_s=60, request_id="job-42-attempt", tenant="team-a"))
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS, err.value.details()
+    assert err.value.details() == (f"request_id 'job-42-attempt' was used for another task ({first.task.task_id}: "
+                                   "resources, runtime_s differ); a new task needs a new request_id")
     for t in (first.task, other.task):
         release(gw, t.task_id)
     assert release(gw, first.task.task_id).state == pb.TASK_STATE_RELEASED  # releasing twice is a no-op

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import re
@@ -23,9 +24,9 @@ from hsched.domain.cluster import ClusterState
 from hsched.domain.errors import ValidationError
 from hsched.domain.fleet import Fleet, load_fleet
 from hsched.domain.limits import LIST_DEFAULT, LIST_MAX
-from hsched.domain.task import JOB_TASK_FIELDS, ONLINE
+from hsched.domain.task import JOB_TASK_FIELDS, ONLINE, TaskSpec
 from hsched.fleetview import datacenter_view, task_history
-from hsched.jobs import JobOrchestrator, JobPorts, job_of
+from hsched.jobs import JobOrchestrator, JobPorts, job_of, normalized
 from hsched.retry import retry_with_backoff
 from hsched.runtime import (
     common_args,
@@ -107,6 +108,18 @@ WATCH_REAUTH_S = 1.0
 def new_task_id(gateway_id: str = "000000") -> str:
     """Time-ordered (ms, hex), the gateway, then random: ids sort by submission time, which List pages rely on."""
     return task_id_of(gateway_id, now_ms())
+
+
+def same_request(spec: TaskSpec, first: pb.Task) -> pb.Task:
+    """`first`, the answer to an earlier Submit of `spec`'s request_id, if that Submit asked for the same task;
+    else ALREADY_EXISTS naming what differs (as a create of an existing name, edited, is refused elsewhere: a
+    retry sends the same spec, so another spec under the id is a mistake the client must hear of)."""
+    before = task_from_pb(first.spec)
+    if before == spec:
+        return first
+    differ = [f.name for f in dataclasses.fields(spec) if getattr(spec, f.name) != getattr(before, f.name)]
+    raise rpc.AlreadyExists(f"request_id {spec.request_id!r} was used for another task ({first.task_id}: "
+                            f"{', '.join(differ)} differ); a new task needs a new request_id")
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
@@ -210,10 +223,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         while True:
             if key in self._inflight:  # a retry while the first call is still being scheduled: its final answer
                 task, _ = await asyncio.shield(self._inflight[key])
-                return gateway_pb2.SubmitResponse(task=task, duplicate=True)
+                return gateway_pb2.SubmitResponse(task=same_request(spec, task), duplicate=True)
             known = await self._durable_answer(key)
             if known is not None:  # a retry: the first answer, as it stands now
-                return gateway_pb2.SubmitResponse(task=known, duplicate=True)
+                return gateway_pb2.SubmitResponse(task=same_request(spec, known), duplicate=True)
             failed = self._failed.get(key)
             if failed is None:
                 break
@@ -225,7 +238,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         job = self._inflight[key] = self._start(self._submit_claimed(spec, method, key))
         job.add_done_callback(lambda _: self._inflight.pop(key, None))
         task, duplicate = await asyncio.shield(job)
-        return gateway_pb2.SubmitResponse(task=task, duplicate=duplicate)
+        return gateway_pb2.SubmitResponse(task=same_request(spec, task) if duplicate else task, duplicate=duplicate)
 
     async def _submit_claimed(self, spec, method: str, key: tuple[str, str]) -> tuple[pb.Task, bool]:
         """A Submit with a request_id when other gateways may share the prefix: claim the request in Redis, then
@@ -727,6 +740,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             raise ValidationError("selector_method", f"must be one of {', '.join(METHODS)} or empty",
                                   request.selector_method)
         answer, duplicate = await self.jobs.submit(job, request.selector_method)
+        if duplicate and (asked := normalized(job)) != answer.spec:  # as same_request, for a job
+            differ = [f.name for f in asked.DESCRIPTOR.fields if getattr(asked, f.name) != getattr(answer.spec, f.name)]
+            raise rpc.AlreadyExists(f"request_id {job.request_id!r} was used for another job ({answer.job_id}: "
+                                    f"{', '.join(differ)} differ); a new job needs a new request_id")
         return gateway_pb2.SubmitJobResponse(job=answer, duplicate=duplicate)
 
     async def _job(self, job_id: str, principal: Principal | None) -> pb.Job:

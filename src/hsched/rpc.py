@@ -288,6 +288,8 @@ def status_of(exc: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.UNAUTHENTICATED, str(exc)
     if isinstance(exc, PermissionDenied):
         return grpc.StatusCode.PERMISSION_DENIED, str(exc)
+    if isinstance(exc, AlreadyExists):
+        return grpc.StatusCode.ALREADY_EXISTS, str(exc)
     if redis_outage(exc):
         why = f"{type(exc).__name__}: {redis_error_text(exc)}"
         log.warning("%s: Redis unavailable (%s)", where, why)
@@ -368,6 +370,10 @@ class DeadlinePassed(RuntimeError):
 
 class PermissionDenied(RuntimeError):
     """The caller is authenticated but its role may not do this (a tenant asking for an operator's action)."""
+
+
+class AlreadyExists(RuntimeError):
+    """What the call would create exists already, other than asked (a request_id reused for another spec)."""
 
 
 class Unavailable(RuntimeError):
