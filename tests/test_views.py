@@ -102,9 +102,10 @@ def test_dcs_shows_free_and_total_capacity_per_dc_in_every_format(stack, env, ta
     assert stable(yaml.safe_load(cli(stack, env, "dcs", "-o", "yaml").stdout)) == stable(doc)
     views_by_dc = {v["datacenter"]: v for v in doc["datacenters"]}
     g = views_by_dc["gpu"]
-    assert g["gpus"] == [{"model": "T4", "cards": 8, "cards_idle": 7, "core_percent_free": "750",
-                          "memory_mib_free": str(8 * 16384 - 4096), "memory_mib_capacity": str(8 * 16384)}]
-    assert views_by_dc["cheap"]["summary"]["free"]["cpu_milli"] == "92000"
+    # 64-bit integers as numbers (protobuf's JSON mapping writes them as strings)
+    assert g["gpus"] == [{"model": "T4", "cards": 8, "cards_idle": 7, "core_percent_free": 750,
+                          "memory_mib_free": 8 * 16384 - 4096, "memory_mib_capacity": 8 * 16384}]
+    assert views_by_dc["cheap"]["summary"]["free"]["cpu_milli"] == 92000
     for name, v in views_by_dc.items():  # the table's lease column is the json's lease
         assert by_dc[name]["LEASE"].startswith(f"{v['lease']['holder']} token {v['lease']['fencing_token']} ")
         assert by_dc[name]["PUE"] == f"{v['thermal']['pue_after']:.3f}"
@@ -192,10 +193,10 @@ def test_get_list_watch_and_job_take_every_output_format(stack, env, tasks):
     listed = yaml.safe_load(cli(stack, env, "list", "-o", "yaml").stdout)
     assert {t["task_id"] for t in listed["tasks"]} >= set(tasks.values())
     assert json.loads(cli(stack, env, "list", "--json").stdout)["tasks"][0]["task_id"] == listed["tasks"][0]["task_id"]
-    # a finished task: watch prints it once and exits; as json, one object per line
-    watched = cli(stack, env, "watch", tasks["rejected"], "-o", "json").stdout.splitlines()
+    # a finished task: watch prints it once and exits (1: it did not end well); as json, one object per line
+    watched = cli(stack, env, "watch", tasks["rejected"], "-o", "json", code=1).stdout.splitlines()
     assert len(watched) == 1 and json.loads(watched[0])["state"] == "TASK_STATE_REJECTED"
-    assert yaml.safe_load(cli(stack, env, "job", "list", "-o", "yaml").stdout) == {}  # no jobs: an empty reply
+    assert yaml.safe_load(cli(stack, env, "job", "list", "-o", "yaml").stdout) == {"jobs": []}  # none: an empty list
     assert_one_line_error(cli(stack, env, "get", tasks["cpu"], "--json", "-o", "yaml", code=2), 2, "--json", "-o yaml")
     assert_one_line_error(cli(stack, env, "dcs", "-o", "xml", code=2), 2, "-o", "invalid choice")
 
@@ -220,7 +221,7 @@ def test_a_placer_down_or_fenced_is_shown_as_such(stack, env, tasks, redis_url):
         assert table["near"][2:6] == ["unreachable", "4", "?/96", "?/384"] and table["cheap"][2] == "serving"
         assert_one_line_error(cli(stack, env, "nodes", "near", code=1), 1, "near", "unreachable")
         view = until(lambda: (v := near())["lease"].get("holder") is None and v, "the dead placer's lease lapses")
-        assert view["status"] == "unreachable" and view["summary"]["capacity"]["cpu_milli"] == "96000"
+        assert view["status"] == "unreachable" and view["summary"]["capacity"]["cpu_milli"] == 96000
     finally:
         stack.restart("placer-near")
     serving = until(lambda: (v := near())["status"] == "serving" and v, "the restarted placer serves")
@@ -234,4 +235,4 @@ def test_a_placer_down_or_fenced_is_shown_as_such(stack, env, tasks, redis_url):
     assert fenced["lease"]["holder"] == "intruder" and "holder is intruder" in fenced["reason"]
     back = until(lambda: (v := near())["status"] == "serving" and v, "the placer takes its lease back")
     assert int(back["lease"]["fencing_token"]) >= token + 2
-    assert back["summary"]["free"]["cpu_milli"] == "96000"  # its ledger folded afresh: nothing lost, nothing added
+    assert back["summary"]["free"]["cpu_milli"] == 96000  # its ledger folded afresh: nothing lost, nothing added
