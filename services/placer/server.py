@@ -491,6 +491,9 @@ async def serve(args, stop: asyncio.Event) -> None:
     fleet = load_fleet(args.fleet)
     dcs = datacenters_of(args, fleet)
     listen = listen_of(args.listen, [dc.name for dc in dcs])
+    for address in set(listen.values()):  # before any lease is taken and ledger folded for nothing
+        if problem := rpc.listen_problem(address):
+            raise SystemExit(f"--listen {address}: cannot listen there: {problem}")
     group = len(dcs) > 1
     redis = connect(args.redis_url)
     tls = tls_files(args, "placer")

@@ -91,6 +91,29 @@ def add_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> Non
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, {"ServerReflectionInfo": handler}),))
 
 
+def listen_problem(bind: str) -> str | None:
+    """Why a gRPC server could not listen on `bind` (host:port), in words: the host does not resolve, the port is
+    taken, the address is not this machine's; None if a plain socket can bind it now."""
+    import socket
+
+    host, sep, port = bind.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        return "it must be host:port with a port in 0..65535"
+    try:
+        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"the host {host!r} does not resolve ({exc.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: a restart's TIME_WAIT is no problem
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return f"{exc.strerror or exc} (errno {exc.errno})"
+    return None
+
+
 async def start_server(register: Callable[[grpc.aio.Server], None], service_names: list[str],
                        bind: str = "127.0.0.1:0", metrics: Metrics | None = None, serving: bool = True, *,
                        tls: TlsFiles | None = None, client_auth: str = "require", reflection: bool = True,
@@ -118,8 +141,7 @@ async def start_server(register: Callable[[grpc.aio.Server], None], service_name
     except RuntimeError:  # grpc's text only says "set GRPC_VERBOSITY=debug"
         port = 0
     if port == 0:
-        raise SystemExit(f"--listen {bind}: cannot listen there: the port is in use, or the address is not "
-                         "one of this machine's")
+        raise SystemExit(f"--listen {bind}: cannot listen there: {listen_problem(bind) or 'gRPC refused it'}")
     await server.start()
     await set_health(health_servicer, service_names, serving)
     # SERVING for as long as this server answers, whatever "" says: a liveness check (Kubernetes' grpc probe)
