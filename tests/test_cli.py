@@ -317,6 +317,20 @@ def test_a_service_given_bad_environment_values_or_a_taken_metrics_port_says_so_
     assert_one_line_error(done, 1, f"--metrics-port {port} on 127.0.0.1: cannot listen")
 
 
+def test_a_listen_address_that_cannot_work_is_explained():
+    import socket
+
+    from hsched.rpc import listen_problem
+
+    assert listen_problem("127.0.0.1:0") is None
+    assert listen_problem("bogus") == "it must be host:port with a port in 0..65535"
+    assert listen_problem("no-such-host.invalid:5000").startswith("the host 'no-such-host.invalid' does not resolve")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert listen_problem(f"127.0.0.1:{taken.getsockname()[1]}") == "Address already in use (errno 98)"
+
+
 async def test_a_service_refuses_a_port_a_server_already_listens_on(redis_url, prefix):
     """gRPC servers set SO_REUSEPORT by default, so a second one on a taken port would silently share its calls;
     ours refuse it, in one line naming --listen."""
