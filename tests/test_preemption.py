@@ -252,6 +252,39 @@ async def test_a_requeued_victim_keeps_its_place_in_line(redis, prefix, monkeypa
             assert [t for t, _ in (await e2.release("on")).placed_from_queue] == [victim]
 
 
+async def test_a_placement_from_the_queue_of_unknown_outcome_goes_back_to_its_place_in_line(redis, prefix,
+                                                                                          monkeypatch) -> None:
+    """A release that placed later0 from the queue is written, but its answer is lost with the connection: the
+    ledger's cancellation puts later0 back in the queue where it was, ahead of later1 (its arrival), as memory
+    does — not behind it, which a restarted placer's fold made of it."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from hsched.engine import placer as placer_module
+    from hsched.state import ledger as ledger_module
+    clock = itertools.count(placer_module._now_ms())  # every decision a distinct ms: no arrival ties
+    monkeypatch.setattr(placer_module, "_now_ms", lambda: next(clock))
+    real = ledger_module.run_replicated
+
+    async def written_but_lost(*args, **kwargs):
+        await real(*args, **kwargs)
+        raise RedisConnectionError("connection lost after the write")
+
+    async with running(engine(redis, prefix, None)) as e:
+        for i in range(4):
+            assert (await e.place(f"job{i}", task(24))).outcome == "placed"
+        for name in ("later0", "later1"):
+            assert (await e.place(name, task(24))).outcome == "deferred"
+        monkeypatch.setattr(ledger_module, "run_replicated", written_but_lost)
+        with pytest.raises(RedisConnectionError):
+            await e.release("job0")
+        monkeypatch.setattr(ledger_module, "run_replicated", real)
+        assert list(e.queue) == ["later0", "later1"]  # memory: as before
+        await e.ledger.settle()  # the cancellations (the release itself stands or not: its client retries it)
+    state, queue = ClusterState(cheap()), OrderedDict()
+    await replay(redis, Keys(prefix).ledger("cheap"), state, queue)
+    assert list(queue) == ["later0", "later1"] and "later0" not in state.allocations
+
+
 async def all_online_but_one_offline(e: PlacerEngine, redis, prefix: str) -> None:
     """Eight 12-core online tasks (two per node, firstfit: on0 and on1 on node 0), run until released; a 24-core
     online task "u" waits (nothing to evict), then an offline "x" (12 cores, two task minutes) waits; on0 is released:

@@ -757,9 +757,10 @@ class PlacerEngine:
         for op in batch:
             for e in op.events:
                 if e["t"] == "alloc" and e["task"] in specs:
+                    queued = e["_queued_ms"] or 0  # back in its place in line, not behind what queued since
                     self.ledger.pending_undo.append({"t": "defer", "task": e["task"],
-                                                     "spec": task_to_dict(specs[e["task"]]),
-                                                     "at": e["_queued_ms"] or 0})
+                                                     "spec": task_to_dict(specs[e["task"]]), "at": queued,
+                                                     "arrival": e.get("arrival") or queued})
 
     def _undo(self, batch: list[_Op], queue_before: _QueueSave) -> None:
         self._state_version += 1
