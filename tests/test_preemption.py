@@ -285,6 +285,23 @@ async def test_a_placement_from_the_queue_of_unknown_outcome_goes_back_to_its_pl
     assert list(queue) == ["later0", "later1"] and "later0" not in state.allocations
 
 
+async def test_a_release_reaches_a_waiting_task_behind_many_that_cannot_use_the_room(redis, prefix) -> None:
+    """70 waiting 24-core tasks, then a 12-core one; a 12-core task is released: the room goes to the 12-core one.
+    A pass tried only the first 64 waiting tasks, so it waited while the room sat idle (a freed A100 behind 64
+    T4-only tasks); now a shape that found no room is passed over for the rest of the pass."""
+    async with running(engine(redis, prefix, None)) as e:
+        for name in ("a", "b"):  # node 0: two 12-core tasks; nodes 1-3: one 24-core each
+            assert (await e.place(name, task(12))).outcome == "placed"
+        for i in range(3):
+            assert (await e.place(f"full{i}", task(24))).outcome == "placed"
+        for i in range(70):
+            assert (await e.place(f"wide{i}", task(24))).outcome == "deferred"
+        assert (await e.place("narrow", task(12))).outcome == "deferred"
+        released = await e.release("a")
+        assert [t for t, _ in released.placed_from_queue] == ["narrow"]
+        assert len(e.queue) == 70
+
+
 async def all_online_but_one_offline(e: PlacerEngine, redis, prefix: str) -> None:
     """Eight 12-core online tasks (two per node, firstfit: on0 and on1 on node 0), run until released; a 24-core
     online task "u" waits (nothing to evict), then an offline "x" (12 cores, two task minutes) waits; on0 is released:

@@ -128,7 +128,11 @@ MAX_BATCH = 256
 # A batch stops taking ops once its decisions have used this share of min(lease, max_loop_stall_s) (module doc)
 BATCH_BUDGET_SHARE = 0.1
 SUMMARY_HEARTBEAT_S = 5.0  # a serving placer publishes its summary at least this often (readers judge staleness)
+# a release's pass over the queue: at most this many placement decisions, and this many waiting tasks looked at. A
+# task of a shape (and class) that found no room earlier in the pass is passed over without a decision — the pass
+# only fills the DC, so it would not fit either — else 64 waiting T4 tasks kept a freed A100 from any task behind
 MAX_QUEUE_TRIES_PER_RELEASE = 64
+MAX_QUEUE_SCAN_PER_RELEASE = 4096
 QUEUE_EVICTION_SEARCHES = 4  # eviction searches for waiting online tasks per pass of the queue (the rest: next pass)
 REPORT_RETRY_S = 0.5  # a lifecycle event that could not be written is tried again after this
 
@@ -1148,13 +1152,23 @@ class PlacerEngine:
                 return self._pick_dag(band, headroom, planned, now, running, full)
         fair = FairQueue(waiting, self.state.tenant_usage, self._capacity, self.tenant_weights, pick)
         searches = _Searches(self.queue_eviction_searches)
-        for w in itertools.islice(fair, MAX_QUEUE_TRIES_PER_RELEASE):
+        no_room: set[tuple] = set()  # (shape, class) that found no room in this pass
+        tries = 0
+        for w in itertools.islice(fair, MAX_QUEUE_SCAN_PER_RELEASE):
             spec = self.queue[w.task_id]
+            shape = (spec.resources, spec.replicas, spec.gpu_models, w.priority_class)
+            if shape in no_room and w.task_id not in planned:
+                continue
+            if tries == MAX_QUEUE_TRIES_PER_RELEASE:
+                break
+            tries += 1
             decision: Plan = planned.pop(w.task_id, None) or plan(self.state, spec, self.policy, headroom)
             if decision.outcome is Outcome.PLACED:
                 self._alloc(op, w.task_id, spec, decision.parts, headroom, decision.part_power_w)
             elif not (decision.outcome is Outcome.NO_ROOM and w.priority_class == ONLINE
                       and self._evict_for_waiting(op, w.task_id, spec, headroom, result, fair, searches)):
+                if decision.outcome is Outcome.NO_ROOM:
+                    no_room.add(shape)
                 continue
             result.placed_from_queue.append((w.task_id, self.state.allocations[w.task_id]))
             fair.placed(w)
