@@ -70,6 +70,20 @@ async def test_a_cordoned_node_takes_nothing_new_and_an_uncordon_places_what_wai
         assert state.allocations == e.state.allocations and state.cordoned == {} and not queue
 
 
+async def test_an_uncordon_lets_a_waiting_online_task_evict_there(redis, prefix) -> None:
+    """Node 0 (cordoned) holds an offline task, nodes 1-3 online ones: a waiting online task can evict nothing.
+    The uncordon is room for it (by eviction) at once; it waited for the next unrelated release, because an
+    eviction search is repeated only after something was freed."""
+    async with running(engine(redis, prefix)) as e:
+        assert (await e.place("off", task(24))).outcome == "placed"  # first fit: node 0
+        for i in range(3):
+            assert (await e.place(f"on{i}", task(24, "online"))).outcome == "placed"
+        await e.set_schedulable(cordon(NODES[0], reason="firmware"))
+        assert (await e.place("waits", task(24, "online"))).outcome == "deferred"
+        r = await e.set_schedulable(uncordon(NODES[0]))
+        assert [t for t, _ in r.placed_from_queue] == ["waits"] and "off" in e.queue  # evicted, requeued
+
+
 async def test_drain_evicts_the_offline_tasks_which_run_elsewhere_while_online_ones_stay(redis, prefix) -> None:
     async with running(engine(redis, prefix, ex=executor())) as e:
         for name, cls in (("off1", ""), ("on1", "online"), ("off2", "")):

@@ -817,7 +817,7 @@ class PlacerEngine:
                     save.items = items
         fold_event(event, state, self.queue, event.get("_parts"))
         self._state_version += 1
-        if event["t"] in FREEING:
+        if event["t"] in FREEING or (event["t"] == "cordon" and not event["on"]):  # an uncordon opens room too
             self._freed_count += 1  # never undone: at worst one search more
         # for _undo (keys with "_" are not written)
         event["_clock"], event["_queued_ms"], event["_spec"], event["_ready_ms"], event["_arrival_ms"] = before
