@@ -554,3 +554,43 @@ class PlaceReleaseMachine(RuleBasedStateMachine):
 
 PlaceReleaseMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
 TestPlaceRelease = PlaceReleaseMachine.TestCase
+
+
+def _gpu(cards: int = 1, pct: int = 100, gib: float = 4, cores: int = 1) -> Resources:
+    return Resources(cpu_milli=cores * 1000, memory_mib=1024, gpu_count=cards, gpu_core_percent=pct,
+                     gpu_memory_mib=round(gib * 1024))
+
+
+def test_replicas_the_empty_gpu_dc_could_hold_by_hand():
+    """The small fleet's gpu DC: 4 hosts of 32 cores, 256 GiB and 2 T4 cards of 16 GiB."""
+    empty = ClusterState(parse_fleet(yaml.safe_load(SMALL_FLEET.read_text())).datacenter("gpu"))
+    assert empty.replicas_it_could_hold(_gpu()) == 8  # a whole card each
+    assert empty.replicas_it_could_hold(_gpu(cards=2)) == 4  # both cards of a host
+    assert empty.replicas_it_could_hold(_gpu(pct=50)) == 16  # two per card
+    assert empty.replicas_it_could_hold(_gpu(pct=30, gib=10)) == 8  # memory: one 10 GiB slice per 16 GiB card
+    assert empty.replicas_it_could_hold(_gpu(pct=50, cores=20)) == 4  # cores: one per host
+    assert empty.replicas_it_could_hold(_gpu(), ("A100",)) == 0
+
+
+def test_gpu_replicas_no_empty_dc_could_hold_are_refused_and_reasons_name_model_and_card_memory():
+    """(6 replicas of a whole T4 where 5 exist were DEFERRED for ever, with exit 0.)"""
+    from hsched.engine.selector import DcSelector
+    from hsched.policies.placement import never_fits_reason
+
+    fleet = parse_fleet(yaml.safe_load(SMALL_FLEET.read_text()))
+    selector = DcSelector(fleet)
+    gpu = fleet.datacenter("gpu")
+    fits = TaskSpec(resources=_gpu(), runtime_s=60, replicas=8, gpu_models=("T4",))
+    assert selector.structural_misfit(fits, gpu) == ""
+    # 5 GPUs and 100 cores in all are there, but a host's 32 cores take one 20-core replica: 4 at most
+    too_many = TaskSpec(resources=_gpu(pct=50, cores=20), runtime_s=60, replicas=5, gpu_models=("T4",))
+    assert selector.structural_misfit(too_many, gpu) == (
+        "its 5 replicas do not fit even in the empty DC: its nodes hold at most 4 of them (each needs 1 card(s) of "
+        "50% and 4096 MiB of T4)")
+    empty = ClusterState(gpu)
+    big_card = _gpu(gib=20)
+    assert never_fits_reason(empty, big_card, TaskSpec(resources=big_card, runtime_s=60, gpu_models=("T4",))) == (
+        "gpu_memory_mib 20480 per card exceeds the largest T4 card of gpu (16384 MiB)")
+    three = _gpu(cards=3)
+    assert never_fits_reason(empty, three, TaskSpec(resources=three, runtime_s=60, gpu_models=("T4",))) == (
+        "no node of gpu has 3 T4 GPUs (max 2)")

@@ -230,6 +230,26 @@ class ClusterState:
             ok &= (count_per_row(cards) >= demand.gpu_count) & self._model_mask(gpu_models)
         return ok
 
+    def replicas_it_could_hold(self, demand: Resources, gpu_models: tuple[str, ...] = ()) -> int:
+        """At most how many replicas of one-part `demand` the EMPTY DC could hold at once (a structural bound: each
+        node by its CPU, memory, disk, bandwidth and, for a GPU demand, its cards of an allowed model — a card
+        takes min(100 / core %, its memory / the slice's) of them, a replica needs gpu_count different cards).
+        A task asking for more replicas than this waits for ever: refused instead."""
+        t = self.table
+        per_node = np.full(self.n, np.iinfo(np.int64).max, dtype=np.int64)
+        for need, cap in ((demand.cpu_milli, t.cpu_milli), (demand.memory_mib, t.memory_mib),
+                          (demand.disk_mib, t.disk_mib), (demand.bandwidth_mbps, t.bandwidth_mbps)):
+            if need:
+                per_node = np.minimum(per_node, cap // need)
+        if demand.gpu_count:
+            shares = t.gpu_core_percent // max(demand.gpu_core_percent, 1)
+            if demand.gpu_memory_mib:
+                shares = np.minimum(shares, t.gpu_memory_mib // demand.gpu_memory_mib)
+            cards_ok = count_per_row(shares > 0) >= demand.gpu_count
+            gpu_units = np.where(cards_ok & self._model_mask(gpu_models), shares.sum(axis=1) // demand.gpu_count, 0)
+            per_node = np.minimum(per_node, gpu_units)
+        return int(np.minimum(per_node, np.iinfo(np.int32).max).sum())
+
     def choose_cards(self, node: int, demand: Resources) -> tuple[GpuShare, ...]:
         """Pick the cards for a GPU demand on `node`: the fullest cards that still fit (binpack), which
         keeps whole cards free for whole-card tasks (less GPU fragmentation)."""

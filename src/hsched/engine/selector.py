@@ -98,6 +98,13 @@ class DcSelector:
                 if not empty.could_ever_fit(part, task.gpu_models).any():
                     reason = never_fits_reason(empty, part, task)
                     break
+            r = task.resources
+            if not reason and task.replicas > 1 and r.gpu_count:  # (a GPU replica is one part)
+                most = empty.replicas_it_could_hold(r, task.gpu_models)
+                if most < task.replicas:
+                    reason = (f"its {task.replicas} replicas do not fit even in the empty DC: its nodes hold at most "
+                              f"{most} of them (each needs {r.gpu_count} card(s) of {r.gpu_core_percent}% and "
+                              f"{r.gpu_memory_mib} MiB{' of ' + '/'.join(task.gpu_models) if task.gpu_models else ''})")
         fits[dc.name] = reason
         return reason
 

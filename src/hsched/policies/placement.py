@@ -185,10 +185,17 @@ def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np
 def never_fits_reason(state: ClusterState, demand: Resources, task: TaskSpec) -> str:
     t = state.table
     if demand.gpu_count:
-        if task.gpu_models and not np.isin(np.array(t.gpu_model), list(task.gpu_models)).any():
+        allowed = np.isin(np.array(t.gpu_model), list(task.gpu_models)) if task.gpu_models else t.gpu_count > 0
+        models = f" {'/'.join(task.gpu_models)}" if task.gpu_models else ""
+        if task.gpu_models and not allowed.any():
             return f"no node of {state.dc.name} has GPU model {'/'.join(task.gpu_models)}"
-        if int(t.gpu_count.max(initial=0)) < demand.gpu_count:
-            return f"no node of {state.dc.name} has {demand.gpu_count} GPUs (max {int(t.gpu_count.max(initial=0))})"
+        most = int(t.gpu_count[allowed].max(initial=0))
+        if most < demand.gpu_count:
+            return f"no node of {state.dc.name} has {demand.gpu_count}{models} GPUs (max {most})"
+        card_mib = int(t.gpu_memory_mib[allowed].max(initial=0))
+        if demand.gpu_memory_mib > card_mib:
+            return (f"gpu_memory_mib {demand.gpu_memory_mib} per card exceeds the largest{models} card of "
+                    f"{state.dc.name} ({card_mib} MiB)")
     for name, need, cap in (("cpu_milli", demand.cpu_milli, t.cpu_milli), ("memory_mib", demand.memory_mib, t.memory_mib),
                             ("disk_mib", demand.disk_mib, t.disk_mib),
                             ("bandwidth_mbps", demand.bandwidth_mbps, t.bandwidth_mbps)):
