@@ -312,7 +312,13 @@ def _set(data: dict, path: list, value: object) -> dict:
      "hold 5 nodes but layout has only 2×2 = 4 slots"),
     (["datacenters", 1, "name"], "cheap", "datacenters[1].name", "duplicates another data center"),
     (["datacenters", 2, "node_pools", 0, "gpus", "model"], "", "datacenters[2].node_pools[0].gpus.model",
-     "is required when gpus.count > 0"),
+     "must be a non-empty string"),
+    (["datacenters", 2, "node_pools", 0, "gpus", "model"], 4, "datacenters[2].node_pools[0].gpus.model",
+     "must be a non-empty string"),
+    (["datacenters", 2, "node_pools", 0, "gpus", "count"], 0, "datacenters[2].node_pools[0].gpus.count",
+     "must be >= 1"),  # a gpus: block describing no card
+    (["datacenters", 2, "node_pools", 0, "gpus", "idle_w"], 100, "datacenters[2].node_pools[0].gpus.full_w",
+     "must be >= gpus.idle_w"),  # as p_full_w / p_idle_w
     (["datacenters", 0, "layout", "rows"], 3, "datacenters[0].layout.rows", "must divide layout.racks"),
     (["wan", "links", 0, "b"], "zz", "wan.links[0].b", "must name a vertex"),
     (["wan", "scheduler_vertex"], "zz", "wan.scheduler_vertex", "must name a vertex ('a', 'b', 'c', 's')"),

@@ -304,8 +304,9 @@ def _load_pool(r: _Reader) -> NodePool:
         memory_mib=round(r.num("memory_gib", min_=0) * MIB_PER_GIB),
         disk_mib=round(r.num("disk_gib", 0, min_=0) * MIB_PER_GIB),
         bandwidth_mbps=r.int("bandwidth_mbps", 10_000),
-        gpu_count=gpus.int("count", 0),
-        gpu_model=gpus.raw("model", "") or "",
+        # a gpus: block has cards of a named model (count 0 or a number for a model described nothing)
+        gpu_count=gpus.int("count", min_=1) if gpus.data else 0,
+        gpu_model=gpus.str("model") if gpus.data else "",
         gpu_memory_mib=round(gpus.num("memory_gib", 0, min_=0) * MIB_PER_GIB),
         p_idle_w=r.num("p_idle_w", 100.0, min_=0),
         p_full_w=r.num("p_full_w", 300.0, min_=0),
@@ -316,10 +317,10 @@ def _load_pool(r: _Reader) -> NodePool:
     r.done()
     if pool.p_full_w < pool.p_idle_w:
         raise FleetError(f"{r.path}.p_full_w", "must be >= p_idle_w", pool.p_full_w)
+    if pool.gpu_full_w < pool.gpu_idle_w:
+        raise FleetError(f"{r.path}.gpus.full_w", "must be >= gpus.idle_w", pool.gpu_full_w)
     if pool.gpu_count and pool.gpu_memory_mib <= 0:
         raise FleetError(f"{r.path}.gpus.memory_gib", "must be > 0 when gpus.count > 0", pool.gpu_memory_mib)
-    if pool.gpu_count and not pool.gpu_model:
-        raise FleetError(f"{r.path}.gpus.model", "is required when gpus.count > 0")
     return pool
 
 
