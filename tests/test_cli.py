@@ -113,6 +113,8 @@ def assert_one_line_error(done: subprocess.CompletedProcess, code: int, *words: 
     (["submit", "--cpu", "nan"], ["--cpu", "finite"]),
     (["submit", "--cpu", "inf"], ["--cpu", "finite"]),
     (["submit", "--cpu", "-1"], ["--cpu", ">= 0"]),
+    (["submit", "--gpus", "1", "--gpu-memory-gib", "0.0001"], ["--gpu-memory-gib", "at least 1 MiB"]),  # was 0
+    (["submit", "--cpu", "0.0001"], ["--cpu", "at least 1 millicores"]),
     (["submit", "--gpu-core-percent", "50"], ["gpu_count", "must be > 0"]),
     (["submit", "--gpus", "1", "--gpu-core-percent", "150"], ["--gpu-core-percent", "1..100"]),
     (["submit", "--max-loss-percent", "500"], ["--max-loss-percent", "0..100"]),

@@ -1263,6 +1263,8 @@ def _scaled(text: str, unit: int, what: str) -> float:
     value = non_negative_float(text)
     if value * unit > INT64_MAX:  # float against int: compared exactly (and inf, which round() cannot take)
         raise argparse.ArgumentTypeError(f"must be in 0..{INT64_MAX / unit:.4g} (as {what}: int64), got {text!r}")
+    if value and round(value * unit) == 0:  # sent as 0: a request of nothing, not the little asked for
+        raise argparse.ArgumentTypeError(f"must be 0 or at least 1 {what} ({1 / unit:g}), got {text!r}")
     return value
 
 
@@ -1483,7 +1485,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpus", type=non_negative_int, default=0, help="GPU slices per replica")
     s.add_argument("--gpu-core-percent", type=core_percent, default=None,
                    help="%% of one GPU's cores per slice (default 100; needs --gpus)")
-    s.add_argument("--gpu-memory-gib", type=gib, default=None, help="GPU memory per slice (needs --gpus)")
+    s.add_argument("--gpu-memory-gib", type=gib, default=None,
+                   help="GPU memory per slice (needs --gpus; default 0: none reserved, so tasks sharing the card "
+                        "may take all of its memory)")
     s.add_argument("--gpu-model", action="append", help="allowed GPU model (repeatable)")
     s.add_argument("--replicas", type=positive_int, default=1)
     s.add_argument("--runtime-s", type=non_negative_float, default=3600.0, help="task seconds (0: runs until released)")
