@@ -236,3 +236,10 @@ def test_a_placer_down_or_fenced_is_shown_as_such(stack, env, tasks, redis_url):
     back = until(lambda: (v := near())["status"] == "serving" and v, "the placer takes its lease back")
     assert int(back["lease"]["fencing_token"]) >= token + 2
     assert back["summary"]["free"]["cpu_milli"] == 96000  # its ledger folded afresh: nothing lost, nothing added
+
+
+def test_amounts_keep_the_precision_they_were_asked_in():
+    """(250m CPU showed as 0.2, three 25 % GPU slices as 0.8.)"""
+    from hsched import views
+
+    assert [views.cores(m) for m in (250, 1500, 96000, 1)] == ["0.25", "1.5", "96", "0.001"]

@@ -65,12 +65,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
                      .rstrip() for r in cells)
 
 
-def _num(x: float) -> str:
-    return f"{x:.1f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))
+def _num(x: float, digits: int = 1) -> str:
+    return f"{x:.{digits}f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))
 
 
 def cores(milli: int) -> str:
-    return _num(milli / 1000)
+    return _num(milli / 1000, 3)  # to the millicore: 250m is 0.25, not 0.2
 
 
 def gib(mib: int) -> str:
@@ -136,7 +136,7 @@ def tenants_rows(reply: gateway_pb2.ListDatacentersResponse) -> list[list[str]]:
         return "/".join(unit(getattr(getattr(t, k), dim)) for k in ("allocated", "deserved", "requested"))
 
     def cards(percent: float) -> str:
-        return _num(percent / 100)  # core percent summed over cards: 100 = one card
+        return _num(percent / 100, 2)  # core percent summed over cards: 100 = one card, 25 = 0.25
     return [[v.datacenter, t.tenant, _num(t.weight), str(t.running_tasks), str(t.queued_tasks),
              amounts(t, "cpu_milli", cores), amounts(t, "memory_mib", gib), amounts(t, "gpu_core_percent", cards),
              f"{t.share:.2f}"]
