@@ -8,14 +8,14 @@ import asyncio
 import logging
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from hsched.costs import WanGraph
 from hsched.domain.fleet import load_fleet
 from hsched.engine.selector import DcSelector
 from hsched.state.keys import Keys
-from hsched.state.redis import EmbeddedRedis, connect, free_port
-from services.selector import server as selector_server
-from services.selector.server import ReadTrouble, follow_links, follow_summaries
+from hsched.state.redis import EmbeddedRedis, ReadTrouble, connect, free_port
+from services.selector.server import follow_links, follow_summaries
 from tests.conftest import SMALL_FLEET
 
 
@@ -72,9 +72,10 @@ async def test_a_redis_outage_is_one_warning_line_and_its_end_one_info_line(pref
 def test_a_lasting_outage_is_repeated_at_most_every_repeat_s_and_a_bug_keeps_its_traceback(caplog) -> None:
     caplog.set_level(logging.INFO, logger="hsched.selector")
     now = [0.0]
-    trouble = ReadTrouble("reading link metrics", 1.0, repeat_s=60.0, clock=lambda: now[0])
+    trouble = ReadTrouble("reading link metrics", 1.0, logging.getLogger("hsched.selector"), repeat_s=60.0,
+                          clock=lambda: now[0])
     for now[0] in range(131):  # a read a second for 130 s: said at 0, 60 and 120 s
-        trouble.failed(selector_server.RedisConnectionError("Connection closed by server."))
+        trouble.failed(RedisConnectionError("Connection closed by server."))
     trouble.succeeded()
     trouble.failed(ValueError("a bug"))  # not Redis going away: its traceback, once
     trouble.failed(ValueError("a bug"))

@@ -9,9 +9,6 @@ import os
 import sys
 import time
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from hsched import rpc
 from hsched.batching import serve_batch
 from hsched.convert import task_from_pb
@@ -24,7 +21,7 @@ from hsched.engine.selector import DcSelector
 from hsched.rl.path_serving import DEFAULT_MODEL, PATH_FINDERS, register_path_metrics, selector_path_finder
 from hsched.runtime import common_args, metrics_server, reflection_on, run, serve_until_stopped, tls_files
 from hsched.state.keys import Keys
-from hsched.state.redis import connect
+from hsched.state.redis import ReadTrouble, connect
 from hsched.telemetry import BatchedCalls, MetricsServer
 from hsched.telemetry import metrics as m
 from hsched.v1 import common_pb2, selector_pb2, selector_pb2_grpc
@@ -69,41 +66,6 @@ class SelectorServicer(selector_pb2_grpc.SelectorServicer):
             excluded=[common_pb2.Exclusion(datacenter=d, reason=r, unavailable=d in unserved) for d, r in excluded])
 
 
-OUTAGE_REPEAT_S = 60.0  # while Redis stays unreadable, a follow loop says so again this often
-
-
-class ReadTrouble:
-    """How a follow loop logs failed reads: a Redis restart is expected, so one WARNING line naming the error when
-    the trouble starts (no traceback: it says nothing a restart does not), again at most every `repeat_s` while it
-    lasts, and one INFO line when reading works again. An error that is not Redis going away (a bug, a bad key)
-    gets its traceback, once."""
-
-    def __init__(self, what: str, retry_s: float, repeat_s: float | None = None, clock=time.monotonic) -> None:
-        self.what, self.retry_s, self.repeat_s, self.clock = what, retry_s, repeat_s, clock
-        self.since: float | None = None  # when the current trouble started
-        self.said = 0.0  # when it was last logged
-        self.failures = 0
-
-    def failed(self, exc: BaseException) -> None:
-        now, self.failures = self.clock(), self.failures + 1
-        why = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-        if self.since is None:
-            self.since = self.said = now
-            expected = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
-            log.warning("%s failed (%s); retrying every %g s", self.what, why, self.retry_s,
-                        exc_info=None if expected else exc)
-        elif now - self.said >= (OUTAGE_REPEAT_S if self.repeat_s is None else self.repeat_s):
-            self.said = now
-            log.warning("%s still failing after %.0f s, %d attempts (%s); retrying", self.what, now - self.since,
-                        self.failures, why)
-
-    def succeeded(self) -> None:
-        if self.since is not None:
-            log.info("%s works again after %.0f s, %d failed attempts", self.what, self.clock() - self.since,
-                     self.failures)
-            self.since, self.failures = None, 0
-
-
 async def load_summaries(redis, keys: Keys, selector: DcSelector) -> dict[str, str]:
     """Apply every DC's latest capacity summary; returns the stream cursors `follow_summaries` tails from.
     Awaited before the server starts, so a (re)started selector never answers from an empty view."""
@@ -123,7 +85,7 @@ async def follow_summaries(redis, keys: Keys, selector: DcSelector, streams: dic
     """Keep the latest capacity summary of every DC (written by its placer), from `load_summaries`' cursors;
     `update_summary` drops those of a superseded placer (lower fencing token)."""
     streams = dict(streams) if streams is not None else await load_summaries(redis, keys, selector)
-    trouble = ReadTrouble("reading DC summaries", retry_s)
+    trouble = ReadTrouble("reading DC summaries", retry_s, log)
     while True:
         try:
             reply = await redis.xread(streams, count=100, block=1000)
@@ -169,7 +131,7 @@ async def follow_links(redis, keys: Keys, selector: DcSelector, cursor: str = "0
     Entries: {"a": vertex, "b": vertex, "latency_ms": .., "jitter_ms": .., "loss_percent": .., "bandwidth_mbps": ..}
     (any subset of the metrics), after `cursor` ("0-0": the whole history).
     """
-    trouble = ReadTrouble("reading link metrics", retry_s)
+    trouble = ReadTrouble("reading link metrics", retry_s, log)
     while True:
         try:
             reply = await redis.xread({keys.links: cursor}, count=500, block=1000)

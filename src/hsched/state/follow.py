@@ -17,6 +17,7 @@ from hsched.domain.cluster import ClusterState
 from hsched.domain.fleet import DataCenter
 from hsched.domain.task import TaskSpec
 from hsched.state.ledger import fold_event, replay, trimmed_past
+from hsched.state.redis import ReadTrouble
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -127,6 +128,7 @@ async def follow(redis: aioredis.Redis, followers: list[LedgerFollower], batch_s
         f._wake = wake
     checked = float("-inf")
     loop = asyncio.get_running_loop()
+    trouble = ReadTrouble(f"following {len(followers)} ledgers", 0.5, log)  # a Redis restart: one line, not 2/s
     while True:
         stop_if_cancelled()  # a cancel that a read swallowed still stops the loop
         try:
@@ -135,10 +137,11 @@ async def follow(redis: aioredis.Redis, followers: list[LedgerFollower], batch_s
                 for f in followers:
                     await f.resync_if_trimmed()
             reply = await redis.xread({f.stream: f.last_id for f in followers}, count=1000, block=1000)
-        except (aioredis.ConnectionError, aioredis.TimeoutError):
-            log.warning("lost Redis while following %d ledgers; retrying", len(followers))
-            await asyncio.sleep(0.5)
+        except (aioredis.ConnectionError, aioredis.TimeoutError) as exc:
+            trouble.failed(exc)
+            await asyncio.sleep(trouble.retry_s)
             continue
+        trouble.succeeded()
         for stream, entries in reply or []:
             await by_stream[stream.decode()]._fold(entries)
         if reply and not wake.is_set():

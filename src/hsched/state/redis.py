@@ -23,6 +23,7 @@ when `tls_changed()`).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -195,6 +196,42 @@ def connect_sync(url: str, tls: RedisTls | None = None, **kwargs) -> redis.Redis
     auth = _sentinel_auth(url)
     return redis.sentinel.Sentinel(hosts, socket_timeout=2.0, sentinel_kwargs={**auth}).master_for(
         name, db=db, decode_responses=False, **{"socket_timeout": 10.0, **kwargs}, **auth)
+
+
+OUTAGE_REPEAT_S = 60.0  # while Redis stays unreadable, a follow loop says so again this often
+
+
+class ReadTrouble:
+    """How a follow loop logs failed reads: a Redis restart is expected, so one WARNING line naming the error when
+    the trouble starts (no traceback: it says nothing a restart does not), again at most every `repeat_s` while it
+    lasts, and one INFO line when reading works again. An error that is not Redis going away (a bug, a bad key)
+    gets its traceback, once."""
+
+    def __init__(self, what: str, retry_s: float, log: logging.Logger, repeat_s: float | None = None,
+                 clock=time.monotonic) -> None:
+        self.what, self.retry_s, self.log, self.repeat_s, self.clock = what, retry_s, log, repeat_s, clock
+        self.since: float | None = None  # when the current trouble started
+        self.said = 0.0  # when it was last logged
+        self.failures = 0
+
+    def failed(self, exc: BaseException) -> None:
+        now, self.failures = self.clock(), self.failures + 1
+        why = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        if self.since is None:
+            self.since = self.said = now
+            expected = isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError))
+            self.log.warning("%s failed (%s); retrying every %g s", self.what, why, self.retry_s,
+                        exc_info=None if expected else exc)
+        elif now - self.said >= (OUTAGE_REPEAT_S if self.repeat_s is None else self.repeat_s):
+            self.said = now
+            self.log.warning("%s still failing after %.0f s, %d attempts (%s); retrying", self.what, now - self.since,
+                        self.failures, why)
+
+    def succeeded(self) -> None:
+        if self.since is not None:
+            self.log.info("%s works again after %.0f s, %d failed attempts", self.what, self.clock() - self.since,
+                     self.failures)
+            self.since, self.failures = None, 0
 
 
 class RedisUnavailable(RuntimeError):
