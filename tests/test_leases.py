@@ -526,6 +526,8 @@ def test_room_now_reads_the_free_totals_and_the_queue_of_the_latest_summary(flee
     gib = 1024
     two_cores = TaskSpec(resources=Resources(cpu_milli=2000, memory_mib=4 * gib), runtime_s=60)
     assert sel.room_now(two_cores, "cheap") == (False, 0)  # nothing heard from its placer yet
+    sel.update_summary({"datacenter": "cheap", "fencing_token": 1})
+    assert sel.room_now(two_cores, "cheap") == (False, 0)  # a summary that says nothing of its room
     sel.update_summary({"datacenter": "cheap", "fencing_token": 1, "free": [2000, 4 * gib, 0, 0, 0, 0, 0],
                         "deferred_tasks": 0})
     assert sel.room_now(two_cores, "cheap") == (True, 0)  # exactly enough

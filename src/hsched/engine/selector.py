@@ -114,8 +114,8 @@ class DcSelector:
         and whole idle cards (for a whole-card GPU task) free. A necessary condition, as Karmada's resource-fit
         estimate is — no one node need have all three — so a placer may still queue the task."""
         summary = self.summaries.get(dc)
-        if summary is None:
-            return False, 0
+        if summary is None or "free" not in summary:  # (a summary that says nothing of room: no room known)
+            return False, int((summary or {}).get("deferred_tasks", 0))
         queued = int(summary.get("deferred_tasks", 0))
         r = task.resources
         whole = r.gpu_core_percent >= 100
