@@ -141,7 +141,8 @@ class PlacerProcess:
 
     @property
     def owner(self) -> str:
-        return f"{os.uname().nodename}:{self.proc.pid}"
+        """How its lease owner starts (a random suffix follows: services/placer/server.py lease_owner)."""
+        return f"{os.uname().nodename}:{self.proc.pid}-"
 
     def wait_listening(self, timeout_s: float = 60.0) -> str:
         def ready():

@@ -91,8 +91,8 @@ def test_one_process_hosts_every_dc_on_its_own_port_and_places_across_them(stack
         assert FULL_CPU["cheap"] - free_cpu(stack, "cheap") == 3000
         assert FULL_CPU["near"] - free_cpu(stack, "near") == 1000
         assert FULL_CPU["gpu"] - free_cpu(stack, "gpu") == 2000
-        owners = {state(stack, dc).owner for dc in DCS}  # one process: one owner (host:pid) on all three leases
-        assert len(owners) == 1 and owners.pop().endswith(f":{svc.proc.pid}")
+        owners = {state(stack, dc).owner for dc in DCS}  # one process: one owner (host:pid-suffix) on all three
+        assert len(owners) == 1 and f":{svc.proc.pid}-" in owners.pop()
         # one /metrics endpoint for the process, a series per DC
         text = urllib.request.urlopen(f"http://127.0.0.1:{svc.metrics_port}/metrics", timeout=10).read().decode()
         held = dict(re.findall(r'^hsched_placer_lease_held\{datacenter="(\w+)"\} (\S+)$', text, re.M))
