@@ -344,7 +344,8 @@ def test_a_sigkilled_hsched_up_takes_its_children_with_it(tmp_path):
     out = tmp_path / "up.out"
     with open(out, "wb") as f:
         up = subprocess.Popen([sys.executable, "-m", "hsched.cli", "up", "--fleet", SMALL_FLEET, "--port", "0",
-                               "--no-thermal", "--log-dir", str(tmp_path / "logs")],
+                               "--no-thermal", "--log-dir", str(tmp_path / "logs"),
+                               "--state-dir", str(tmp_path / "state")],  # not the README's replay's state
                               stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     children: set[int] = set()
     try:

@@ -1112,7 +1112,8 @@ def removed_dcs_must_hold_nothing(store: TaskStore, fleet: Fleet) -> None:
         what = "; ".join(f"{dc}: {len(ids)} live ({', '.join(sorted(ids)[:3])}{', …' if len(ids) > 3 else ''})"
                          for dc, ids in sorted(held.items()))
         raise LayoutConflict(f"the fleet file has no data center that live tasks or jobs are in ({what}); start with "
-                             "the previous fleet file and release them or let them finish, then remove it")
+                             "the previous fleet file and release them or let them finish, then remove it (or "
+                             "discard that state: `hsched up --fresh`, another --state-dir or --prefix)")
 
 
 async def serve(args, stop: asyncio.Event, fleet: Fleet | None = None) -> None:
