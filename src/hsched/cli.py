@@ -1048,7 +1048,7 @@ def cmd_link(args) -> int:
     try:  # the selector's own rules; its field names are this command's flags
         graph.update_link(**update)
     except ValidationError as exc:
-        flag = f"--{exc.field.replace('_', '-')}" if exc.field in update and exc.field not in "ab" else exc.field
+        flag = f"--{exc.field.replace('_', '-')}" if exc.field in update and exc.field not in ("a", "b") else exc.field
         raise ValidationError(flag, exc.rule, exc.value) from None
     if len(update) == 2:
         raise ValidationError("--latency-ms, --jitter-ms, --loss-percent, --bandwidth-mbps",
