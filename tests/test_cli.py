@@ -188,18 +188,22 @@ def test_priority_takes_what_the_gateway_takes_and_refuses_the_rest_in_its_words
 @given(st.one_of(st.floats(min_value=0, allow_nan=False, allow_infinity=False), st.floats(9e15, 1e16)),
        st.sampled_from([(cli.cores, 1000), (cli.gib, 1024)]))
 def test_an_amount_the_cli_takes_fits_its_int64_field(amount, flag):
-    """--cpu (sent as millicores) and the --*-gib flags (as MiB): what the flag takes, protobuf takes; the rest is
-    refused naming the range (whose bound is itself taken)."""
+    """--cpu (sent as millicores) and the --*-gib flags (as MiB): what the flag takes, protobuf takes, and is not
+    sent as 0 unless it is 0; the rest is refused naming the range (whose bound is itself taken) or the unit."""
     from hsched.v1 import common_pb2 as pb
 
     parse, unit = flag
     try:
         value = parse(repr(amount))
     except argparse.ArgumentTypeError as exc:
-        bound = str(exc).split("0..")[1].split()[0]
-        assert amount > float(bound) and parse(bound) == float(bound), str(exc)
+        if "at least 1" in str(exc):  # it would be sent as 0
+            assert amount > 0 and round(amount * unit) == 0, str(exc)
+        else:
+            bound = str(exc).split("0..")[1].split()[0]
+            assert amount > float(bound) and parse(bound) == float(bound), str(exc)
     else:
         pb.Resources(cpu_milli=round(value * unit), memory_mib=round(value * unit))
+        assert (round(value * unit) == 0) == (value == 0)
 
 
 def test_a_bad_fleet_file_is_the_loaders_one_line_message(tmp_path):
