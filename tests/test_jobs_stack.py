@@ -126,8 +126,10 @@ def test_a_job_skips_the_cheapest_dc_while_it_is_full_and_runs_where_there_is_ro
         probe = pb.TaskSpec(resources=pb.Resources(cpu_milli=2000, memory_mib=2048), runtime_s=5)
 
         def cheap_seen_full() -> bool:
-            answer = sel.SelectDataCenter(selector_pb2.SelectRequest(task=probe), timeout=10)
+            answer = sel.SelectDataCenter(selector_pb2.SelectRequest(task=probe, include_room=True), timeout=10)
             return any(c.datacenter == "cheap" and not c.room_now for c in answer.candidates)
+        plain = sel.SelectDataCenter(selector_pb2.SelectRequest(task=probe), timeout=10)
+        assert not any(c.room_now for c in plain.candidates)  # not asked for: a task's Submit does not pay for it
         deadline = time.monotonic() + 30
         while not cheap_seen_full():
             assert time.monotonic() < deadline, "the selector never saw cheap full"

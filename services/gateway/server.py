@@ -721,7 +721,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     # -- DAG jobs (the logic is hsched.jobs; these translate and check) --------------------------------------------
 
     async def _select(self, spec: pb.TaskSpec, method: str) -> selector_pb2.SelectResponse:
-        return await self.select.call(selector_pb2.SelectRequest(task=spec, method=method), self.select_timeout_s)
+        return await self.select.call(selector_pb2.SelectRequest(task=spec, method=method, include_room=True),
+                                      self.select_timeout_s)
 
     @rpc.grpc_errors
     async def SubmitJob(self, request: gateway_pb2.SubmitJobRequest, context) -> gateway_pb2.SubmitJobResponse:

@@ -62,7 +62,8 @@ class SelectorServicer(selector_pb2_grpc.SelectorServicer):
         ranked, excluded, unserved = self.selector.select(task, request.method)
         return selector_pb2.SelectResponse(
             method=request.method or "min-cost",
-            candidates=[candidate_to_pb(c, self.selector.room_now(task, c.datacenter)) for c in ranked],
+            candidates=[candidate_to_pb(c, self.selector.room_now(task, c.datacenter) if request.include_room
+                                        else (False, 0)) for c in ranked],
             excluded=[common_pb2.Exclusion(datacenter=d, reason=r, unavailable=d in unserved) for d, r in excluded])
 
 

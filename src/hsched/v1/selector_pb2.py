@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from hsched.v1 import common_pb2 as hsched_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18hsched/v1/selector.proto\x12\thsched.v1\x1a\x16hsched/v1/common.proto\"\xba\x01\n\rSelectRequest\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.hsched.v1.TaskSpec\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x41\n\rtrace_context\x18\x03 \x03(\x0b\x32*.hsched.v1.SelectRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x12SelectBatchRequest\x12\'\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x18.hsched.v1.SelectRequest\"B\n\x13SelectBatchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.hsched.v1.SelectBatchItem\"v\n\x0fSelectBatchItem\x12-\n\x08response\x18\x01 \x01(\x0b\x32\x19.hsched.v1.SelectResponseH\x00\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.hsched.v1.BatchItemErrorH\x00\x42\x08\n\x06result\"t\n\x0eSelectResponse\x12\x0e\n\x06method\x18\x01 \x01(\t\x12*\n\ncandidates\x18\x02 \x03(\x0b\x32\x16.hsched.v1.DcCandidate\x12&\n\x08\x65xcluded\x18\x03 \x03(\x0b\x32\x14.hsched.v1.Exclusion2\xab\x01\n\x08Selector\x12G\n\x10SelectDataCenter\x12\x18.hsched.v1.SelectRequest\x1a\x19.hsched.v1.SelectResponse\x12V\n\x11SelectDataCenters\x12\x1d.hsched.v1.SelectBatchRequest\x1a\x1e.hsched.v1.SelectBatchResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18hsched/v1/selector.proto\x12\thsched.v1\x1a\x16hsched/v1/common.proto\"\xd0\x01\n\rSelectRequest\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.hsched.v1.TaskSpec\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x41\n\rtrace_context\x18\x03 \x03(\x0b\x32*.hsched.v1.SelectRequest.TraceContextEntry\x12\x14\n\x0cinclude_room\x18\x04 \x01(\x08\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x12SelectBatchRequest\x12\'\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x18.hsched.v1.SelectRequest\"B\n\x13SelectBatchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.hsched.v1.SelectBatchItem\"v\n\x0fSelectBatchItem\x12-\n\x08response\x18\x01 \x01(\x0b\x32\x19.hsched.v1.SelectResponseH\x00\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.hsched.v1.BatchItemErrorH\x00\x42\x08\n\x06result\"t\n\x0eSelectResponse\x12\x0e\n\x06method\x18\x01 \x01(\t\x12*\n\ncandidates\x18\x02 \x03(\x0b\x32\x16.hsched.v1.DcCandidate\x12&\n\x08\x65xcluded\x18\x03 \x03(\x0b\x32\x14.hsched.v1.Exclusion2\xab\x01\n\x08Selector\x12G\n\x10SelectDataCenter\x12\x18.hsched.v1.SelectRequest\x1a\x19.hsched.v1.SelectResponse\x12V\n\x11SelectDataCenters\x12\x1d.hsched.v1.SelectBatchRequest\x1a\x1e.hsched.v1.SelectBatchResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,17 +35,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SELECTREQUEST_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_SELECTREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_SELECTREQUEST']._serialized_start=64
-  _globals['_SELECTREQUEST']._serialized_end=250
-  _globals['_SELECTREQUEST_TRACECONTEXTENTRY']._serialized_start=199
-  _globals['_SELECTREQUEST_TRACECONTEXTENTRY']._serialized_end=250
-  _globals['_SELECTBATCHREQUEST']._serialized_start=252
-  _globals['_SELECTBATCHREQUEST']._serialized_end=313
-  _globals['_SELECTBATCHRESPONSE']._serialized_start=315
-  _globals['_SELECTBATCHRESPONSE']._serialized_end=381
-  _globals['_SELECTBATCHITEM']._serialized_start=383
-  _globals['_SELECTBATCHITEM']._serialized_end=501
-  _globals['_SELECTRESPONSE']._serialized_start=503
-  _globals['_SELECTRESPONSE']._serialized_end=619
-  _globals['_SELECTOR']._serialized_start=622
-  _globals['_SELECTOR']._serialized_end=793
+  _globals['_SELECTREQUEST']._serialized_end=272
+  _globals['_SELECTREQUEST_TRACECONTEXTENTRY']._serialized_start=221
+  _globals['_SELECTREQUEST_TRACECONTEXTENTRY']._serialized_end=272
+  _globals['_SELECTBATCHREQUEST']._serialized_start=274
+  _globals['_SELECTBATCHREQUEST']._serialized_end=335
+  _globals['_SELECTBATCHRESPONSE']._serialized_start=337
+  _globals['_SELECTBATCHRESPONSE']._serialized_end=403
+  _globals['_SELECTBATCHITEM']._serialized_start=405
+  _globals['_SELECTBATCHITEM']._serialized_end=523
+  _globals['_SELECTRESPONSE']._serialized_start=525
+  _globals['_SELECTRESPONSE']._serialized_end=641
+  _globals['_SELECTOR']._serialized_start=644
+  _globals['_SELECTOR']._serialized_end=815
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SelectRequest(_message.Message):
-    __slots__ = ("task", "method", "trace_context")
+    __slots__ = ("task", "method", "trace_context", "include_room")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -19,10 +19,12 @@ class SelectRequest(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_ROOM_FIELD_NUMBER: _ClassVar[int]
     task: _common_pb2.TaskSpec
     method: str
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, task: _Optional[_Union[_common_pb2.TaskSpec, _Mapping]] = ..., method: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    include_room: bool
+    def __init__(self, task: _Optional[_Union[_common_pb2.TaskSpec, _Mapping]] = ..., method: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., include_room: _Optional[bool] = ...) -> None: ...
 
 class SelectBatchRequest(_message.Message):
     __slots__ = ("calls",)
