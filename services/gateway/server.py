@@ -110,16 +110,20 @@ def new_task_id(gateway_id: str = "000000") -> str:
     return task_id_of(gateway_id, now_ms())
 
 
+def reused_request(kind: str, request_id: str, first_id: str, differ: list[str]) -> rpc.AlreadyExists:
+    """A request_id answered before for another spec: a retry sends the same spec, so another one under the id is
+    a mistake the client must hear of (as a create of an existing name, edited, is refused elsewhere)."""
+    return rpc.AlreadyExists(f"request_id {request_id!r} was used for another {kind} ({first_id}: "
+                             f"{', '.join(differ)} differ); a new {kind} needs a new request_id")
+
+
 def same_request(spec: TaskSpec, first: pb.Task) -> pb.Task:
-    """`first`, the answer to an earlier Submit of `spec`'s request_id, if that Submit asked for the same task;
-    else ALREADY_EXISTS naming what differs (as a create of an existing name, edited, is refused elsewhere: a
-    retry sends the same spec, so another spec under the id is a mistake the client must hear of)."""
+    """`first`, the answer to an earlier Submit of `spec`'s request_id, if that Submit asked for the same task."""
     before = task_from_pb(first.spec)
-    if before == spec:
-        return first
-    differ = [f.name for f in dataclasses.fields(spec) if getattr(spec, f.name) != getattr(before, f.name)]
-    raise rpc.AlreadyExists(f"request_id {spec.request_id!r} was used for another task ({first.task_id}: "
-                            f"{', '.join(differ)} differ); a new task needs a new request_id")
+    if before != spec:
+        raise reused_request("task", spec.request_id, first.task_id, [
+            f.name for f in dataclasses.fields(spec) if getattr(spec, f.name) != getattr(before, f.name)])
+    return first
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
@@ -741,10 +745,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             raise ValidationError("selector_method", f"must be one of {', '.join(METHODS)} or empty",
                                   request.selector_method)
         answer, duplicate = await self.jobs.submit(job, request.selector_method)
-        if duplicate and (asked := normalized(job)) != answer.spec:  # as same_request, for a job
-            differ = [f.name for f in asked.DESCRIPTOR.fields if getattr(asked, f.name) != getattr(answer.spec, f.name)]
-            raise rpc.AlreadyExists(f"request_id {job.request_id!r} was used for another job ({answer.job_id}: "
-                                    f"{', '.join(differ)} differ); a new job needs a new request_id")
+        if duplicate and (asked := normalized(job)) != answer.spec:
+            raise reused_request("job", job.request_id, answer.job_id, [
+                f.name for f in asked.DESCRIPTOR.fields if getattr(asked, f.name) != getattr(answer.spec, f.name)])
         return gateway_pb2.SubmitJobResponse(job=answer, duplicate=duplicate)
 
     async def _job(self, job_id: str, principal: Principal | None) -> pb.Job:

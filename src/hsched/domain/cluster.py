@@ -183,7 +183,8 @@ class ClusterState:
     def n(self) -> int:
         return len(self.table)
 
-    def _model_mask(self, gpu_models: tuple[str, ...]) -> np.ndarray | bool:
+    def model_mask(self, gpu_models: tuple[str, ...]) -> np.ndarray | bool:
+        """The nodes whose cards are one of `gpu_models` (True: any model allowed)."""
         return np.isin(self._models, list(gpu_models)) if gpu_models else True
 
     def feasible(self, demand: Resources, gpu_models: tuple[str, ...] = (), cordoned: bool = False) -> np.ndarray:
@@ -199,7 +200,7 @@ class ClusterState:
             cards &= self.gpu_free_memory >= demand.gpu_memory_mib
             ok &= count_per_row(cards) >= demand.gpu_count
             if gpu_models:
-                ok &= self._model_mask(gpu_models)
+                ok &= self.model_mask(gpu_models)
         if self._open is not None and not cordoned:
             ok &= self._open
         return ok
@@ -227,7 +228,7 @@ class ClusterState:
               & (t.disk_mib >= demand.disk_mib) & (t.bandwidth_mbps >= demand.bandwidth_mbps))
         if demand.gpu_count:
             cards = (t.gpu_core_percent >= demand.gpu_core_percent) & (t.gpu_memory_mib >= demand.gpu_memory_mib)
-            ok &= (count_per_row(cards) >= demand.gpu_count) & self._model_mask(gpu_models)
+            ok &= (count_per_row(cards) >= demand.gpu_count) & self.model_mask(gpu_models)
         return ok
 
     def replicas_it_could_hold(self, demand: Resources, gpu_models: tuple[str, ...] = ()) -> int:
@@ -246,7 +247,7 @@ class ClusterState:
             if demand.gpu_memory_mib:
                 shares = np.minimum(shares, t.gpu_memory_mib // demand.gpu_memory_mib)
             cards_ok = count_per_row(shares > 0) >= demand.gpu_count
-            gpu_units = np.where(cards_ok & self._model_mask(gpu_models), shares.sum(axis=1) // demand.gpu_count, 0)
+            gpu_units = np.where(cards_ok & self.model_mask(gpu_models), shares.sum(axis=1) // demand.gpu_count, 0)
             per_node = np.minimum(per_node, gpu_units)
         return int(np.minimum(per_node, np.iinfo(np.int32).max).sum())
 

@@ -1397,6 +1397,7 @@ class PlacerEngine:
         util = s.utilisation()
         largest = int(np.argmax(t.cpu_milli))
         on = s.schedulable() if s.cordoned else slice(None)
+        idle_cards = ((s.gpu_free_core == t.gpu_core_percent) & (t.gpu_core_percent > 0))[on].sum(axis=1)
         th = self.last_thermal
         return {
             "datacenter": self.dc.name, "nodes": s.n,
@@ -1404,14 +1405,12 @@ class PlacerEngine:
                          int(t.bandwidth_mbps.sum()), int(t.gpu_count.sum()), 0, 0],
             # what can be placed: a cordoned node's room is not
             "free": [int(s.free_cpu[on].sum()), int(s.free_memory[on].sum()), int(s.free_disk[on].sum()),
-                     int(s.free_bandwidth[on].sum()), int((s.gpu_free_core[on] == t.gpu_core_percent[on]).sum()
-                                                          - (t.gpu_core_percent[on] == 0).sum()), 0, 0],
+                     int(s.free_bandwidth[on].sum()), int(idle_cards.sum()), 0, 0],
             "cordoned_nodes": len(s.cordoned),
             # per resource, the most any one open node has free (CPU, memory, idle cards): with `free`, what the
             # selector's room-now estimate reads (DcSelector.room_now)
             "largest_free": [int(s.free_cpu[on].max(initial=0)), int(s.free_memory[on].max(initial=0)),
-                             int(((s.gpu_free_core == t.gpu_core_percent) & (t.gpu_core_percent > 0))[on]
-                                 .sum(axis=1).max(initial=0))],
+                             int(idle_cards.max(initial=0))],
             "largest_node": [int(t.cpu_milli.max()), int(t.memory_mib.max()), int(t.disk_mib.max()),
                              int(t.bandwidth_mbps.max()), int(t.gpu_count.max()), 100 if t.gpu_count.max() else 0,
                              int(t.gpu_memory_mib.max())],

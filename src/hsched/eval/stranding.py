@@ -58,7 +58,7 @@ def _stranded_by_cpu_tasks(state: ClusterState, task: TaskSpec, cpu_held: np.nda
     it holds: the GPUs are stranded by CPU-only work, not by a lack of cards or by other GPU tasks."""
     d = task.resources
     cards = (state.gpu_free_core >= d.gpu_core_percent) & (state.gpu_free_memory >= d.gpu_memory_mib)
-    ok = (cards.sum(axis=1) >= d.gpu_count) & state._model_mask(task.gpu_models)
+    ok = (cards.sum(axis=1) >= d.gpu_count) & state.model_mask(task.gpu_models)
     ok &= (state.free_cpu + cpu_held >= d.cpu_milli) & (state.free_memory + mem_held >= d.memory_mib)
     ok &= (state.free_disk >= d.disk_mib) & (state.free_bandwidth >= d.bandwidth_mbps)
     return bool(np.any(ok))

@@ -185,7 +185,7 @@ def plan(state: ClusterState, task: TaskSpec, policy: NodePolicy, headroom_w: np
 def never_fits_reason(state: ClusterState, demand: Resources, task: TaskSpec) -> str:
     t = state.table
     if demand.gpu_count:
-        allowed = np.isin(np.array(t.gpu_model), list(task.gpu_models)) if task.gpu_models else t.gpu_count > 0
+        allowed = (t.gpu_count > 0) & state.model_mask(task.gpu_models)
         models = f" {'/'.join(task.gpu_models)}" if task.gpu_models else ""
         if task.gpu_models and not allowed.any():
             return f"no node of {state.dc.name} has GPU model {'/'.join(task.gpu_models)}"
