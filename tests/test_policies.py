@@ -5,6 +5,7 @@ Most cases use a tiny DC of 4 nodes × 8 cores × 32 GiB (p_idle 100 W, p_full 3
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -587,6 +588,12 @@ def test_gpu_replicas_no_empty_dc_could_hold_are_refused_and_reasons_name_model_
     assert selector.structural_misfit(too_many, gpu) == (
         "its 5 replicas do not fit even in the empty DC: its nodes hold at most 4 of them (each needs 1 card(s) of "
         "50% and 4096 MiB of T4)")
+    # CPU replicas of one part each likewise: 5 of 13 cores where 4 nodes of 24 cores hold one each
+    wide = TaskSpec(resources=Resources(cpu_milli=13_000, memory_mib=1024), runtime_s=60, replicas=5)
+    assert selector.structural_misfit(wide, fleet.datacenter("cheap")) == (
+        "its 5 replicas do not fit even in the empty DC: its nodes hold at most 4 of them (each needs 13 cores and "
+        "1024 MiB)")
+    assert selector.structural_misfit(replace(wide, replicas=4), fleet.datacenter("cheap")) == ""
     empty = ClusterState(gpu)
     big_card = _gpu(gib=20)
     assert never_fits_reason(empty, big_card, TaskSpec(resources=big_card, runtime_s=60, gpu_models=("T4",))) == (

@@ -94,17 +94,21 @@ class DcSelector:
             reason = (f"the task needs {', '.join(n for n, _ in short)} in all, the DC has "
                       f"{', '.join(h for _, h in short)}")
         else:
-            for part in {p.demand for p in split_task(task, dc)}:
+            parts = split_task(task, dc)
+            for part in {p.demand for p in parts}:
                 if not empty.could_ever_fit(part, task.gpu_models).any():
                     reason = never_fits_reason(empty, part, task)
                     break
             r = task.resources
-            if not reason and task.replicas > 1 and r.gpu_count:  # (a GPU replica is one part)
+            # replicas of one part each (a replica cut into parts spreads over nodes: no per-node bound)
+            if not reason and task.replicas > 1 and len(parts) == task.replicas:
                 most = empty.replicas_it_could_hold(r, task.gpu_models)
                 if most < task.replicas:
+                    each = (f"{r.gpu_count} card(s) of {r.gpu_core_percent}% and {r.gpu_memory_mib} MiB"
+                            f"{' of ' + '/'.join(task.gpu_models) if task.gpu_models else ''}" if r.gpu_count
+                            else f"{r.cpu_cores:g} cores and {r.memory_mib} MiB")
                     reason = (f"its {task.replicas} replicas do not fit even in the empty DC: its nodes hold at most "
-                              f"{most} of them (each needs {r.gpu_count} card(s) of {r.gpu_core_percent}% and "
-                              f"{r.gpu_memory_mib} MiB{' of ' + '/'.join(task.gpu_models) if task.gpu_models else ''})")
+                              f"{most} of them (each needs {each})")
         fits[dc.name] = reason
         return reason
 
