@@ -114,7 +114,7 @@ async def task_history(redis, stream: str, task: pb.Task) -> tuple[list[pb.TaskE
     hi = f"{task.updated_unix_ms + 1000}" if task.updated_unix_ms else "+"
     final = False  # whether the entry of the record `task` is (its last one) was read
 
-    def mine(page, into: list[pb.TaskEvent], cap: int = HISTORY_EVENTS) -> None:
+    def mine(page, into: list[pb.TaskEvent]) -> None:
         nonlocal final
         for entry_id, fields in page:
             if needle not in fields.get(b"t", b""):  # cheap: most entries are other tasks', left unparsed
@@ -122,7 +122,7 @@ async def task_history(redis, stream: str, task: pb.Task) -> tuple[list[pb.TaskE
             event = event_of(entry_id.decode() if isinstance(entry_id, bytes) else entry_id, fields)
             if event.task_id == task.task_id:
                 final = final or pb.Task.FromString(fields[b"t"]) == task
-                if len(into) < cap:
+                if len(into) < HISTORY_EVENTS:
                     into.append(event)
 
     def entry(page) -> tuple[int, int]:

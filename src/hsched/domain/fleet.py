@@ -304,7 +304,7 @@ def _load_pool(r: _Reader) -> NodePool:
         memory_mib=round(r.num("memory_gib", min_=0) * MIB_PER_GIB),
         disk_mib=round(r.num("disk_gib", 0, min_=0) * MIB_PER_GIB),
         bandwidth_mbps=r.int("bandwidth_mbps", 10_000),
-        # a gpus: block has cards of a named model (count 0 or a number for a model described nothing)
+        # a gpus: block describes cards: at least one, of a model named by a string
         gpu_count=gpus.int("count", min_=1) if gpus.data else 0,
         gpu_model=gpus.str("model") if gpus.data else "",
         gpu_memory_mib=round(gpus.num("memory_gib", 0, min_=0) * MIB_PER_GIB),

@@ -221,16 +221,16 @@ class ReadTrouble:
             self.since = self.said = now
             expected = isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError))
             self.log.warning("%s failed (%s); retrying every %g s", self.what, why, self.retry_s,
-                        exc_info=None if expected else exc)
+                             exc_info=None if expected else exc)
         elif now - self.said >= (OUTAGE_REPEAT_S if self.repeat_s is None else self.repeat_s):
             self.said = now
-            self.log.warning("%s still failing after %.0f s, %d attempts (%s); retrying", self.what, now - self.since,
-                        self.failures, why)
+            self.log.warning("%s still failing after %.0f s, %d attempts (%s); retrying", self.what,
+                             now - self.since, self.failures, why)
 
     def succeeded(self) -> None:
         if self.since is not None:
             self.log.info("%s works again after %.0f s, %d failed attempts", self.what, self.clock() - self.since,
-                     self.failures)
+                          self.failures)
             self.since, self.failures = None, 0
 
 
